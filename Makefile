@@ -1,0 +1,180 @@
+# msinv toolchain: build, test, install.
+#
+#   make            libms.a and the tools (CUDA kernels too when nvcc exists)
+#   make test       the hermetic suite (CI runs this); ends "N passed, N failed"
+#   make demo       the main job on the bundled fixtures
+#   make check-asan the suite under AddressSanitizer + UBSan
+#   make test-gpu   kernel tests against the CPU reference (needs a GPU)
+#   make bench      CPU benchmarks (ratios against a reference in one script)
+#   make install PREFIX=/usr/local
+#
+# BUILD=dir puts every output under dir (default build/), so several trees
+# (asan, fault injection) can coexist.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+CC      ?= cc
+PKGS     = sqlite3 libcrypto libcjson libarchive libzstd
+DEBPKGS  = libsqlite3-dev libssl-dev libcjson-dev libarchive-dev libzstd-dev \
+           pkg-config sqlite3 python3-venv
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN     = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wpointer-arith -Wformat=2 -Wno-unused-parameter
+ifeq ($(CI),true)
+WARN    += -Werror
+endif
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(CFLAGS) $(EXTRA_CFLAGS) \
+             -Isrc $(PKG_CFLAGS)
+LDLIBS  = $(PKG_LIBS) -lpthread -lm $(EXTRA_LDLIBS)
+
+# CUDA: detected, compiled and linked whenever nvcc exists, GPU or not.
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+KERN_SRC := $(wildcard kernels/*.cu)
+ifneq ($(NVCC),)
+ifneq ($(KERN_SRC),)
+HAVE_CUDA = 1
+endif
+endif
+NVFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
+           -gencode=arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall -Isrc -Ikernels
+ifeq ($(HAVE_CUDA),1)
+ALL_CFLAGS += -DMS_HAVE_CUDA=1
+KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
+            -lcudart_static -ldl -lrt -lstdc++
+else
+KERN_OBJ :=
+CUDA_LIBS =
+endif
+
+LIB_SRC := $(wildcard src/*.c)
+LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
+LIB      = $(BUILD)/libms.a
+SCHEMA   := $(sort $(wildcard schema/*.sql))
+
+TOOL_NAMES := $(filter-out cli,$(basename $(notdir $(wildcard tools/*.c))))
+TOOLS    := $(TOOL_NAMES:%=$(BUILD)/%)
+CLI_OBJ  = $(BUILD)/tools/cli.o
+
+UNIT_SRC := $(wildcard tests/unit/t_*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
+REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
+
+.PHONY: all deps test demo check-asan test-gpu bench bench-gpu install clean venv fault
+
+all: $(LIB) $(TOOLS)
+
+# ---- dependencies ---------------------------------------------------------
+deps:
+	@missing=""; for p in $(DEBPKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps: installing$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 3; \
+	  else \
+	    echo "deps: missing packages; run: sudo apt-get install$$missing" >&2; exit 3; \
+	  fi; \
+	fi
+
+# Python test oracles (numpy, ml_dtypes, safetensors, model-signing) live in a
+# local virtual environment; tests that need them skip loudly without it.
+venv: .venv/.stamp
+.venv/.stamp: tests/requirements.txt
+	python3 -m venv .venv
+	.venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+	touch $@
+
+# ---- library ---------------------------------------------------------------
+$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+# The schema migrations are embedded in the binary, in order.
+$(BUILD)/src/schema_sql.h: $(SCHEMA) tools/scripts/embed_schema.sh | $(BUILD)/src
+	sh tools/scripts/embed_schema.sh $(SCHEMA) > $@.tmp && mv $@.tmp $@
+$(BUILD)/src/inventory.o: $(BUILD)/src/schema_sql.h
+$(BUILD)/src/inventory.o: ALL_CFLAGS += -I$(BUILD)/src
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) | $(BUILD)/kernels
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJ) $(KERN_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
+	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
+
+$(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(CLI_OBJ) $(LIB) $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels:
+	mkdir -p $@
+
+# ---- tests -----------------------------------------------------------------
+$(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests
+	$(CC) $(ALL_CFLAGS) -Itests/unit -o $@ $< $(LIB) $(LDLIBS) $(CUDA_LIBS)
+
+$(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
+	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
+
+test-bins: all $(UNIT_BIN) $(REPLAY_BIN)
+
+test: deps
+	@$(MAKE) --no-print-directory venv || echo "test: python oracles unavailable (no venv); oracle tests will be skipped" >&2
+	@$(MAKE) --no-print-directory test-bins
+	@BUILD=$(BUILD) sh tests/run.sh
+
+check-asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT=-O1 \
+	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  EXTRA_LDLIBS="-fsanitize=address,undefined" test-bins
+	@BUILD=build-asan MS_SANITIZED=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 sh tests/run.sh
+
+# The fault-injection build: ms_fault() counts calls (MS_FAULT_ALLOC=N ...).
+fault: deps
+	@$(MAKE) --no-print-directory BUILD=build-fault EXTRA_CFLAGS=-DMS_FAULT_INJECTION all
+
+test-gpu: all $(UNIT_BIN)
+	@BUILD=$(BUILD) MS_TEST_GPU=1 sh tests/run.sh gpu
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) sh tools/scripts/demo.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory venv || true
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) sh tools/bench/bench.sh
+
+bench-gpu: all
+	@BUILD=$(BUILD) sh tools/bench/bench-gpu.sh
+
+# ---- install ---------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/include/ms $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 src/*.h $(DESTDIR)$(PREFIX)/include/ms/
+	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/common.h)|' \
+	  -e 's|@REQUIRES@|$(PKGS)|' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|' \
+	  tools/scripts/libms.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libms.pc
+
+clean:
+	rm -rf build build-asan build-fault build-fuzz

@@ -1,0 +1,374 @@
+/*
+ * common.c: errors, allocation with fault injection, parsing and buffers.
+ */
+#include "common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err)
+		return code;
+	err->code = code;
+	va_start(ap, fmt);
+	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
+{
+	char pre[512], old[sizeof(err->msg)];
+	va_list ap;
+
+	if (!err)
+		return MS_EINVAL;
+	va_start(ap, fmt);
+	vsnprintf(pre, sizeof(pre), fmt, ap);
+	va_end(ap);
+	memcpy(old, err->msg, sizeof(old));
+	{
+		size_t np = strlen(pre), no = strlen(old), cap = sizeof(err->msg) - 1;
+
+		/* truncation is acceptable: the line stays one line */
+		if (np > cap)
+			np = cap;
+		memcpy(err->msg, pre, np);
+		if (np + 2 <= cap) {
+			memcpy(err->msg + np, ": ", 2);
+			np += 2;
+		}
+		if (no > cap - np)
+			no = cap - np;
+		memcpy(err->msg + np, old, no);
+		err->msg[np + no] = 0;
+	}
+	return err->code;
+}
+
+int ms_exit_code(int rc)
+{
+	switch (rc) {
+	case MS_OK:
+		return 0;
+	case MS_ECHECK:
+		return 1;
+	case MS_EINVAL:
+	case MS_ENOTFOUND:
+	case MS_EEXIST:
+		return 2;
+	default:
+		return 3;
+	}
+}
+
+const char *ms_rc_str(int rc)
+{
+	switch (rc) {
+	case MS_OK: return "ok";
+	case MS_ECHECK: return "check failed";
+	case MS_EINVAL: return "bad input";
+	case MS_EIO: return "i/o error";
+	case MS_ENOMEM: return "out of memory";
+	case MS_ENOTFOUND: return "not found";
+	case MS_EEXIST: return "already exists";
+	case MS_EDB: return "database error";
+	case MS_ENODEV: return "no device";
+	}
+	return "unknown error";
+}
+
+#ifdef MS_FAULT_INJECTION
+/* Each kind has its own countdown, read once from MS_FAULT_<KIND>. The Nth
+ * call (1-based) fails, and with MS_FAULT_PERSIST=1 every later one too. */
+struct fault_counter {
+	const char *kind;
+	long left;
+	int init;
+};
+static struct fault_counter fault_counters[] = {
+	{"alloc", 0, 0}, {"write", 0, 0}, {"fsync", 0, 0}, {"rename", 0, 0},
+	{"read", 0, 0},
+};
+
+int ms_fault(const char *kind)
+{
+	for (size_t i = 0; i < sizeof(fault_counters) / sizeof(fault_counters[0]); i++) {
+		struct fault_counter *c = &fault_counters[i];
+		char name[64];
+		const char *v;
+
+		if (strcmp(c->kind, kind))
+			continue;
+		if (!c->init) {
+			snprintf(name, sizeof(name), "MS_FAULT_%s", kind);
+			for (char *p = name; *p; p++)
+				if (*p >= 'a' && *p <= 'z')
+					*p -= 32;
+			v = getenv(name);
+			c->left = v ? strtol(v, NULL, 10) : 0;
+			c->init = 1;
+		}
+		if (c->left <= 0)
+			return 0;
+		if (--c->left == 0) {
+			const char *p = getenv("MS_FAULT_PERSIST");
+			if (p && *p == '1')
+				c->left = 1; /* stays at the failing edge */
+			return 1;
+		}
+		return 0;
+	}
+	return 0;
+}
+#else
+int ms_fault(const char *kind)
+{
+	(void)kind;
+	return 0;
+}
+#endif
+
+void *ms_malloc(size_t n)
+{
+	if (ms_fault("alloc"))
+		return NULL;
+	return malloc(n ? n : 1);
+}
+
+void *ms_calloc(size_t n, size_t size)
+{
+	if (ms_fault("alloc"))
+		return NULL;
+	if (n == 0 || size == 0)
+		return calloc(1, 1);
+	return calloc(n, size);
+}
+
+void *ms_realloc(void *p, size_t n)
+{
+	if (ms_fault("alloc"))
+		return NULL;
+	return realloc(p, n ? n : 1);
+}
+
+char *ms_strndup(const char *s, size_t n)
+{
+	char *d = ms_malloc(n + 1);
+
+	if (!d)
+		return NULL;
+	memcpy(d, s, n);
+	d[n] = 0;
+	return d;
+}
+
+char *ms_strdup(const char *s)
+{
+	return ms_strndup(s, strlen(s));
+}
+
+char *ms_asprintf(const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+	char *s;
+
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return NULL;
+	s = ms_malloc((size_t)n + 1);
+	if (!s)
+		return NULL;
+	va_start(ap, fmt);
+	vsnprintf(s, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	return s;
+}
+
+void ms_free(void *p)
+{
+	free(p);
+}
+
+int ms_parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (!s || !*s)
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return -1;
+		if (ms_mul_u64(v, 10, &v) || ms_add_u64(v, (uint64_t)(*s - '0'), &v))
+			return -1;
+	}
+	if (v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int ms_parse_double(const char *s, double *out)
+{
+	char *end;
+	double v;
+
+	if (!s || !*s)
+		return -1;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || *end || !isfinite(v))
+		return -1;
+	*out = v;
+	return 0;
+}
+
+void ms_hex(const uint8_t *in, size_t n, char *out)
+{
+	static const char d[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < n; i++) {
+		out[2 * i] = d[in[i] >> 4];
+		out[2 * i + 1] = d[in[i] & 15];
+	}
+	out[2 * n] = 0;
+}
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int ms_unhex(const char *in, uint8_t *out, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		int hi = hexval(in[2 * i]), lo;
+
+		if (hi < 0)
+			return -1;
+		lo = hexval(in[2 * i + 1]);
+		if (lo < 0)
+			return -1;
+		out[i] = (uint8_t)(hi << 4 | lo);
+	}
+	return in[2 * n] ? -1 : 0;
+}
+
+void ms_buf_init(struct ms_buf *b)
+{
+	b->data = NULL;
+	b->len = b->cap = 0;
+	b->oom = 0;
+}
+
+void ms_buf_release(struct ms_buf *b)
+{
+	ms_free(b->data);
+	ms_buf_init(b);
+}
+
+int ms_buf_append(struct ms_buf *b, const void *p, size_t n)
+{
+	if (b->oom)
+		return MS_ENOMEM;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 64;
+		char *d;
+
+		while (cap < b->len + n + 1)
+			cap *= 2;
+		d = ms_realloc(b->data, cap);
+		if (!d) {
+			b->oom = 1;
+			return MS_ENOMEM;
+		}
+		b->data = d;
+		b->cap = cap;
+	}
+	if (n)
+		memcpy(b->data + b->len, p, n);
+	b->len += n;
+	b->data[b->len] = 0;
+	return MS_OK;
+}
+
+int ms_buf_puts(struct ms_buf *b, const char *s)
+{
+	return ms_buf_append(b, s, strlen(s));
+}
+
+int ms_buf_printf(struct ms_buf *b, const char *fmt, ...)
+{
+	char small[256];
+	va_list ap;
+	int n, rc;
+	char *big;
+
+	va_start(ap, fmt);
+	n = vsnprintf(small, sizeof(small), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return MS_EINVAL;
+	if ((size_t)n < sizeof(small))
+		return ms_buf_append(b, small, (size_t)n);
+	big = ms_malloc((size_t)n + 1);
+	if (!big) {
+		b->oom = 1;
+		return MS_ENOMEM;
+	}
+	va_start(ap, fmt);
+	vsnprintf(big, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	rc = ms_buf_append(b, big, (size_t)n);
+	ms_free(big);
+	return rc;
+}
+
+char *ms_buf_detach(struct ms_buf *b, size_t *len)
+{
+	char *d;
+
+	if (b->oom) {
+		ms_buf_release(b);
+		return NULL;
+	}
+	if (!b->data && ms_buf_append(b, "", 0))
+		return NULL;
+	d = b->data;
+	if (len)
+		*len = b->len;
+	ms_buf_init(b);
+	return d;
+}
+
+int ms_ncpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 1 ? 1 : (int)n;
+}
+
+double ms_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

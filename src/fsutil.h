@@ -1,0 +1,67 @@
+/*
+ * fsutil.h: durable file output and bounded file input.
+ *
+ * Every file libms writes goes through struct ms_afile: the bytes go to a
+ * temporary file in the destination directory (".<name>.tmp-<pid>-<rand>"),
+ * are fsynced, renamed over the destination, and the directory is fsynced,
+ * so a reader (or a crash) sees either the old file or the whole new one.
+ * `msinv gc` removes temporaries left by killed writers; their names all
+ * match MS_TMP_MARKER.
+ */
+#ifndef MS_FSUTIL_H
+#define MS_FSUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common.h"
+
+#define MS_TMP_MARKER ".tmp-"
+
+struct ms_afile {
+	char *path;     /* final destination */
+	char *tmp;      /* temporary path, NULL once committed or aborted */
+	int fd;
+	uint64_t written;
+};
+
+/* Open a temporary file beside path. With force == 0 an existing path is
+ * MS_EEXIST (checked again, atomically, at commit via link/rename rules). */
+int ms_afile_open(struct ms_afile *f, const char *path, int force,
+		  struct ms_err *err);
+/* Write all n bytes (retrying short writes). */
+int ms_afile_write(struct ms_afile *f, const void *p, size_t n,
+		   struct ms_err *err);
+/* fsync, rename into place, fsync the directory. With force == 0 the rename
+ * does not replace a file that appeared meanwhile (renameat2 NOREPLACE,
+ * falling back to link+unlink): two writers of one output, one wins. */
+int ms_afile_commit(struct ms_afile *f, int force, struct ms_err *err);
+/* Remove the temporary file (no-op after commit). Always safe to call. */
+void ms_afile_abort(struct ms_afile *f);
+
+/* Write a whole buffer to path atomically. */
+int ms_write_file_atomic(const char *path, const void *p, size_t n, int force,
+			 struct ms_err *err);
+
+/* Read a whole regular file of at most max bytes; the buffer is
+ * NUL-terminated (not counted in *len). Caller frees with ms_free. */
+int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
+		 struct ms_err *err);
+
+/* Write all bytes to fd (retrying short writes; fault-injectable). */
+int ms_write_all(int fd, const void *p, size_t n);
+
+/* fsync a directory (the parent of path when path is a file). */
+int ms_fsync_dir_of(const char *path);
+
+/* mkdir -p (mode 0755). */
+int ms_mkdir_p(const char *path, struct ms_err *err);
+
+/* Join a directory and a name into a new string. */
+char *ms_path_join(const char *dir, const char *name);
+/* Basename without copying (pointer into s). */
+const char *ms_path_base(const char *s);
+/* Is name a plain file name (no '/', not "." or "..", not empty, no NUL)? */
+int ms_name_is_plain(const char *name);
+
+#endif

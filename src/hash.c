@@ -1,0 +1,250 @@
+/*
+ * hash.c: SHA-256 through OpenSSL EVP and a pool that hashes many tensors
+ * in parallel, largest first.
+ *
+ * Only the EVP interface is used: the deprecated SHA256_* calls bypass the
+ * provider dispatch that selects the CPU's SHA extensions.
+ */
+#include "hash.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+struct ms_sha256_ctx {
+	EVP_MD_CTX *md;
+};
+
+/* Fetch the implementation once; EVP_sha256() would look it up per call. */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+	sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+static const EVP_MD *md(void)
+{
+	pthread_once(&sha256_once, sha256_fetch);
+	return sha256_md ? sha256_md : EVP_sha256();
+}
+
+struct ms_sha256_ctx *ms_sha256_new(void)
+{
+	struct ms_sha256_ctx *c = ms_malloc(sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->md = EVP_MD_CTX_new();
+	if (!c->md || EVP_DigestInit_ex(c->md, md(), NULL) != 1) {
+		EVP_MD_CTX_free(c->md);
+		ms_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+int ms_sha256_update(struct ms_sha256_ctx *c, const void *p, size_t n)
+{
+	return EVP_DigestUpdate(c->md, p, n) == 1 ? MS_OK : MS_EIO;
+}
+
+int ms_sha256_final(struct ms_sha256_ctx *c, uint8_t out[MS_SHA256_LEN])
+{
+	unsigned len = 0;
+
+	return EVP_DigestFinal_ex(c->md, out, &len) == 1 && len == MS_SHA256_LEN ? MS_OK
+										  : MS_EIO;
+}
+
+void ms_sha256_free(struct ms_sha256_ctx *c)
+{
+	if (!c)
+		return;
+	EVP_MD_CTX_free(c->md);
+	ms_free(c);
+}
+
+int ms_sha256(const void *p, size_t n, uint8_t out[MS_SHA256_LEN])
+{
+	struct ms_sha256_ctx *c = ms_sha256_new();
+	int rc;
+
+	if (!c)
+		return MS_ENOMEM;
+	rc = ms_sha256_update(c, p, n);
+	if (rc == MS_OK)
+		rc = ms_sha256_final(c, out);
+	ms_sha256_free(c);
+	return rc;
+}
+
+int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *err)
+{
+	struct ms_sha256_ctx *c = NULL;
+	size_t bufsz = 1 << 20;
+	uint8_t *buf = NULL;
+	int fd, rc = MS_OK;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ms_err_set(err, errno == ENOENT ? MS_ENOTFOUND : MS_EIO,
+				  "'%s': cannot open: %s", path, strerror(errno));
+	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	buf = ms_malloc(bufsz);
+	c = ms_sha256_new();
+	if (!buf || !c) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (;;) {
+		ssize_t r = read(fd, buf, bufsz);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 || ms_fault("read")) {
+			rc = ms_err_set(err, MS_EIO, "'%s': read failed: %s", path,
+					strerror(r < 0 ? errno : EIO));
+			goto out;
+		}
+		if (r == 0)
+			break;
+		if ((rc = ms_sha256_update(c, buf, (size_t)r)) != MS_OK) {
+			ms_err_set(err, rc, "'%s': sha256 failed", path);
+			goto out;
+		}
+	}
+	if ((rc = ms_sha256_final(c, out)) != MS_OK)
+		ms_err_set(err, rc, "'%s': sha256 failed", path);
+out:
+	ms_sha256_free(c);
+	ms_free(buf);
+	close(fd);
+	return rc;
+}
+
+struct pool {
+	struct ms_hash_job **order;
+	size_t n;
+	size_t next;
+	int failed;
+	pthread_mutex_t lock;
+};
+
+static void *pool_worker(void *arg)
+{
+	struct pool *p = arg;
+
+	for (;;) {
+		struct ms_hash_job *j;
+
+		pthread_mutex_lock(&p->lock);
+		if (p->next >= p->n || p->failed) {
+			pthread_mutex_unlock(&p->lock);
+			return NULL;
+		}
+		j = p->order[p->next++];
+		pthread_mutex_unlock(&p->lock);
+		if (ms_sha256(j->data, (size_t)j->n, j->digest) != MS_OK) {
+			pthread_mutex_lock(&p->lock);
+			p->failed = 1;
+			pthread_mutex_unlock(&p->lock);
+		}
+	}
+}
+
+static int by_size_desc(const void *a, const void *b)
+{
+	const struct ms_hash_job *x = *(const struct ms_hash_job *const *)a;
+	const struct ms_hash_job *y = *(const struct ms_hash_job *const *)b;
+
+	return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
+}
+
+int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err *err)
+{
+	struct pool p = {0};
+	pthread_t *th = NULL;
+	int started = 0, rc = MS_OK;
+
+	if (nthreads <= 0)
+		nthreads = ms_ncpus();
+	if ((size_t)nthreads > n)
+		nthreads = n ? (int)n : 1;
+	p.order = ms_malloc((n ? n : 1) * sizeof(*p.order));
+	th = ms_malloc((size_t)nthreads * sizeof(*th));
+	if (!p.order || !th) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		p.order[i] = &jobs[i];
+	qsort(p.order, n, sizeof(*p.order), by_size_desc);
+	p.n = n;
+	pthread_mutex_init(&p.lock, NULL);
+	/* The calling thread is one of the workers. */
+	for (int i = 1; i < nthreads; i++) {
+		if (pthread_create(&th[i], NULL, pool_worker, &p))
+			break;
+		started = i;
+	}
+	pool_worker(&p);
+	for (int i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&p.lock);
+	if (p.failed)
+		rc = ms_err_set(err, MS_EIO, "sha256 failed");
+out:
+	ms_free(p.order);
+	ms_free(th);
+	return rc;
+}
+
+int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
+		     int file_digests, struct ms_err *err)
+{
+	struct ms_hash_job *jobs = NULL;
+	size_t n = 0, k = 0;
+	int rc;
+
+	for (size_t i = 0; i < nfiles; i++)
+		n += files[i]->ntensors + 1 + (file_digests ? 1 : 0);
+	jobs = ms_calloc(n ? n : 1, sizeof(*jobs));
+	if (!jobs)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < nfiles; i++) {
+		struct ms_st_file *f = files[i];
+
+		jobs[k].data = f->map;
+		jobs[k].n = 8 + f->header_len;
+		jobs[k++].digest = f->header_digest;
+		for (size_t t = 0; t < f->ntensors; t++) {
+			jobs[k].data = f->tensors[t].data;
+			jobs[k].n = f->tensors[t].nbytes;
+			jobs[k++].digest = f->tensors[t].digest;
+		}
+		if (file_digests) {
+			jobs[k].data = f->map;
+			jobs[k].n = f->size;
+			jobs[k++].digest = f->file_digest;
+		}
+	}
+	rc = ms_hash_run(jobs, k, nthreads, err);
+	if (rc == MS_OK) {
+		for (size_t i = 0; i < nfiles; i++) {
+			files[i]->has_header_digest = 1;
+			if (file_digests)
+				files[i]->has_file_digest = 1;
+			for (size_t t = 0; t < files[i]->ntensors; t++)
+				files[i]->tensors[t].has_digest = 1;
+		}
+	}
+	ms_free(jobs);
+	return rc;
+}

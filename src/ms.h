@@ -1,0 +1,15 @@
+/*
+ * ms.h: the public interface of libms, the library behind msinv, msconvert,
+ * msshard, msverify and mstrain. Each concern has its own header, which is
+ * its contract; this header includes them all.
+ */
+#ifndef MS_H
+#define MS_H
+
+#include "common.h"
+#include "fsutil.h"
+#include "safetensors.h"
+#include "hash.h"
+#include "checkpoint.h"
+
+#endif

@@ -1,0 +1,171 @@
+/*
+ * safetensors.h: strict reader (mmap, zero-copy) and atomic streaming writer
+ * for the safetensors format.
+ *
+ * Byte layout of a file:
+ *
+ *   offset 0       u64 little-endian N: length of the JSON header
+ *   offset 8       N bytes of UTF-8 JSON (writers pad with spaces to 8)
+ *   offset 8+N     the data buffer: every tensor's bytes, back to back
+ *
+ * The header is one JSON object. "__metadata__" (optional) maps strings to
+ * strings. Every other key is a tensor name mapping to
+ *   {"dtype": "<DTYPE>", "shape": [d0, ...], "data_offsets": [begin, end]}
+ * with offsets relative to the data buffer. Rules enforced (each a distinct
+ * error naming the file and the rule): 8 <= file, N <= MS_ST_MAX_HEADER and
+ * 8+N <= file size; UTF-8; a JSON object; nesting <= MS_ST_MAX_DEPTH; no
+ * duplicate keys; metadata values are strings; shape and offsets are
+ * non-negative integers that fit u64 (no fraction, exponent or sign);
+ * dtype known; element count and byte size do not overflow; sub-byte
+ * dtypes (F4, F6_*) fill whole bytes; end - begin == byte size; sorted by
+ * offset the tensors start at 0, are contiguous, never overlap and end at
+ * the end of the file; caps on tensor count, rank and name length; names
+ * are non-empty and contain no NUL.
+ */
+#ifndef MS_SAFETENSORS_H
+#define MS_SAFETENSORS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common.h"
+
+#define MS_ST_MAX_HEADER (100u * 1000u * 1000u) /* 100 MB, as the Rust crate */
+#define MS_ST_MAX_RANK 8
+#define MS_ST_MAX_TENSORS 1000000u
+#define MS_ST_MAX_NAME 1024
+#define MS_ST_MAX_DEPTH 16
+#define MS_SHA256_LEN 32
+
+enum ms_dtype {
+	MS_DTYPE_BOOL,
+	MS_DTYPE_F4,
+	MS_DTYPE_F6_E2M3,
+	MS_DTYPE_F6_E3M2,
+	MS_DTYPE_U8,
+	MS_DTYPE_I8,
+	MS_DTYPE_F8_E5M2,
+	MS_DTYPE_F8_E4M3,
+	MS_DTYPE_F8_E8M0,
+	MS_DTYPE_F8_E4M3FNUZ,
+	MS_DTYPE_F8_E5M2FNUZ,
+	MS_DTYPE_I16,
+	MS_DTYPE_U16,
+	MS_DTYPE_F16,
+	MS_DTYPE_BF16,
+	MS_DTYPE_I32,
+	MS_DTYPE_U32,
+	MS_DTYPE_F32,
+	MS_DTYPE_C64,
+	MS_DTYPE_F64,
+	MS_DTYPE_I64,
+	MS_DTYPE_U64,
+	MS_DTYPE_COUNT
+};
+
+/* The format's dtype string ("BF16"), or NULL for an invalid value. */
+const char *ms_dtype_name(enum ms_dtype dt);
+/* Parse a dtype string of n bytes; MS_OK or MS_EINVAL. */
+int ms_dtype_parse(const char *s, size_t n, enum ms_dtype *out);
+/* Bits per element: 4 (F4), 6 (F6_*), 1 byte = 8 for BOOL, ... 64 (C64). */
+unsigned ms_dtype_bits(enum ms_dtype dt);
+/* Bytes for nelem elements; MS_EINVAL on overflow or a partial byte. */
+int ms_dtype_nbytes(enum ms_dtype dt, uint64_t nelem, uint64_t *out);
+/* Decode element i of a tensor's bytes to double (every dtype but C64,
+ * which is MS_EINVAL; F4 is E2M1, F6 and F8 per OCP MX / fnuz rules). */
+int ms_dtype_get_f64(enum ms_dtype dt, const uint8_t *data, uint64_t i,
+		     double *out);
+
+/* Scalar conversions used across the library (bit patterns as integers). */
+float ms_bf16_to_f32(uint16_t h);
+uint16_t ms_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
+float ms_f16_to_f32(uint16_t h);
+uint16_t ms_f32_to_f16(float f);
+
+struct ms_tensor {
+	const char *name;     /* NUL-terminated; owned by the file */
+	enum ms_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[MS_ST_MAX_RANK];
+	uint64_t nelem;
+	uint64_t offset;      /* absolute offset of the first byte in the file */
+	uint64_t nbytes;
+	const uint8_t *data;  /* into the mapping; valid until the file closes */
+	struct ms_st_file *file;
+	uint8_t digest[MS_SHA256_LEN]; /* SHA-256 of the bytes, once hashed */
+	int has_digest;
+};
+
+struct ms_st_meta {
+	char *key;
+	char *value;
+};
+
+struct ms_st_file {
+	char *path;           /* as given */
+	char *blob_digest;    /* HF cache: the blob name a symlink points at */
+	uint64_t size;
+	uint64_t header_len;  /* N */
+	const uint8_t *map;   /* whole file; NULL for an empty file set */
+	int mapped;           /* 1 when map must be munmapped */
+	/* identity of the bytes on disk, for "unchanged since" checks */
+	uint64_t dev, ino;
+	int64_t mtime_ns, ctime_ns;
+	size_t ntensors;
+	struct ms_tensor *tensors;      /* in offset order */
+	struct ms_tensor **by_name;     /* sorted bytewise by name */
+	size_t nmeta;
+	struct ms_st_meta *meta;        /* in header order */
+	uint8_t header_digest[MS_SHA256_LEN]; /* over bytes [0, 8+N) */
+	int has_header_digest;
+	uint8_t file_digest[MS_SHA256_LEN];   /* over the whole file */
+	int has_file_digest;
+};
+
+/* Open and validate path (symbolic links are followed). On success *out
+ * owns the mapping; close with ms_st_close. */
+int ms_st_open(const char *path, struct ms_st_file **out, struct ms_err *err);
+/* Validate an in-memory file image of size bytes (the fuzz entry point).
+ * Tensor data pointers point into buf, which must outlive *out. label names
+ * the file in error messages. */
+int ms_st_parse(const uint8_t *buf, uint64_t size, const char *label,
+		struct ms_st_file **out, struct ms_err *err);
+void ms_st_close(struct ms_st_file *f);
+/* Binary search by name; NULL when absent. */
+const struct ms_tensor *ms_st_find(const struct ms_st_file *f, const char *name);
+/* Metadata value for key, or NULL. */
+const char *ms_st_meta_get(const struct ms_st_file *f, const char *key);
+
+/*
+ * Writer. Declare every tensor (in the order its bytes will follow), then
+ * stream the bytes with ms_st_writer_data in that order (any chunking),
+ * then commit. The header is written at the first data call (or commit),
+ * padded with spaces to a multiple of 8. Output goes to a temporary file
+ * beside path and is renamed into place at commit (see fsutil.h); freeing an
+ * uncommitted writer removes the temporary. The writer hashes the bytes it
+ * writes: after commit, ms_st_writer_digest gives each tensor's SHA-256.
+ */
+struct ms_st_writer;
+
+int ms_st_writer_new(const char *path, int force, struct ms_st_writer **out,
+		     struct ms_err *err);
+int ms_st_writer_meta(struct ms_st_writer *w, const char *key,
+		      const char *value, struct ms_err *err);
+int ms_st_writer_declare(struct ms_st_writer *w, const char *name,
+			 enum ms_dtype dt, uint32_t ndim, const uint64_t *shape,
+			 struct ms_err *err);
+int ms_st_writer_data(struct ms_st_writer *w, const void *p, size_t n,
+		      struct ms_err *err);
+/* Declare one tensor whose bytes are all in memory; data is borrowed and
+ * must stay valid until commit. Such tensors are written by the writer when
+ * their turn comes; ms_st_writer_data streams only the tensors declared
+ * without data, in declaration order. */
+int ms_st_writer_add(struct ms_st_writer *w, const char *name, enum ms_dtype dt,
+		     uint32_t ndim, const uint64_t *shape, const void *data,
+		     struct ms_err *err);
+int ms_st_writer_commit(struct ms_st_writer *w, struct ms_err *err);
+/* Digest of the i-th declared tensor (valid after its bytes were written). */
+const uint8_t *ms_st_writer_digest(const struct ms_st_writer *w, size_t i);
+void ms_st_writer_free(struct ms_st_writer *w);
+
+#endif

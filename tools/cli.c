@@ -1,0 +1,182 @@
+/*
+ * cli.c: the shared command-line frame of the tools (see cli.h).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *cli_prog = "ms";
+static const struct cli_tool *cur_tool;
+static const struct cli_cmd *cur_cmd;
+
+void cli_errorf(const char *fmt, ...)
+{
+	va_list ap;
+
+	fflush(stdout);
+	fprintf(stderr, "%s: ", cli_prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+int cli_fail(int rc, const struct ms_err *err)
+{
+	if (rc == MS_OK)
+		return CLI_OK;
+	if (err && err->msg[0])
+		cli_errorf("%s", err->msg);
+	else
+		cli_errorf("%s", ms_rc_str(rc));
+	return ms_exit_code(rc);
+}
+
+int cli_usage(const char *fmt, ...)
+{
+	va_list ap;
+
+	fflush(stdout);
+	if (fmt) {
+		fprintf(stderr, "%s: ", cli_prog);
+		va_start(ap, fmt);
+		vfprintf(stderr, fmt, ap);
+		va_end(ap);
+		fputc('\n', stderr);
+	}
+	if (cur_cmd)
+		fprintf(stderr, "usage: %s %s\n", cli_prog, cur_cmd->synopsis);
+	return CLI_USAGE;
+}
+
+int cli_help(void)
+{
+	if (cur_cmd)
+		printf("usage: %s %s\n", cli_prog, cur_cmd->synopsis);
+	return CLI_OK;
+}
+
+int cli_u64(const char *opt, const char *val, uint64_t max, uint64_t *out)
+{
+	if (ms_parse_u64(val, max, out)) {
+		cli_usage("option '%s': '%s' is not an integer in 0..%llu", opt, val,
+			  (unsigned long long)max);
+		return -1;
+	}
+	return 0;
+}
+
+int cli_int(const char *opt, const char *val, int max, int *out)
+{
+	uint64_t v;
+
+	if (cli_u64(opt, val, (uint64_t)max, &v))
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+const char *cli_db_path(const char *opt_db)
+{
+	const char *e;
+
+	if (opt_db)
+		return opt_db;
+	e = getenv("MSINV_DB");
+	if (e && *e)
+		return e;
+	return "msinv.db";
+}
+
+int cli_progress_enabled(void)
+{
+	return isatty(2);
+}
+
+void cli_json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		switch (*p) {
+		case '"': fputs("\\\"", f); break;
+		case '\\': fputs("\\\\", f); break;
+		case '\n': fputs("\\n", f); break;
+		case '\t': fputs("\\t", f); break;
+		case '\r': fputs("\\r", f); break;
+		default:
+			if (*p < 0x20)
+				fprintf(f, "\\u%04x", *p);
+			else
+				fputc(*p, f);
+		}
+	}
+	fputc('"', f);
+}
+
+static void print_tool_help(FILE *f, const struct cli_tool *t)
+{
+	fprintf(f, "usage: %s COMMAND [OPTIONS] [ARGS]\n\n%s\n\ncommands:\n", t->name,
+		t->summary);
+	for (size_t i = 0; i < t->ncmds; i++)
+		fprintf(f, "  %s %s\n", t->name, t->cmds[i].synopsis);
+	fprintf(f, "\nRun '%s COMMAND --help' for one command; see %s(1).\n", t->name,
+		t->name);
+}
+
+/* git's rule: a full disk or closed pipe on stdout is an error, not silence. */
+static int finish_stdout(int status)
+{
+	if (fflush(stdout) || ferror(stdout)) {
+		if (errno != EPIPE)
+			fprintf(stderr, "%s: write error on standard output: %s\n",
+				cli_prog, strerror(errno));
+		return status ? status : CLI_IO;
+	}
+	if (fclose(stdout)) {
+		fprintf(stderr, "%s: write error on standard output: %s\n", cli_prog,
+			strerror(errno));
+		return status ? status : CLI_IO;
+	}
+	return status;
+}
+
+int cli_main(const struct cli_tool *tool, int argc, char **argv)
+{
+	const char *name;
+
+	cli_prog = tool->name;
+	cur_tool = tool;
+	if (argc < 2) {
+		print_tool_help(stderr, tool);
+		return CLI_USAGE;
+	}
+	name = argv[1];
+	if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
+		print_tool_help(stdout, tool);
+		return finish_stdout(CLI_OK);
+	}
+	if (!strcmp(name, "--version")) {
+		printf("%s %s\n", tool->name, MS_VERSION);
+		return finish_stdout(CLI_OK);
+	}
+	if (!strcmp(name, "help") && argc == 3)
+		name = argv[2];
+	for (size_t i = 0; i < tool->ncmds; i++) {
+		if (strcmp(name, tool->cmds[i].name))
+			continue;
+		cur_cmd = &tool->cmds[i];
+		if (!strcmp(argv[1], "help")) {
+			cli_help();
+			return finish_stdout(CLI_OK);
+		}
+		optind = 1;
+		opterr = 0;
+		return finish_stdout(cur_cmd->run(argc - 1, argv + 1));
+	}
+	cli_errorf("unknown command '%s' (see '%s --help')", name, tool->name);
+	return CLI_USAGE;
+}

@@ -1,0 +1,70 @@
+/*
+ * cli.h: what every tool shares: the subcommand table, the one-line error
+ * report, exit codes, the database path rule, and stdout checks.
+ *
+ * A tool's main is `return cli_main(&tool, argc, argv);` with a table of
+ * subcommands; each subcommand parses its own options with getopt_long
+ * (argv[0] is the subcommand name) and returns an exit status.
+ */
+#ifndef MS_CLI_H
+#define MS_CLI_H
+
+#include <getopt.h>
+#include <stdio.h>
+
+#include "ms.h"
+
+/* Exit statuses, pinned in every man page. */
+enum {
+	CLI_OK = 0,
+	CLI_CHECK = 1,   /* a check found a difference */
+	CLI_USAGE = 2,   /* bad usage or bad input */
+	CLI_IO = 3,      /* I/O or environment */
+};
+
+struct cli_cmd {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *synopsis;  /* "inspect [--digests] [--json] PATH..." */
+	const char *summary;   /* one line */
+};
+
+struct cli_tool {
+	const char *name;      /* "msinv" */
+	const char *summary;
+	const struct cli_cmd *cmds;
+	size_t ncmds;
+};
+
+/* The program name for messages ("msinv"). */
+extern const char *cli_prog;
+
+/* Dispatch: handles --help/-h, --version and "help CMD"; unknown command is
+ * exit 2. Checks stdout (fflush/ferror/fclose) before returning. */
+int cli_main(const struct cli_tool *tool, int argc, char **argv);
+
+/* Print "<prog>: <message>" on stderr (one line). */
+void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print the error buffer's line and return the exit status for rc. */
+int cli_fail(int rc, const struct ms_err *err);
+/* Usage error for the current subcommand: prints the message and
+ * "usage: <prog> <synopsis>"; returns CLI_USAGE. */
+int cli_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print the synopsis of the current subcommand to stdout, for --help. */
+int cli_help(void);
+
+/* Parse a non-negative integer option value <= max; on error prints a usage
+ * line naming the option and returns -1. */
+int cli_u64(const char *opt, const char *val, uint64_t max, uint64_t *out);
+int cli_int(const char *opt, const char *val, int max, int *out);
+
+/* The inventory path: --db if given, else $MSINV_DB, else ./msinv.db. */
+const char *cli_db_path(const char *opt_db);
+
+/* Progress on stderr, only when it is a terminal. */
+int cli_progress_enabled(void);
+
+/* Print a string as a JSON string literal (with quotes) to f. */
+void cli_json_str(FILE *f, const char *s);
+
+#endif
