@@ -1,0 +1,691 @@
+/*
+ * verify.c: re-hash states against their recorded digests, and read and
+ * write state manifests. Format and rules in verify.h.
+ */
+#include "verify.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "fsutil.h"
+#include "hash.h"
+
+const char *ms_vproblem_str(enum ms_vproblem_kind k)
+{
+	switch (k) {
+	case MS_VPROBLEM_FILE_MISSING: return "file missing";
+	case MS_VPROBLEM_FILE_UNREADABLE: return "file unreadable";
+	case MS_VPROBLEM_FILE_SIZE: return "file size changed";
+	case MS_VPROBLEM_FILE_DIGEST: return "file digest mismatch";
+	case MS_VPROBLEM_HEADER: return "header changed";
+	case MS_VPROBLEM_TENSOR_MISSING: return "tensor missing";
+	case MS_VPROBLEM_TENSOR_EXTRA: return "extra tensor";
+	case MS_VPROBLEM_TENSOR_LAYOUT: return "tensor layout changed";
+	case MS_VPROBLEM_TENSOR_DIGEST: return "digest mismatch";
+	case MS_VPROBLEM_CONFIG: return "config changed";
+	case MS_VPROBLEM_STATE_DIGEST: return "state digest mismatch";
+	}
+	return "problem";
+}
+
+static int add_problem(struct ms_vreport *r, enum ms_vproblem_kind kind,
+		       const char *file, const char *tensor, const char *detail)
+{
+	struct ms_vproblem *np = ms_realloc(r->problems, (r->nproblems + 1) * sizeof(*np));
+	struct ms_vproblem *p;
+
+	if (!np)
+		return MS_ENOMEM;
+	r->problems = np;
+	p = &np[r->nproblems];
+	p->kind = kind;
+	p->file = file ? ms_strdup(file) : NULL;
+	p->tensor = tensor ? ms_strdup(tensor) : NULL;
+	p->detail = ms_strdup(detail ? detail : ms_vproblem_str(kind));
+	if ((file && !p->file) || (tensor && !p->tensor) || !p->detail) {
+		ms_free(p->file);
+		ms_free(p->tensor);
+		ms_free(p->detail);
+		return MS_ENOMEM;
+	}
+	r->nproblems++;
+	return MS_OK;
+}
+
+void ms_vreport_release(struct ms_vreport *r)
+{
+	for (size_t i = 0; i < r->nproblems; i++) {
+		ms_free(r->problems[i].file);
+		ms_free(r->problems[i].tensor);
+		ms_free(r->problems[i].detail);
+	}
+	ms_free(r->problems);
+	memset(r, 0, sizeof(*r));
+}
+
+static char *resolve(const struct ms_vstate *s, const char *path)
+{
+	if (path[0] == '/' || !s->root)
+		return ms_strdup(path);
+	return ms_path_join(s->root, path);
+}
+
+static void shape_text(uint32_t ndim, const uint64_t *shape, char *buf, size_t n)
+{
+	struct ms_tensor t;
+
+	t.ndim = ndim;
+	memcpy(t.shape, shape, sizeof(t.shape));
+	ms_shape_str(&t, buf, n);
+}
+
+/* Compare one opened, hashed file with its expectation. */
+static int compare_file(const struct ms_vfile *vf, const char *label,
+			const struct ms_st_file *f, struct ms_vreport *r)
+{
+	char detail[512], hex[65], want[65];
+	int rc = MS_OK;
+
+	if (vf->has_header_digest && memcmp(vf->header_digest, f->header_digest, 32)) {
+		ms_hex(f->header_digest, 32, hex);
+		ms_hex(vf->header_digest, 32, want);
+		snprintf(detail, sizeof(detail), "header digest %.16s..., expected %.16s...", hex, want);
+		if ((rc = add_problem(r, MS_VPROBLEM_HEADER, label, NULL, detail)) != MS_OK)
+			return rc;
+	}
+	for (size_t i = 0; i < vf->ntensors; i++) {
+		const struct ms_vtensor *vt = &vf->tensors[i];
+		const struct ms_tensor *t = ms_st_find(f, vt->name);
+		char s1[200], s2[200];
+
+		if (!t) {
+			rc = add_problem(r, MS_VPROBLEM_TENSOR_MISSING, label, vt->name, "tensor missing");
+		} else if (t->dtype != vt->dtype || t->ndim != vt->ndim ||
+			   memcmp(t->shape, vt->shape, sizeof(uint64_t) * vt->ndim) ||
+			   t->offset != vt->offset) {
+			shape_text(t->ndim, t->shape, s1, sizeof(s1));
+			shape_text(vt->ndim, vt->shape, s2, sizeof(s2));
+			snprintf(detail, sizeof(detail),
+				 "now %s %s at offset %llu, recorded %s %s at offset %llu",
+				 ms_dtype_name(t->dtype), s1, (unsigned long long)t->offset,
+				 ms_dtype_name(vt->dtype), s2, (unsigned long long)vt->offset);
+			rc = add_problem(r, MS_VPROBLEM_TENSOR_LAYOUT, label, vt->name, detail);
+		} else if (memcmp(t->digest, vt->digest, 32)) {
+			ms_hex(t->digest, 32, hex);
+			ms_hex(vt->digest, 32, want);
+			snprintf(detail, sizeof(detail), "digest mismatch: sha256 %.16s..., expected %.16s...",
+				 hex, want);
+			rc = add_problem(r, MS_VPROBLEM_TENSOR_DIGEST, label, vt->name, detail);
+		}
+		if (rc != MS_OK)
+			return rc;
+	}
+	for (size_t i = 0; i < f->ntensors; i++) {
+		const char *name = f->tensors[i].name;
+		int found = 0;
+
+		for (size_t k = 0; k < vf->ntensors && !found; k++)
+			found = !strcmp(vf->tensors[k].name, name);
+		if (!found && (rc = add_problem(r, MS_VPROBLEM_TENSOR_EXTRA, label, name,
+						"tensor not recorded in the state")) != MS_OK)
+			return rc;
+	}
+	return MS_OK;
+}
+
+int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *r,
+		    struct ms_err *err)
+{
+	struct ms_st_file **files = NULL;
+	size_t nopen = 0;
+	size_t *which = NULL;
+	double t0 = ms_now();
+	char digest[MS_STATE_DIGEST_LEN];
+	int rc = MS_OK;
+
+	memset(r, 0, sizeof(*r));
+	files = ms_calloc(s->nfiles ? s->nfiles : 1, sizeof(*files));
+	which = ms_calloc(s->nfiles ? s->nfiles : 1, sizeof(*which));
+	if (!files || !which) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	/* the recorded tensors must still give the recorded state digest: an
+	 * edited digest in the database or manifest is caught here */
+	if (s->digest[0]) {
+		if ((rc = ms_vstate_digest(s, digest, err)) != MS_OK)
+			goto out;
+		if (strcmp(digest, s->digest)) {
+			char detail[256];
+
+			snprintf(detail, sizeof(detail),
+				 "recorded tensors give %.23s..., the record says %.23s...", digest,
+				 s->digest);
+			if ((rc = add_problem(r, MS_VPROBLEM_STATE_DIGEST, NULL, NULL, detail)) != MS_OK)
+				goto oom;
+		}
+	}
+	for (size_t i = 0; i < s->nfiles; i++) {
+		const struct ms_vfile *vf = &s->files[i];
+		char *path = resolve(s, vf->path);
+		struct ms_err ferr = {0};
+		struct stat st;
+		int frc;
+
+		if (!path)
+			goto oom;
+		if (stat(path, &st)) {
+			rc = add_problem(r, MS_VPROBLEM_FILE_MISSING, vf->path, NULL,
+					 errno == ENOENT ? "file missing" : strerror(errno));
+			ms_free(path);
+			if (rc != MS_OK)
+				goto oom;
+			continue;
+		}
+		if ((uint64_t)st.st_size != vf->size) {
+			char detail[128];
+
+			snprintf(detail, sizeof(detail), "size %lld bytes, recorded %llu",
+				 (long long)st.st_size, (unsigned long long)vf->size);
+			if ((rc = add_problem(r, MS_VPROBLEM_FILE_SIZE, vf->path, NULL, detail)) != MS_OK) {
+				ms_free(path);
+				goto oom;
+			}
+		}
+		frc = ms_st_open(path, &files[nopen], &ferr);
+		ms_free(path);
+		if (frc == MS_ENOMEM)
+			goto oom;
+		if (frc != MS_OK) {
+			if ((rc = add_problem(r, MS_VPROBLEM_FILE_UNREADABLE, vf->path, NULL, ferr.msg)) != MS_OK)
+				goto oom;
+			continue;
+		}
+		which[nopen++] = i;
+	}
+	if ((rc = ms_st_hash_files(files, nopen, nthreads, 0, err)) != MS_OK)
+		goto out;
+	for (size_t k = 0; k < nopen; k++) {
+		r->bytes += files[k]->size;
+		r->ntensors += files[k]->ntensors;
+		if ((rc = compare_file(&s->files[which[k]], s->files[which[k]].path, files[k], r)) != MS_OK)
+			goto oom;
+	}
+	r->nfiles = nopen;
+	for (size_t i = 0; i < s->nconfigs; i++) {
+		char *path = resolve(s, s->configs[i].path), *text = NULL;
+		size_t len;
+		uint8_t d[32];
+		struct ms_err cerr = {0};
+
+		if (!path)
+			goto oom;
+		if (ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, &cerr) != MS_OK) {
+			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL, cerr.msg);
+		} else if (ms_sha256(text, len, d) != MS_OK || memcmp(d, s->configs[i].digest, 32)) {
+			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,
+					 "configuration file changed");
+		}
+		r->bytes += text ? len : 0;
+		ms_free(text);
+		ms_free(path);
+		if (rc != MS_OK)
+			goto oom;
+	}
+	r->seconds = ms_now() - t0;
+	rc = r->nproblems ? MS_ECHECK : MS_OK;
+	goto out;
+oom:
+	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+out:
+	for (size_t k = 0; k < nopen; k++)
+		ms_st_close(files[k]);
+	ms_free(files);
+	ms_free(which);
+	return rc;
+}
+
+void ms_vstate_free(struct ms_vstate *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->nfiles; i++) {
+		for (size_t t = 0; t < s->files[i].ntensors; t++)
+			ms_free(s->files[i].tensors[t].name);
+		ms_free(s->files[i].tensors);
+		ms_free(s->files[i].path);
+	}
+	ms_free(s->files);
+	for (size_t i = 0; i < s->nconfigs; i++)
+		ms_free(s->configs[i].path);
+	ms_free(s->configs);
+	ms_free(s->kind);
+	ms_free(s->label);
+	ms_free(s->layout);
+	ms_free(s->root);
+	ms_free(s);
+}
+
+int ms_vstate_digest(const struct ms_vstate *s, char out[MS_STATE_DIGEST_LEN],
+		     struct ms_err *err)
+{
+	struct ms_tensor *ts = NULL, **ptrs = NULL;
+	size_t n = 0, k = 0;
+	int rc;
+
+	for (size_t i = 0; i < s->nfiles; i++)
+		n += s->files[i].ntensors;
+	ts = ms_calloc(n ? n : 1, sizeof(*ts));
+	ptrs = ms_calloc(n ? n : 1, sizeof(*ptrs));
+	if (!ts || !ptrs) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < s->nfiles; i++) {
+		for (size_t t = 0; t < s->files[i].ntensors; t++, k++) {
+			const struct ms_vtensor *v = &s->files[i].tensors[t];
+
+			ts[k].name = v->name;
+			ts[k].dtype = v->dtype;
+			ts[k].ndim = v->ndim;
+			memcpy(ts[k].shape, v->shape, sizeof(ts[k].shape));
+			memcpy(ts[k].digest, v->digest, 32);
+			ts[k].has_digest = 1;
+			ptrs[k] = &ts[k];
+		}
+	}
+	rc = ms_state_digest(ptrs, n, out, err);
+out:
+	ms_free(ts);
+	ms_free(ptrs);
+	return rc;
+}
+
+int ms_vstate_from_ckpt(const struct ms_ckpt *c, struct ms_vstate **out,
+			struct ms_err *err)
+{
+	struct ms_vstate *s = ms_calloc(1, sizeof(*s));
+	int rc;
+
+	*out = NULL;
+	if (!s)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	s->ep_size = s->ep_rank = -1;
+	s->files = ms_calloc(c->nfiles ? c->nfiles : 1, sizeof(*s->files));
+	s->configs = ms_calloc(c->nconfigs ? c->nconfigs : 1, sizeof(*s->configs));
+	if (!s->files || !s->configs)
+		goto oom;
+	for (size_t i = 0; i < c->nfiles; i++) {
+		const struct ms_st_file *f = c->files[i];
+		struct ms_vfile *vf = &s->files[i];
+
+		s->nfiles++;
+		if (!(vf->path = realpath(f->path, NULL)))
+			vf->path = ms_strdup(f->path);
+		vf->size = f->size;
+		memcpy(vf->header_digest, f->header_digest, 32);
+		vf->has_header_digest = f->has_header_digest;
+		memcpy(vf->file_digest, f->file_digest, 32);
+		vf->has_file_digest = f->has_file_digest;
+		vf->tensors = ms_calloc(f->ntensors ? f->ntensors : 1, sizeof(*vf->tensors));
+		if (!vf->path || !vf->tensors)
+			goto oom;
+		for (size_t t = 0; t < f->ntensors; t++) {
+			const struct ms_tensor *src = &f->tensors[t];
+			struct ms_vtensor *vt = &vf->tensors[t];
+
+			if (!src->has_digest) {
+				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' has not been hashed", src->name);
+				goto fail;
+			}
+			vf->ntensors++;
+			if (!(vt->name = ms_strdup(src->name)))
+				goto oom;
+			vt->dtype = src->dtype;
+			vt->ndim = src->ndim;
+			memcpy(vt->shape, src->shape, sizeof(vt->shape));
+			vt->offset = src->offset;
+			vt->nbytes = src->nbytes;
+			memcpy(vt->digest, src->digest, 32);
+		}
+	}
+	for (size_t i = 0; i < c->nconfigs; i++) {
+		s->nconfigs++;
+		if (!(s->configs[i].path = realpath(c->configs[i].path, NULL)))
+			s->configs[i].path = ms_strdup(c->configs[i].path);
+		if (!s->configs[i].path)
+			goto oom;
+		memcpy(s->configs[i].digest, c->configs[i].digest, 32);
+	}
+	if ((rc = ms_state_digest(c->tensors, c->ntensors, s->digest, err)) != MS_OK)
+		goto fail;
+	*out = s;
+	return MS_OK;
+oom:
+	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+fail:
+	ms_vstate_free(s);
+	return rc;
+}
+
+/* ---- manifest ------------------------------------------------------------- */
+
+/* path relative to root, or NULL when it does not lie under root */
+static const char *under_root(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+
+	while (n > 1 && root[n - 1] == '/')
+		n--;
+	if (strncmp(path, root, n) || path[n] != '/')
+		return NULL;
+	return path + n + 1;
+}
+
+int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
+		      struct ms_err *err)
+{
+	cJSON *o = cJSON_CreateObject(), *files, *configs;
+	char hex[65];
+	char *rroot = NULL;
+	int rc = MS_OK;
+
+	*json = NULL;
+	if (!o)
+		goto oom;
+	if (root && !(rroot = realpath(root, NULL))) {
+		rc = ms_err_set(err, MS_EIO, "'%s': %s", root, strerror(errno));
+		goto out;
+	}
+	cJSON_AddStringToObject(o, "format", "msinv-manifest-v1");
+	cJSON_AddStringToObject(o, "state", s->digest);
+	if (s->kind)
+		cJSON_AddStringToObject(o, "kind", s->kind);
+	if (s->label)
+		cJSON_AddStringToObject(o, "label", s->label);
+	if (s->layout)
+		cJSON_AddStringToObject(o, "layout", s->layout);
+	if (s->ep_size > 0) {
+		cJSON_AddNumberToObject(o, "ep_size", s->ep_size);
+		cJSON_AddNumberToObject(o, "ep_rank", s->ep_rank);
+	}
+	files = cJSON_AddArrayToObject(o, "files");
+	for (size_t i = 0; i < s->nfiles; i++) {
+		const struct ms_vfile *vf = &s->files[i];
+		cJSON *f = cJSON_CreateObject(), *ts;
+		const char *rel = rroot ? under_root(vf->path, rroot) : vf->path;
+
+		if (!f)
+			goto oom;
+		cJSON_AddItemToArray(files, f);
+		if (!rel) {
+			rc = ms_err_set(err, MS_EINVAL, "'%s' does not lie under '%s'", vf->path, rroot);
+			goto out;
+		}
+		cJSON_AddStringToObject(f, "path", rel);
+		cJSON_AddNumberToObject(f, "size", (double)vf->size);
+		if (vf->has_header_digest) {
+			ms_hex(vf->header_digest, 32, hex);
+			cJSON_AddStringToObject(f, "header_sha256", hex);
+		}
+		if (vf->has_file_digest) {
+			ms_hex(vf->file_digest, 32, hex);
+			cJSON_AddStringToObject(f, "sha256", hex);
+		}
+		ts = cJSON_AddArrayToObject(f, "tensors");
+		for (size_t t = 0; t < vf->ntensors; t++) {
+			const struct ms_vtensor *vt = &vf->tensors[t];
+			cJSON *j = cJSON_CreateObject(), *shape;
+
+			if (!j)
+				goto oom;
+			cJSON_AddItemToArray(ts, j);
+			cJSON_AddStringToObject(j, "name", vt->name);
+			cJSON_AddStringToObject(j, "dtype", ms_dtype_name(vt->dtype));
+			shape = cJSON_AddArrayToObject(j, "shape");
+			for (uint32_t d = 0; d < vt->ndim; d++)
+				cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)vt->shape[d]));
+			cJSON_AddNumberToObject(j, "offset", (double)vt->offset);
+			cJSON_AddNumberToObject(j, "bytes", (double)vt->nbytes);
+			ms_hex(vt->digest, 32, hex);
+			cJSON_AddStringToObject(j, "sha256", hex);
+		}
+	}
+	configs = cJSON_AddArrayToObject(o, "configs");
+	for (size_t i = 0; i < s->nconfigs; i++) {
+		cJSON *c = cJSON_CreateObject();
+		const char *rel = rroot ? under_root(s->configs[i].path, rroot) : s->configs[i].path;
+
+		if (!c)
+			goto oom;
+		cJSON_AddItemToArray(configs, c);
+		if (!rel) {
+			rc = ms_err_set(err, MS_EINVAL, "'%s' does not lie under '%s'",
+					s->configs[i].path, rroot);
+			goto out;
+		}
+		cJSON_AddStringToObject(c, "path", rel);
+		ms_hex(s->configs[i].digest, 32, hex);
+		cJSON_AddStringToObject(c, "sha256", hex);
+	}
+	*json = cJSON_Print(o);
+	if (!*json)
+		goto oom;
+	goto out;
+oom:
+	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+out:
+	free(rroot);
+	cJSON_Delete(o);
+	return rc;
+}
+
+/* Manifest paths: relative POSIX, no empty, "." or ".." component. */
+static int plain_relative(const char *p)
+{
+	const char *c = p;
+
+	if (!*p || *p == '/')
+		return 0;
+	while (*c) {
+		const char *e = strchr(c, '/');
+		size_t n = e ? (size_t)(e - c) : strlen(c);
+
+		if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+			return 0;
+		c += n;
+		if (*c == '/')
+			c++;
+		else
+			break;
+	}
+	return p[strlen(p) - 1] != '/';
+}
+
+static int get_u64(const cJSON *o, const char *key, uint64_t *out)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	/* cJSON numbers are doubles: integers are exact only up to 2^53 */
+	if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+	    floor(v->valuedouble) != v->valuedouble)
+		return -1;
+	*out = (uint64_t)v->valuedouble;
+	return 0;
+}
+
+static int get_hex(const cJSON *o, const char *key, uint8_t out[32])
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	if (!cJSON_IsString(v) || strlen(v->valuestring) != 64)
+		return -1;
+	return ms_unhex(v->valuestring, out, 32);
+}
+
+static char *get_str(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+
+	return cJSON_IsString(v) ? ms_strdup(v->valuestring) : NULL;
+}
+
+int ms_manifest_parse(const char *json, size_t len, const char *label, const char *root,
+		      struct ms_vstate **out, struct ms_err *err)
+{
+	cJSON *o = NULL, *files, *f, *configs;
+	struct ms_vstate *s = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+	const cJSON *v;
+	size_t k;
+	int rc;
+
+	*out = NULL;
+	o = cJSON_ParseWithLength(json, len);
+	if (!o || !cJSON_IsObject(o)) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': manifest is not a JSON object", label);
+		goto out;
+	}
+	v = cJSON_GetObjectItemCaseSensitive(o, "format");
+	if (!cJSON_IsString(v) || strcmp(v->valuestring, "msinv-manifest-v1")) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': \"format\" is not \"msinv-manifest-v1\"", label);
+		goto out;
+	}
+	s = ms_calloc(1, sizeof(*s));
+	if (!s)
+		goto oom;
+	s->ep_size = s->ep_rank = -1;
+	v = cJSON_GetObjectItemCaseSensitive(o, "state");
+	if (!cJSON_IsString(v) || strlen(v->valuestring) != MS_STATE_DIGEST_LEN - 1 ||
+	    strncmp(v->valuestring, "sha256:", 7)) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': \"state\" is not a sha256: digest", label);
+		goto out;
+	}
+	memcpy(s->digest, v->valuestring, MS_STATE_DIGEST_LEN);
+	s->kind = get_str(o, "kind");
+	s->label = get_str(o, "label");
+	s->layout = get_str(o, "layout");
+	{
+		uint64_t es, er;
+
+		if (!get_u64(o, "ep_size", &es) && !get_u64(o, "ep_rank", &er) && es > 0 &&
+		    es < 1u << 20 && er < es) {
+			s->ep_size = (int32_t)es;
+			s->ep_rank = (int32_t)er;
+		}
+	}
+	if (root && !(s->root = ms_strdup(root)))
+		goto oom;
+	files = cJSON_GetObjectItemCaseSensitive(o, "files");
+	if (!cJSON_IsArray(files) || cJSON_GetArraySize(files) == 0) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': \"files\" is not a non-empty array", label);
+		goto out;
+	}
+	s->files = ms_calloc((size_t)cJSON_GetArraySize(files), sizeof(*s->files));
+	if (!s->files)
+		goto oom;
+	cJSON_ArrayForEach(f, files) {
+		struct ms_vfile *vf = &s->files[s->nfiles++];
+		cJSON *ts = cJSON_GetObjectItemCaseSensitive(f, "tensors"), *t;
+
+		vf->path = get_str(f, "path");
+		if (!vf->path || !plain_relative(vf->path)) {
+			rc = ms_err_set(err, MS_EINVAL,
+					"'%s': file %zu: \"path\" is not a plain relative path", label,
+					s->nfiles - 1);
+			goto out;
+		}
+		if (get_u64(f, "size", &vf->size) || get_hex(f, "header_sha256", vf->header_digest) ||
+		    !cJSON_IsArray(ts)) {
+			rc = ms_err_set(err, MS_EINVAL,
+					"'%s': file '%s': needs \"size\", \"header_sha256\" and \"tensors\"",
+					label, vf->path);
+			goto out;
+		}
+		vf->has_header_digest = 1;
+		if (cJSON_GetObjectItemCaseSensitive(f, "sha256")) {
+			if (get_hex(f, "sha256", vf->file_digest)) {
+				rc = ms_err_set(err, MS_EINVAL, "'%s': file '%s': bad \"sha256\"", label,
+						vf->path);
+				goto out;
+			}
+			vf->has_file_digest = 1;
+		}
+		vf->tensors = ms_calloc((size_t)cJSON_GetArraySize(ts) + 1, sizeof(*vf->tensors));
+		if (!vf->tensors)
+			goto oom;
+		cJSON_ArrayForEach(t, ts) {
+			struct ms_vtensor *vt = &vf->tensors[vf->ntensors++];
+			cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape"), *d;
+			const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+
+			vt->name = get_str(t, "name");
+			if (!vt->name || !*vt->name || !cJSON_IsString(dt) ||
+			    ms_dtype_parse(dt->valuestring, strlen(dt->valuestring), &vt->dtype) ||
+			    !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > MS_ST_MAX_RANK ||
+			    get_u64(t, "offset", &vt->offset) || get_u64(t, "bytes", &vt->nbytes) ||
+			    get_hex(t, "sha256", vt->digest)) {
+				rc = ms_err_set(err, MS_EINVAL,
+						"'%s': file '%s': tensor %zu is malformed (name, dtype, shape, offset, bytes, sha256)",
+						label, vf->path, vf->ntensors - 1);
+				goto out;
+			}
+			cJSON_ArrayForEach(d, shape) {
+				if (!cJSON_IsNumber(d) || d->valuedouble < 0 ||
+				    d->valuedouble > 9007199254740992.0 ||
+				    floor(d->valuedouble) != d->valuedouble) {
+					rc = ms_err_set(err, MS_EINVAL, "'%s': tensor '%s': bad shape",
+							label, vt->name);
+					goto out;
+				}
+				vt->shape[vt->ndim++] = (uint64_t)d->valuedouble;
+			}
+		}
+	}
+	configs = cJSON_GetObjectItemCaseSensitive(o, "configs");
+	if (configs && !cJSON_IsArray(configs)) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': \"configs\" is not an array", label);
+		goto out;
+	}
+	k = configs ? (size_t)cJSON_GetArraySize(configs) : 0;
+	s->configs = ms_calloc(k + 1, sizeof(*s->configs));
+	if (!s->configs)
+		goto oom;
+	if (configs) {
+		cJSON_ArrayForEach(f, configs) {
+			struct ms_vconfig *c = &s->configs[s->nconfigs++];
+
+			c->path = get_str(f, "path");
+			if (!c->path || !plain_relative(c->path) || get_hex(f, "sha256", c->digest)) {
+				rc = ms_err_set(err, MS_EINVAL, "'%s': config %zu is malformed", label,
+						s->nconfigs - 1);
+				goto out;
+			}
+		}
+	}
+	if ((rc = ms_vstate_digest(s, digest, err)) != MS_OK) {
+		ms_err_prefix(err, "'%s'", label);
+		goto out;
+	}
+	if (strcmp(digest, s->digest)) {
+		rc = ms_err_set(err, MS_ECHECK,
+				"'%s': the tensors listed give state %s, the manifest says %s", label,
+				digest, s->digest);
+		goto out;
+	}
+	*out = s;
+	s = NULL;
+	rc = MS_OK;
+	goto out;
+oom:
+	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+out:
+	ms_vstate_free(s);
+	cJSON_Delete(o);
+	return rc;
+}
