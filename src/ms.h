@@ -11,5 +11,7 @@
 #include "safetensors.h"
 #include "hash.h"
 #include "checkpoint.h"
+#include "names.h"
+#include "verify.h"
 
 #endif

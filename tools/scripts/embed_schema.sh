@@ -5,8 +5,8 @@ set -e
 echo "/* generated from schema/*.sql by tools/scripts/embed_schema.sh */"
 echo "static const char *const ms_schema_migrations[] = {"
 for f in "$@"; do
-	printf '\t/* %s */\n\t"' "$(basename "$f")"
-	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/$/\\n"/' -e '$!s/$/\n\t"/' "$f" | tr -d '\r'
-	echo ","
+	printf '\t/* %s */\n' "$(basename "$f")"
+	tr -d '\r' <"$f" | awk '{ gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); printf "\t\"%s\\n\"\n", $0 }'
+	echo "	,"
 done
 echo "};"
