@@ -14,6 +14,7 @@
 
 #include "fsutil.h"
 #include "hash.h"
+#include "inventory.h"
 
 const char *ms_vproblem_str(enum ms_vproblem_kind k)
 {
@@ -687,5 +688,124 @@ oom:
 out:
 	ms_vstate_free(s);
 	cJSON_Delete(o);
+	return rc;
+}
+
+/* ---- from the inventory ------------------------------------------------------ */
+
+static int copy_files_exist(const struct ms_inv_files *f, uint32_t copy)
+{
+	struct stat st;
+
+	for (size_t i = 0; i < f->n; i++)
+		if (f->files[i].copy == copy && stat(f->files[i].path, &st))
+			return 0;
+	return 1;
+}
+
+int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
+		       struct ms_vstate **out, struct ms_err *err)
+{
+	struct ms_inv_files files = {0};
+	struct ms_inv_config *cfgs = NULL;
+	struct ms_inv_state *st = NULL;
+	struct ms_vstate *s = NULL;
+	size_t ncfgs = 0, k = 0, nk = 0;
+	int rc;
+
+	*out = NULL;
+	if ((rc = ms_inv_state_get(inv, digest, &st, err)) != MS_OK)
+		return rc;
+	if ((rc = ms_inv_state_files(inv, digest, 0, 1, &files, err)) != MS_OK)
+		goto out;
+	if ((rc = ms_inv_state_configs(inv, digest, &cfgs, &ncfgs, err)) != MS_OK)
+		goto out;
+	if (files.n == 0) {
+		rc = ms_err_set(err, MS_EDB, "state %s has no recorded files", digest);
+		goto out;
+	}
+	if (!copy) {
+		copy = files.files[0].copy;
+		for (size_t i = 0; i < files.n; i++) {
+			if (copy_files_exist(&files, files.files[i].copy)) {
+				copy = files.files[i].copy;
+				break;
+			}
+		}
+	}
+	s = ms_calloc(1, sizeof(*s));
+	if (!s)
+		goto oom;
+	memcpy(s->digest, st->digest, MS_STATE_DIGEST_LEN);
+	s->kind = ms_strdup(ms_inv_kind_name(st->kind));
+	s->label = st->label ? ms_strdup(st->label) : NULL;
+	s->layout = st->layout ? ms_strdup(st->layout) : NULL;
+	s->ep_size = st->ep_size;
+	s->ep_rank = st->ep_rank;
+	if (!s->kind || (st->label && !s->label) || (st->layout && !s->layout))
+		goto oom;
+	for (size_t i = 0; i < files.n; i++)
+		k += files.files[i].copy == copy;
+	for (size_t i = 0; i < ncfgs; i++)
+		nk += cfgs[i].copy == copy;
+	if (k == 0) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "state %s has no copy %u", digest, copy);
+		goto out;
+	}
+	s->files = ms_calloc(k, sizeof(*s->files));
+	s->configs = ms_calloc(nk + 1, sizeof(*s->configs));
+	if (!s->files || !s->configs)
+		goto oom;
+	for (size_t i = 0; i < files.n; i++) {
+		const struct ms_inv_file *f = &files.files[i];
+		struct ms_vfile *vf;
+
+		if (f->copy != copy)
+			continue;
+		vf = &s->files[s->nfiles++];
+		vf->path = ms_strdup(f->path);
+		vf->size = f->size;
+		memcpy(vf->header_digest, f->header_digest, 32);
+		vf->has_header_digest = 1;
+		vf->has_file_digest = f->has_file_digest;
+		memcpy(vf->file_digest, f->file_digest, 32);
+		vf->tensors = ms_calloc(f->ntensors + 1, sizeof(*vf->tensors));
+		if (!vf->path || !vf->tensors)
+			goto oom;
+		for (size_t t = 0; t < f->ntensors; t++) {
+			const struct ms_inv_tensor *it = &f->tensors[t];
+			struct ms_vtensor *vt = &vf->tensors[vf->ntensors++];
+
+			if (!(vt->name = ms_strdup(it->name)))
+				goto oom;
+			vt->dtype = it->dtype;
+			vt->ndim = it->ndim;
+			memcpy(vt->shape, it->shape, sizeof(vt->shape));
+			vt->offset = it->offset;
+			vt->nbytes = it->nbytes;
+			memcpy(vt->digest, it->digest, 32);
+		}
+	}
+	for (size_t i = 0; i < ncfgs; i++) {
+		struct ms_vconfig *c;
+
+		if (cfgs[i].copy != copy)
+			continue;
+		c = &s->configs[s->nconfigs++];
+		if (!(c->path = ms_strdup(cfgs[i].path)))
+			goto oom;
+		memcpy(c->digest, cfgs[i].digest, 32);
+	}
+	*out = s;
+	s = NULL;
+	rc = MS_OK;
+	goto out;
+oom:
+	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+out:
+	ms_vstate_free(s);
+	ms_inv_configs_free(cfgs, ncfgs);
+	ms_inv_files_release(&files);
+	ms_inv_state_free(st);
 	return rc;
 }

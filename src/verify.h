@@ -119,6 +119,12 @@ void ms_vreport_release(struct ms_vreport *r);
 int ms_vstate_from_ckpt(const struct ms_ckpt *c, struct ms_vstate **out,
 			struct ms_err *err);
 void ms_vstate_free(struct ms_vstate *s);
+/* The recorded expectation of an inventoried state (inventory.h): copy
+ * `copy` of its files, or with copy 0 the first copy whose files all still
+ * exist (the first copy when none does, so that the check names them). */
+struct ms_inv;
+int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
+		       struct ms_vstate **out, struct ms_err *err);
 /* Recompute the state digest from the tensors of s into out. */
 int ms_vstate_digest(const struct ms_vstate *s, char out[MS_STATE_DIGEST_LEN],
 		     struct ms_err *err);

@@ -1,0 +1,397 @@
+/*
+ * gate.c: verify every state a plan names, then record the run (gate.h).
+ */
+#include "gate.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "fsutil.h"
+#include "hash.h"
+#include "verify.h"
+
+void ms_gate_free(struct ms_gate *g)
+{
+	if (!g)
+		return;
+	ms_fp_plan_free(g->plan);
+	for (size_t i = 0; i < g->ninputs; i++) {
+		ms_free(g->inputs[i].role);
+		ms_free(g->inputs[i].label);
+		ms_free(g->inputs[i].path);
+	}
+	ms_free(g->inputs);
+	for (size_t i = 0; i < g->nenv; i++)
+		ms_free(g->env[i]);
+	ms_free(g->env);
+	ms_free(g);
+}
+
+/* "2026-11-29T10:27:57.123456Z" to nanoseconds since the epoch. */
+static int parse_iso(const char *s, int64_t *ns)
+{
+	struct tm tm = {0};
+	long usec = 0;
+	char *end;
+
+	end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+	if (!end)
+		return -1;
+	if (*end == '.') {
+		char *e2;
+
+		usec = strtol(end + 1, &e2, 10);
+		end = e2;
+	}
+	if (*end != 'Z')
+		return -1;
+	*ns = (int64_t)timegm(&tm) * 1000000000 + (int64_t)usec * 1000;
+	return 0;
+}
+
+/* A verification of digest newer than every file's change, with the files
+ * unchanged since they were recorded. */
+static int recent_ok(struct ms_inv *inv, const char *digest, const struct ms_vstate *s)
+{
+	struct ms_inv_verification *v = NULL;
+	struct ms_err err = {0};
+	size_t n = 0;
+	int64_t at, newest = 0;
+	int ok = 0;
+
+	if (ms_inv_verifications(inv, digest, &v, &n, &err) != MS_OK || n == 0)
+		goto out;
+	if (v[0].result != MS_INV_RESULT_OK || parse_iso(v[0].at, &at))
+		goto out;
+	for (size_t i = 0; i < s->nfiles; i++) {
+		struct stat st;
+		int64_t c;
+
+		if (stat(s->files[i].path, &st) || (uint64_t)st.st_size != s->files[i].size)
+			goto out;
+		c = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+		if ((int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec > c)
+			c = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+		if (c > newest)
+			newest = c;
+	}
+	ok = newest < at;
+out:
+	ms_inv_verifications_free(v, n);
+	return ok;
+}
+
+/* The directory holding every file of s (or the file, for one file). */
+static char *common_dir(const struct ms_vstate *s)
+{
+	char *d, *copy;
+
+	if (s->nfiles == 1 && s->nconfigs == 0)
+		return ms_strdup(s->files[0].path);
+	copy = ms_strdup(s->files[0].path);
+	if (!copy)
+		return NULL;
+	d = ms_strdup(dirname(copy));
+	ms_free(copy);
+	for (size_t i = 1; d && i < s->nfiles; i++) {
+		size_t n = strlen(d);
+
+		while (strncmp(s->files[i].path, d, n) || s->files[i].path[n] != '/') {
+			char *up = ms_strdup(dirname(d));
+
+			ms_free(d);
+			d = up;
+			if (!d || !strcmp(d, "/"))
+				return d;
+			n = strlen(d);
+		}
+	}
+	return d;
+}
+
+static void role_env(const char *role, char *out, size_t n)
+{
+	size_t k = 0;
+
+	for (; *role && k + 1 < n; role++)
+		out[k++] = isalnum((unsigned char)*role) ? (char)toupper((unsigned char)*role) : '_';
+	out[k] = 0;
+}
+
+static int refuse(struct ms_gate *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(struct ms_gate *g, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (g->refused)
+		return MS_ECHECK; /* the first reason is the one reported */
+	va_start(ap, fmt);
+	vsnprintf(g->why, sizeof(g->why), fmt, ap);
+	va_end(ap);
+	g->refused = 1;
+	return MS_ECHECK;
+}
+
+/* Verify one plan entry into g->inputs[i]; refusals go to g, failures of
+ * the check itself to err. */
+static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned flags,
+		       int nthreads, struct ms_err *err)
+{
+	const struct ms_fp_entry *e = &g->plan->entries[i];
+	struct ms_gate_input *in = &g->inputs[i];
+	struct ms_inv_state *st = NULL;
+	struct ms_vstate *vs = NULL;
+	struct ms_ckpt *ck = NULL;
+	struct ms_err lerr = {0};
+	int rc;
+
+	if (!(in->role = ms_strdup(e->role)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	in->ep_size = in->ep_rank = -1;
+	if (e->state) {
+		rc = ms_inv_resolve(inv, e->state, in->digest, &lerr);
+		if (rc == MS_ENOTFOUND || rc == MS_EINVAL)
+			return refuse(g, "role '%s': %s", e->role, lerr.msg);
+		if (rc != MS_OK)
+			return ms_err_set(err, rc, "%s", lerr.msg);
+	} else {
+		/* a path: its bytes are hashed now, so they are verified by
+		 * construction; they must be an inventoried state */
+		rc = ms_ckpt_open(e->resolved, &ck, &lerr);
+		if (rc == MS_OK)
+			rc = ms_ckpt_hash(ck, nthreads, 0, &lerr);
+		if (rc == MS_OK)
+			rc = ms_state_digest(ck->tensors, ck->ntensors, in->digest, &lerr);
+		if (rc == MS_OK)
+			for (size_t f = 0; f < ck->nfiles; f++)
+				in->bytes += ck->files[f]->size;
+		ms_ckpt_close(ck);
+		if (rc == MS_EINVAL || rc == MS_ENOTFOUND || rc == MS_ECHECK)
+			return refuse(g, "role '%s': %s", e->role, lerr.msg);
+		if (rc != MS_OK)
+			return ms_err_set(err, rc, "%s", lerr.msg);
+		if (!(in->path = realpath(e->resolved, NULL)))
+			return ms_err_set(err, MS_EIO, "'%s': %s", e->resolved, strerror(errno));
+	}
+	rc = ms_inv_state_get(inv, in->digest, &st, &lerr);
+	if (rc == MS_ENOTFOUND)
+		return refuse(g, "role '%s': '%s' is state %s, which is not in the inventory (add it with msinv add)",
+			      e->role, e->path ? e->path : e->state, in->digest);
+	if (rc != MS_OK)
+		return ms_err_set(err, rc, "%s", lerr.msg);
+	in->kind = st->kind;
+	in->ep_size = st->ep_size;
+	in->ep_rank = st->ep_rank;
+	if (st->label && !(in->label = ms_strdup(st->label))) {
+		ms_inv_state_free(st);
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	ms_inv_state_free(st);
+	if (in->kind == MS_INV_KIND_ADAPTER_SHARD && in->ep_size >= 0 &&
+	    (uint32_t)in->ep_size != g->plan->ep_size)
+		return refuse(g,
+			      "role '%s': state %.23s... is a shard of an EP=%d split, the plan runs EP=%u: run 'msshard reshard --ep-size %u' and add the result",
+			      e->role, in->digest, in->ep_size, g->plan->ep_size, g->plan->ep_size);
+	if (!e->state)
+		return MS_OK;
+
+	if ((rc = ms_vstate_from_inv(inv, in->digest, 0, &vs, err)) != MS_OK)
+		return rc;
+	if (!(in->path = common_dir(vs))) {
+		ms_vstate_free(vs);
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	if ((flags & MS_GATE_TRUST_RECENT) && recent_ok(inv, in->digest, vs)) {
+		in->trusted = 1;
+		ms_vstate_free(vs);
+		return MS_OK;
+	}
+	{
+		struct ms_vreport r;
+
+		rc = ms_verify_state(vs, nthreads, &r, err);
+		in->bytes = r.bytes;
+		in->seconds = r.seconds;
+		if (rc == MS_ECHECK) {
+			const struct ms_vproblem *p = &r.problems[0];
+			enum ms_inv_result res = p->kind == MS_VPROBLEM_FILE_MISSING
+							 ? MS_INV_RESULT_MISSING
+							 : MS_INV_RESULT_MISMATCH;
+
+			if (!(flags & MS_GATE_DRY_RUN))
+				ms_inv_record_verification(inv, in->digest, res, r.bytes, r.seconds,
+							   p->detail, &lerr);
+			if (p->tensor)
+				refuse(g, "role '%s': state %.23s...: tensor '%s' in '%s': %s", e->role,
+				       in->digest, p->tensor, p->file, p->detail);
+			else
+				refuse(g, "role '%s': state %.23s...: '%s': %s", e->role, in->digest,
+				       p->file ? p->file : "-", p->detail);
+		} else if (rc == MS_OK && !(flags & MS_GATE_DRY_RUN)) {
+			rc = ms_inv_record_verification(inv, in->digest, MS_INV_RESULT_OK, r.bytes,
+							r.seconds, NULL, err);
+		}
+		ms_vreport_release(&r);
+	}
+	ms_vstate_free(vs);
+	return rc;
+}
+
+static int env_add(struct ms_gate *g, const char *name, const char *value)
+{
+	char **ne = ms_realloc(g->env, (g->nenv + 2) * sizeof(*ne));
+
+	if (!ne)
+		return MS_ENOMEM;
+	g->env = ne;
+	if (!(ne[g->nenv] = ms_asprintf("%s=%s", name, value)))
+		return MS_ENOMEM;
+	g->nenv++;
+	ne[g->nenv] = NULL;
+	return MS_OK;
+}
+
+static int build_env(struct ms_inv *inv, struct ms_gate *g)
+{
+	char num[32], name[128];
+	char *abs_plan = realpath(g->plan_path, NULL);
+	int rc = MS_OK;
+
+	rc |= env_add(g, "MSINV_DB", ms_inv_path(inv));
+	snprintf(num, sizeof(num), "%lld", (long long)g->run_id);
+	rc |= env_add(g, "MSINV_RUN", num);
+	rc |= env_add(g, "MSINV_PLAN", abs_plan ? abs_plan : g->plan_path);
+	free(abs_plan);
+	rc |= env_add(g, "MSINV_PLAN_DIGEST", g->plan_digest);
+	snprintf(num, sizeof(num), "%u", g->plan->ep_size);
+	rc |= env_add(g, "MSINV_EP_SIZE", num);
+	if (g->plan->outputs)
+		rc |= env_add(g, "MSINV_OUTPUTS", g->plan->outputs);
+	for (size_t i = 0; i < g->ninputs; i++) {
+		char role[96];
+
+		role_env(g->inputs[i].role, role, sizeof(role));
+		snprintf(name, sizeof(name), "MSINV_STATE_%s", role);
+		rc |= env_add(g, name, g->inputs[i].digest);
+		snprintf(name, sizeof(name), "MSINV_PATH_%s", role);
+		rc |= env_add(g, name, g->inputs[i].path ? g->inputs[i].path : "");
+	}
+	return rc ? MS_ENOMEM : MS_OK;
+}
+
+int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int nthreads,
+		  struct ms_gate **out, struct ms_err *err)
+{
+	struct ms_gate *g = ms_calloc(1, sizeof(*g));
+	struct ms_inv_run_input *ins = NULL;
+	char *text = NULL;
+	size_t len;
+	uint8_t d[32];
+	int rc;
+
+	*out = NULL;
+	if (!g)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	snprintf(g->plan_path, sizeof(g->plan_path), "%s", plan_path);
+	/* the digest of the bytes the plan was read from */
+	if ((rc = ms_read_file(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
+		goto fail;
+	if ((rc = ms_sha256(text, len, d)) != MS_OK) {
+		ms_err_set(err, rc, "sha256 failed");
+		goto fail;
+	}
+	memcpy(g->plan_digest, "sha256:", 7);
+	ms_hex(d, 32, g->plan_digest + 7);
+	if ((rc = ms_fp_plan_load(plan_path, &g->plan, err)) != MS_OK)
+		goto fail;
+	g->inputs = ms_calloc(g->plan->nentries + 1, sizeof(*g->inputs));
+	if (!g->inputs) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < g->plan->nentries; i++) {
+		g->ninputs++;
+		rc = check_entry(inv, g, i, flags, nthreads, err);
+		if (rc != MS_OK && rc != MS_ECHECK)
+			goto fail;
+	}
+	if (flags & MS_GATE_DRY_RUN) {
+		*out = g;
+		ms_free(text);
+		return g->refused ? MS_ECHECK : MS_OK;
+	}
+	/* record the run: a refused one too, with the states it could name */
+	ins = ms_calloc(g->ninputs + 1, sizeof(*ins));
+	if (!ins) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
+	{
+		size_t k = 0;
+
+		for (size_t i = 0; i < g->ninputs; i++) {
+			struct ms_inv_state *st = NULL;
+			struct ms_err lerr = {0};
+
+			if (!g->inputs[i].digest[0] ||
+			    ms_inv_state_get(inv, g->inputs[i].digest, &st, &lerr) != MS_OK)
+				continue;
+			ms_inv_state_free(st);
+			ins[k].digest = g->inputs[i].digest;
+			ins[k++].role = g->inputs[i].role;
+		}
+		if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, k, &g->run_id, err)) != MS_OK)
+			goto fail;
+	}
+	if (g->refused) {
+		cJSON *ev = cJSON_CreateObject();
+		char *js;
+
+		cJSON_AddStringToObject(ev, "why", g->why);
+		cJSON_AddStringToObject(ev, "plan", plan_path);
+		js = cJSON_PrintUnformatted(ev);
+		cJSON_Delete(ev);
+		if (!js) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto fail;
+		}
+		rc = ms_inv_event_add(inv, g->run_id, "launch_refused", js, NULL, err);
+		cJSON_free(js);
+		/* 126: the shell's "found but not executable": the command never ran */
+		if (rc == MS_OK)
+			rc = ms_inv_run_end(inv, g->run_id, 126, err);
+		if (rc != MS_OK)
+			goto fail;
+		ms_free(ins);
+		ms_free(text);
+		*out = g;
+		return MS_ECHECK;
+	}
+	if (build_env(inv, g) != MS_OK) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
+	ms_free(ins);
+	ms_free(text);
+	*out = g;
+	return MS_OK;
+fail:
+	ms_free(ins);
+	ms_free(text);
+	ms_gate_free(g);
+	return rc;
+}
+
+int ms_gate_end(struct ms_inv *inv, struct ms_gate *g, int exit_code, struct ms_err *err)
+{
+	if (!g->run_id)
+		return MS_OK;
+	return ms_inv_run_end(inv, g->run_id, exit_code, err);
+}
