@@ -13,5 +13,6 @@
 #include "checkpoint.h"
 #include "names.h"
 #include "verify.h"
+#include "attest.h"
 
 #endif
