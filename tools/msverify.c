@@ -7,11 +7,14 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
 #include "attest.h"
 #include "cli.h"
+#include "inventory.h"
+#include "verify.h"
 
 /* ---- shared ------------------------------------------------------------ */
 
@@ -215,7 +218,282 @@ static int cmd_verify(int argc, char **argv)
 	return status;
 }
 
+/* ---- files -------------------------------------------------------------- */
+
+/* Print the outcome of one state's check; returns CLI_OK or CLI_CHECK. */
+static int report_state(const struct ms_vstate *s, int rc, const struct ms_vreport *r,
+			cJSON *json_states)
+{
+	const char *name = s->label ? s->label : s->digest;
+
+	if (json_states) {
+		cJSON *o = cJSON_CreateObject(), *probs;
+
+		cJSON_AddItemToArray(json_states, o);
+		cJSON_AddStringToObject(o, "state", s->digest);
+		if (s->label)
+			cJSON_AddStringToObject(o, "label", s->label);
+		cJSON_AddStringToObject(o, "result", rc == MS_OK ? "ok" : "mismatch");
+		cJSON_AddNumberToObject(o, "files", (double)r->nfiles);
+		cJSON_AddNumberToObject(o, "tensors", (double)r->ntensors);
+		cJSON_AddNumberToObject(o, "bytes", (double)r->bytes);
+		cJSON_AddNumberToObject(o, "seconds", r->seconds);
+		probs = cJSON_AddArrayToObject(o, "problems");
+		for (size_t i = 0; i < r->nproblems; i++) {
+			const struct ms_vproblem *p = &r->problems[i];
+			cJSON *q = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(probs, q);
+			cJSON_AddStringToObject(q, "kind", ms_vproblem_str(p->kind));
+			if (p->file)
+				cJSON_AddStringToObject(q, "file", p->file);
+			if (p->tensor)
+				cJSON_AddStringToObject(q, "tensor", p->tensor);
+			cJSON_AddStringToObject(q, "detail", p->detail);
+		}
+		return rc == MS_OK ? CLI_OK : CLI_CHECK;
+	}
+	if (rc == MS_OK) {
+		printf("ok\t%s\t%zu files\t%zu tensors\t%.1f MB\t%.2f s\n", name, r->nfiles,
+		       r->ntensors, (double)r->bytes / 1e6, r->seconds);
+		return CLI_OK;
+	}
+	for (size_t i = 0; i < r->nproblems; i++) {
+		const struct ms_vproblem *p = &r->problems[i];
+
+		if (p->tensor)
+			printf("FAIL\t%s\ttensor '%s' in '%s': %s\n", name, p->tensor,
+			       p->file ? p->file : "-", p->detail);
+		else if (p->file)
+			printf("FAIL\t%s\t'%s': %s\n", name, p->file, p->detail);
+		else
+			printf("FAIL\t%s\t%s\n", name, p->detail);
+	}
+	return CLI_CHECK;
+}
+
+/* A path argument: the inventoried states that have a copy under it. */
+static int states_under(struct ms_inv *inv, const char *path, char ***out, size_t *nout,
+			struct ms_err *err)
+{
+	struct ms_inv_state *all = NULL;
+	size_t n = 0;
+	char *real = realpath(path, NULL);
+	int rc;
+
+	*out = NULL;
+	*nout = 0;
+	if (!real)
+		return ms_err_set(err, MS_ENOTFOUND, "'%s': no such file or directory", path);
+	if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, err)) != MS_OK)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		struct ms_inv_files f = {0};
+		size_t len = strlen(real);
+		int hit = 0;
+
+		if ((rc = ms_inv_state_files(inv, all[i].digest, 0, 0, &f, err)) != MS_OK)
+			goto out;
+		for (size_t k = 0; k < f.n && !hit; k++)
+			hit = !strcmp(f.files[k].path, real) ||
+			      (!strncmp(f.files[k].path, real, len) && f.files[k].path[len] == '/');
+		ms_inv_files_release(&f);
+		if (hit) {
+			char **nd = realloc(*out, (*nout + 1) * sizeof(*nd));
+
+			if (!nd || !(nd[*nout] = strdup(all[i].digest))) {
+				free(nd ? nd : *out);
+				*out = NULL;
+				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				goto out;
+			}
+			*out = nd;
+			(*nout)++;
+		}
+	}
+	if (*nout == 0)
+		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': no inventoried state has files there", path);
+out:
+	ms_inv_states_free(all, n);
+	free(real);
+	return rc;
+}
+
+static int cmd_files(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"manifest", required_argument, NULL, 'm'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"json", no_argument, NULL, 'J'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *manifest = NULL, *db = NULL;
+	int jobs = 0, json = 0, c, status = CLI_OK, rc = MS_OK;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	cJSON *root = NULL, *states = NULL;
+	char **digests = NULL;
+	size_t ndigests = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': manifest = optarg; break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &jobs))
+				return CLI_USAGE;
+			break;
+		case 'J': json = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (json) {
+		root = cJSON_CreateObject();
+		states = cJSON_AddArrayToObject(root, "states");
+	}
+	if (manifest) {
+		/* no database: the manifest is the record */
+		struct ms_vstate *s = NULL;
+		struct ms_vreport r;
+		char *text = NULL, *dir = NULL;
+		size_t len;
+
+		if (optind != argc) {
+			cJSON_Delete(root);
+			return cli_usage("--manifest takes no STATE or PATH");
+		}
+		rc = ms_read_file(manifest, 256u << 20, &text, &len, &err);
+		if (rc == MS_OK) {
+			char *slash;
+
+			dir = strdup(manifest);
+			slash = dir ? strrchr(dir, '/') : NULL;
+			if (slash)
+				*slash = 0;
+			rc = ms_manifest_parse(text, len, manifest, slash ? dir : ".", &s, &err);
+		}
+		ms_free(text);
+		free(dir);
+		if (rc != MS_OK) {
+			cJSON_Delete(root);
+			return cli_fail(rc, &err);
+		}
+		rc = ms_verify_state(s, jobs, &r, &err);
+		if (rc == MS_OK || rc == MS_ECHECK)
+			status = report_state(s, rc, &r, states);
+		ms_vreport_release(&r);
+		ms_vstate_free(s);
+		if (rc != MS_OK && rc != MS_ECHECK) {
+			cJSON_Delete(root);
+			return cli_fail(rc, &err);
+		}
+		goto done;
+	}
+	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
+	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+		goto fail;
+	if (optind == argc) {
+		struct ms_inv_state *all = NULL;
+		size_t n = 0;
+
+		if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, &err)) != MS_OK)
+			goto fail;
+		digests = calloc(n + 1, sizeof(*digests));
+		for (size_t i = 0; digests && i < n; i++)
+			digests[ndigests++] = strdup(all[i].digest);
+		ms_inv_states_free(all, n);
+		if (!digests) {
+			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			goto fail;
+		}
+	}
+	for (int a = optind; a < argc; a++) {
+		char d[MS_STATE_DIGEST_LEN], **more = NULL;
+		size_t nmore = 0;
+		struct stat st;
+
+		if (stat(argv[a], &st) == 0) {
+			if ((rc = states_under(inv, argv[a], &more, &nmore, &err)) != MS_OK)
+				goto fail;
+		} else {
+			if ((rc = ms_inv_resolve(inv, argv[a], d, &err)) != MS_OK)
+				goto fail;
+			more = calloc(1, sizeof(*more));
+			if (!more || !(more[0] = strdup(d))) {
+				free(more);
+				rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+				goto fail;
+			}
+			nmore = 1;
+		}
+		{
+			char **nd = realloc(digests, (ndigests + nmore + 1) * sizeof(*nd));
+
+			if (!nd) {
+				rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+				goto fail;
+			}
+			digests = nd;
+			memcpy(digests + ndigests, more, nmore * sizeof(*more));
+			ndigests += nmore;
+			free(more);
+		}
+	}
+	for (size_t i = 0; i < ndigests; i++) {
+		struct ms_vstate *s = NULL;
+		struct ms_vreport r;
+		enum ms_inv_result res;
+
+		if ((rc = ms_vstate_from_inv(inv, digests[i], 0, &s, &err)) != MS_OK)
+			goto fail;
+		rc = ms_verify_state(s, jobs, &r, &err);
+		if (rc != MS_OK && rc != MS_ECHECK) {
+			ms_vstate_free(s);
+			goto fail;
+		}
+		res = rc == MS_OK ? MS_INV_RESULT_OK
+		      : r.problems[0].kind == MS_VPROBLEM_FILE_MISSING ? MS_INV_RESULT_MISSING
+								       : MS_INV_RESULT_MISMATCH;
+		if (report_state(s, rc, &r, states) != CLI_OK)
+			status = CLI_CHECK;
+		rc = ms_inv_record_verification(inv, digests[i], res, r.bytes, r.seconds,
+						r.nproblems ? r.problems[0].detail : NULL, &err);
+		ms_vreport_release(&r);
+		ms_vstate_free(s);
+		if (rc != MS_OK)
+			goto fail;
+	}
+done:
+	if (root) {
+		char *t = cJSON_Print(root);
+
+		if (t)
+			puts(t);
+		cJSON_free(t);
+	}
+	if (status == CLI_CHECK)
+		cli_errorf("verification failed");
+	for (size_t i = 0; i < ndigests; i++)
+		free(digests[i]);
+	free(digests);
+	cJSON_Delete(root);
+	ms_inv_close(inv);
+	return status;
+fail:
+	for (size_t i = 0; i < ndigests; i++)
+		free(digests[i]);
+	free(digests);
+	cJSON_Delete(root);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
 static const struct cli_cmd cmds[] = {
+	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json] [STATE | PATH ...]",
+	 "re-hash states against the inventory or a manifest"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",
 	 "sign a model directory (OpenSSF Model Signing, EC key)"},
 	{"verify", cmd_verify, "verify [--jobs N] [--json] --sig SIG --pub KEY.pub PATH",
