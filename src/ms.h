@@ -11,6 +11,7 @@
 #include "safetensors.h"
 #include "hash.h"
 #include "checkpoint.h"
+#include "footprint.h"
 #include "names.h"
 #include "verify.h"
 #include "attest.h"
