@@ -13,6 +13,8 @@
 #include "checkpoint.h"
 #include "footprint.h"
 #include "names.h"
+#include "nvfp4.h"
+#include "quant.h"
 #include "verify.h"
 #include "attest.h"
 

@@ -1,0 +1,2136 @@
+/*
+ * quant.c: checkpoint-level NVFP4 conversion (see quant.h for the on-disk
+ * names and the metadata): tensor selection, fused tensor-scale groups,
+ * reading quantized checkpoints of both flavors, planning quantize,
+ * dequantize and transpose, writing the outputs and their configuration
+ * files, and the quantization statistics.
+ */
+#include "quant.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "fsutil.h"
+#ifdef MS_QUANT_GPU
+#include "gpu.h"
+#endif
+#include "hash.h"
+#include "names.h"
+
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define MAX_COPY_FILE (4ull << 30) /* other files of a checkpoint directory */
+
+/* Tensor name suffixes, [format][layout]. */
+static const char *const sfx_packed[2][2] = {
+	{".weight", ".weight_colwise"},
+	{".weight_packed", ".weight_packed_colwise"},
+};
+static const char *const sfx_scales[2][2] = {
+	{".weight_scale", ".weight_colwise_scale"},
+	{".weight_scale", ".weight_scale_colwise"},
+};
+static const char *const sfx_tscale[2] = {".weight_scale_2", ".weight_global_scale"};
+static const char *const sfx_input[] = {".input_scale", ".input_global_scale"};
+
+const char *ms_quant_format_name(enum ms_quant_format f)
+{
+	return f == MS_QUANT_FORMAT_COMPRESSED_TENSORS ? "compressed-tensors" : "modelopt";
+}
+
+int ms_quant_format_parse(const char *s, enum ms_quant_format *out)
+{
+	if (!strcmp(s, "modelopt"))
+		*out = MS_QUANT_FORMAT_MODELOPT;
+	else if (!strcmp(s, "compressed-tensors"))
+		*out = MS_QUANT_FORMAT_COMPRESSED_TENSORS;
+	else
+		return MS_EINVAL;
+	return MS_OK;
+}
+
+int ms_quant_device_parse(const char *s, enum ms_quant_device *out)
+{
+	if (!strcmp(s, "auto"))
+		*out = MS_QUANT_DEVICE_AUTO;
+	else if (!strcmp(s, "cpu"))
+		*out = MS_QUANT_DEVICE_CPU;
+	else if (!strcmp(s, "cuda"))
+		*out = MS_QUANT_DEVICE_CUDA;
+	else
+		return MS_EINVAL;
+	return MS_OK;
+}
+
+enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r)
+{
+	return r == MS_NVFP4_RECIPE_COMPRESSED_TENSORS ? MS_QUANT_FORMAT_COMPRESSED_TENSORS
+						       : MS_QUANT_FORMAT_MODELOPT;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static int is_float(enum ms_dtype dt)
+{
+	return dt == MS_DTYPE_BF16 || dt == MS_DTYPE_F16 || dt == MS_DTYPE_F32;
+}
+
+static int quantizable(const struct ms_tensor *t)
+{
+	return is_float(t->dtype) && t->ndim == 2 && ends_with(t->name, ".weight") &&
+	       strlen(t->name) > 7;
+}
+
+int ms_quant_default_selected(const struct ms_tensor *t)
+{
+	struct ms_name_info info;
+
+	if (!quantizable(t) || ms_name_parse(t->name, &info) != MS_OK ||
+	    info.role != MS_NAME_ROLE_WEIGHT)
+		return 0;
+	switch (info.part) {
+	case MS_NAME_PART_ATTN:
+	case MS_NAME_PART_EXPERT:
+	case MS_NAME_PART_SHARED_EXPERT:
+	case MS_NAME_PART_MLP:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+int ms_quant_fuse_key(const char *name, char *buf, size_t n)
+{
+	static const struct { const char *leaf, *group; } groups[] = {
+		{"q_proj", "{qkv}"}, {"k_proj", "{qkv}"}, {"v_proj", "{qkv}"},
+		{"gate_proj", "{gate_up}"}, {"up_proj", "{gate_up}"},
+		{"w1", "{w13}"}, {"w3", "{w13}"},
+	};
+	size_t len = strlen(name), plen;
+	const char *leaf;
+
+	if (!ends_with(name, ".weight"))
+		return 0;
+	plen = len - 7;
+	leaf = name + plen;
+	while (leaf > name && leaf[-1] != '.')
+		leaf--;
+	if (leaf == name)
+		return 0;
+	for (size_t i = 0; i < sizeof(groups) / sizeof(groups[0]); i++) {
+		size_t ll = strlen(groups[i].leaf);
+
+		if ((size_t)(name + plen - leaf) == ll && !strncmp(leaf, groups[i].leaf, ll)) {
+			int k = snprintf(buf, n, "%.*s%s", (int)(leaf - name), name,
+					 groups[i].group);
+
+			return k > 0 && (size_t)k < n;
+		}
+	}
+	return 0;
+}
+
+/* Index of a tensor of c in c->tensors (sorted by name). */
+static size_t ckpt_index(const struct ms_ckpt *c, const struct ms_tensor *t)
+{
+	size_t lo = 0, hi = c->ntensors;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int r = strcmp(c->tensors[mid]->name, t->name);
+
+		if (r == 0)
+			return mid;
+		if (r < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return c->ntensors;
+}
+
+static const struct ms_tensor *find_sfx(const struct ms_ckpt *c, const char *prefix,
+					const char *sfx)
+{
+	char name[MS_ST_MAX_NAME + 64];
+
+	if ((size_t)snprintf(name, sizeof(name), "%s%s", prefix, sfx) >= sizeof(name))
+		return NULL;
+	return ms_ckpt_find(c, name);
+}
+
+static size_t file_index(const struct ms_ckpt *c, const struct ms_st_file *f)
+{
+	for (size_t i = 0; i < c->nfiles; i++)
+		if (c->files[i] == f)
+			return i;
+	return 0;
+}
+
+static float read_f32(const uint8_t *p)
+{
+	uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+		     (uint32_t)p[3] << 24;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static void write_f32(uint8_t *p, float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(u >> (8 * i));
+}
+
+/* ---- reading quantized checkpoints -------------------------------------- */
+
+/* Metadata of one file, parsed once. */
+struct file_meta {
+	int parsed;
+	cJSON *root; /* NULL when the file has none */
+};
+
+static int meta_get(const struct ms_ckpt *c, struct file_meta *fm, size_t fi,
+		    cJSON **out, struct ms_err *err)
+{
+	const char *text;
+
+	if (!fm[fi].parsed) {
+		fm[fi].parsed = 1;
+		text = ms_st_meta_get(c->files[fi], MS_QUANT_META_KEY);
+		if (text) {
+			fm[fi].root = cJSON_Parse(text);
+			if (!fm[fi].root || !cJSON_IsObject(fm[fi].root))
+				return ms_err_set(err, MS_EINVAL,
+						  "'%s': metadata '%s' is not a JSON object",
+						  c->files[fi]->path, MS_QUANT_META_KEY);
+		}
+	}
+	*out = fm[fi].root;
+	return MS_OK;
+}
+
+/* A string member of obj (or of fallback when obj lacks it). */
+static const char *json_str_of(const cJSON *obj, const cJSON *fallback, const char *key)
+{
+	const cJSON *it = obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+
+	if (!cJSON_IsString(it) && fallback)
+		it = cJSON_GetObjectItemCaseSensitive(fallback, key);
+	return cJSON_IsString(it) ? it->valuestring : NULL;
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_qweight(const void *a, const void *b)
+{
+	return strcmp(((const struct ms_qweight *)a)->prefix,
+		      ((const struct ms_qweight *)b)->prefix);
+}
+
+/* Fill w from the tensors of prefix; the message names what is wrong. */
+static int scan_weight(struct ms_ckpt *c, struct file_meta *fm, const char *prefix,
+		       struct ms_qweight *w, struct ms_err *err)
+{
+	const struct ms_tensor *any = NULL;
+	cJSON *meta = NULL, *entry = NULL;
+	const char *path;
+	int rc, f;
+
+	memset(w, 0, sizeof(*w));
+	if (!(w->prefix = ms_strdup(prefix)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	f = find_sfx(c, prefix, sfx_packed[1][0]) || find_sfx(c, prefix, sfx_packed[1][1]) ||
+	    find_sfx(c, prefix, sfx_tscale[1]);
+	w->format = f ? MS_QUANT_FORMAT_COMPRESSED_TENSORS : MS_QUANT_FORMAT_MODELOPT;
+	for (int l = 0; l < 2; l++) {
+		w->packed[l] = find_sfx(c, prefix, sfx_packed[f][l]);
+		w->scales[l] = find_sfx(c, prefix, sfx_scales[f][l]);
+		if (!!w->packed[l] != !!w->scales[l]) {
+			const struct ms_tensor *t = w->packed[l] ? w->packed[l] : w->scales[l];
+
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': %s nvfp4 data without its %s",
+					  t->name, t->file->path,
+					  ms_nvfp4_layout_name((enum ms_nvfp4_layout)l),
+					  w->packed[l] ? "block scales" : "packed values");
+		}
+		if (!w->packed[l])
+			continue;
+		if (!any)
+			any = w->packed[l];
+		if (w->packed[l]->dtype != MS_DTYPE_U8 || w->packed[l]->ndim != 2)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': packed nvfp4 values must be 2-d U8",
+					  w->packed[l]->name, w->packed[l]->file->path);
+		if (w->scales[l]->dtype != MS_DTYPE_F8_E4M3 || w->scales[l]->ndim != 2)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': nvfp4 block scales must be 2-d F8_E4M3",
+					  w->scales[l]->name, w->scales[l]->file->path);
+	}
+	if (!any) {
+		const struct ms_tensor *s = find_sfx(c, prefix, sfx_scales[f][0]);
+
+		s = s ? s : find_sfx(c, prefix, sfx_scales[f][1]);
+		return ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': block scales without packed values",
+				  s ? s->name : prefix, s ? s->file->path : "?");
+	}
+	path = any->file->path;
+	w->tscale = find_sfx(c, prefix, sfx_tscale[f]);
+	if (!w->tscale)
+		return ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': nvfp4 weight without '%s%s'",
+				  any->name, path, prefix, sfx_tscale[f]);
+	if (w->tscale->dtype != MS_DTYPE_F32 || w->tscale->nelem != 1 || w->tscale->ndim > 1)
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': a tensor scale must be one F32 ([] or [1])",
+				  w->tscale->name, w->tscale->file->path);
+	w->tscale_value = read_f32(w->tscale->data);
+	w->tscale_kind = f ? MS_NVFP4_TSCALE_DIV : MS_NVFP4_TSCALE_MUL;
+	if (!isfinite(w->tscale_value) || w->tscale_value < 0 || (f && w->tscale_value == 0))
+		return ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': tensor scale %g is not usable",
+				  w->tscale->name, w->tscale->file->path,
+				  (double)w->tscale_value);
+	/* what the metadata records, else what the flavor implies */
+	w->file = file_index(c, any->file);
+	w->block = MS_NVFP4_BLOCK_1D;
+	w->recipe = f ? MS_NVFP4_RECIPE_COMPRESSED_TENSORS : MS_NVFP4_RECIPE_MODELOPT;
+	w->src_dtype = MS_DTYPE_BF16;
+	if ((rc = meta_get(c, fm, w->file, &meta, err)) != MS_OK)
+		return rc;
+	if (meta) {
+		cJSON *tensors = cJSON_GetObjectItemCaseSensitive(meta, "tensors");
+		cJSON *lays = cJSON_GetObjectItemCaseSensitive(meta, "layouts");
+
+		/* a file that says it holds only columnwise copies may keep
+		 * them under the rowwise names (ms(5)) */
+		if (cJSON_IsArray(lays) && cJSON_GetArraySize(lays) == 1 &&
+		    cJSON_IsString(cJSON_GetArrayItem(lays, 0)) &&
+		    !strcmp(cJSON_GetArrayItem(lays, 0)->valuestring, "columnwise") &&
+		    w->packed[0] && !w->packed[1]) {
+			w->packed[1] = w->packed[0];
+			w->scales[1] = w->scales[0];
+			w->packed[0] = w->scales[0] = NULL;
+		}
+
+		entry = cJSON_IsObject(tensors) ? cJSON_GetObjectItemCaseSensitive(tensors, prefix)
+						: NULL;
+	}
+	if (entry) {
+		cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
+		const char *s;
+
+		if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != 2 ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(shape, 0)) ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(shape, 1)) ||
+		    cJSON_GetArrayItem(shape, 0)->valuedouble < 0 ||
+		    cJSON_GetArrayItem(shape, 1)->valuedouble < 0 ||
+		    cJSON_GetArrayItem(shape, 0)->valuedouble > 9e15 ||
+		    cJSON_GetArrayItem(shape, 1)->valuedouble > 9e15)
+			return ms_err_set(err, MS_EINVAL,
+					  "'%s': metadata '%s' gives module '%s' no valid shape",
+					  path, MS_QUANT_META_KEY, prefix);
+		w->rows = (uint64_t)cJSON_GetArrayItem(shape, 0)->valuedouble;
+		w->cols = (uint64_t)cJSON_GetArrayItem(shape, 1)->valuedouble;
+		if ((s = json_str_of(entry, meta, "block")) &&
+		    ms_nvfp4_block_parse(s, &w->block) != MS_OK)
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': unknown block '%s'",
+					  path, MS_QUANT_META_KEY, s);
+		if ((s = json_str_of(entry, meta, "recipe")) &&
+		    ms_nvfp4_recipe_parse(s, &w->recipe) != MS_OK)
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': unknown recipe '%s'",
+					  path, MS_QUANT_META_KEY, s);
+		if ((s = json_str_of(entry, NULL, "dtype")) &&
+		    (ms_dtype_parse(s, strlen(s), &w->src_dtype) != MS_OK ||
+		     !is_float(w->src_dtype)))
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': bad dtype '%s'",
+					  path, MS_QUANT_META_KEY, s);
+		w->recorded = 1;
+	} else if (w->packed[0]) {
+		w->rows = w->packed[0]->shape[0];
+		w->cols = w->packed[0]->shape[1] * 2;
+	} else {
+		w->cols = w->packed[1]->shape[0];
+		w->rows = w->packed[1]->shape[1] * 2;
+	}
+	for (int l = 0; l < 2; l++) {
+		uint64_t ps[2], ss[2];
+
+		if (!w->packed[l])
+			continue;
+		if ((rc = ms_nvfp4_shapes(w->rows, w->cols, (enum ms_nvfp4_layout)l, ps, ss, err)) != MS_OK)
+			return ms_err_prefix(err, "module '%s' in '%s'", prefix, path);
+		if (w->packed[l]->shape[0] != ps[0] || w->packed[l]->shape[1] != ps[1] ||
+		    w->scales[l]->shape[0] != ss[0] || w->scales[l]->shape[1] != ss[1])
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': shapes of the packed values and block scales do not fit a [%llu, %llu] weight",
+					  w->scales[l]->name, w->scales[l]->file->path,
+					  (unsigned long long)w->rows, (unsigned long long)w->cols);
+	}
+	return MS_OK;
+}
+
+int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
+{
+	struct file_meta *fm = NULL;
+	char **prefixes = NULL;
+	size_t np = 0;
+	int rc = MS_OK;
+
+	memset(v, 0, sizeof(*v));
+	v->ckpt = c;
+	fm = ms_calloc(c->nfiles + 1, sizeof(*fm));
+	prefixes = ms_calloc(c->ntensors + 1, sizeof(*prefixes));
+	v->owner = ms_malloc((c->ntensors + 1) * sizeof(*v->owner));
+	if (!fm || !prefixes || !v->owner) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < c->ntensors; i++) {
+		const char *name = c->tensors[i]->name;
+		static const char *const keys[] = {".weight_scale", ".weight_colwise_scale",
+						   ".weight_scale_colwise"};
+
+		v->owner[i] = -1;
+		/* NVFP4 block scales are 2-D F8_E4M3; an FP8 checkpoint's
+		 * per-tensor F32 weight_scale is not ours */
+		if (c->tensors[i]->dtype != MS_DTYPE_F8_E4M3 || c->tensors[i]->ndim != 2)
+			continue;
+		for (size_t k = 0; k < 3; k++) {
+			if (ends_with(name, keys[k]) && strlen(name) > strlen(keys[k])) {
+				prefixes[np] = ms_strndup(name, strlen(name) - strlen(keys[k]));
+				if (!prefixes[np++]) {
+					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					goto out;
+				}
+				break;
+			}
+		}
+	}
+	qsort(prefixes, np, sizeof(*prefixes), cmp_cstr);
+	v->weights = ms_calloc(np + 1, sizeof(*v->weights));
+	if (!v->weights) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < np; i++) {
+		struct ms_qweight *w;
+
+		if (i && !strcmp(prefixes[i], prefixes[i - 1]))
+			continue;
+		w = &v->weights[v->nweights++];
+		if ((rc = scan_weight(c, fm, prefixes[i], w, err)) != MS_OK)
+			goto out;
+	}
+	qsort(v->weights, v->nweights, sizeof(*v->weights), cmp_qweight);
+	for (size_t i = 0; i < v->nweights; i++) {
+		struct ms_qweight *w = &v->weights[i];
+		const struct ms_tensor *parts[8] = {
+			w->packed[0], w->packed[1], w->scales[0], w->scales[1], w->tscale,
+			find_sfx(c, w->prefix, sfx_input[0]), find_sfx(c, w->prefix, sfx_input[1]),
+		};
+
+		for (size_t k = 0; k < 8; k++) {
+			size_t ix;
+
+			if (!parts[k])
+				continue;
+			ix = ckpt_index(c, parts[k]);
+			if (ix < c->ntensors && v->owner[ix] >= 0 && v->owner[ix] != (int64_t)i) {
+				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s' belongs to two nvfp4 modules",
+						parts[k]->name, parts[k]->file->path);
+				goto out;
+			}
+			if (ix < c->ntensors)
+				v->owner[ix] = (int64_t)i;
+		}
+	}
+out:
+	if (fm) {
+		for (size_t i = 0; i < c->nfiles; i++)
+			cJSON_Delete(fm[i].root);
+		ms_free(fm);
+	}
+	if (prefixes) {
+		for (size_t i = 0; i < np; i++)
+			ms_free(prefixes[i]);
+		ms_free(prefixes);
+	}
+	if (rc != MS_OK)
+		ms_qview_release(v);
+	return rc;
+}
+
+void ms_qview_release(struct ms_qview *v)
+{
+	if (!v)
+		return;
+	for (size_t i = 0; i < v->nweights; i++)
+		ms_free(v->weights[i].prefix);
+	ms_free(v->weights);
+	ms_free(v->owner);
+	memset(v, 0, sizeof(*v));
+}
+
+int ms_qweight_decode(const struct ms_qweight *w, enum ms_nvfp4_layout layout,
+		      int nthreads, float *out, struct ms_err *err)
+{
+	int col = layout == MS_NVFP4_LAYOUT_COLUMNWISE;
+	int rc;
+
+	if (!w->packed[layout])
+		return ms_err_set(err, MS_EINVAL, "module '%s' has no %s nvfp4 copy", w->prefix,
+				  ms_nvfp4_layout_name(layout));
+	rc = ms_nvfp4_dequantize(w->packed[layout]->data, w->scales[layout]->data,
+				 col ? w->cols : w->rows, col ? w->rows : w->cols,
+				 w->tscale_value, w->tscale_kind, MS_DTYPE_F32, out, nthreads,
+				 err);
+	if (rc != MS_OK)
+		return ms_err_prefix(err, "tensor '%s' in '%s'", w->packed[layout]->name,
+				     w->packed[layout]->file->path);
+	return MS_OK;
+}
+
+/* ---- plans -------------------------------------------------------------- */
+
+static int add_out(struct ms_quant_plan *p, size_t *cap, const char *name,
+		   enum ms_dtype dt, uint32_t ndim, const uint64_t *shape,
+		   enum ms_qout_kind kind, enum ms_nvfp4_layout layout, size_t item,
+		   size_t file, struct ms_err *err)
+{
+	struct ms_qout *o;
+	uint64_t ne = 1;
+
+	if (p->nouts == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct ms_qout *no = ms_realloc(p->outs, nc * sizeof(*no));
+
+		if (!no)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		p->outs = no;
+		*cap = nc;
+	}
+	o = &p->outs[p->nouts];
+	memset(o, 0, sizeof(*o));
+	for (uint32_t d = 0; d < ndim; d++) {
+		o->shape[d] = shape[d];
+		if (ms_mul_u64(ne, shape[d], &ne))
+			return ms_err_set(err, MS_EINVAL, "tensor '%s': shape overflows", name);
+	}
+	if (ms_dtype_nbytes(dt, ne, &o->nbytes) != MS_OK)
+		return ms_err_set(err, MS_EINVAL, "tensor '%s': size overflows", name);
+	if (!(o->name = ms_strdup(name)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	o->dtype = dt;
+	o->ndim = ndim;
+	o->kind = kind;
+	o->layout = layout;
+	o->item = item;
+	o->file = file;
+	p->nouts++;
+	p->bytes_out += o->nbytes;
+	return MS_OK;
+}
+
+static int add_item(struct ms_quant_plan *p, size_t *cap, const struct ms_tensor *src,
+		    struct ms_err *err)
+{
+	struct ms_qitem *it;
+
+	if (p->nitems == *cap) {
+		size_t nc = *cap ? *cap * 2 : 64;
+		struct ms_qitem *ni = ms_realloc(p->items, nc * sizeof(*ni));
+
+		if (!ni)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		p->items = ni;
+		*cap = nc;
+	}
+	it = &p->items[p->nitems++];
+	memset(it, 0, sizeof(*it));
+	it->src = src;
+	it->qweight = -1;
+	it->group = -1;
+	return MS_OK;
+}
+
+/* The outputs of one quantized module: format names, chosen layouts. */
+static int add_weight_outs(struct ms_quant_plan *p, size_t *cap, const char *prefix,
+			   uint64_t rows, uint64_t cols, unsigned layouts,
+			   enum ms_quant_format fmt, int with_tscale, size_t item,
+			   size_t file, struct ms_err *err)
+{
+	char name[MS_ST_MAX_NAME + 64];
+	int rc;
+
+	for (int l = 0; l < 2; l++) {
+		uint64_t ps[2], ss[2];
+
+		if (!(layouts & (1u << l)))
+			continue;
+		if ((rc = ms_nvfp4_shapes(rows, cols, (enum ms_nvfp4_layout)l, ps, ss, err)) != MS_OK)
+			return rc;
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_packed[fmt][l]);
+		if ((rc = add_out(p, cap, name, MS_DTYPE_U8, 2, ps, MS_QOUT_PACKED,
+				  (enum ms_nvfp4_layout)l, item, file, err)) != MS_OK)
+			return rc;
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_scales[fmt][l]);
+		if ((rc = add_out(p, cap, name, MS_DTYPE_F8_E4M3, 2, ss, MS_QOUT_SCALES,
+				  (enum ms_nvfp4_layout)l, item, file, err)) != MS_OK)
+			return rc;
+		if (l == 0 && with_tscale) {
+			uint64_t one = 1;
+
+			snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale[fmt]);
+			if ((rc = add_out(p, cap, name, MS_DTYPE_F32,
+					  fmt == MS_QUANT_FORMAT_MODELOPT ? 0 : 1, &one,
+					  MS_QOUT_TSCALE, MS_NVFP4_LAYOUT_ROWWISE, item, file,
+					  err)) != MS_OK)
+				return rc;
+			with_tscale = 0;
+		}
+	}
+	if (with_tscale) {
+		uint64_t one = 1;
+
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale[fmt]);
+		return add_out(p, cap, name, MS_DTYPE_F32, fmt == MS_QUANT_FORMAT_MODELOPT ? 0 : 1,
+			       &one, MS_QOUT_TSCALE, MS_NVFP4_LAYOUT_ROWWISE, item, file, err);
+	}
+	return MS_OK;
+}
+
+/*
+ * The one place where the device is chosen. The GPU path is gpu.h's
+ * streaming quantizer (byte for byte the reference's). It is compiled in
+ * with MS_QUANT_GPU, to be defined by the build once the kernels provide
+ * ms_gpu_nvfp4_quantize_host; until then --device cuda is refused and
+ * auto means the CPU.
+ */
+static int choose_device(enum ms_quant_device want, enum ms_quant_device *got,
+			 struct ms_err *err)
+{
+#ifdef MS_QUANT_GPU
+	int have = ms_gpu_available();
+#endif
+
+	switch (want) {
+	case MS_QUANT_DEVICE_CPU:
+		*got = MS_QUANT_DEVICE_CPU;
+		return MS_OK;
+	case MS_QUANT_DEVICE_CUDA:
+#ifdef MS_QUANT_GPU
+		if (!have)
+			return ms_err_set(err, MS_ENODEV, "no CUDA device available");
+		*got = MS_QUANT_DEVICE_CUDA;
+		return MS_OK;
+#else
+		return ms_err_set(err, MS_ENODEV, "no CUDA device support in this build");
+#endif
+	default:
+#ifdef MS_QUANT_GPU
+		*got = have ? MS_QUANT_DEVICE_CUDA : MS_QUANT_DEVICE_CPU;
+#else
+		*got = MS_QUANT_DEVICE_CPU;
+#endif
+		return MS_OK;
+	}
+}
+
+static int run_quantize(const struct ms_quant_plan *p, const struct ms_nvfp4_params *np,
+			const struct ms_nvfp4_src *src, float amax, uint8_t *packed,
+			uint8_t *scales, struct ms_err *err)
+{
+#ifdef MS_QUANT_GPU
+	if (p->device == MS_QUANT_DEVICE_CUDA) {
+		int col = np->layout == MS_NVFP4_LAYOUT_COLUMNWISE;
+
+		return ms_gpu_nvfp4_quantize_host(np, src, amax, 0, col ? NULL : packed,
+						  col ? NULL : scales, col ? packed : NULL,
+						  col ? scales : NULL, err);
+	}
+#endif
+	(void)p;
+	return ms_nvfp4_quantize(np, src, amax, packed, scales, err);
+}
+
+static int file_exists(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0;
+}
+
+/* Other regular files of an input directory, for copying. */
+static int list_copies(struct ms_quant_plan *p, const char *dir, struct ms_err *err)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	size_t cap = 0;
+	int rc = MS_OK;
+
+	if (!d)
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", dir, strerror(errno));
+	while ((de = readdir(d))) {
+		char *path, **nn;
+		struct stat st;
+
+		if (de->d_name[0] == '.' || ends_with(de->d_name, ".safetensors") ||
+		    !strcmp(de->d_name, INDEX_NAME))
+			continue;
+		if (!(path = ms_path_join(dir, de->d_name))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			break;
+		}
+		if (stat(path, &st) || !S_ISREG(st.st_mode)) {
+			ms_free(path);
+			continue;
+		}
+		ms_free(path);
+		if (p->ncopies == cap) {
+			cap = cap ? cap * 2 : 8;
+			nn = ms_realloc(p->copy_names, cap * sizeof(*nn));
+			if (!nn) {
+				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				break;
+			}
+			p->copy_names = nn;
+		}
+		if (!(p->copy_names[p->ncopies] = ms_strdup(de->d_name))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			break;
+		}
+		p->ncopies++;
+	}
+	closedir(d);
+	if (rc == MS_OK)
+		qsort(p->copy_names, p->ncopies, sizeof(*p->copy_names), cmp_cstr);
+	return rc;
+}
+
+/* Per-file metadata JSON for the modules of file fi. */
+static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *err)
+{
+	cJSON *root = cJSON_CreateObject(), *tensors, *lays;
+	const char *recipe = NULL, *block = NULL, *fmt = NULL;
+	unsigned layouts = 0;
+	int any = 0, rc = MS_OK;
+
+	if (!root)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	/* the common values first, then per-module exceptions */
+	for (size_t i = 0; i < p->nitems; i++) {
+		const struct ms_qitem *it = &p->items[i];
+
+		if (p->opts.op == MS_QUANT_OP_QUANTIZE) {
+			if (!it->quantized || file_index(p->in, it->src->file) != fi)
+				continue;
+			recipe = ms_nvfp4_recipe_name(p->opts.recipe);
+			block = ms_nvfp4_block_name(p->opts.block);
+			fmt = ms_quant_format_name(p->opts.format);
+			layouts = p->opts.layouts;
+		} else {
+			const struct ms_qweight *w;
+
+			if (it->qweight < 0)
+				continue;
+			w = &p->view.weights[it->qweight];
+			if (w->file != fi)
+				continue;
+			if (!recipe) {
+				recipe = ms_nvfp4_recipe_name(w->recipe);
+				block = ms_nvfp4_block_name(w->block);
+				fmt = ms_quant_format_name(w->format);
+			}
+			layouts |= w->packed[0] ? MS_QUANT_COLUMNWISE : MS_QUANT_ROWWISE;
+		}
+		any = 1;
+	}
+	if (!any)
+		goto out;
+	cJSON_AddNumberToObject(root, "version", 1);
+	cJSON_AddStringToObject(root, "recipe", recipe);
+	cJSON_AddStringToObject(root, "block", block);
+	cJSON_AddStringToObject(root, "format", fmt);
+	lays = cJSON_AddArrayToObject(root, "layouts");
+	for (int l = 0; lays && l < 2; l++)
+		if (layouts & (1u << l))
+			cJSON_AddItemToArray(lays, cJSON_CreateString(
+				ms_nvfp4_layout_name((enum ms_nvfp4_layout)l)));
+	tensors = cJSON_AddObjectToObject(root, "tensors");
+	for (size_t i = 0; tensors && i < p->nitems; i++) {
+		const struct ms_qitem *it = &p->items[i];
+		const char *prefix, *dt;
+		char buf[MS_ST_MAX_NAME + 1];
+		cJSON *e, *sh;
+
+		if (p->opts.op == MS_QUANT_OP_QUANTIZE) {
+			if (!it->quantized || file_index(p->in, it->src->file) != fi)
+				continue;
+			snprintf(buf, sizeof(buf), "%.*s", (int)(strlen(it->src->name) - 7),
+				 it->src->name);
+			prefix = buf;
+			dt = ms_dtype_name(it->src->dtype);
+		} else {
+			const struct ms_qweight *w;
+
+			if (it->qweight < 0)
+				continue;
+			w = &p->view.weights[it->qweight];
+			if (w->file != fi)
+				continue;
+			prefix = w->prefix;
+			dt = ms_dtype_name(w->src_dtype);
+		}
+		e = cJSON_AddObjectToObject(tensors, prefix);
+		sh = e ? cJSON_AddArrayToObject(e, "shape") : NULL;
+		if (!sh)
+			break;
+		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->rows));
+		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->cols));
+		cJSON_AddStringToObject(e, "dtype", dt);
+		if (it->qweight >= 0) {
+			const struct ms_qweight *w = &p->view.weights[it->qweight];
+
+			if (strcmp(ms_nvfp4_block_name(w->block), block))
+				cJSON_AddStringToObject(e, "block", ms_nvfp4_block_name(w->block));
+			if (strcmp(ms_nvfp4_recipe_name(w->recipe), recipe))
+				cJSON_AddStringToObject(e, "recipe", ms_nvfp4_recipe_name(w->recipe));
+		}
+	}
+	p->file_meta[fi] = cJSON_PrintUnformatted(root);
+	if (!p->file_meta[fi])
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+out:
+	cJSON_Delete(root);
+	return rc;
+}
+
+static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
+			 struct ms_err *err)
+{
+	const struct ms_quant_opts *o = &p->opts;
+	regex_t inc, exc;
+	int have_inc = 0, have_exc = 0, rc = MS_OK;
+	char **keys = NULL;
+	size_t nkeys = 0, xcap = 0;
+
+	if (p->view.nweights) {
+		const struct ms_qweight *w = &p->view.weights[0];
+		const struct ms_tensor *t = w->packed[0] ? w->packed[0] : w->packed[1];
+
+		return ms_err_set(err, MS_EINVAL, "'%s' is already quantized (tensor '%s' in '%s')",
+				  p->in_path, t->name, t->file->path);
+	}
+	if (o->include) {
+		int r = regcomp(&inc, o->include, REG_EXTENDED | REG_NOSUB);
+
+		if (r) {
+			char msg[256];
+
+			regerror(r, &inc, msg, sizeof(msg));
+			return ms_err_set(err, MS_EINVAL, "include pattern '%s': %s", o->include, msg);
+		}
+		have_inc = 1;
+	}
+	if (o->exclude) {
+		int r = regcomp(&exc, o->exclude, REG_EXTENDED | REG_NOSUB);
+
+		if (r) {
+			char msg[256];
+
+			regerror(r, &exc, msg, sizeof(msg));
+			rc = ms_err_set(err, MS_EINVAL, "exclude pattern '%s': %s", o->exclude, msg);
+			goto out;
+		}
+		have_exc = 1;
+	}
+	keys = ms_calloc(p->in->ntensors + 1, sizeof(*keys));
+	if (!keys) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t fi = 0; fi < p->in->nfiles; fi++) {
+		const struct ms_st_file *f = p->in->files[fi];
+
+		for (size_t k = 0; k < f->ntensors; k++) {
+			const struct ms_tensor *t = &f->tensors[k];
+			int sel = ms_quant_default_selected(t);
+			struct ms_qitem *it;
+
+			if (have_inc && regexec(&inc, t->name, 0, NULL, 0) == 0) {
+				if (!quantizable(t)) {
+					rc = ms_err_set(err, MS_EINVAL,
+							"tensor '%s' in '%s': matches the include pattern but is not a 2-d bf16, f16 or f32 '.weight'",
+							t->name, f->path);
+					goto out;
+				}
+				sel = 1;
+			}
+			if (have_exc && regexec(&exc, t->name, 0, NULL, 0) == 0)
+				sel = 0;
+			if ((rc = add_item(p, icap, t, err)) != MS_OK)
+				goto out;
+			it = &p->items[p->nitems - 1];
+			p->bytes_in += t->nbytes;
+			if (!sel) {
+				struct ms_name_info info;
+
+				if ((rc = add_out(p, ocap, t->name, t->dtype, t->ndim, t->shape,
+						  MS_QOUT_COPY, MS_NVFP4_LAYOUT_ROWWISE,
+						  p->nitems - 1, fi, err)) != MS_OK)
+					goto out;
+				p->ncopied++;
+				/* linear-like weights left out, for the
+				 * configs' exclude/ignore lists */
+				if (quantizable(t) && ms_name_parse(t->name, &info) == MS_OK &&
+				    info.part != MS_NAME_PART_EMBED && info.part != MS_NAME_PART_NORM) {
+					if (p->nexcluded == xcap) {
+						char **nx;
+
+						xcap = xcap ? 2 * xcap : 16;
+						nx = ms_realloc(p->excluded, xcap * sizeof(*nx));
+						if (!nx) {
+							rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+							goto out;
+						}
+						p->excluded = nx;
+					}
+					p->excluded[p->nexcluded] =
+						ms_strndup(t->name, strlen(t->name) - 7);
+					if (!p->excluded[p->nexcluded++]) {
+						rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+						goto out;
+					}
+				}
+				continue;
+			}
+			it->quantized = 1;
+			it->rows = t->shape[0];
+			it->cols = t->shape[1];
+			p->nquantized++;
+			/* fused group: items with the same key */
+			if (!o->no_fuse) {
+				char key[MS_ST_MAX_NAME + 16];
+
+				if (ms_quant_fuse_key(t->name, key, sizeof(key))) {
+					size_t g;
+
+					for (g = 0; g < nkeys; g++)
+						if (!strcmp(keys[g], key))
+							break;
+					if (g == nkeys && !(keys[nkeys++] = ms_strdup(key))) {
+						rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+						goto out;
+					}
+					it->group = (int64_t)g;
+				}
+			}
+			{
+				char prefix[MS_ST_MAX_NAME + 1];
+
+				snprintf(prefix, sizeof(prefix), "%.*s", (int)(strlen(t->name) - 7),
+					 t->name);
+				if ((rc = add_weight_outs(p, ocap, prefix, it->rows, it->cols, o->layouts,
+							  o->format, 1, p->nitems - 1, fi, err)) != MS_OK)
+					goto out;
+			}
+		}
+	}
+	if (p->excluded)
+		qsort(p->excluded, p->nexcluded, sizeof(*p->excluded), cmp_cstr);
+	/* a group of one shares with nobody */
+	for (size_t g = 0; g < nkeys; g++) {
+		size_t members = 0;
+
+		for (size_t i = 0; i < p->nitems; i++)
+			members += p->items[i].group == (int64_t)g;
+		if (members < 2) {
+			for (size_t i = 0; i < p->nitems; i++)
+				if (p->items[i].group == (int64_t)g)
+					p->items[i].group = -1;
+		} else {
+			p->ngroups++;
+		}
+	}
+out:
+	if (have_inc)
+		regfree(&inc);
+	if (have_exc)
+		regfree(&exc);
+	for (size_t g = 0; g < nkeys; g++)
+		ms_free(keys[g]);
+	ms_free(keys);
+	return rc;
+}
+
+static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
+		     struct ms_err *err)
+{
+	int transpose = p->opts.op == MS_QUANT_OP_TRANSPOSE;
+	int rc;
+
+	if (p->view.nweights == 0)
+		return ms_err_set(err, MS_EINVAL, "'%s' holds no nvfp4 weights", p->in_path);
+	if (transpose) {
+		for (size_t i = 0; i < p->view.nweights; i++) {
+			const struct ms_qweight *w = &p->view.weights[i];
+
+			if (w->packed[0] && w->packed[1])
+				return ms_err_set(err, MS_EINVAL,
+						  "module '%s' in '%s' already holds both layouts",
+						  w->prefix, w->packed[0]->file->path);
+			if (w->block == MS_NVFP4_BLOCK_1D && !p->source)
+				return ms_err_set(err, MS_EINVAL,
+						  "module '%s' in '%s' has 1d blocks: its other layout must be quantized from the high-precision weights (pass them with --source)",
+						  w->prefix, w->packed[0] ? w->packed[0]->file->path
+									 : w->packed[1]->file->path);
+		}
+	}
+	for (size_t fi = 0; fi < p->in->nfiles; fi++) {
+		const struct ms_st_file *f = p->in->files[fi];
+
+		for (size_t k = 0; k < f->ntensors; k++) {
+			const struct ms_tensor *t = &f->tensors[k];
+			int64_t owner = p->view.owner[ckpt_index(p->in, t)];
+			const struct ms_qweight *w;
+			int have;
+			struct ms_qitem *it;
+
+			p->bytes_in += t->nbytes;
+			if (owner < 0) {
+				if ((rc = add_item(p, icap, t, err)) != MS_OK ||
+				    (rc = add_out(p, ocap, t->name, t->dtype, t->ndim, t->shape,
+						  MS_QOUT_COPY, MS_NVFP4_LAYOUT_ROWWISE, p->nitems - 1,
+						  fi, err)) != MS_OK)
+					return rc;
+				p->ncopied++;
+				continue;
+			}
+			w = &p->view.weights[owner];
+			have = w->packed[0] ? 0 : 1;
+			if (t != w->packed[have] && (transpose ? t != w->scales[have] : 1)) {
+				if (transpose) {
+					if ((rc = add_item(p, icap, t, err)) != MS_OK ||
+					    (rc = add_out(p, ocap, t->name, t->dtype, t->ndim, t->shape,
+							  MS_QOUT_COPY, MS_NVFP4_LAYOUT_ROWWISE,
+							  p->nitems - 1, fi, err)) != MS_OK)
+						return rc;
+				}
+				continue; /* dequantize drops the companions */
+			}
+			if (t == w->scales[have])
+				continue; /* written beside the packed values */
+			if ((rc = add_item(p, icap, NULL, err)) != MS_OK)
+				return rc;
+			it = &p->items[p->nitems - 1];
+			it->qweight = owner;
+			it->rows = w->rows;
+			it->cols = w->cols;
+			p->nquantized++;
+			if (transpose) {
+				if (w->block == MS_NVFP4_BLOCK_1D) {
+					char name[MS_ST_MAX_NAME + 16];
+
+					snprintf(name, sizeof(name), "%s.weight", w->prefix);
+					it->src = ms_ckpt_find(p->source, name);
+					if (!it->src)
+						return ms_err_set(err, MS_EINVAL,
+								  "source '%s' has no tensor '%s'",
+								  p->opts.source, name);
+					if (!is_float(it->src->dtype) || it->src->ndim != 2 ||
+					    it->src->shape[0] != w->rows || it->src->shape[1] != w->cols)
+						return ms_err_set(err, MS_EINVAL,
+								  "tensor '%s' in '%s': the source must be a bf16, f16 or f32 [%llu, %llu] matrix",
+								  name, it->src->file->path,
+								  (unsigned long long)w->rows,
+								  (unsigned long long)w->cols);
+				}
+				rc = add_weight_outs(p, ocap, w->prefix, w->rows, w->cols,
+						     have ? MS_QUANT_ROWWISE : MS_QUANT_COLUMNWISE,
+						     w->format, 0, p->nitems - 1, fi, err);
+			} else {
+				uint64_t shape[2] = {w->rows, w->cols};
+				char name[MS_ST_MAX_NAME + 16];
+
+				snprintf(name, sizeof(name), "%s.weight", w->prefix);
+				rc = add_out(p, ocap, name, p->opts.dtype, 2, shape, MS_QOUT_DECODED,
+					     MS_NVFP4_LAYOUT_ROWWISE, p->nitems - 1, fi, err);
+			}
+			if (rc != MS_OK)
+				return rc;
+		}
+	}
+	return MS_OK;
+}
+
+static int cmp_qout_ptr(const void *a, const void *b)
+{
+	return strcmp((*(const struct ms_qout *const *)a)->name,
+		      (*(const struct ms_qout *const *)b)->name);
+}
+
+/* An output name made twice (an input tensor already called like a
+ * companion the plan adds) is refused before anything is written. */
+static int check_unique(const struct ms_quant_plan *p, struct ms_err *err)
+{
+	const struct ms_qout **v = ms_malloc((p->nouts + 1) * sizeof(*v));
+	int rc = MS_OK;
+
+	if (!v)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < p->nouts; i++)
+		v[i] = &p->outs[i];
+	qsort(v, p->nouts, sizeof(*v), cmp_qout_ptr);
+	for (size_t i = 1; i < p->nouts; i++) {
+		if (!strcmp(v[i]->name, v[i - 1]->name)) {
+			rc = ms_err_set(err, MS_EINVAL,
+					"'%s': the output would hold two tensors named '%s'",
+					p->in_path, v[i]->name);
+			break;
+		}
+	}
+	ms_free(v);
+	return rc;
+}
+
+int ms_quant_plan_new(const char *in_path, const char *out_path,
+		      const struct ms_quant_opts *opts,
+		      struct ms_quant_plan **out, struct ms_err *err)
+{
+	struct ms_quant_plan *p = ms_calloc(1, sizeof(*p));
+	size_t icap = 0, ocap = 0;
+	struct stat st;
+	char *in_dir = NULL;
+	int rc;
+
+	*out = NULL;
+	if (!p)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	p->opts = *opts;
+	/* the strings are the plan's own, so opts may go away */
+	p->opts.include = p->opts.exclude = p->opts.source = NULL;
+	if ((opts->include && !(p->opts.include = ms_strdup(opts->include))) ||
+	    (opts->exclude && !(p->opts.exclude = ms_strdup(opts->exclude)))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	p->in_path = ms_strdup(in_path);
+	p->out_path = ms_strdup(out_path);
+	if (!p->in_path || !p->out_path) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if (opts->op == MS_QUANT_OP_QUANTIZE) {
+		if (!opts->format_set)
+			p->opts.format = ms_quant_default_format(opts->recipe);
+		if (!(p->opts.layouts & (MS_QUANT_ROWWISE | MS_QUANT_COLUMNWISE)))
+			p->opts.layouts = MS_QUANT_ROWWISE;
+		if ((rc = choose_device(opts->device, &p->device, err)) != MS_OK)
+			goto out;
+	}
+	if (opts->op == MS_QUANT_OP_DEQUANTIZE && opts->dtype != MS_DTYPE_BF16 &&
+	    opts->dtype != MS_DTYPE_F32) {
+		rc = ms_err_set(err, MS_EINVAL, "dequantize writes bf16 or f32");
+		goto out;
+	}
+	if ((rc = ms_ckpt_open(in_path, &p->in, err)) != MS_OK)
+		goto out;
+	if (opts->source) {
+		if ((rc = ms_ckpt_open(opts->source, &p->source, err)) != MS_OK)
+			goto out;
+		if (!(p->opts.source = ms_strdup(opts->source))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+	}
+	if ((rc = ms_qview_open(p->in, &p->view, err)) != MS_OK)
+		goto out;
+	if (stat(in_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		in_dir = ms_strdup(in_path);
+	} else if (ends_with(in_path, ".json")) {
+		const char *slash = strrchr(in_path, '/');
+
+		in_dir = slash ? ms_strndup(in_path, (size_t)(slash - in_path) + (slash == in_path))
+			       : ms_strdup(".");
+	}
+	p->out_is_dir = in_dir != NULL;
+	if (!p->out_is_dir && p->in->nfiles != 1) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': expected one file", in_path);
+		goto out;
+	}
+	if (!opts->force && file_exists(out_path)) {
+		rc = ms_err_set(err, MS_EEXIST, "'%s' already exists (--force replaces it)",
+				out_path);
+		goto out;
+	}
+	p->nfiles = p->in->nfiles;
+	p->files = ms_calloc(p->nfiles, sizeof(*p->files));
+	p->file_names = ms_calloc(p->nfiles, sizeof(*p->file_names));
+	p->file_meta = ms_calloc(p->nfiles, sizeof(*p->file_meta));
+	if (!p->files || !p->file_names || !p->file_meta) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < p->nfiles; i++) {
+		p->file_names[i] = ms_strdup(p->out_is_dir ? p->in->file_names[i]
+							 : ms_path_base(out_path));
+		p->files[i] = p->out_is_dir ? ms_path_join(out_path, p->in->file_names[i])
+					    : ms_strdup(out_path);
+		if (!p->files[i] || !p->file_names[i]) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+	}
+	if (p->out_is_dir && (rc = list_copies(p, in_dir, err)) != MS_OK)
+		goto out;
+	if (opts->op == MS_QUANT_OP_QUANTIZE)
+		rc = plan_quantize(p, &icap, &ocap, err);
+	else
+		rc = plan_read(p, &icap, &ocap, err);
+	if (rc != MS_OK)
+		goto out;
+	if ((rc = check_unique(p, err)) != MS_OK)
+		goto out;
+	if (opts->op != MS_QUANT_OP_DEQUANTIZE) {
+		for (size_t i = 0; i < p->nfiles; i++)
+			if ((rc = build_file_meta(p, i, err)) != MS_OK)
+				goto out;
+	}
+	rc = MS_OK;
+out:
+	ms_free(in_dir);
+	if (rc != MS_OK) {
+		ms_quant_plan_free(p);
+		return rc;
+	}
+	*out = p;
+	return MS_OK;
+}
+
+void ms_quant_plan_free(struct ms_quant_plan *p)
+{
+	if (!p)
+		return;
+	ms_qview_release(&p->view);
+	ms_ckpt_close(p->in);
+	ms_ckpt_close(p->source);
+	for (size_t i = 0; i < p->nouts; i++)
+		ms_free(p->outs[i].name);
+	ms_free(p->outs);
+	ms_free(p->items);
+	for (size_t i = 0; i < p->nfiles; i++) {
+		if (p->files)
+			ms_free(p->files[i]);
+		if (p->file_names)
+			ms_free(p->file_names[i]);
+		if (p->file_meta)
+			cJSON_free(p->file_meta[i]);
+	}
+	ms_free(p->files);
+	ms_free(p->file_names);
+	ms_free(p->file_meta);
+	for (size_t i = 0; i < p->ncopies; i++)
+		ms_free(p->copy_names[i]);
+	ms_free(p->copy_names);
+	for (size_t i = 0; i < p->nexcluded; i++)
+		ms_free(p->excluded[i]);
+	ms_free(p->excluded);
+	ms_free(p->in_path);
+	ms_free(p->out_path);
+	ms_free((char *)p->opts.source);
+	ms_free((char *)p->opts.include);
+	ms_free((char *)p->opts.exclude);
+	ms_free(p);
+}
+
+/* ---- execute ------------------------------------------------------------ */
+
+static struct ms_nvfp4_src src_of(const struct ms_tensor *t)
+{
+	struct ms_nvfp4_src s = {t->dtype, t->data, t->shape[0], t->shape[1]};
+
+	return s;
+}
+
+static int tensor_amax(const struct ms_quant_plan *p, const struct ms_tensor *t,
+		       float *amax, struct ms_err *err)
+{
+	struct ms_nvfp4_src s = src_of(t);
+
+	if (ms_nvfp4_amax(&s, p->opts.allow_nonfinite, p->opts.jobs, MS_NVFP4_ISA_AUTO,
+			  amax, err) != MS_OK)
+		return ms_err_prefix(err, "tensor '%s' in '%s'", t->name, t->file->path);
+	return MS_OK;
+}
+
+/* quantize: every selected tensor's amax (finding non-finite values before
+ * anything is written), then each fused group's maximum */
+static int prepass_quantize(struct ms_quant_plan *p, struct ms_err *err)
+{
+	float *gmax = ms_calloc(p->nitems + 1, sizeof(float));
+	int rc = MS_OK;
+
+	if (!gmax)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < p->nitems && rc == MS_OK; i++) {
+		struct ms_qitem *it = &p->items[i];
+
+		if (!it->quantized)
+			continue;
+		if ((rc = tensor_amax(p, it->src, &it->amax, err)) != MS_OK)
+			break;
+		if (it->group >= 0 && it->amax > gmax[it->group])
+			gmax[it->group] = it->amax;
+	}
+	for (size_t i = 0; i < p->nitems && rc == MS_OK; i++) {
+		struct ms_qitem *it = &p->items[i];
+
+		it->tscale_amax = it->group >= 0 ? gmax[it->group] : it->amax;
+	}
+	ms_free(gmax);
+	return rc;
+}
+
+static int qweight_params(const struct ms_qweight *w, enum ms_nvfp4_layout layout,
+			  int jobs, struct ms_nvfp4_params *np)
+{
+	memset(np, 0, sizeof(*np));
+	np->recipe = w->recipe;
+	np->block = w->block;
+	np->layout = layout;
+	np->nthreads = jobs;
+	return MS_OK;
+}
+
+/* transpose with 1D blocks: the tensor scale the source reproduces (own
+ * amax, or its fused group's), and a check that the source gives the bytes
+ * the checkpoint holds */
+static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
+{
+	uint8_t *pk = NULL, *sc = NULL;
+	int rc = MS_OK;
+
+	for (size_t i = 0; i < p->nitems && rc == MS_OK; i++) {
+		struct ms_qitem *it = &p->items[i];
+		const struct ms_qweight *w;
+		struct ms_nvfp4_tscale ts;
+		struct ms_nvfp4_params np;
+		struct ms_nvfp4_src s;
+		char key[MS_ST_MAX_NAME + 16], name[MS_ST_MAX_NAME + 16];
+		float group = 0.0f, cand[2];
+		int have, found = 0;
+		uint64_t ps[2], ss[2];
+
+		if (it->qweight < 0 || !it->src)
+			continue;
+		w = &p->view.weights[it->qweight];
+		have = w->packed[0] ? 0 : 1;
+		if ((rc = tensor_amax(p, it->src, &it->amax, err)) != MS_OK)
+			break;
+		snprintf(name, sizeof(name), "%s.weight", w->prefix);
+		group = it->amax;
+		if (ms_quant_fuse_key(name, key, sizeof(key))) {
+			for (size_t k = 0; k < p->view.nweights; k++) {
+				const struct ms_qweight *o = &p->view.weights[k];
+				char okey[MS_ST_MAX_NAME + 16], oname[MS_ST_MAX_NAME + 16];
+				const struct ms_tensor *os;
+				float a;
+
+				snprintf(oname, sizeof(oname), "%s.weight", o->prefix);
+				if (o == w || !ms_quant_fuse_key(oname, okey, sizeof(okey)) ||
+				    strcmp(okey, key) || o->tscale_value != w->tscale_value)
+					continue;
+				os = ms_ckpt_find(p->source, oname);
+				if (!os || !is_float(os->dtype) || os->ndim != 2)
+					continue;
+				if ((rc = tensor_amax(p, os, &a, err)) != MS_OK)
+					goto out;
+				if (a > group)
+					group = a;
+			}
+		}
+		cand[0] = it->amax;
+		cand[1] = group;
+		for (int c = 0; c < 2 && !found; c++) {
+			if (ms_nvfp4_tscale_init(w->recipe, cand[c], &ts, NULL) == MS_OK &&
+			    ms_nvfp4_tscale_value(&ts, w->tscale_kind) == w->tscale_value) {
+				it->tscale_amax = cand[c];
+				found = 1;
+			}
+		}
+		if (!found) {
+			ms_nvfp4_tscale_init(w->recipe, it->amax, &ts, NULL);
+			rc = ms_err_set(err, MS_EINVAL,
+					"tensor '%s' in '%s' is not the source of module '%s': its tensor scale would be %.9g (recipe %s), '%s' holds %.9g",
+					it->src->name, it->src->file->path, w->prefix,
+					(double)ms_nvfp4_tscale_value(&ts, w->tscale_kind),
+					ms_nvfp4_recipe_name(w->recipe),
+					w->tscale->name, (double)w->tscale_value);
+			break;
+		}
+		/* the bytes the checkpoint holds must come out again */
+		qweight_params(w, (enum ms_nvfp4_layout)have, p->opts.jobs, &np);
+		np.flags = p->opts.allow_nonfinite ? MS_NVFP4_ALLOW_NONFINITE : 0;
+		ms_nvfp4_shapes(w->rows, w->cols, (enum ms_nvfp4_layout)have, ps, ss, NULL);
+		ms_free(pk);
+		ms_free(sc);
+		pk = ms_malloc(ps[0] * ps[1] + 1);
+		sc = ms_malloc(ss[0] * ss[1] + 1);
+		if (!pk || !sc) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			break;
+		}
+		s = src_of(it->src);
+		if ((rc = run_quantize(p, &np, &s, it->tscale_amax, pk, sc, err)) != MS_OK) {
+			ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name, it->src->file->path);
+			break;
+		}
+		if (memcmp(pk, w->packed[have]->data, ps[0] * ps[1]) ||
+		    memcmp(sc, w->scales[have]->data, ss[0] * ss[1])) {
+			rc = ms_err_set(err, MS_EINVAL,
+					"tensor '%s' in '%s' does not reproduce the %s bytes of module '%s' with recipe %s: not its source, or another recipe",
+					it->src->name, it->src->file->path,
+					ms_nvfp4_layout_name((enum ms_nvfp4_layout)have), w->prefix,
+					ms_nvfp4_recipe_name(w->recipe));
+			break;
+		}
+	}
+out:
+	ms_free(pk);
+	ms_free(sc);
+	return rc;
+}
+
+/* The bytes of one item's outputs, made when its first output is written. */
+struct item_bufs {
+	size_t item;
+	int ready;
+	uint8_t *pk[2], *sc[2];
+	uint8_t ts[4];
+	void *dec;
+};
+
+static void bufs_release(struct item_bufs *b)
+{
+	for (int l = 0; l < 2; l++) {
+		ms_free(b->pk[l]);
+		ms_free(b->sc[l]);
+	}
+	ms_free(b->dec);
+	memset(b, 0, sizeof(*b));
+}
+
+static int alloc_layout(struct item_bufs *b, int l, uint64_t rows, uint64_t cols,
+			struct ms_err *err)
+{
+	uint64_t ps[2], ss[2];
+	int rc;
+
+	if ((rc = ms_nvfp4_shapes(rows, cols, (enum ms_nvfp4_layout)l, ps, ss, err)) != MS_OK)
+		return rc;
+	if (ps[0] * ps[1] > SIZE_MAX - 1 || !(b->pk[l] = ms_malloc((size_t)(ps[0] * ps[1]) + 1)) ||
+	    !(b->sc[l] = ms_malloc((size_t)(ss[0] * ss[1]) + 1)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return MS_OK;
+}
+
+static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
+			    struct item_bufs *b, struct ms_err *err)
+{
+	struct ms_nvfp4_tscale ts;
+	int rc;
+
+	for (int l = 0; l < 2; l++) {
+		struct ms_nvfp4_params np = {
+			.recipe = p->opts.recipe, .block = p->opts.block,
+			.layout = (enum ms_nvfp4_layout)l,
+			.flags = p->opts.allow_nonfinite ? MS_NVFP4_ALLOW_NONFINITE : 0,
+			.nthreads = p->opts.jobs,
+		};
+		struct ms_nvfp4_src s = src_of(it->src);
+
+		if (!(p->opts.layouts & (1u << l)))
+			continue;
+		if ((rc = alloc_layout(b, l, it->rows, it->cols, err)) != MS_OK)
+			return rc;
+		if ((rc = run_quantize(p, &np, &s, it->tscale_amax, b->pk[l], b->sc[l], err)) != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name,
+					     it->src->file->path);
+	}
+	if ((rc = ms_nvfp4_tscale_init(p->opts.recipe, it->tscale_amax, &ts, err)) != MS_OK)
+		return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name, it->src->file->path);
+	write_f32(b->ts, ms_nvfp4_tscale_value(&ts, p->opts.format == MS_QUANT_FORMAT_MODELOPT
+							 ? MS_NVFP4_TSCALE_MUL
+							 : MS_NVFP4_TSCALE_DIV));
+	return MS_OK;
+}
+
+static int produce_transpose(struct ms_quant_plan *p, const struct ms_qitem *it,
+			     struct item_bufs *b, struct ms_err *err)
+{
+	const struct ms_qweight *w = &p->view.weights[it->qweight];
+	int have = w->packed[0] ? 0 : 1, want = 1 - have;
+	int rc;
+
+	if ((rc = alloc_layout(b, want, w->rows, w->cols, err)) != MS_OK)
+		return rc;
+	if (w->block == MS_NVFP4_BLOCK_2D) {
+		rc = ms_nvfp4_transpose(MS_NVFP4_BLOCK_2D, have ? w->cols : w->rows,
+					have ? w->rows : w->cols, w->packed[have]->data,
+					w->scales[have]->data, b->pk[want], b->sc[want], err);
+		if (rc != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s'", w->packed[have]->name,
+					     w->packed[have]->file->path);
+		return MS_OK;
+	} else {
+		struct ms_nvfp4_params np;
+		struct ms_nvfp4_src s = src_of(it->src);
+
+		qweight_params(w, (enum ms_nvfp4_layout)want, p->opts.jobs, &np);
+		np.flags = p->opts.allow_nonfinite ? MS_NVFP4_ALLOW_NONFINITE : 0;
+		if ((rc = run_quantize(p, &np, &s, it->tscale_amax, b->pk[want], b->sc[want],
+				       err)) != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name,
+					     it->src->file->path);
+	}
+	return MS_OK;
+}
+
+static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
+			   struct item_bufs *b, struct ms_err *err)
+{
+	const struct ms_qweight *w = &p->view.weights[it->qweight];
+	enum ms_dtype dt = p->opts.dtype;
+	uint64_t n = w->rows * w->cols;
+	float *tmp = NULL;
+	int rc = MS_OK;
+
+	if (!(b->dec = ms_malloc((size_t)n * (dt == MS_DTYPE_F32 ? 4 : 2) + 1)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	if (w->packed[0]) {
+		rc = ms_nvfp4_dequantize(w->packed[0]->data, w->scales[0]->data, w->rows, w->cols,
+					 w->tscale_value, w->tscale_kind, dt, b->dec,
+					 p->opts.jobs, err);
+		if (rc != MS_OK)
+			rc = ms_err_prefix(err, "tensor '%s' in '%s'", w->packed[0]->name,
+					   w->packed[0]->file->path);
+		goto out;
+	}
+	/* only the columnwise copy: decode W^T and transpose it back */
+	if (!(tmp = ms_malloc((size_t)n * 4 + 1))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_COLUMNWISE, p->opts.jobs, tmp, err)) != MS_OK)
+		goto out;
+	for (uint64_t r = 0; r < w->rows; r++) {
+		for (uint64_t c = 0; c < w->cols; c++) {
+			float v = tmp[c * w->rows + r];
+			uint8_t *o = (uint8_t *)b->dec + (r * w->cols + c) * (dt == MS_DTYPE_F32 ? 4 : 2);
+
+			if (dt == MS_DTYPE_F32) {
+				write_f32(o, v);
+			} else {
+				uint32_t u;
+
+				memcpy(&u, (float[]){ms_nvfp4_bf16_round(v)}, 4);
+				o[0] = (uint8_t)(u >> 16);
+				o[1] = (uint8_t)(u >> 24);
+			}
+		}
+	}
+out:
+	ms_free(tmp);
+	return rc;
+}
+
+static int produce(struct ms_quant_plan *p, size_t item, struct item_bufs *b,
+		   struct ms_err *err)
+{
+	const struct ms_qitem *it = &p->items[item];
+	int rc;
+
+	bufs_release(b);
+	b->item = item;
+	b->ready = 1;
+	switch (p->opts.op) {
+	case MS_QUANT_OP_QUANTIZE:
+		rc = produce_quantize(p, it, b, err);
+		break;
+	case MS_QUANT_OP_TRANSPOSE:
+		rc = produce_transpose(p, it, b, err);
+		break;
+	default:
+		rc = produce_decoded(p, it, b, err);
+		break;
+	}
+	return rc;
+}
+
+static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
+		      struct item_bufs *b, uint64_t *done,
+		      void (*progress)(void *ctx, uint64_t done, uint64_t total),
+		      void *progress_ctx, struct ms_err *err)
+{
+	const struct ms_st_file *in = p->in->files[fi];
+	struct ms_st_writer *w = NULL;
+	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->files[fi]);
+	int rc;
+
+	if (!path) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = ms_st_writer_new(path, p->opts.force, &w, err)) != MS_OK)
+		goto out;
+	for (size_t m = 0; m < in->nmeta; m++) {
+		if (!strcmp(in->meta[m].key, MS_QUANT_META_KEY))
+			continue;
+		if ((rc = ms_st_writer_meta(w, in->meta[m].key, in->meta[m].value, err)) != MS_OK)
+			goto out;
+	}
+	if (p->file_meta[fi] &&
+	    (rc = ms_st_writer_meta(w, MS_QUANT_META_KEY, p->file_meta[fi], err)) != MS_OK)
+		goto out;
+	for (size_t i = 0; i < p->nouts; i++) {
+		const struct ms_qout *o = &p->outs[i];
+
+		if (o->file == fi &&
+		    (rc = ms_st_writer_declare(w, o->name, o->dtype, o->ndim, o->shape, err)) != MS_OK)
+			goto out;
+	}
+	for (size_t i = 0; i < p->nouts; i++) {
+		const struct ms_qout *o = &p->outs[i];
+		const struct ms_qitem *it = &p->items[o->item];
+		const void *data = NULL;
+
+		if (o->file != fi)
+			continue;
+		if (o->kind != MS_QOUT_COPY && (!b->ready || b->item != o->item) &&
+		    (rc = produce(p, o->item, b, err)) != MS_OK)
+			goto out;
+		switch (o->kind) {
+		case MS_QOUT_COPY:
+			data = it->src->data;
+			break;
+		case MS_QOUT_PACKED:
+			data = b->pk[o->layout];
+			break;
+		case MS_QOUT_SCALES:
+			data = b->sc[o->layout];
+			break;
+		case MS_QOUT_TSCALE:
+			data = b->ts;
+			break;
+		case MS_QOUT_DECODED:
+			data = b->dec;
+			break;
+		}
+		if ((rc = ms_st_writer_data(w, data, o->nbytes, err)) != MS_OK)
+			goto out;
+		/* an item's outputs are consecutive: free them after its last */
+		if (b->ready && (i + 1 == p->nouts || p->outs[i + 1].item != b->item))
+			bufs_release(b);
+		*done += o->nbytes;
+		if (progress)
+			progress(progress_ctx, *done, p->bytes_out);
+	}
+	rc = ms_st_writer_commit(w, err);
+out:
+	ms_st_writer_free(w);
+	bufs_release(b);
+	ms_free(path);
+	return rc;
+}
+
+static cJSON *string_array(char *const *v, size_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+
+	for (size_t i = 0; a && i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateString(v[i]));
+	return a;
+}
+
+/* Model Optimizer's producer block. Engines key on the name; the version
+ * says which tool wrote the files (a PEP 440 local version). */
+static cJSON *producer_json(void)
+{
+	cJSON *pr = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(pr, "name", "modelopt");
+	cJSON_AddStringToObject(pr, "version", "0.0.0+msconvert." MS_VERSION);
+	return pr;
+}
+
+/* hf_quant_config.json of the modelopt flavor */
+static cJSON *hf_quant_config(const struct ms_quant_plan *p)
+{
+	cJSON *root = cJSON_CreateObject(), *q;
+
+	cJSON_AddItemToObject(root, "producer", producer_json());
+	q = cJSON_AddObjectToObject(root, "quantization");
+	cJSON_AddStringToObject(q, "quant_algo", "NVFP4");
+	cJSON_AddNullToObject(q, "kv_cache_quant_algo");
+	cJSON_AddNumberToObject(q, "group_size", 16);
+	cJSON_AddItemToObject(q, "exclude_modules", string_array(p->excluded, p->nexcluded));
+	return root;
+}
+
+/* config.json's quantization_config: Model Optimizer's own conversion of
+ * hf_quant_config (weights only: msconvert writes no input scales), or
+ * compressed-tensors' nvfp4-pack-quantized weight-only scheme */
+static cJSON *quantization_config(const struct ms_quant_plan *p)
+{
+	cJSON *root = cJSON_CreateObject(), *groups, *g, *wt;
+
+	groups = cJSON_AddObjectToObject(root, "config_groups");
+	g = cJSON_AddObjectToObject(groups, "group_0");
+	if (p->opts.format == MS_QUANT_FORMAT_MODELOPT) {
+		wt = cJSON_AddObjectToObject(g, "weights");
+		cJSON_AddFalseToObject(wt, "dynamic");
+		cJSON_AddNumberToObject(wt, "num_bits", 4);
+		cJSON_AddStringToObject(wt, "type", "float");
+		cJSON_AddNumberToObject(wt, "group_size", 16);
+		cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+		cJSON_AddItemToObject(root, "ignore", string_array(p->excluded, p->nexcluded));
+		cJSON_AddStringToObject(root, "quant_algo", "NVFP4");
+		cJSON_AddItemToObject(root, "producer", producer_json());
+		cJSON_AddStringToObject(root, "quant_method", "modelopt");
+		return root;
+	}
+	cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+	wt = cJSON_AddObjectToObject(g, "weights");
+	cJSON_AddNumberToObject(wt, "num_bits", 4);
+	cJSON_AddStringToObject(wt, "type", "float");
+	cJSON_AddTrueToObject(wt, "symmetric");
+	cJSON_AddNumberToObject(wt, "group_size", 16);
+	cJSON_AddStringToObject(wt, "strategy", "tensor_group");
+	cJSON_AddFalseToObject(wt, "dynamic");
+	cJSON_AddNullToObject(wt, "actorder");
+	cJSON_AddNullToObject(wt, "block_structure");
+	cJSON_AddStringToObject(wt, "observer", "minmax");
+	cJSON_AddNullToObject(g, "input_activations");
+	cJSON_AddNullToObject(g, "output_activations");
+	cJSON_AddStringToObject(g, "format", "nvfp4-pack-quantized");
+	cJSON_AddStringToObject(root, "format", "nvfp4-pack-quantized");
+	cJSON_AddNullToObject(root, "global_compression_ratio");
+	cJSON_AddItemToObject(root, "ignore", string_array(p->excluded, p->nexcluded));
+	cJSON_AddNullToObject(root, "kv_cache_scheme");
+	cJSON_AddStringToObject(root, "quant_method", "compressed-tensors");
+	cJSON_AddStringToObject(root, "quantization_status", "compressed");
+	return root;
+}
+
+static int write_json(const char *path, cJSON *j, int force, struct ms_err *err)
+{
+	char *text = j ? cJSON_Print(j) : NULL;
+	int rc;
+
+	if (!text)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_write_file_atomic(path, text, strlen(text), force, err);
+	cJSON_free(text);
+	return rc;
+}
+
+/* The other files of the directory, config.json rewritten per operation. */
+static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
+			    struct ms_err *err)
+{
+	const char *in_dir = p->in->files[0]->path;
+	char *dir = NULL, *text = NULL, *src = NULL, *dst = NULL;
+	cJSON *j = NULL;
+	size_t len;
+	int rc = MS_OK;
+
+	/* the input directory is where its first file lives */
+	{
+		const char *slash = strrchr(in_dir, '/');
+
+		dir = slash ? ms_strndup(in_dir, (size_t)(slash - in_dir) + (slash == in_dir))
+			    : ms_strdup(".");
+		if (!dir)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < p->ncopies && rc == MS_OK; i++) {
+		const char *name = p->copy_names[i];
+		int is_cfg = !strcmp(name, "config.json");
+
+		if (!strcmp(name, "hf_quant_config.json") && p->opts.op != MS_QUANT_OP_TRANSPOSE)
+			continue; /* rewritten or dropped below */
+		src = ms_path_join(dir, name);
+		dst = ms_path_join(out_dir, name);
+		if (!src || !dst) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			break;
+		}
+		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
+			break;
+		if (is_cfg && p->opts.op != MS_QUANT_OP_TRANSPOSE) {
+			j = cJSON_ParseWithLength(text, len);
+			if (!cJSON_IsObject(j)) {
+				rc = ms_err_set(err, MS_EINVAL, "'%s' is not a JSON object", src);
+				break;
+			}
+			cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
+			if (p->opts.op == MS_QUANT_OP_QUANTIZE)
+				cJSON_AddItemToObject(j, "quantization_config", quantization_config(p));
+			rc = write_json(dst, j, p->opts.force, err);
+			cJSON_Delete(j);
+			j = NULL;
+		} else {
+			rc = ms_write_file_atomic(dst, text, len, p->opts.force, err);
+		}
+		ms_free(text);
+		ms_free(src);
+		ms_free(dst);
+		text = src = dst = NULL;
+	}
+	if (rc == MS_OK && p->opts.op == MS_QUANT_OP_QUANTIZE &&
+	    p->opts.format == MS_QUANT_FORMAT_MODELOPT) {
+		if (!(dst = ms_path_join(out_dir, "hf_quant_config.json"))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		} else {
+			j = hf_quant_config(p);
+			rc = write_json(dst, j, p->opts.force, err);
+		}
+	}
+	cJSON_Delete(j);
+	ms_free(text);
+	ms_free(src);
+	ms_free(dst);
+	ms_free(dir);
+	return rc;
+}
+
+static int cmp_out_name(const void *a, const void *b)
+{
+	return strcmp((*(const struct ms_qout *const *)a)->name,
+		      (*(const struct ms_qout *const *)b)->name);
+}
+
+static int write_index(struct ms_quant_plan *p, const char *out_dir, struct ms_err *err)
+{
+	const struct ms_qout **v = ms_malloc((p->nouts + 1) * sizeof(*v));
+	cJSON *root = cJSON_CreateObject(), *meta, *map;
+	char *path = ms_path_join(out_dir, INDEX_NAME);
+	int rc;
+
+	if (!v || !root || !path) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < p->nouts; i++)
+		v[i] = &p->outs[i];
+	qsort(v, p->nouts, sizeof(*v), cmp_out_name);
+	meta = cJSON_AddObjectToObject(root, "metadata");
+	cJSON_AddNumberToObject(meta, "total_size", (double)p->bytes_out);
+	map = cJSON_AddObjectToObject(root, "weight_map");
+	for (size_t i = 0; map && i < p->nouts; i++)
+		cJSON_AddStringToObject(map, v[i]->name, p->file_names[v[i]->file]);
+	rc = write_json(path, root, p->opts.force, err);
+out:
+	ms_free(v);
+	ms_free(path);
+	cJSON_Delete(root);
+	return rc;
+}
+
+/* Remove a scratch directory and the regular files in it. */
+static void remove_dir(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+
+	if (d) {
+		while ((de = readdir(d))) {
+			char *path;
+
+			if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+				continue;
+			if ((path = ms_path_join(dir, de->d_name))) {
+				unlink(path);
+				ms_free(path);
+			}
+		}
+		closedir(d);
+	}
+	rmdir(dir);
+}
+
+/* A new output directory is built beside its destination under a
+ * temporary name (MS_TMP_MARKER, so msinv gc finds leftovers) and renamed
+ * into place at the end: readers see all of it or none. Replacing an
+ * existing one (--force) goes file by file, each atomic. */
+static int scratch_dir(const struct ms_quant_plan *p, char **out, struct ms_err *err)
+{
+	const char *base = ms_path_base(p->out_path);
+	const char *slash = strrchr(p->out_path, '/');
+	char *parent;
+	int rc;
+
+	*out = NULL;
+	parent = slash ? ms_strndup(p->out_path, (size_t)(slash - p->out_path) + (slash == p->out_path))
+		       : ms_strdup(".");
+	if (!parent)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	if ((rc = ms_mkdir_p(parent, err)) == MS_OK) {
+		*out = ms_asprintf("%s/.%s%s%ld-%lx", parent, base, MS_TMP_MARKER, (long)getpid(),
+				   (unsigned long)(ms_now() * 1e9) & 0xffffffu);
+		if (!*out)
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		else if (mkdir(*out, 0755))
+			rc = ms_err_set(err, MS_EIO, "'%s': cannot create directory: %s", *out,
+					strerror(errno));
+	}
+	if (rc != MS_OK) {
+		ms_free(*out);
+		*out = NULL;
+	}
+	ms_free(parent);
+	return rc;
+}
+
+int ms_quant_execute(struct ms_quant_plan *p,
+		     void (*progress)(void *ctx, uint64_t done, uint64_t total),
+		     void *progress_ctx, struct ms_err *err)
+{
+	struct item_bufs b;
+	uint64_t done = 0;
+	char *scratch = NULL;
+	const char *dir = NULL;
+	int rc;
+
+	memset(&b, 0, sizeof(b));
+	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
+		rc = prepass_quantize(p, err);
+	else if (p->opts.op == MS_QUANT_OP_TRANSPOSE)
+		rc = prepass_transpose(p, err);
+	else
+		rc = MS_OK;
+	if (rc != MS_OK)
+		return rc;
+	if (p->out_is_dir) {
+		if (!file_exists(p->out_path)) {
+			if ((rc = scratch_dir(p, &scratch, err)) != MS_OK)
+				return rc;
+			dir = scratch;
+		} else if ((rc = ms_mkdir_p(p->out_path, err)) != MS_OK) {
+			return rc;
+		} else {
+			dir = p->out_path;
+		}
+	}
+	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
+		rc = write_file(p, fi, dir, &b, &done, progress, progress_ctx, err);
+	if (rc != MS_OK || !p->out_is_dir)
+		goto out;
+	if (p->in->index_path && (rc = write_index(p, dir, err)) != MS_OK)
+		goto out;
+	if ((rc = write_side_files(p, dir, err)) != MS_OK || !scratch)
+		goto out;
+	/* a directory that appeared meanwhile is not replaced: rename fails */
+	if (rename(scratch, p->out_path)) {
+		rc = ms_err_set(err, errno == EEXIST || errno == ENOTEMPTY ? MS_EEXIST : MS_EIO,
+				"'%s': cannot move the output into place: %s", p->out_path,
+				strerror(errno));
+		goto out;
+	}
+	ms_fsync_dir_of(p->out_path);
+	ms_free(scratch);
+	scratch = NULL;
+out:
+	if (scratch) {
+		char *at = rc != MS_OK && err ? strstr(err->msg, scratch) : NULL;
+
+		/* the message names the destination, not the scratch name */
+		if (at) {
+			char msg[sizeof(err->msg)];
+
+			snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg,
+				 p->out_path, at + strlen(scratch));
+			memcpy(err->msg, msg, sizeof(msg));
+		}
+		remove_dir(scratch);
+		ms_free(scratch);
+	}
+	return rc;
+}
+
+int ms_quant_output_digest(const char *out_path, int nthreads,
+			   char out[MS_STATE_DIGEST_LEN], struct ms_err *err)
+{
+	struct ms_ckpt *c = NULL;
+	int rc;
+
+	if ((rc = ms_ckpt_open(out_path, &c, err)) != MS_OK)
+		return rc;
+	if ((rc = ms_ckpt_hash(c, nthreads, 0, err)) == MS_OK)
+		rc = ms_state_digest(c->tensors, c->ntensors, out, err);
+	ms_ckpt_close(c);
+	return rc;
+}
+
+/* ---- stats -------------------------------------------------------------- */
+
+static void stats_add(struct ms_qstats_entry *t, const struct ms_qstats_entry *e)
+{
+	for (int k = 0; k < MS_QSTATS_BUCKETS; k++)
+		t->scale_hist[k] += e->scale_hist[k];
+	t->nelem += e->nelem;
+	if (!e->has_source)
+		return;
+	t->has_source = 1;
+	t->err2 += e->err2;
+	t->src2 += e->src2;
+	t->saturated += e->saturated;
+	if (e->max_abs_err > t->max_abs_err)
+		t->max_abs_err = e->max_abs_err;
+	t->rel_err = t->src2 > 0 ? sqrt(t->err2 / t->src2) : (t->err2 > 0 ? INFINITY : 0.0);
+}
+
+static int stats_entry(struct ms_qstats *s, const struct ms_qweight *w,
+		       enum ms_nvfp4_layout l, int nthreads, struct ms_qstats_entry *e,
+		       struct ms_err *err)
+{
+	const struct ms_tensor *sc = w->scales[l], *src = NULL;
+	int col = l == MS_NVFP4_LAYOUT_COLUMNWISE;
+	uint64_t R = col ? w->cols : w->rows, C = col ? w->rows : w->cols, nb = sc->shape[1];
+	float *deq = NULL;
+	int rc = MS_OK;
+
+	memset(e, 0, sizeof(*e));
+	e->w = w;
+	e->layout = l;
+	e->nelem = R * C;
+	for (uint64_t i = 0; i < sc->nbytes; i++) {
+		uint8_t b = sc->data[i];
+
+		e->scale_hist[(b & 0x7f) == 0x7f ? 16 : (b >> 3) & 15]++;
+	}
+	if (!s->source)
+		return MS_OK;
+	{
+		char name[MS_ST_MAX_NAME + 16];
+
+		snprintf(name, sizeof(name), "%s.weight", w->prefix);
+		src = ms_ckpt_find(s->source, name);
+		if (!src)
+			return ms_err_set(err, MS_EINVAL, "the source has no tensor '%s'", name);
+		if (!is_float(src->dtype) || src->ndim != 2 || src->shape[0] != w->rows ||
+		    src->shape[1] != w->cols)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': the source must be a bf16, f16 or f32 [%llu, %llu] matrix",
+					  name, src->file->path, (unsigned long long)w->rows,
+					  (unsigned long long)w->cols);
+	}
+	if (!(deq = ms_malloc((size_t)(R * C) * sizeof(float) + 1)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	if ((rc = ms_qweight_decode(w, l, nthreads, deq, err)) != MS_OK)
+		goto out;
+	{
+		struct ms_nvfp4_src sv = src_of(src);
+
+		e->has_source = 1;
+		for (uint64_t r = 0; r < R; r++) {
+			for (uint64_t c = 0; c < C; c++) {
+				double x = ms_nvfp4_src_get(&sv, col ? c * w->cols + r : r * w->cols + c);
+				double d = (double)deq[r * C + c] - x;
+				double f = ms_nvfp4_block_decode(sc->data[r * nb + c / 16],
+								 w->tscale_value, w->tscale_kind);
+
+				if (!isfinite(x))
+					continue;
+				e->err2 += d * d;
+				e->src2 += x * x;
+				if (fabs(d) > e->max_abs_err || isnan(d))
+					e->max_abs_err = fabs(d);
+				if (f == 0 ? x != 0 : fabs(x) > 6.0 * f)
+					e->saturated++;
+			}
+		}
+		e->rel_err = e->src2 > 0 ? sqrt(e->err2 / e->src2) : (e->err2 > 0 ? INFINITY : 0.0);
+	}
+out:
+	ms_free(deq);
+	return rc;
+}
+
+int ms_qstats_run(const char *path, const char *source_path, int nthreads,
+		  struct ms_qstats **out, struct ms_err *err)
+{
+	struct ms_qstats *s = ms_calloc(1, sizeof(*s));
+	int rc;
+
+	*out = NULL;
+	if (!s)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	if ((rc = ms_ckpt_open(path, &s->ckpt, err)) != MS_OK)
+		goto out;
+	if (source_path && (rc = ms_ckpt_open(source_path, &s->source, err)) != MS_OK)
+		goto out;
+	if ((rc = ms_qview_open(s->ckpt, &s->view, err)) != MS_OK)
+		goto out;
+	if (s->view.nweights == 0) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s' holds no nvfp4 weights", path);
+		goto out;
+	}
+	s->e = ms_calloc(2 * s->view.nweights, sizeof(*s->e));
+	if (!s->e) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < s->view.nweights; i++) {
+		for (int l = 0; l < 2; l++) {
+			struct ms_qstats_entry *e = &s->e[s->n];
+
+			if (!s->view.weights[i].packed[l])
+				continue;
+			if ((rc = stats_entry(s, &s->view.weights[i], (enum ms_nvfp4_layout)l,
+					      nthreads, e, err)) != MS_OK)
+				goto out;
+			stats_add(&s->total, e);
+			s->n++;
+		}
+	}
+	rc = MS_OK;
+out:
+	if (rc != MS_OK) {
+		ms_qstats_free(s);
+		return rc;
+	}
+	*out = s;
+	return MS_OK;
+}
+
+void ms_qstats_free(struct ms_qstats *s)
+{
+	if (!s)
+		return;
+	ms_qview_release(&s->view);
+	ms_ckpt_close(s->ckpt);
+	ms_ckpt_close(s->source);
+	ms_free(s->e);
+	ms_free(s);
+}

@@ -1,0 +1,435 @@
+/*
+ * msconvert: NVFP4 conversion of checkpoints: quantize (rowwise,
+ * columnwise or both; 1D or 2D blocks; the arithmetic of Model Optimizer,
+ * compressed-tensors or Transformer Engine), dequantize, transpose and
+ * stats. This file parses arguments, calls libms (quant.h, nvfp4.h) and
+ * prints; everything else lives in src/.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "quant.h"
+
+/* ---- shared -------------------------------------------------------------- */
+
+struct progress {
+	const char *what;
+	int shown;
+};
+
+static void progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+	struct progress *p = arg;
+
+	fprintf(stderr, "\r%s: %s %.2f / %.2f GB (%3.0f%%)", cli_prog, p->what,
+		(double)done / 1e9, (double)total / 1e9,
+		total ? 100.0 * (double)done / (double)total : 100.0);
+	p->shown = 1;
+}
+
+static void progress_end(struct progress *p)
+{
+	if (p->shown)
+		fputc('\n', stderr);
+}
+
+static void shape_str(uint32_t ndim, const uint64_t *shape, char *buf, size_t n)
+{
+	size_t k = 0;
+
+	k += (size_t)snprintf(buf + k, n - k, "[");
+	for (uint32_t d = 0; d < ndim && k < n; d++)
+		k += (size_t)snprintf(buf + k, n - k, d ? ",%llu" : "%llu",
+				      (unsigned long long)shape[d]);
+	if (k < n)
+		snprintf(buf + k, n - k, "]");
+}
+
+/* The plan as text: one line per input tensor and what becomes of it. */
+static void print_plan(const struct ms_quant_plan *p)
+{
+	size_t o = 0;
+
+	for (size_t i = 0; i < p->nitems; i++) {
+		const struct ms_qitem *it = &p->items[i];
+		char shape[24 * MS_ST_MAX_RANK + 4];
+		uint64_t out = 0;
+
+		if (it->src && it->qweight < 0) {
+			shape_str(it->src->ndim, it->src->shape, shape, sizeof(shape));
+			printf("%s\t%s\t%s\t%s\t%llu", it->quantized ? "quantize" : "copy",
+			       it->src->name, ms_dtype_name(it->src->dtype), shape,
+			       (unsigned long long)it->src->nbytes);
+		} else {
+			const struct ms_qweight *w = &p->view.weights[it->qweight];
+			uint64_t in = 0, lshape[2] = {w->rows, w->cols};
+
+			for (int l = 0; l < 2; l++)
+				if (w->packed[l])
+					in += w->packed[l]->nbytes + w->scales[l]->nbytes;
+			shape_str(2, lshape, shape, sizeof(shape));
+			printf("%s\t%s\tnvfp4\t%s\t%llu",
+			       p->opts.op == MS_QUANT_OP_TRANSPOSE ? "transpose" : "dequantize",
+			       w->prefix, shape, (unsigned long long)in);
+		}
+		while (o < p->nouts && p->outs[o].item < i)
+			o++;
+		printf("\t->");
+		for (size_t k = o; k < p->nouts && p->outs[k].item == i; k++) {
+			const struct ms_qout *q = &p->outs[k];
+
+			shape_str(q->ndim, q->shape, shape, sizeof(shape));
+			printf("%s %s %s %s", k > o ? "," : "", q->name, ms_dtype_name(q->dtype),
+			       shape);
+			out += q->nbytes;
+		}
+		printf("\t%llu", (unsigned long long)out);
+		if (it->group >= 0)
+			printf("\tfused-group %lld", (long long)it->group);
+		putchar('\n');
+	}
+	for (size_t f = 0; f < p->nfiles; f++)
+		printf("# file %s\n", p->files[f]);
+	printf("# %zu %s, %zu copied, %zu fused groups, %zu files; bytes in %llu, out %llu\n",
+	       p->nquantized,
+	       p->opts.op == MS_QUANT_OP_QUANTIZE ? "quantized"
+	       : p->opts.op == MS_QUANT_OP_TRANSPOSE ? "transposed" : "dequantized",
+	       p->ncopied, p->ngroups, p->nfiles, (unsigned long long)p->bytes_in,
+	       (unsigned long long)p->bytes_out);
+}
+
+/* Plan, (print,) execute, then report the digest of what was written: the
+ * hook through which outputs get registered in the inventory. */
+static int convert(const char *in, const char *out, const struct ms_quant_opts *o,
+		   int dry_run, const char *verb)
+{
+	struct ms_quant_plan *p = NULL;
+	struct ms_err err = {0};
+	struct progress pr = {verb, 0};
+	char digest[MS_STATE_DIGEST_LEN];
+	int rc;
+
+	if ((rc = ms_quant_plan_new(in, out, o, &p, &err)) != MS_OK)
+		return cli_fail(rc, &err);
+	if (dry_run) {
+		print_plan(p);
+		ms_quant_plan_free(p);
+		return CLI_OK;
+	}
+	rc = ms_quant_execute(p, cli_progress_enabled() ? progress_cb : NULL, &pr, &err);
+	progress_end(&pr);
+	ms_quant_plan_free(p);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	if ((rc = ms_quant_output_digest(out, o->jobs, digest, &err)) != MS_OK)
+		return cli_fail(rc, &err);
+	printf("%s %s %s\n", verb, digest, out);
+	return CLI_OK;
+}
+
+/* ---- quantize ------------------------------------------------------------ */
+
+static int cmd_quantize(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"recipe", required_argument, NULL, 'r'},
+		{"block", required_argument, NULL, 'b'},
+		{"layout", required_argument, NULL, 'l'},
+		{"format", required_argument, NULL, 'F'},
+		{"include", required_argument, NULL, 'i'},
+		{"exclude", required_argument, NULL, 'x'},
+		{"no-fuse-scales", no_argument, NULL, 'n'},
+		{"allow-nonfinite", no_argument, NULL, 'a'},
+		{"device", required_argument, NULL, 'd'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"dry-run", no_argument, NULL, 'D'},
+		{"force", no_argument, NULL, 'f'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	struct ms_quant_opts o;
+	const char *out = NULL;
+	int c, dry_run = 0;
+
+	memset(&o, 0, sizeof(o));
+	o.op = MS_QUANT_OP_QUANTIZE;
+	o.layouts = MS_QUANT_ROWWISE;
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': out = optarg; break;
+		case 'r':
+			if (ms_nvfp4_recipe_parse(optarg, &o.recipe) != MS_OK)
+				return cli_usage("unknown recipe '%s'", optarg);
+			break;
+		case 'b':
+			if (ms_nvfp4_block_parse(optarg, &o.block) != MS_OK)
+				return cli_usage("unknown block shape '%s'", optarg);
+			break;
+		case 'l':
+			if (!strcmp(optarg, "rowwise"))
+				o.layouts = MS_QUANT_ROWWISE;
+			else if (!strcmp(optarg, "columnwise"))
+				o.layouts = MS_QUANT_COLUMNWISE;
+			else if (!strcmp(optarg, "both"))
+				o.layouts = MS_QUANT_ROWWISE | MS_QUANT_COLUMNWISE;
+			else
+				return cli_usage("unknown layout '%s'", optarg);
+			break;
+		case 'F':
+			if (ms_quant_format_parse(optarg, &o.format) != MS_OK)
+				return cli_usage("unknown format '%s'", optarg);
+			o.format_set = 1;
+			break;
+		case 'i': o.include = optarg; break;
+		case 'x': o.exclude = optarg; break;
+		case 'n': o.no_fuse = 1; break;
+		case 'a': o.allow_nonfinite = 1; break;
+		case 'd':
+			if (ms_quant_device_parse(optarg, &o.device) != MS_OK)
+				return cli_usage("unknown device '%s'", optarg);
+			break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &o.jobs))
+				return CLI_USAGE;
+			break;
+		case 'D': dry_run = 1; break;
+		case 'f': o.force = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind >= argc ? "missing IN" : "more than one IN");
+	if (!out)
+		return cli_usage("missing -o OUT");
+	return convert(argv[optind], out, &o, dry_run, "quantized");
+}
+
+/* ---- dequantize ---------------------------------------------------------- */
+
+static int cmd_dequantize(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"dtype", required_argument, NULL, 't'},
+		{"force", no_argument, NULL, 'f'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	struct ms_quant_opts o;
+	const char *out = NULL;
+	int c;
+
+	memset(&o, 0, sizeof(o));
+	o.op = MS_QUANT_OP_DEQUANTIZE;
+	o.dtype = MS_DTYPE_BF16;
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': out = optarg; break;
+		case 't':
+			if (!strcmp(optarg, "bf16"))
+				o.dtype = MS_DTYPE_BF16;
+			else if (!strcmp(optarg, "f32"))
+				o.dtype = MS_DTYPE_F32;
+			else
+				return cli_usage("unknown dtype '%s' (bf16 or f32)", optarg);
+			break;
+		case 'f': o.force = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind >= argc ? "missing IN" : "more than one IN");
+	if (!out)
+		return cli_usage("missing -o OUT");
+	return convert(argv[optind], out, &o, 0, "dequantized");
+}
+
+/* ---- transpose ----------------------------------------------------------- */
+
+static int cmd_transpose(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"source", required_argument, NULL, 's'},
+		{"force", no_argument, NULL, 'f'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	struct ms_quant_opts o;
+	const char *out = NULL;
+	int c;
+
+	memset(&o, 0, sizeof(o));
+	o.op = MS_QUANT_OP_TRANSPOSE;
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': out = optarg; break;
+		case 's': o.source = optarg; break;
+		case 'f': o.force = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind >= argc ? "missing IN" : "more than one IN");
+	if (!out)
+		return cli_usage("missing -o OUT");
+	return convert(argv[optind], out, &o, 0, "transposed");
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+static const char *const bucket_names[MS_QSTATS_BUCKETS] = {
+	"0 (subnormal, 0)", "1 (2^-6)", "2 (2^-5)", "3 (2^-4)", "4 (2^-3)", "5 (2^-2)",
+	"6 (2^-1)", "7 (2^0)", "8 (2^1)", "9 (2^2)", "10 (2^3)", "11 (2^4)", "12 (2^5)",
+	"13 (2^6)", "14 (2^7)", "15 (2^8)", "nan",
+};
+
+static cJSON *entry_json(const struct ms_qstats_entry *e)
+{
+	cJSON *o = cJSON_CreateObject(), *h;
+
+	if (e->w) {
+		const struct ms_qweight *w = e->w;
+		cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+
+		cJSON_AddStringToObject(o, "module", w->prefix);
+		cJSON_AddStringToObject(o, "layout", ms_nvfp4_layout_name(e->layout));
+		cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)w->rows));
+		cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)w->cols));
+		cJSON_AddStringToObject(o, "format", ms_quant_format_name(w->format));
+		cJSON_AddStringToObject(o, "block", ms_nvfp4_block_name(w->block));
+		cJSON_AddStringToObject(o, "recipe", ms_nvfp4_recipe_name(w->recipe));
+		cJSON_AddNumberToObject(o, "tensor_scale", (double)w->tscale_value);
+	}
+	cJSON_AddNumberToObject(o, "elements", (double)e->nelem);
+	if (e->has_source) {
+		cJSON_AddNumberToObject(o, "rel_err", isfinite(e->rel_err) ? e->rel_err : -1);
+		cJSON_AddNumberToObject(o, "max_abs_err", isfinite(e->max_abs_err) ? e->max_abs_err : -1);
+		cJSON_AddNumberToObject(o, "saturated", (double)e->saturated);
+		cJSON_AddNumberToObject(o, "saturated_share",
+					e->nelem ? (double)e->saturated / (double)e->nelem : 0.0);
+	}
+	h = cJSON_AddArrayToObject(o, "scale_exponents");
+	for (int k = 0; k < MS_QSTATS_BUCKETS; k++)
+		cJSON_AddItemToArray(h, cJSON_CreateNumber((double)e->scale_hist[k]));
+	return o;
+}
+
+static int stats_json(const struct ms_qstats *s, const char *path, const char *source)
+{
+	cJSON *root = cJSON_CreateObject(), *arr;
+	char *text;
+
+	cJSON_AddStringToObject(root, "path", path);
+	if (source)
+		cJSON_AddStringToObject(root, "source", source);
+	else
+		cJSON_AddNullToObject(root, "source");
+	arr = cJSON_AddArrayToObject(root, "tensors");
+	for (size_t i = 0; i < s->n; i++)
+		cJSON_AddItemToArray(arr, entry_json(&s->e[i]));
+	cJSON_AddItemToObject(root, "total", entry_json(&s->total));
+	text = cJSON_Print(root);
+	cJSON_Delete(root);
+	if (!text) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	puts(text);
+	cJSON_free(text);
+	return CLI_OK;
+}
+
+static void print_errs(const struct ms_qstats_entry *e)
+{
+	if (!e->has_source) {
+		printf("\t-\t-\t-");
+		return;
+	}
+	printf("\t%.6g\t%.6g\t%.4f%%", e->rel_err, e->max_abs_err,
+	       e->nelem ? 100.0 * (double)e->saturated / (double)e->nelem : 0.0);
+}
+
+static int cmd_stats(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"source", required_argument, NULL, 's'},
+		{"json", no_argument, NULL, 'J'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *source = NULL;
+	struct ms_qstats *s = NULL;
+	struct ms_err err = {0};
+	int c, json = 0, rc;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': source = optarg; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind >= argc ? "missing QUANTIZED" : "more than one QUANTIZED");
+	if ((rc = ms_qstats_run(argv[optind], source, 0, &s, &err)) != MS_OK)
+		return cli_fail(rc, &err);
+	if (json) {
+		rc = stats_json(s, argv[optind], source);
+		ms_qstats_free(s);
+		return rc;
+	}
+	printf("module\tlayout\tshape\tblock\trecipe\ttensor_scale\trel_err\tmax_abs_err\tsaturated\n");
+	for (size_t i = 0; i < s->n; i++) {
+		const struct ms_qstats_entry *e = &s->e[i];
+		const struct ms_qweight *w = e->w;
+
+		printf("%s\t%s\t[%llu,%llu]\t%s\t%s\t%.9g", w->prefix,
+		       ms_nvfp4_layout_name(e->layout), (unsigned long long)w->rows,
+		       (unsigned long long)w->cols, ms_nvfp4_block_name(w->block),
+		       ms_nvfp4_recipe_name(w->recipe), (double)w->tscale_value);
+		print_errs(e);
+		putchar('\n');
+	}
+	printf("total\t%zu\t%llu elements\t\t\t", s->n, (unsigned long long)s->total.nelem);
+	print_errs(&s->total);
+	putchar('\n');
+	printf("# scale exponent field: blocks\n");
+	for (int k = 0; k < MS_QSTATS_BUCKETS; k++)
+		if (s->total.scale_hist[k])
+			printf("# %s: %llu\n", bucket_names[k],
+			       (unsigned long long)s->total.scale_hist[k]);
+	ms_qstats_free(s);
+	return CLI_OK;
+}
+
+static const struct cli_cmd cmds[] = {
+	{"quantize", cmd_quantize,
+	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
+	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
+	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
+	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force]",
+	 "quantize the linear weights of a checkpoint to NVFP4"},
+	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force]",
+	 "decode an NVFP4 checkpoint back to bf16 or f32"},
+	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force]",
+	 "turn rowwise NVFP4 into columnwise or back"},
+	{"stats", cmd_stats, "stats QUANTIZED [--source ORIGINAL] [--json]",
+	 "quantization error and scale statistics per tensor"},
+};
+
+int main(int argc, char **argv)
+{
+	static const struct cli_tool tool = {
+		"msconvert", "NVFP4 conversion of model checkpoints.", cmds,
+		sizeof(cmds) / sizeof(cmds[0]),
+	};
+
+	return cli_main(&tool, argc, argv);
+}
