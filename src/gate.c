@@ -88,34 +88,6 @@ out:
 	return ok;
 }
 
-/* The directory holding every file of s (or the file, for one file). */
-static char *common_dir(const struct ms_vstate *s)
-{
-	char *d, *copy;
-
-	if (s->nfiles == 1 && s->nconfigs == 0)
-		return ms_strdup(s->files[0].path);
-	copy = ms_strdup(s->files[0].path);
-	if (!copy)
-		return NULL;
-	d = ms_strdup(dirname(copy));
-	ms_free(copy);
-	for (size_t i = 1; d && i < s->nfiles; i++) {
-		size_t n = strlen(d);
-
-		while (strncmp(s->files[i].path, d, n) || s->files[i].path[n] != '/') {
-			char *up = ms_strdup(dirname(d));
-
-			ms_free(d);
-			d = up;
-			if (!d || !strcmp(d, "/"))
-				return d;
-			n = strlen(d);
-		}
-	}
-	return d;
-}
-
 static void role_env(const char *role, char *out, size_t n)
 {
 	size_t k = 0;
@@ -204,7 +176,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 
 	if ((rc = ms_vstate_from_inv(inv, in->digest, 0, &vs, err)) != MS_OK)
 		return rc;
-	if (!(in->path = common_dir(vs))) {
+	if (!(in->path = ms_vstate_location(vs))) {
 		ms_vstate_free(vs);
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	}

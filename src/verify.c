@@ -5,6 +5,7 @@
 #include "verify.h"
 
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -689,6 +690,36 @@ out:
 	ms_vstate_free(s);
 	cJSON_Delete(o);
 	return rc;
+}
+
+/* ---- where a state lives ---------------------------------------------------- */
+
+/* The directory holding every file of s (or the file, for one file). */
+char *ms_vstate_location(const struct ms_vstate *s)
+{
+	char *d, *copy;
+
+	if (s->nfiles == 1 && s->nconfigs == 0)
+		return ms_strdup(s->files[0].path);
+	copy = ms_strdup(s->files[0].path);
+	if (!copy)
+		return NULL;
+	d = ms_strdup(dirname(copy));
+	ms_free(copy);
+	for (size_t i = 1; d && i < s->nfiles; i++) {
+		size_t n = strlen(d);
+
+		while (strncmp(s->files[i].path, d, n) || s->files[i].path[n] != '/') {
+			char *up = ms_strdup(dirname(d));
+
+			ms_free(d);
+			d = up;
+			if (!d || !strcmp(d, "/"))
+				return d;
+			n = strlen(d);
+		}
+	}
+	return d;
 }
 
 /* ---- from the inventory ------------------------------------------------------ */

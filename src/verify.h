@@ -125,6 +125,9 @@ void ms_vstate_free(struct ms_vstate *s);
 struct ms_inv;
 int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 		       struct ms_vstate **out, struct ms_err *err);
+/* Where the state lives: the directory holding all its files (the file
+ * itself for a one-file state without configs). Caller frees. */
+char *ms_vstate_location(const struct ms_vstate *s);
 /* Recompute the state digest from the tensors of s into out. */
 int ms_vstate_digest(const struct ms_vstate *s, char out[MS_STATE_DIGEST_LEN],
 		     struct ms_err *err);

@@ -5,6 +5,7 @@
  * round. This file parses arguments, calls libms and prints; everything
  * else lives in src/.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include "attest.h"
 #include "cli.h"
 #include "inventory.h"
+#include "quant.h"
 #include "verify.h"
 
 /* ---- shared ------------------------------------------------------------ */
@@ -491,9 +493,266 @@ fail:
 	return cli_fail(rc, &err);
 }
 
+/* ---- quant -------------------------------------------------------------- */
+
+/* A STATE or PATH argument as a path on disk: an existing path is taken as
+ * it is, anything else is resolved in the inventory (opened on first use). */
+static int locate(const char *arg, const char *db, struct ms_inv **inv, char **path,
+		  char digest[MS_STATE_DIGEST_LEN], struct ms_err *err)
+{
+	struct ms_vstate *vs = NULL;
+	struct stat st;
+	int rc;
+
+	*path = NULL;
+	if (digest)
+		digest[0] = 0;
+	if (stat(arg, &st) == 0) {
+		*path = strdup(arg);
+		return *path ? MS_OK : ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	if (!*inv && (rc = ms_inv_open(cli_db_path(db), 0, inv, err)) != MS_OK)
+		return rc;
+	{
+		char d[MS_STATE_DIGEST_LEN];
+
+		if ((rc = ms_inv_resolve(*inv, arg, d, err)) != MS_OK)
+			return rc;
+		if ((rc = ms_vstate_from_inv(*inv, d, 0, &vs, err)) != MS_OK)
+			return rc;
+		if (digest)
+			memcpy(digest, d, MS_STATE_DIGEST_LEN);
+	}
+	*path = ms_vstate_location(vs);
+	ms_vstate_free(vs);
+	return *path ? MS_OK : ms_err_set(err, MS_ENOMEM, "out of memory");
+}
+
+/* The state a quantized state was made from, by its "quantize" edge. */
+static int quant_parent(struct ms_inv *inv, const char *digest, char **path,
+			struct ms_err *err)
+{
+	struct ms_inv_edge *e = NULL;
+	size_t n = 0;
+	int rc;
+
+	*path = NULL;
+	if ((rc = ms_inv_edges(inv, digest, MS_INV_EDGES_PARENTS, &e, &n, err)) != MS_OK)
+		return rc;
+	for (size_t i = 0; i < n && !*path; i++) {
+		if (strcmp(e[i].operation, "quantize"))
+			continue;
+		rc = locate(e[i].parent, NULL, &inv, path, NULL, err);
+	}
+	ms_inv_edges_free(e, n);
+	return rc;
+}
+
+/* Do the two layouts of w agree? 2D blocks: the columnwise bytes are the
+ * exact transpose of the rowwise ones. 1D blocks: both decode within
+ * bound of each other (relative to the rowwise decode). */
+static int layouts_agree(const struct ms_qweight *w, double bound, int jobs, double *diff,
+			 struct ms_err *err)
+{
+	uint64_t R = w->rows, C = w->cols;
+	int rc = MS_OK;
+
+	*diff = 0;
+	if (w->block == MS_NVFP4_BLOCK_2D) {
+		const struct ms_tensor *p = w->packed[MS_NVFP4_LAYOUT_ROWWISE];
+		const struct ms_tensor *sc = w->scales[MS_NVFP4_LAYOUT_ROWWISE];
+		const struct ms_tensor *pc = w->packed[MS_NVFP4_LAYOUT_COLUMNWISE];
+		const struct ms_tensor *sct = w->scales[MS_NVFP4_LAYOUT_COLUMNWISE];
+		uint8_t *pt = malloc(pc->nbytes ? pc->nbytes : 1), *st = malloc(sct->nbytes ? sct->nbytes : 1);
+
+		if (!pt || !st) {
+			free(pt);
+			free(st);
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		}
+		rc = ms_nvfp4_transpose(MS_NVFP4_BLOCK_2D, R, C, p->data, sc->data, pt, st, err);
+		if (rc == MS_OK)
+			*diff = memcmp(pt, pc->data, pc->nbytes) || memcmp(st, sct->data, sct->nbytes);
+		free(pt);
+		free(st);
+		return rc;
+	}
+	{
+		float *a = malloc(R * C * sizeof(float)), *b = malloc(R * C * sizeof(float));
+		double num = 0, den = 0;
+
+		if (!a || !b) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		if ((rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_ROWWISE, jobs, a, err)) != MS_OK ||
+		    (rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_COLUMNWISE, jobs, b, err)) != MS_OK)
+			goto out;
+		for (uint64_t r = 0; r < R; r++)
+			for (uint64_t c = 0; c < C; c++) {
+				double x = a[r * C + c], y = b[c * R + r];
+
+				num += (x - y) * (x - y);
+				den += x * x;
+			}
+		*diff = den > 0 ? sqrt(num / den) : sqrt(num);
+		(void)bound;
+out:
+		free(a);
+		free(b);
+	}
+	return rc;
+}
+
+static int cmd_quant(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"source", required_argument, NULL, 's'},
+		{"max-rel-err", required_argument, NULL, 'm'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"json", no_argument, NULL, 'J'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *source = NULL, *db = NULL;
+	double bound = 0.2;
+	int jobs = 0, json = 0, c, rc, status = CLI_OK;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	struct ms_qstats *qs = NULL;
+	char *qpath = NULL, *spath = NULL, digest[MS_STATE_DIGEST_LEN];
+	cJSON *root = NULL, *arr = NULL;
+	size_t nfail = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': source = optarg; break;
+		case 'm':
+			if (ms_parse_double(optarg, &bound) || bound <= 0)
+				return cli_usage("option '--max-rel-err': '%s' is not a positive number", optarg);
+			break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &jobs))
+				return CLI_USAGE;
+			break;
+		case 'J': json = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind == argc ? "missing QSTATE" : "one QSTATE only");
+	if ((rc = locate(argv[optind], db, &inv, &qpath, digest, &err)) != MS_OK)
+		goto fail;
+	if (source)
+		rc = locate(source, db, &inv, &spath, NULL, &err);
+	else if (digest[0])
+		rc = quant_parent(inv, digest, &spath, &err);
+	if (rc != MS_OK)
+		goto fail;
+	if ((rc = ms_qstats_run(qpath, spath, jobs, &qs, &err)) != MS_OK)
+		goto fail;
+	if (qs->view.nweights == 0) {
+		rc = ms_err_set(&err, MS_EINVAL, "'%s': no NVFP4 tensors", qpath);
+		goto fail;
+	}
+	if (json) {
+		root = cJSON_CreateObject();
+		cJSON_AddStringToObject(root, "state", qpath);
+		if (spath)
+			cJSON_AddStringToObject(root, "source", spath);
+		cJSON_AddNumberToObject(root, "max_rel_err", bound);
+		arr = cJSON_AddArrayToObject(root, "tensors");
+	}
+	for (size_t i = 0; i < qs->n; i++) {
+		const struct ms_qstats_entry *e = &qs->e[i];
+		int bad = e->has_source && !(e->rel_err <= bound);
+
+		nfail += bad;
+		if (arr) {
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(arr, o);
+			cJSON_AddStringToObject(o, "weight", e->w->prefix);
+			cJSON_AddStringToObject(o, "layout", ms_nvfp4_layout_name(e->layout));
+			if (e->has_source)
+				cJSON_AddNumberToObject(o, "rel_err", e->rel_err);
+			cJSON_AddStringToObject(o, "result", bad ? "fail" : "ok");
+		} else if (bad || !spath) {
+			printf("%s\t%s\t%s\t%s\n", bad ? "FAIL" : "ok", e->w->prefix,
+			       ms_nvfp4_layout_name(e->layout),
+			       e->has_source ? "" : "no source to compare with");
+			if (bad)
+				printf("\t\trelative error %.4g exceeds %.4g\n", e->rel_err, bound);
+		}
+	}
+	/* both layouts of one weight must agree */
+	for (size_t i = 0; i < qs->view.nweights; i++) {
+		const struct ms_qweight *w = &qs->view.weights[i];
+		double diff;
+
+		if (!w->packed[0] || !w->packed[1])
+			continue;
+		if ((rc = layouts_agree(w, bound, jobs, &diff, &err)) != MS_OK)
+			goto fail;
+		if ((w->block == MS_NVFP4_BLOCK_2D && diff != 0) ||
+		    (w->block == MS_NVFP4_BLOCK_1D && !(diff <= bound))) {
+			nfail++;
+			if (arr) {
+				cJSON *o = cJSON_CreateObject();
+
+				cJSON_AddItemToArray(arr, o);
+				cJSON_AddStringToObject(o, "weight", w->prefix);
+				cJSON_AddStringToObject(o, "layout", "rowwise-vs-columnwise");
+				cJSON_AddStringToObject(o, "result", "fail");
+			} else if (w->block == MS_NVFP4_BLOCK_2D) {
+				printf("FAIL\t%s\tcolumnwise is not the exact transpose of rowwise (2d blocks)\n",
+				       w->prefix);
+			} else {
+				printf("FAIL\t%s\trowwise and columnwise decode %.4g apart (bound %.4g)\n",
+				       w->prefix, diff, bound);
+			}
+		}
+	}
+	if (root) {
+		char *t;
+
+		cJSON_AddNumberToObject(root, "failed", (double)nfail);
+		t = cJSON_Print(root);
+		if (t)
+			puts(t);
+		cJSON_free(t);
+	} else {
+		printf("%s\t%zu weights\t%zu checks\ttotal relative error %.4g\n",
+		       nfail ? "FAIL" : "ok", qs->view.nweights, qs->n,
+		       qs->total.has_source ? qs->total.rel_err : 0.0);
+	}
+	if (nfail) {
+		cli_errorf("'%s': %zu check%s failed", qpath, nfail, nfail == 1 ? "" : "s");
+		status = CLI_CHECK;
+	}
+	cJSON_Delete(root);
+	ms_qstats_free(qs);
+	free(qpath);
+	free(spath);
+	ms_inv_close(inv);
+	return status;
+fail:
+	cJSON_Delete(root);
+	ms_qstats_free(qs);
+	free(qpath);
+	free(spath);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest"},
+	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
+	 "check that an NVFP4 state decodes within bound of its source"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",
 	 "sign a model directory (OpenSSF Model Signing, EC key)"},
 	{"verify", cmd_verify, "verify [--jobs N] [--json] --sig SIG --pub KEY.pub PATH",
