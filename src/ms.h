@@ -11,6 +11,7 @@
 #include "safetensors.h"
 #include "hash.h"
 #include "checkpoint.h"
+#include "inventory.h"
 #include "footprint.h"
 #include "names.h"
 #include "nvfp4.h"

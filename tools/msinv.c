@@ -4,10 +4,13 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "footprint.h"
+#include "inventory.h"
 #include "names.h"
 
 /* ---- inspect --------------------------------------------------------------- */
@@ -215,9 +218,1256 @@ static int cmd_inspect(int argc, char **argv)
 	return CLI_OK;
 }
 
+/* ---- the inventory commands ----------------------------------------------------- */
+
+/* main's arguments, recorded as the provenance of every change */
+static int g_argc;
+static char **g_argv;
+
+static int open_inv(const char *db, unsigned flags, struct ms_inv **inv)
+{
+	struct ms_err err = {0};
+	int rc = ms_inv_open(cli_db_path(db), flags, inv, &err);
+
+	if (rc == MS_OK)
+		rc = ms_inv_set_origin(*inv, "msinv", g_argc, g_argv, &err);
+	if (rc != MS_OK) {
+		ms_inv_close(*inv);
+		*inv = NULL;
+		return cli_fail(rc, &err);
+	}
+	return CLI_OK;
+}
+
+/* Print a cJSON value (consumed) on stdout. */
+static int print_json(cJSON *o)
+{
+	char *text = o ? cJSON_Print(o) : NULL;
+
+	cJSON_Delete(o);
+	if (!text) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	puts(text);
+	cJSON_free(text);
+	return CLI_OK;
+}
+
+static void human_bytes(uint64_t n, char *buf, size_t len)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+	double v = (double)n;
+	int u = 0;
+
+	while (v >= 1024 && u < 5) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)n);
+	else
+		snprintf(buf, len, "%.1f %s", v, unit[u]);
+}
+
+/* "sha256:0123456789abcdef" for text output meant for people. */
+static const char *short_digest(const char *d, char buf[32])
+{
+	snprintf(buf, 32, "%.23s", d);
+	return buf;
+}
+
+static void shape_text(uint32_t ndim, const uint64_t *shape, char *buf, size_t n)
+{
+	size_t k = (size_t)snprintf(buf, n, "[");
+
+	for (uint32_t d = 0; d < ndim && k < n; d++)
+		k += (size_t)snprintf(buf + k, n - k, d ? ",%llu" : "%llu",
+				      (unsigned long long)shape[d]);
+	if (k < n)
+		snprintf(buf + k, n - k, "]");
+}
+
+/* Options every inventory command takes. */
+#define DB_OPTION {"db", required_argument, NULL, 'D'}
+#define HELP_OPTION {"help", no_argument, NULL, 'h'}
+
+/* ---- init -------------------------------------------------------------------------- */
+
+static int cmd_init(int argc, char **argv)
+{
+	static const struct option opts[] = { DB_OPTION, HELP_OPTION, {NULL, 0, NULL, 0} };
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	int c, rc, existed;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc)
+		return cli_usage("unexpected argument '%s'", argv[optind]);
+	existed = access(cli_db_path(db), F_OK) == 0;
+	if ((rc = open_inv(db, MS_INV_CREATE, &inv)) != CLI_OK)
+		return rc;
+	printf("%s '%s' (schema version %d)\n", existed ? "inventory" : "created",
+	       ms_inv_path(inv), ms_inv_schema_version(inv));
+	ms_inv_close(inv);
+	return CLI_OK;
+}
+
+/* ---- add --------------------------------------------------------------------------- */
+
+static int cmd_add(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"kind", required_argument, NULL, 'k'},
+		{"label", required_argument, NULL, 'l'},
+		{"parent", required_argument, NULL, 'p'},
+		{"op", required_argument, NULL, 'o'},
+		{"params", required_argument, NULL, 'P'},
+		{"ep-size", required_argument, NULL, 'S'},
+		{"ep-rank", required_argument, NULL, 'R'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"rehash", no_argument, NULL, 'r'},
+		{"file-digests", no_argument, NULL, 'f'},
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL, *parents[MS_INV_MAX_PARENTS];
+	struct ms_inv_add_opts o;
+	struct ms_inv_add_stats stats;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	char digest[MS_STATE_DIGEST_LEN];
+	int c, rc, json = 0, v;
+
+	ms_inv_add_opts_init(&o);
+	o.stats = &stats;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'k':
+			if (ms_inv_kind_parse(optarg, &o.kind) != MS_OK)
+				return cli_usage("unknown kind '%s' (base, quantized, adapter, adapter_shard, policy)",
+						 optarg);
+			break;
+		case 'l': o.label = optarg; break;
+		case 'p':
+			if (o.nparents == MS_INV_MAX_PARENTS)
+				return cli_usage("at most %d --parent options", MS_INV_MAX_PARENTS);
+			parents[o.nparents++] = optarg;
+			break;
+		case 'o': o.operation = optarg; break;
+		case 'P': o.params_json = optarg; break;
+		case 'S':
+			if (cli_int("--ep-size", optarg, 1 << 20, &v))
+				return CLI_USAGE;
+			o.ep_size = v;
+			break;
+		case 'R':
+			if (cli_int("--ep-rank", optarg, 1 << 20, &v))
+				return CLI_USAGE;
+			o.ep_rank = v;
+			break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &o.jobs))
+				return CLI_USAGE;
+			break;
+		case 'r': o.rehash = 1; break;
+		case 'f': o.file_digests = 1; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		return cli_usage("missing PATH");
+	if ((o.ep_size < 0) != (o.ep_rank < 0))
+		return cli_usage("--ep-size and --ep-rank go together");
+	if (o.nparents && !o.operation)
+		return cli_usage("--parent needs --op (the operation that made the state)");
+	if (o.operation && !o.nparents)
+		return cli_usage("--op needs --parent");
+	if (o.params_json && !o.nparents)
+		return cli_usage("--params needs --parent and --op");
+	o.parents = parents;
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind), &o,
+			      digest, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	if (cli_progress_enabled()) {
+		char b[32], h[32];
+
+		human_bytes(stats.bytes, b, sizeof(b));
+		human_bytes(stats.bytes_hashed, h, sizeof(h));
+		fprintf(stderr, "msinv: %s in %u file%s; hashed %s (%u file%s) in %.2f s; %s\n", b,
+			stats.files, stats.files == 1 ? "" : "s", h, stats.files_hashed,
+			stats.files_hashed == 1 ? "" : "s", stats.seconds_hash,
+			stats.new_state ? "new state" : stats.new_copy ? "new copy of a recorded state" :
+			"already recorded");
+	}
+	if (json) {
+		cJSON *j = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(j, "state", digest);
+		cJSON_AddStringToObject(j, "kind", ms_inv_kind_name(stats.kind));
+		cJSON_AddStringToObject(j, "layout", stats.layout);
+		cJSON_AddBoolToObject(j, "new_state", stats.new_state);
+		cJSON_AddBoolToObject(j, "new_copy", stats.new_copy);
+		cJSON_AddNumberToObject(j, "copy", stats.copy);
+		cJSON_AddNumberToObject(j, "files", stats.files);
+		cJSON_AddNumberToObject(j, "files_hashed", stats.files_hashed);
+		cJSON_AddNumberToObject(j, "tensors", (double)stats.tensors);
+		cJSON_AddNumberToObject(j, "bytes", (double)stats.bytes);
+		cJSON_AddNumberToObject(j, "bytes_hashed", (double)stats.bytes_hashed);
+		cJSON_AddNumberToObject(j, "seconds_hash", stats.seconds_hash);
+		cJSON_AddNumberToObject(j, "seconds_db", stats.seconds_db);
+		return print_json(j);
+	}
+	printf("%s\n", digest);
+	return CLI_OK;
+}
+
+/* ---- ls ------------------------------------------------------------------------------ */
+
+static cJSON *state_json(const struct ms_inv_state *s)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(o, "state", s->digest);
+	if (s->label)
+		cJSON_AddStringToObject(o, "label", s->label);
+	else
+		cJSON_AddNullToObject(o, "label");
+	cJSON_AddStringToObject(o, "kind", ms_inv_kind_name(s->kind));
+	cJSON_AddStringToObject(o, "layout", s->layout);
+	cJSON_AddNumberToObject(o, "tensors", (double)s->ntensors);
+	cJSON_AddNumberToObject(o, "bytes", (double)s->nbytes);
+	if (s->ep_size > 0) {
+		cJSON_AddNumberToObject(o, "ep_size", s->ep_size);
+		cJSON_AddNumberToObject(o, "ep_rank", s->ep_rank);
+		if (s->experts)
+			cJSON_AddRawToObject(o, "experts", s->experts);
+	}
+	cJSON_AddNumberToObject(o, "copies", s->ncopies);
+	cJSON_AddStringToObject(o, "created_at", s->created_at);
+	cJSON_AddStringToObject(o, "user", s->user);
+	cJSON_AddStringToObject(o, "host", s->host);
+	cJSON_AddStringToObject(o, "tool", s->tool);
+	cJSON_AddRawToObject(o, "argv", s->argv);
+	return o;
+}
+
+static int cmd_ls(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"kind", required_argument, NULL, 'k'},
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	enum ms_inv_kind kind = MS_INV_KIND_ANY;
+	struct ms_inv *inv = NULL;
+	struct ms_inv_state *s = NULL;
+	struct ms_err err = {0};
+	size_t n = 0;
+	int c, rc, json = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'k':
+			if (ms_inv_kind_parse(optarg, &kind) != MS_OK)
+				return cli_usage("unknown kind '%s' (base, quantized, adapter, adapter_shard, policy)",
+						 optarg);
+			break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc)
+		return cli_usage("unexpected argument '%s'", argv[optind]);
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_states_list(inv, kind, &s, &n, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	if (json) {
+		cJSON *a = cJSON_CreateArray();
+
+		for (size_t i = 0; i < n; i++)
+			cJSON_AddItemToArray(a, state_json(&s[i]));
+		ms_inv_states_free(s, n);
+		return print_json(a);
+	}
+	for (size_t i = 0; i < n; i++) {
+		char ep[32] = "-";
+
+		if (s[i].ep_size > 0)
+			snprintf(ep, sizeof(ep), "%d/%d", s[i].ep_rank, s[i].ep_size);
+		printf("%s\t%s\t%s\t%s\t%llu\t%llu\t%s\t%s\n", s[i].digest, ms_inv_kind_name(s[i].kind),
+		       s[i].layout, ep, (unsigned long long)s[i].ntensors,
+		       (unsigned long long)s[i].nbytes, s[i].label ? s[i].label : "-", s[i].created_at);
+	}
+	ms_inv_states_free(s, n);
+	return CLI_OK;
+}
+
+/* ---- show ---------------------------------------------------------------------------- */
+
+/* The fields of config.json that change how tensors are read. */
+static char *config_note(const struct ms_inv_config *c)
+{
+	cJSON *root, *q;
+	char *s = NULL, *out = NULL;
+
+	if (strcmp(c->name, "config.json"))
+		return NULL;
+	root = cJSON_ParseWithLength(c->text, c->len);
+	q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+	if (q)
+		s = cJSON_PrintUnformatted(q);
+	if (s)
+		out = ms_strdup(s);
+	cJSON_free(s);
+	cJSON_Delete(root);
+	return out;
+}
+
+struct show_data {
+	struct ms_inv_state *s;
+	struct ms_inv_files files;
+	struct ms_inv_config *cfg;
+	size_t ncfg;
+	struct ms_inv_edge *parents, *children;
+	size_t nparents, nchildren;
+	struct ms_inv_verification *ver;
+	size_t nver;
+	struct ms_inv_run *runs, *made_by;
+	size_t nruns, nmade_by;
+};
+
+static void show_free(struct show_data *d)
+{
+	ms_inv_state_free(d->s);
+	ms_inv_files_release(&d->files);
+	ms_inv_configs_free(d->cfg, d->ncfg);
+	ms_inv_edges_free(d->parents, d->nparents);
+	ms_inv_edges_free(d->children, d->nchildren);
+	ms_inv_verifications_free(d->ver, d->nver);
+	ms_inv_runs_free(d->runs, d->nruns);
+	ms_inv_runs_free(d->made_by, d->nmade_by);
+}
+
+static cJSON *edge_json(const struct ms_inv_edge *e, int parent_side)
+{
+	cJSON *o = cJSON_CreateObject();
+	const char *d = parent_side ? e->parent : e->child;
+	const char *l = parent_side ? e->parent_label : e->child_label;
+
+	cJSON_AddStringToObject(o, "state", d);
+	if (l)
+		cJSON_AddStringToObject(o, "label", l);
+	cJSON_AddStringToObject(o, "operation", e->operation);
+	cJSON_AddRawToObject(o, "params", e->params);
+	if (e->run_id)
+		cJSON_AddNumberToObject(o, "run", (double)e->run_id);
+	cJSON_AddStringToObject(o, "created_at", e->created_at);
+	return o;
+}
+
+static cJSON *run_json(const struct ms_inv_run *r)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	cJSON_AddNumberToObject(o, "run", (double)r->id);
+	cJSON_AddStringToObject(o, "plan", r->plan_digest);
+	cJSON_AddStringToObject(o, "status", r->status);
+	if (r->has_exit_code)
+		cJSON_AddNumberToObject(o, "exit_code", r->exit_code);
+	if (r->role)
+		cJSON_AddStringToObject(o, "role", r->role);
+	cJSON_AddStringToObject(o, "started_at", r->started_at);
+	if (r->ended_at)
+		cJSON_AddStringToObject(o, "ended_at", r->ended_at);
+	cJSON_AddStringToObject(o, "user", r->user);
+	cJSON_AddStringToObject(o, "host", r->host);
+	return o;
+}
+
+static int show_json(const struct show_data *d, int tensors)
+{
+	cJSON *o = state_json(d->s), *a;
+	char hex[65];
+
+	a = cJSON_AddArrayToObject(o, "files");
+	for (size_t i = 0; i < d->files.n; i++) {
+		const struct ms_inv_file *f = &d->files.files[i];
+		cJSON *fo = cJSON_CreateObject();
+
+		cJSON_AddNumberToObject(fo, "copy", f->copy);
+		cJSON_AddStringToObject(fo, "name", f->name);
+		cJSON_AddStringToObject(fo, "path", f->path);
+		cJSON_AddNumberToObject(fo, "size", (double)f->size);
+		ms_hex(f->header_digest, 32, hex);
+		cJSON_AddStringToObject(fo, "header_sha256", hex);
+		if (f->has_file_digest) {
+			ms_hex(f->file_digest, 32, hex);
+			cJSON_AddStringToObject(fo, "sha256", hex);
+		}
+		if (tensors) {
+			cJSON *ta = cJSON_AddArrayToObject(fo, "tensors");
+
+			for (size_t t = 0; t < f->ntensors; t++) {
+				const struct ms_inv_tensor *te = &f->tensors[t];
+				cJSON *to = cJSON_CreateObject(), *sh = cJSON_CreateArray();
+
+				cJSON_AddStringToObject(to, "name", te->name);
+				cJSON_AddStringToObject(to, "dtype", ms_dtype_name(te->dtype));
+				for (uint32_t k = 0; k < te->ndim; k++)
+					cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)te->shape[k]));
+				cJSON_AddItemToObject(to, "shape", sh);
+				cJSON_AddNumberToObject(to, "offset", (double)te->offset);
+				cJSON_AddNumberToObject(to, "bytes", (double)te->nbytes);
+				ms_hex(te->digest, 32, hex);
+				cJSON_AddStringToObject(to, "sha256", hex);
+				cJSON_AddItemToArray(ta, to);
+			}
+		}
+		cJSON_AddItemToArray(a, fo);
+	}
+	a = cJSON_AddArrayToObject(o, "configs");
+	for (size_t i = 0; i < d->ncfg; i++) {
+		cJSON *co = cJSON_CreateObject();
+		char *note = config_note(&d->cfg[i]);
+
+		cJSON_AddNumberToObject(co, "copy", d->cfg[i].copy);
+		cJSON_AddStringToObject(co, "name", d->cfg[i].name);
+		cJSON_AddStringToObject(co, "path", d->cfg[i].path);
+		ms_hex(d->cfg[i].digest, 32, hex);
+		cJSON_AddStringToObject(co, "sha256", hex);
+		if (note)
+			cJSON_AddRawToObject(co, "quantization_config", note);
+		ms_free(note);
+		cJSON_AddItemToArray(a, co);
+	}
+	a = cJSON_AddArrayToObject(o, "parents");
+	for (size_t i = 0; i < d->nparents; i++)
+		cJSON_AddItemToArray(a, edge_json(&d->parents[i], 1));
+	a = cJSON_AddArrayToObject(o, "children");
+	for (size_t i = 0; i < d->nchildren; i++)
+		cJSON_AddItemToArray(a, edge_json(&d->children[i], 0));
+	a = cJSON_AddArrayToObject(o, "verifications");
+	for (size_t i = 0; i < d->nver; i++) {
+		cJSON *v = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(v, "at", d->ver[i].at);
+		cJSON_AddStringToObject(v, "result", ms_inv_result_name(d->ver[i].result));
+		cJSON_AddNumberToObject(v, "bytes", (double)d->ver[i].nbytes);
+		cJSON_AddNumberToObject(v, "seconds", d->ver[i].seconds);
+		cJSON_AddStringToObject(v, "host", d->ver[i].host);
+		cJSON_AddStringToObject(v, "user", d->ver[i].user);
+		cJSON_AddStringToObject(v, "tool", d->ver[i].tool);
+		if (d->ver[i].detail)
+			cJSON_AddStringToObject(v, "detail", d->ver[i].detail);
+		cJSON_AddItemToArray(a, v);
+	}
+	a = cJSON_AddArrayToObject(o, "consumed_by");
+	for (size_t i = 0; i < d->nruns; i++)
+		cJSON_AddItemToArray(a, run_json(&d->runs[i]));
+	a = cJSON_AddArrayToObject(o, "produced_by");
+	for (size_t i = 0; i < d->nmade_by; i++)
+		cJSON_AddItemToArray(a, run_json(&d->made_by[i]));
+	return print_json(o);
+}
+
+static void print_argv(const char *json)
+{
+	cJSON *a = cJSON_Parse(json), *it;
+	int first = 1;
+
+	cJSON_ArrayForEach(it, a) {
+		if (cJSON_IsString(it)) {
+			printf("%s%s", first ? "" : " ", it->valuestring);
+			first = 0;
+		}
+	}
+	cJSON_Delete(a);
+}
+
+static void show_text(const struct show_data *d, int tensors)
+{
+	const struct ms_inv_state *s = d->s;
+	char b[32], hex[65], sd[32];
+	uint32_t copy = 0;
+
+	human_bytes(s->nbytes, b, sizeof(b));
+	printf("state     %s\n", s->digest);
+	printf("label     %s\n", s->label ? s->label : "-");
+	printf("kind      %s\n", ms_inv_kind_name(s->kind));
+	printf("layout    %s\n", s->layout);
+	printf("tensors   %llu\n", (unsigned long long)s->ntensors);
+	printf("bytes     %llu (%s)\n", (unsigned long long)s->nbytes, b);
+	if (s->ep_size > 0)
+		printf("ep        rank %d of %d, experts %s\n", s->ep_rank, s->ep_size,
+		       s->experts ? s->experts : "(not recorded)");
+	printf("created   %s by %s@%s: ", s->created_at, s->user, s->host);
+	print_argv(s->argv);
+	putchar('\n');
+	for (size_t i = 0; i < d->files.n; i++) {
+		const struct ms_inv_file *f = &d->files.files[i];
+
+		if (f->copy != copy) {
+			copy = f->copy;
+			printf("copy %u\n", copy);
+			for (size_t k = 0; k < d->ncfg; k++) {
+				char *note;
+
+				if (d->cfg[k].copy != copy)
+					continue;
+				ms_hex(d->cfg[k].digest, 32, hex);
+				printf("  config  %s  sha256 %s\n", d->cfg[k].path, hex);
+				note = config_note(&d->cfg[k]);
+				if (note)
+					printf("          quantization_config %s\n", note);
+				ms_free(note);
+			}
+		}
+		ms_hex(f->header_digest, 32, hex);
+		printf("  file    %s  %llu bytes  header sha256 %s", f->path,
+		       (unsigned long long)f->size, hex);
+		if (f->has_file_digest) {
+			ms_hex(f->file_digest, 32, hex);
+			printf("  sha256 %s", hex);
+		}
+		putchar('\n');
+	}
+	for (size_t i = 0; i < d->nparents; i++)
+		printf("parent    %s%s%s%s  %s %s\n", d->parents[i].parent,
+		       d->parents[i].parent_label ? " (" : "",
+		       d->parents[i].parent_label ? d->parents[i].parent_label : "",
+		       d->parents[i].parent_label ? ")" : "", d->parents[i].operation,
+		       d->parents[i].params);
+	for (size_t i = 0; i < d->nchildren; i++)
+		printf("child     %s%s%s%s  %s %s\n", d->children[i].child,
+		       d->children[i].child_label ? " (" : "",
+		       d->children[i].child_label ? d->children[i].child_label : "",
+		       d->children[i].child_label ? ")" : "", d->children[i].operation,
+		       d->children[i].params);
+	for (size_t i = 0; i < d->nver; i++)
+		printf("verified  %s  %s  %llu bytes in %.3f s  %s@%s%s%s\n", d->ver[i].at,
+		       ms_inv_result_name(d->ver[i].result), (unsigned long long)d->ver[i].nbytes,
+		       d->ver[i].seconds, d->ver[i].user, d->ver[i].host,
+		       d->ver[i].detail ? "  " : "", d->ver[i].detail ? d->ver[i].detail : "");
+	for (size_t i = 0; i < d->nruns; i++)
+		printf("run       %lld  plan %s  %s%s  %s\n", (long long)d->runs[i].id,
+		       short_digest(d->runs[i].plan_digest, sd), d->runs[i].status,
+		       d->runs[i].role ? " as " : "", d->runs[i].role ? d->runs[i].role : "");
+	for (size_t i = 0; i < d->nmade_by; i++)
+		printf("made by   run %lld  plan %s  %s\n", (long long)d->made_by[i].id,
+		       short_digest(d->made_by[i].plan_digest, sd), d->made_by[i].status);
+	if (!tensors)
+		return;
+	for (size_t i = 0; i < d->files.n; i++) {
+		const struct ms_inv_file *f = &d->files.files[i];
+
+		if (f->copy != d->files.files[0].copy)
+			break;
+		for (size_t t = 0; t < f->ntensors; t++) {
+			const struct ms_inv_tensor *te = &f->tensors[t];
+			char shape[24 * MS_ST_MAX_RANK + 4];
+
+			shape_text(te->ndim, te->shape, shape, sizeof(shape));
+			ms_hex(te->digest, 32, hex);
+			printf("%s\t%s\t%s\t%llu\t%s\t%s\n", te->name, ms_dtype_name(te->dtype), shape,
+			       (unsigned long long)te->nbytes, hex, f->name);
+		}
+	}
+}
+
+static int cmd_show(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"tensors", no_argument, NULL, 't'},
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	struct show_data d;
+	char digest[MS_STATE_DIGEST_LEN];
+	int c, rc, json = 0, tensors = 0;
+
+	memset(&d, 0, sizeof(d));
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 't': tensors = 1; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		return cli_usage(optind >= argc ? "missing STATE" : "one STATE only");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if ((rc = ms_inv_resolve(inv, argv[optind], digest, &err)) != MS_OK ||
+	    (rc = ms_inv_state_get(inv, digest, &d.s, &err)) != MS_OK ||
+	    (rc = ms_inv_state_files(inv, digest, 0, tensors, &d.files, &err)) != MS_OK ||
+	    (rc = ms_inv_state_configs(inv, digest, &d.cfg, &d.ncfg, &err)) != MS_OK ||
+	    (rc = ms_inv_edges(inv, digest, MS_INV_EDGES_PARENTS, &d.parents, &d.nparents, &err)) != MS_OK ||
+	    (rc = ms_inv_edges(inv, digest, MS_INV_EDGES_CHILDREN, &d.children, &d.nchildren, &err)) != MS_OK ||
+	    (rc = ms_inv_verifications(inv, digest, &d.ver, &d.nver, &err)) != MS_OK ||
+	    (rc = ms_inv_state_runs(inv, digest, 1, &d.runs, &d.nruns, &err)) != MS_OK ||
+	    (rc = ms_inv_state_runs(inv, digest, 0, &d.made_by, &d.nmade_by, &err)) != MS_OK) {
+		ms_inv_close(inv);
+		show_free(&d);
+		return cli_fail(rc, &err);
+	}
+	ms_inv_close(inv);
+	if (json)
+		rc = show_json(&d, tensors);
+	else
+		show_text(&d, tensors);
+	show_free(&d);
+	return rc;
+}
+
+/* ---- lineage --------------------------------------------------------------------------- */
+
+/* A string as a Graphviz double-quoted string (quotes and backslashes escaped,
+ * control characters dropped). */
+static void dot_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			putchar('\\');
+		if ((unsigned char)*s >= 0x20)
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+static void dot_node(const char *digest, const char *label, enum ms_inv_kind kind,
+		     const char *layout, int self)
+{
+	char text[512], sd[32];
+
+	snprintf(text, sizeof(text), "%s%s%s %s\n%s", label ? label : "", label ? "\n" : "",
+		 ms_inv_kind_name(kind), layout ? layout : "", short_digest(digest, sd));
+	printf("\t");
+	dot_str(digest);
+	printf(" [label=");
+	/* dot reads \n inside a label as a line break */
+	putchar('"');
+	for (const char *p = text; *p; p++) {
+		if (*p == '\n') {
+			fputs("\\n", stdout);
+			continue;
+		}
+		if (*p == '"' || *p == '\\')
+			putchar('\\');
+		if ((unsigned char)*p >= 0x20)
+			putchar(*p);
+	}
+	putchar('"');
+	printf("%s];\n", self ? ", style=bold" : "");
+}
+
+static int lineage_dot(const struct ms_inv_state *s, struct ms_inv_edge *e, size_t n)
+{
+	char **seen = ms_calloc(2 * n + 1, sizeof(*seen));
+	size_t ns = 0;
+
+	if (!seen) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	printf("digraph lineage {\n\tnode [shape=box];\n");
+	dot_node(s->digest, s->label, s->kind, s->layout, 1);
+	seen[ns++] = (char *)s->digest;
+	for (size_t i = 0; i < n; i++) {
+		for (int side = 0; side < 2; side++) {
+			const char *d = side ? e[i].child : e[i].parent;
+			size_t k;
+
+			for (k = 0; k < ns && strcmp(seen[k], d); k++)
+				;
+			if (k < ns)
+				continue;
+			seen[ns++] = (char *)d;
+			if (side)
+				dot_node(d, e[i].child_label, e[i].child_kind, e[i].child_layout, 0);
+			else
+				dot_node(d, e[i].parent_label, e[i].parent_kind, e[i].parent_layout, 0);
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *label = ms_asprintf("%s %s", e[i].operation, e[i].params);
+
+		printf("\t");
+		dot_str(e[i].parent);
+		printf(" -> ");
+		dot_str(e[i].child);
+		printf(" [label=");
+		dot_str(label ? label : e[i].operation);
+		printf("];\n");
+		ms_free(label);
+	}
+	printf("}\n");
+	ms_free(seen);
+	return CLI_OK;
+}
+
+static void edge_text(const struct ms_inv_edge *e)
+{
+	char a[32], b[32];
+
+	printf("  %s%s%s%s -> %s%s%s%s  %s %s\n", short_digest(e->parent, a),
+	       e->parent_label ? " (" : "", e->parent_label ? e->parent_label : "",
+	       e->parent_label ? ")" : "", short_digest(e->child, b), e->child_label ? " (" : "",
+	       e->child_label ? e->child_label : "", e->child_label ? ")" : "", e->operation,
+	       e->params);
+}
+
+static cJSON *edges_json(const struct ms_inv_edge *e, size_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+
+	for (size_t i = 0; i < n; i++) {
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(o, "parent", e[i].parent);
+		cJSON_AddStringToObject(o, "child", e[i].child);
+		cJSON_AddStringToObject(o, "operation", e[i].operation);
+		cJSON_AddRawToObject(o, "params", e[i].params);
+		if (e[i].run_id)
+			cJSON_AddNumberToObject(o, "run", (double)e[i].run_id);
+		cJSON_AddStringToObject(o, "created_at", e[i].created_at);
+		cJSON_AddItemToArray(a, o);
+	}
+	return a;
+}
+
+static int cmd_lineage(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"dot", no_argument, NULL, 'd'},
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_inv_state *s = NULL;
+	struct ms_inv_edge *anc = NULL, *desc = NULL, *all = NULL;
+	size_t nanc = 0, ndesc = 0;
+	struct ms_err err = {0};
+	char digest[MS_STATE_DIGEST_LEN], sd[32];
+	int c, rc, json = 0, dot = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'd': dot = 1; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		return cli_usage(optind >= argc ? "missing STATE" : "one STATE only");
+	if (dot && json)
+		return cli_usage("--dot and --json exclude each other");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if ((rc = ms_inv_resolve(inv, argv[optind], digest, &err)) != MS_OK ||
+	    (rc = ms_inv_state_get(inv, digest, &s, &err)) != MS_OK ||
+	    (rc = ms_inv_edges(inv, digest, MS_INV_EDGES_ANCESTORS, &anc, &nanc, &err)) != MS_OK ||
+	    (rc = ms_inv_edges(inv, digest, MS_INV_EDGES_DESCENDANTS, &desc, &ndesc, &err)) != MS_OK) {
+		ms_inv_close(inv);
+		rc = cli_fail(rc, &err);
+		goto out;
+	}
+	ms_inv_close(inv);
+	if (json) {
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddItemToObject(o, "state", state_json(s));
+		cJSON_AddItemToObject(o, "ancestors", edges_json(anc, nanc));
+		cJSON_AddItemToObject(o, "descendants", edges_json(desc, ndesc));
+		rc = print_json(o);
+	} else if (dot) {
+		all = ms_calloc(nanc + ndesc + 1, sizeof(*all));
+		if (!all) {
+			cli_errorf("out of memory");
+			rc = CLI_IO;
+			goto out;
+		}
+		/* shallow copies: the strings stay owned by anc and desc */
+		if (nanc)
+			memcpy(all, anc, nanc * sizeof(*all));
+		if (ndesc)
+			memcpy(all + nanc, desc, ndesc * sizeof(*all));
+		rc = lineage_dot(s, all, nanc + ndesc);
+	} else {
+		printf("%s%s%s%s  %s %s\n", short_digest(s->digest, sd), s->label ? " (" : "",
+		       s->label ? s->label : "", s->label ? ")" : "", ms_inv_kind_name(s->kind),
+		       s->layout);
+		printf("ancestors: %zu edge%s\n", nanc, nanc == 1 ? "" : "s");
+		for (size_t i = 0; i < nanc; i++)
+			edge_text(&anc[i]);
+		printf("descendants: %zu edge%s\n", ndesc, ndesc == 1 ? "" : "s");
+		for (size_t i = 0; i < ndesc; i++)
+			edge_text(&desc[i]);
+		rc = CLI_OK;
+	}
+out:
+	ms_free(all);
+	ms_inv_edges_free(anc, nanc);
+	ms_inv_edges_free(desc, ndesc);
+	ms_inv_state_free(s);
+	return rc;
+}
+
+/* ---- dup ------------------------------------------------------------------------------- */
+
+static int cmd_dup(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_inv_dup_report r;
+	struct ms_err err = {0};
+	int c, rc, json = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc)
+		return cli_usage("unexpected argument '%s'", argv[optind]);
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_dup(inv, &r, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	if (json) {
+		cJSON *o = cJSON_CreateObject(), *a;
+
+		cJSON_AddNumberToObject(o, "stored_tensors", (double)r.stored_tensors);
+		cJSON_AddNumberToObject(o, "stored_bytes", (double)r.stored_bytes);
+		cJSON_AddNumberToObject(o, "unique_bytes", (double)r.unique_bytes);
+		cJSON_AddNumberToObject(o, "redundant_bytes", (double)r.redundant_bytes);
+		a = cJSON_AddArrayToObject(o, "pairs");
+		for (size_t i = 0; i < r.npairs; i++) {
+			cJSON *p = cJSON_CreateObject();
+
+			cJSON_AddStringToObject(p, "a", r.pairs[i].a);
+			cJSON_AddStringToObject(p, "b", r.pairs[i].b);
+			cJSON_AddNumberToObject(p, "tensors", (double)r.pairs[i].ntensors);
+			cJSON_AddNumberToObject(p, "bytes", (double)r.pairs[i].nbytes);
+			cJSON_AddItemToArray(a, p);
+		}
+		a = cJSON_AddArrayToObject(o, "duplicates");
+		for (size_t i = 0; i < r.n; i++) {
+			cJSON *d = cJSON_CreateObject(), *pa;
+
+			cJSON_AddStringToObject(d, "sha256", r.dups[i].digest);
+			cJSON_AddNumberToObject(d, "bytes", (double)r.dups[i].nbytes);
+			cJSON_AddNumberToObject(d, "copies", (double)r.dups[i].nplaces);
+			pa = cJSON_AddArrayToObject(d, "places");
+			for (size_t p = 0; p < r.dups[i].nplaces; p++) {
+				const struct ms_inv_dup_place *pl = &r.dups[i].places[p];
+				cJSON *po = cJSON_CreateObject(), *sa;
+
+				cJSON_AddStringToObject(po, "path", pl->path);
+				cJSON_AddStringToObject(po, "tensor", pl->tensor);
+				sa = cJSON_AddArrayToObject(po, "states");
+				for (size_t s = 0; s < pl->nstates; s++)
+					cJSON_AddItemToArray(sa, cJSON_CreateString(pl->states[s]));
+				cJSON_AddItemToArray(pa, po);
+			}
+			cJSON_AddItemToArray(a, d);
+		}
+		ms_inv_dup_release(&r);
+		return print_json(o);
+	}
+	{
+		char s[32], u[32], w[32];
+
+		human_bytes(r.stored_bytes, s, sizeof(s));
+		human_bytes(r.unique_bytes, u, sizeof(u));
+		human_bytes(r.redundant_bytes, w, sizeof(w));
+		printf("# stored %llu tensors, %llu bytes (%s); unique %llu bytes (%s); redundant %llu bytes (%s)\n",
+		       (unsigned long long)r.stored_tensors, (unsigned long long)r.stored_bytes, s,
+		       (unsigned long long)r.unique_bytes, u, (unsigned long long)r.redundant_bytes, w);
+	}
+	for (size_t i = 0; i < r.npairs; i++)
+		printf("pair\t%s\t%s\t%llu\t%llu\n", r.pairs[i].a, r.pairs[i].b,
+		       (unsigned long long)r.pairs[i].ntensors, (unsigned long long)r.pairs[i].nbytes);
+	for (size_t i = 0; i < r.n; i++) {
+		printf("dup\t%s\t%llu\t%zu\n", r.dups[i].digest, (unsigned long long)r.dups[i].nbytes,
+		       r.dups[i].nplaces);
+		for (size_t p = 0; p < r.dups[i].nplaces; p++) {
+			const struct ms_inv_dup_place *pl = &r.dups[i].places[p];
+
+			printf("\t%s\t%s\t", pl->path, pl->tensor);
+			for (size_t s = 0; s < pl->nstates; s++)
+				printf("%s%s", s ? "," : "", pl->states[s]);
+			putchar('\n');
+		}
+	}
+	ms_inv_dup_release(&r);
+	return CLI_OK;
+}
+
+/* ---- log ------------------------------------------------------------------------------- */
+
+static int log_print(const struct ms_inv_log_entry *e, void *ctx)
+{
+	cJSON *a = ctx;
+
+	if (a) {
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddNumberToObject(o, "seq", (double)e->seq);
+		cJSON_AddStringToObject(o, "at", e->at);
+		cJSON_AddStringToObject(o, "user", e->user);
+		cJSON_AddStringToObject(o, "host", e->host);
+		cJSON_AddStringToObject(o, "tool", e->tool);
+		cJSON_AddRawToObject(o, "argv", e->argv);
+		cJSON_AddStringToObject(o, "action", e->action);
+		cJSON_AddStringToObject(o, "subject", e->subject);
+		cJSON_AddRawToObject(o, "detail", e->detail);
+		cJSON_AddStringToObject(o, "prev_hash", e->prev_hash);
+		cJSON_AddStringToObject(o, "hash", e->hash);
+		cJSON_AddItemToArray(a, o);
+		return 0;
+	}
+	printf("%lld\t%s\t%s@%s\t", (long long)e->seq, e->at, e->user, e->host);
+	print_argv(e->argv);
+	printf("\t%s\t%s\t%s\n", e->action, e->subject, e->detail);
+	return 0;
+}
+
+static int cmd_log(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"check", no_argument, NULL, 'c'},
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	int c, rc, json = 0, check = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'c': check = 1; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc)
+		return cli_usage("unexpected argument '%s'", argv[optind]);
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if (check) {
+		int64_t n = 0;
+		char head[65] = "";
+
+		rc = ms_inv_log_check(inv, &n, head, &err);
+		ms_inv_close(inv);
+		if (json) {
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddBoolToObject(o, "ok", rc == MS_OK);
+			if (rc == MS_OK) {
+				cJSON_AddNumberToObject(o, "entries", (double)n);
+				cJSON_AddStringToObject(o, "head", head);
+			} else {
+				cJSON_AddStringToObject(o, "error", err.msg);
+			}
+			if (rc == MS_OK || rc == MS_ECHECK) {
+				int prc = print_json(o);
+
+				if (rc == MS_OK)
+					return prc;
+			} else {
+				cJSON_Delete(o);
+			}
+		} else if (rc == MS_OK) {
+			printf("log: %lld entries, chain intact, head %s\n", (long long)n, head);
+		}
+		return cli_fail(rc, &err);
+	}
+	if (json) {
+		cJSON *a = cJSON_CreateArray();
+
+		rc = ms_inv_log_each(inv, log_print, a, &err);
+		ms_inv_close(inv);
+		if (rc != MS_OK) {
+			cJSON_Delete(a);
+			return cli_fail(rc, &err);
+		}
+		return print_json(a);
+	}
+	rc = ms_inv_log_each(inv, log_print, NULL, &err);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
+/* ---- rm, gc ------------------------------------------------------------------------------ */
+
+static int cmd_rm(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"force", no_argument, NULL, 'f'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	char digest[MS_STATE_DIGEST_LEN];
+	int c, rc, force = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'f': force = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		return cli_usage(optind >= argc ? "missing STATE" : "one STATE only");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
+	if (rc == MS_OK)
+		rc = ms_inv_rm(inv, digest, force, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	printf("removed %s\n", digest);
+	return CLI_OK;
+}
+
+struct gc_out {
+	int dry_run;
+};
+
+static void gc_print(enum ms_inv_gc_what what, const char *path, void *ctx)
+{
+	const struct gc_out *g = ctx;
+
+	if (what == MS_INV_GC_TEMP_FILE)
+		printf("%s temporary %s\n", g->dry_run ? "would remove" : "removed", path);
+	else
+		printf("%s file record %s\n", g->dry_run ? "would forget" : "forgot", path);
+}
+
+static int cmd_gc(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"dry-run", no_argument, NULL, 'n'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	struct gc_out g = {0};
+	uint64_t n = 0;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'n': g.dry_run = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_gc(inv, (const char *const *)argv + optind, (size_t)(argc - optind), g.dry_run,
+		       gc_print, &g, &n, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	printf("%s %llu item%s\n", g.dry_run ? "would remove" : "removed", (unsigned long long)n,
+	       n == 1 ? "" : "s");
+	return CLI_OK;
+}
+
+/* ---- footprint -------------------------------------------------------------------------- */
+
+/* The tensors of an inventoried state (its first copy) for the planner. */
+static int fp_add_state(struct ms_inv *inv, struct ms_fp_calc *calc, size_t entry,
+			const char *ref, struct ms_err *err)
+{
+	struct ms_inv_files files;
+	struct ms_fp_tensor *list = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+	size_t n = 0, k = 0;
+	int rc;
+
+	if ((rc = ms_inv_resolve(inv, ref, digest, err)) != MS_OK)
+		return rc;
+	if ((rc = ms_inv_state_files(inv, digest, 1, 1, &files, err)) != MS_OK)
+		return rc;
+	for (size_t i = 0; i < files.n; i++)
+		n += files.files[i].ntensors;
+	list = ms_calloc(n ? n : 1, sizeof(*list));
+	if (!list) {
+		ms_inv_files_release(&files);
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < files.n; i++) {
+		for (size_t t = 0; t < files.files[i].ntensors; t++) {
+			const struct ms_inv_tensor *te = &files.files[i].tensors[t];
+
+			list[k].name = te->name;
+			list[k].dtype = te->dtype;
+			list[k].ndim = te->ndim;
+			memcpy(list[k].shape, te->shape, sizeof(list[k].shape));
+			k++;
+		}
+	}
+	rc = ms_fp_calc_add_tensors(calc, entry, list, n, err);
+	ms_free(list);
+	ms_inv_files_release(&files);
+	return rc;
+}
+
+static int cmd_footprint(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_fp_plan *plan = NULL;
+	struct ms_fp_calc *calc = NULL;
+	struct ms_fp_report *report = NULL;
+	struct ms_err err = {0};
+	struct ms_buf out;
+	int c, rc, json = 0, status;
+
+	ms_buf_init(&out);
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		return cli_usage(optind >= argc ? "missing PLAN" : "one PLAN only");
+	if ((rc = ms_fp_plan_load(argv[optind], &plan, &err)) != MS_OK)
+		return cli_fail(rc, &err);
+	status = CLI_OK;
+	rc = ms_fp_calc_new(plan, &calc, &err);
+	for (size_t i = 0; rc == MS_OK && i < plan->nentries; i++) {
+		const struct ms_fp_entry *e = &plan->entries[i];
+
+		if (!e->state) {
+			rc = ms_fp_calc_add_path(calc, i, &err);
+			continue;
+		}
+		/* the inventory is needed only for state entries: a what-if plan
+		 * of paths runs without one */
+		if (!inv && (status = open_inv(db, 0, &inv)) != CLI_OK)
+			goto out;
+		if ((rc = fp_add_state(inv, calc, i, e->state, &err)) != MS_OK)
+			ms_err_prefix(&err, "plan '%s': role '%s'", plan->label, e->role);
+	}
+	if (rc == MS_OK)
+		rc = ms_fp_calc_finish(calc, &report, &err);
+	if (rc == MS_OK)
+		rc = json ? ms_fp_report_json(report, &out, &err) : ms_fp_report_text(report, &out, &err);
+	if (rc != MS_OK) {
+		status = cli_fail(rc, &err);
+		goto out;
+	}
+	fwrite(out.data, 1, out.len, stdout);
+	if (out.len && out.data[out.len - 1] != '\n')
+		putchar('\n');
+	status = report->over_budget ? CLI_CHECK : CLI_OK;
+out:
+	ms_buf_release(&out);
+	ms_fp_report_free(report);
+	ms_fp_calc_free(calc);
+	ms_fp_plan_free(plan);
+	ms_inv_close(inv);
+	return status;
+}
+
 static const struct cli_cmd cmds[] = {
 	{"inspect", cmd_inspect, "inspect [--digests] [--file-digests] [--jobs N] [--json] PATH...",
 	 "print the tensors of safetensors files, checkpoints and adapters"},
+	{"init", cmd_init, "init [--db PATH]", "create the inventory database (or upgrade its schema)"},
+	{"add", cmd_add,
+	 "add [--db PATH] [--kind KIND] [--label LABEL] [--parent STATE]... [--op OPERATION] "
+	 "[--params JSON] [--ep-size N --ep-rank R] [--jobs N] [--rehash] [--file-digests] "
+	 "[--json] PATH...",
+	 "hash files, checkpoints or adapters and register them as a state"},
+	{"ls", cmd_ls, "ls [--db PATH] [--kind KIND] [--json]", "list the recorded states"},
+	{"show", cmd_show, "show [--db PATH] [--tensors] [--json] STATE",
+	 "everything recorded about a state"},
+	{"lineage", cmd_lineage, "lineage [--db PATH] [--dot | --json] STATE",
+	 "the states a state was derived from and those derived from it"},
+	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states"},
+	{"log", cmd_log, "log [--db PATH] [--check] [--json]",
+	 "the audit log of every change, and its chain check"},
+	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state"},
+	{"gc", cmd_gc, "gc [--db PATH] [--dry-run] [DIR...]",
+	 "remove temporaries of interrupted writes and unused file records"},
+	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",
+	 "the per-GPU memory of a run plan, by state and layout"},
 };
 
 int main(int argc, char **argv)
@@ -227,5 +1477,7 @@ int main(int argc, char **argv)
 		sizeof(cmds) / sizeof(cmds[0]),
 	};
 
+	g_argc = argc;
+	g_argv = argv;
 	return cli_main(&tool, argc, argv);
 }
