@@ -2,16 +2,22 @@
  * msinv: the inventory of model weight states. This file parses arguments,
  * calls libms and prints; everything else lives in src/.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "attest.h"
 #include "footprint.h"
+#include "gate.h"
 #include "inventory.h"
 #include "names.h"
+#include "verify.h"
 
 /* ---- inspect --------------------------------------------------------------- */
 
@@ -1446,6 +1452,215 @@ out:
 	return status;
 }
 
+/* ---- launch ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t launch_child;
+
+/* The launcher stands between the user and the command: signals meant for
+ * the run go to the command, and the launcher stays to record its end. */
+static void launch_forward(int sig)
+{
+	if (launch_child > 0)
+		kill((pid_t)launch_child, sig);
+}
+
+static int cmd_launch(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"plan", required_argument, NULL, 'p'},
+		{"dry-run", no_argument, NULL, 'n'},
+		{"trust-recent", no_argument, NULL, 't'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	static const int fwd[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+	const char *plan = NULL, *db = NULL;
+	unsigned flags = 0;
+	int jobs = 0, c, rc, status;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	struct ms_gate *g = NULL;
+	pid_t pid;
+
+	/* "+": options end at the command, which has options of its own */
+	while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'p': plan = optarg; break;
+		case 'n': flags |= MS_GATE_DRY_RUN; break;
+		case 't': flags |= MS_GATE_TRUST_RECENT; break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &jobs))
+				return CLI_USAGE;
+			break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (!plan)
+		return cli_usage("missing --plan PLAN");
+	if (optind >= argc && !(flags & MS_GATE_DRY_RUN))
+		return cli_usage("missing the command to run (after --)");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_gate_check(inv, plan, flags, jobs, &g, &err);
+	if (rc == MS_ECHECK) {
+		if (g->run_id)
+			cli_errorf("run %lld refused: %s", (long long)g->run_id, g->why);
+		else
+			cli_errorf("refused: %s", g->why);
+		ms_gate_free(g);
+		ms_inv_close(inv);
+		return CLI_CHECK;
+	}
+	if (rc != MS_OK) {
+		ms_inv_close(inv);
+		return cli_fail(rc, &err);
+	}
+	for (size_t i = 0; i < g->ninputs; i++) {
+		const struct ms_gate_input *in = &g->inputs[i];
+
+		fprintf(stderr, "%s: %s %s %s (%s)\n", cli_prog, in->role, in->digest,
+			in->trusted ? "trusted: verified since its files last changed" : "verified",
+			in->label ? in->label : ms_inv_kind_name(in->kind));
+	}
+	if (flags & MS_GATE_DRY_RUN) {
+		fprintf(stderr, "%s: dry run: every state verified; nothing recorded, nothing run\n",
+			cli_prog);
+		ms_gate_free(g);
+		ms_inv_close(inv);
+		return CLI_OK;
+	}
+	fprintf(stderr, "%s: run %lld: starting %s\n", cli_prog, (long long)g->run_id, argv[optind]);
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		ms_err_set(&err, MS_EIO, "cannot fork: %s", strerror(errno));
+		ms_gate_end(inv, g, 127, NULL);
+		goto fail;
+	}
+	if (pid == 0) {
+		for (size_t i = 0; i < g->nenv; i++)
+			putenv(g->env[i]);
+		execvp(argv[optind], argv + optind);
+		fprintf(stderr, "%s: cannot run '%s': %s\n", cli_prog, argv[optind], strerror(errno));
+		_exit(127);
+	}
+	launch_child = pid;
+	for (size_t i = 0; i < sizeof(fwd) / sizeof(fwd[0]); i++) {
+		struct sigaction sa;
+
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = launch_forward;
+		sigemptyset(&sa.sa_mask);
+		sa.sa_flags = SA_RESTART;
+		sigaction(fwd[i], &sa, NULL);
+	}
+	while (waitpid(pid, &status, 0) < 0) {
+		if (errno != EINTR) {
+			ms_err_set(&err, MS_EIO, "waitpid: %s", strerror(errno));
+			goto fail;
+		}
+	}
+	launch_child = 0;
+	rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	if (ms_gate_end(inv, g, rc, &err) != MS_OK)
+		cli_errorf("run %lld: cannot record the end: %s", (long long)g->run_id, err.msg);
+	if (rc)
+		cli_errorf("run %lld: command exited with status %d", (long long)g->run_id, rc);
+	ms_gate_free(g);
+	ms_inv_close(inv);
+	return rc;
+fail:
+	ms_gate_free(g);
+	ms_inv_close(inv);
+	return cli_fail(MS_EIO, &err);
+}
+
+/* ---- export-manifest ------------------------------------------------------ */
+
+#define MANIFEST_PAYLOAD_TYPE "application/vnd.msinv.manifest.v1+json"
+
+static int cmd_export_manifest(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"output", required_argument, NULL, 'o'},
+		{"sign", required_argument, NULL, 's'},
+		{"force", no_argument, NULL, 'f'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *out = NULL, *key = NULL, *db = NULL;
+	int force = 0, c, rc;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	struct ms_vstate *vs = NULL;
+	struct ms_key *k = NULL;
+	char digest[MS_STATE_DIGEST_LEN], *root = NULL, *json = NULL, *sig = NULL, *sigpath = NULL;
+	size_t siglen;
+
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': out = optarg; break;
+		case 's': key = optarg; break;
+		case 'f': force = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (!out)
+		return cli_usage("missing -o M.json");
+	if (optind + 1 != argc)
+		return cli_usage(optind == argc ? "missing STATE" : "one STATE only");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if ((rc = ms_inv_resolve(inv, argv[optind], digest, &err)) != MS_OK ||
+	    (rc = ms_vstate_from_inv(inv, digest, 0, &vs, &err)) != MS_OK)
+		goto out;
+	/* paths in the manifest are relative to the state's directory */
+	root = ms_vstate_location(vs);
+	if (!root) {
+		rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if (vs->nfiles == 1 && !strcmp(root, vs->files[0].path)) {
+		char *slash = strrchr(root, '/');
+
+		if (slash)
+			*slash = 0;
+	}
+	if ((rc = ms_manifest_write(vs, root, &json, &err)) != MS_OK)
+		goto out;
+	if (key) {
+		if ((rc = ms_key_load_private(key, &k, &err)) != MS_OK ||
+		    (rc = ms_bundle_sign(json, strlen(json), MANIFEST_PAYLOAD_TYPE, k, &sig, &siglen,
+					 &err)) != MS_OK)
+			goto out;
+		if (!(sigpath = ms_asprintf("%s.sig", out))) {
+			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		if ((rc = ms_write_file_atomic(sigpath, sig, siglen, force, &err)) != MS_OK)
+			goto out;
+	}
+	if ((rc = ms_write_file_atomic(out, json, strlen(json), force, &err)) != MS_OK)
+		goto out;
+	printf("%s\t%s%s%s\n", digest, out, sigpath ? "\t" : "", sigpath ? sigpath : "");
+out:
+	ms_key_free(k);
+	ms_free(sig);
+	ms_free(sigpath);
+	ms_free(json);
+	ms_free(root);
+	ms_vstate_free(vs);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
 static const struct cli_cmd cmds[] = {
 	{"inspect", cmd_inspect, "inspect [--digests] [--file-digests] [--jobs N] [--json] PATH...",
 	 "print the tensors of safetensors files, checkpoints and adapters"},
@@ -1468,6 +1683,12 @@ static const struct cli_cmd cmds[] = {
 	 "remove temporaries of interrupted writes and unused file records"},
 	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",
 	 "the per-GPU memory of a run plan, by state and layout"},
+	{"launch", cmd_launch,
+	 "launch [--db PATH] [--dry-run] [--jobs N] [--trust-recent] --plan PLAN -- CMD [ARG...]",
+	 "verify every state of a plan, record the run, then run CMD"},
+	{"export-manifest", cmd_export_manifest,
+	 "export-manifest [--db PATH] [--force] [--sign KEY.pem] -o M.json STATE",
+	 "a state's files, tensors and digests as one JSON, optionally signed"},
 };
 
 int main(int argc, char **argv)

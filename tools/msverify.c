@@ -321,17 +321,45 @@ out:
 	return rc;
 }
 
+/* The manifest's bytes must be exactly the payload a trusted key signed
+ * (msinv export-manifest --sign): the manifest is the record it checks. */
+static int check_manifest_sig(const char *manifest, const char *text, size_t len,
+			      const char *sig, const char *pub, struct ms_err *err)
+{
+	struct ms_key *k = NULL;
+	char *bundle = NULL, *type = NULL;
+	uint8_t *payload = NULL;
+	size_t blen, plen;
+	int rc;
+
+	if ((rc = ms_key_load_public(pub, &k, err)) != MS_OK ||
+	    (rc = ms_read_file(sig, MS_OMS_MAX_SIG, &bundle, &blen, err)) != MS_OK ||
+	    (rc = ms_bundle_verify(bundle, blen, sig, k, &payload, &plen, &type, err)) != MS_OK)
+		goto out;
+	if (strcmp(type, "application/vnd.msinv.manifest.v1+json") || plen != len ||
+	    memcmp(payload, text, len))
+		rc = ms_err_set(err, MS_ECHECK, "'%s': not the manifest '%s' signs", manifest, sig);
+out:
+	ms_key_free(k);
+	ms_free(bundle);
+	ms_free(payload);
+	ms_free(type);
+	return rc;
+}
+
 static int cmd_files(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"manifest", required_argument, NULL, 'm'},
+		{"sig", required_argument, NULL, 's'},
+		{"pub", required_argument, NULL, 'p'},
 		{"jobs", required_argument, NULL, 'j'},
 		{"json", no_argument, NULL, 'J'},
 		{"db", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *manifest = NULL, *db = NULL;
+	const char *manifest = NULL, *db = NULL, *sig = NULL, *pub = NULL;
 	int jobs = 0, json = 0, c, status = CLI_OK, rc = MS_OK;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
@@ -342,6 +370,8 @@ static int cmd_files(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': manifest = optarg; break;
+		case 's': sig = optarg; break;
+		case 'p': pub = optarg; break;
 		case 'j':
 			if (cli_int("--jobs", optarg, 4096, &jobs))
 				return CLI_USAGE;
@@ -367,7 +397,13 @@ static int cmd_files(int argc, char **argv)
 			cJSON_Delete(root);
 			return cli_usage("--manifest takes no STATE or PATH");
 		}
+		if (!sig != !pub) {
+			cJSON_Delete(root);
+			return cli_usage("--sig and --pub go together");
+		}
 		rc = ms_read_file(manifest, 256u << 20, &text, &len, &err);
+		if (rc == MS_OK && sig)
+			rc = check_manifest_sig(manifest, text, len, sig, pub, &err);
 		if (rc == MS_OK) {
 			char *slash;
 
@@ -749,7 +785,7 @@ fail:
 }
 
 static const struct cli_cmd cmds[] = {
-	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json] [STATE | PATH ...]",
+	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest"},
 	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
 	 "check that an NVFP4 state decodes within bound of its source"},
