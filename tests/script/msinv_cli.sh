@@ -280,9 +280,12 @@ unescape() { sed -e 's/\\(dq/"/g' -e 's/\\-/-/g' -e 's/\\e/\\/g' -e 's/\\&//g'; 
 sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$ROOT/man/msinv.1" | sed -n 's/^\.Dl //p' | unescape >"$W/examples"
 [ "$(wc -l <"$W/examples")" -ge 5 ] && ok || bad "msinv(1) has examples"
 n=0
+# examples name fixtures as tests/...; they run in a scratch directory so
+# that what they write stays out of the source tree
+mkdir -p "$W/exdir" && ln -s "$ROOT/tests" "$W/exdir/tests"
 while IFS= read -r line; do
 	n=$((n + 1))
-	if (cd "$ROOT" && PATH="$BDIR:$PATH" MSINV_DB="$W/examples.db" sh -c "$line") >"$W/out" 2>"$W/err"; then
+	if (cd "$W/exdir" && PATH="$BDIR:$PATH" MSINV_DB="$W/examples.db" sh -c "$line") >"$W/out" 2>"$W/err"; then
 		ok
 	else
 		bad "msinv(1) example $n: $line"; sed 's/^/  /' "$W/err"
