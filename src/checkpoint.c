@@ -116,12 +116,14 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 	cJSON *root = NULL, *map, *it;
 	char **files = NULL;
 	size_t nfiles = 0;
+	/* files opened before this index (ms_ckpt_open_many) are not its own */
+	size_t first = c->nfiles;
 	int rc;
 
 	if ((rc = ms_read_file(index, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
-	c->index_path = ms_strdup(index);
-	if (!c->index_path) {
+	/* several sharded paths (ms_ckpt_open_many): the first index is named */
+	if (!c->index_path && !(c->index_path = ms_strdup(index))) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -159,6 +161,30 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 		}
 		files[nfiles++] = it->valuestring;
 	}
+	/* cJSON keeps duplicate keys; a name listed twice could hide a tensor
+	 * the map does not list when only the counts are compared */
+	{
+		char **keys = ms_malloc((nfiles ? nfiles : 1) * sizeof(*keys));
+		size_t k = 0;
+
+		if (!keys) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		cJSON_ArrayForEach(it, map)
+			keys[k++] = it->string;
+		qsort(keys, k, sizeof(*keys), cmp_str);
+		for (size_t i = 1; i < k; i++) {
+			if (!strcmp(keys[i], keys[i - 1])) {
+				rc = ms_err_set(err, MS_EINVAL,
+						"'%s': weight_map lists tensor '%s' twice", index,
+						keys[i]);
+				ms_free(keys);
+				goto out;
+			}
+		}
+		ms_free(keys);
+	}
 	qsort(files, nfiles, sizeof(*files), cmp_str);
 	for (size_t i = 0; i < nfiles; i++) {
 		char *path;
@@ -187,7 +213,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 			const struct ms_tensor *t = NULL;
 
 			listed++;
-			for (size_t i = 0; i < c->nfiles; i++) {
+			for (size_t i = first; i < c->nfiles; i++) {
 				if (!strcmp(c->file_names[i], it->valuestring)) {
 					t = ms_st_find(c->files[i], it->string);
 					break;
@@ -203,11 +229,11 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 		{
 			size_t total = 0;
 
-			for (size_t i = 0; i < c->nfiles; i++)
+			for (size_t i = first; i < c->nfiles; i++)
 				total += c->files[i]->ntensors;
 			if (total != listed) {
 				/* find the culprit for the message */
-				for (size_t i = 0; i < c->nfiles; i++) {
+				for (size_t i = first; i < c->nfiles; i++) {
 					for (size_t t = 0; t < c->files[i]->ntensors; t++) {
 						const char *name = c->files[i]->tensors[t].name;
 						cJSON *m = cJSON_GetObjectItemCaseSensitive(map, name);

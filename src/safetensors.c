@@ -77,13 +77,15 @@ unsigned ms_dtype_bits(enum ms_dtype dt)
 
 int ms_dtype_nbytes(enum ms_dtype dt, uint64_t nelem, uint64_t *out)
 {
-	uint64_t bits;
+	uint64_t bits = ms_dtype_bits(dt), whole, rest;
 
-	if (ms_mul_u64(nelem, ms_dtype_bits(dt), &bits))
+	/* Split by eight elements so the bit count never overflows where the
+	 * byte count does not (2^62 U8 elements are 2^62 bytes, but 2^65 bits). */
+	if (ms_mul_u64(nelem / 8, bits, &whole))
 		return MS_EINVAL;
-	if (bits % 8)
+	rest = nelem % 8 * bits;
+	if (rest % 8 || ms_add_u64(whole, rest / 8, out))
 		return MS_EINVAL;
-	*out = bits / 8;
 	return MS_OK;
 }
 
@@ -501,6 +503,16 @@ static int jp_u64(struct jp *p, uint64_t *out, const char *what)
 	return MS_OK;
 }
 
+/* Consume a run of decimal digits; returns how many. */
+static size_t jp_digits(struct jp *p)
+{
+	size_t start = p->i;
+
+	while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9')
+		p->i++;
+	return p->i - start;
+}
+
 /* Skip any JSON value (for unknown fields), bounded in depth. */
 static int jp_skip(struct jp *p, int depth)
 {
@@ -549,7 +561,7 @@ static int jp_skip(struct jp *p, int depth)
 		}
 	}
 	default: {
-		size_t start = p->i;
+		size_t start;
 		static const char *const lits[] = {"true", "false", "null"};
 
 		for (int k = 0; k < 3; k++) {
@@ -560,12 +572,25 @@ static int jp_skip(struct jp *p, int depth)
 				return MS_OK;
 			}
 		}
+		/* a number as JSON defines it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+		 * (NUL and stray signs are not part of one) */
 		if (p->s[p->i] == '-')
 			p->i++;
-		while (p->i < p->n && strchr("0123456789.eE+-", p->s[p->i]))
-			p->i++;
-		if (p->i == start || (p->i == start + 1 && p->s[start] == '-'))
+		start = p->i;
+		if (jp_digits(p) == 0 || (p->i - start > 1 && p->s[start] == '0'))
 			return jp_fail(p, "invalid JSON value");
+		if (p->i < p->n && p->s[p->i] == '.') {
+			p->i++;
+			if (jp_digits(p) == 0)
+				return jp_fail(p, "invalid JSON value");
+		}
+		if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+			p->i++;
+			if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-'))
+				p->i++;
+			if (jp_digits(p) == 0)
+				return jp_fail(p, "invalid JSON value");
+		}
 		return MS_OK;
 	}
 	}
@@ -770,7 +795,7 @@ static int parse_header(struct ms_st_file *f, const uint8_t *hdr, size_t n,
 			uint64_t b = 0, e = 0;
 
 			if ((rc = jp_string(&p, &key, &klen, MS_ST_MAX_NAME)) != MS_OK) {
-				if (rc == MS_EINVAL && strstr(err->msg, "string too long"))
+				if (rc == MS_EINVAL && err && strstr(err->msg, "string too long"))
 					rc = jp_fail(&p, "tensor name longer than 1024 bytes");
 				goto out;
 			}
@@ -886,8 +911,10 @@ static int parse_header(struct ms_st_file *f, const uint8_t *hdr, size_t n,
 		goto out;
 	}
 
-	/* layout: sorted by offset, contiguous from 0 to the end of the file */
-	qsort(f->tensors, f->ntensors, sizeof(*f->tensors), cmp_offset);
+	/* layout: sorted by offset, contiguous from 0 to the end of the file
+	 * (a header without tensors has no array: qsort(NULL, 0) is undefined) */
+	if (f->ntensors)
+		qsort(f->tensors, f->ntensors, sizeof(*f->tensors), cmp_offset);
 	{
 		uint64_t pos = 0;
 
@@ -1172,9 +1199,14 @@ int ms_st_writer_meta(struct ms_st_writer *w, const char *key, const char *value
 		      struct ms_err *err)
 {
 	struct ms_st_meta *nm;
+	size_t bad;
 
 	if (w->header_done)
 		return ms_err_set(err, MS_EINVAL, "metadata added after data");
+	/* the header must stay valid UTF-8, or our own reader refuses it */
+	if (utf8_valid((const uint8_t *)key, strlen(key), &bad) ||
+	    utf8_valid((const uint8_t *)value, strlen(value), &bad))
+		return ms_err_set(err, MS_EINVAL, "metadata '%s' is not valid UTF-8", key);
 	for (size_t i = 0; i < w->nmeta; i++)
 		if (!strcmp(w->meta[i].key, key))
 			return ms_err_set(err, MS_EINVAL, "duplicate metadata key '%s'", key);
@@ -1199,10 +1231,12 @@ static int declare(struct ms_st_writer *w, const char *name, enum ms_dtype dt,
 {
 	struct wtensor *t;
 	uint64_t ne = 1;
+	size_t bad;
 
 	if (w->header_done)
 		return ms_err_set(err, MS_EINVAL, "tensor '%s' declared after data", name);
-	if (!*name || strlen(name) > MS_ST_MAX_NAME || !strcmp(name, "__metadata__"))
+	if (!*name || strlen(name) > MS_ST_MAX_NAME || !strcmp(name, "__metadata__") ||
+	    utf8_valid((const uint8_t *)name, strlen(name), &bad))
 		return ms_err_set(err, MS_EINVAL, "invalid tensor name '%s'", name);
 	if (ndim > MS_ST_MAX_RANK || !ms_dtype_name(dt))
 		return ms_err_set(err, MS_EINVAL, "tensor '%s': invalid rank or dtype", name);
