@@ -3611,3 +3611,71 @@ out:
 		*nitems = count;
 	return rc;
 }
+
+/* ---- tensor owners (served-policy identity) ------------------------------------- */
+
+int ms_inv_tensor_owners(struct ms_inv *inv, const uint8_t digest[MS_SHA256_LEN],
+			 struct ms_inv_owner **out, size_t *n, struct ms_err *err)
+{
+	/* one row per (state, tensor name): copies of a state collapse */
+	static const char *const sql =
+		"SELECT DISTINCT s.digest, t.name FROM tensors t "
+		"JOIN state_files sf ON sf.file_id = t.file_id JOIN states s ON s.id = sf.state_id "
+		"WHERE t.digest = ? ORDER BY s.id, t.name";
+	sqlite3_stmt *st = NULL;
+	struct ms_inv_owner *o = NULL;
+	size_t cap = 0;
+	char hex[65];
+	int rc, step;
+
+	*out = NULL;
+	*n = 0;
+	ms_hex(digest, MS_SHA256_LEN, hex);
+	if ((rc = prep(inv, sql, &st, err)) != MS_OK)
+		return rc;
+	sqlite3_bind_text(st, 1, hex, 64, SQLITE_STATIC);
+	while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+		const unsigned char *d = sqlite3_column_text(st, 0);
+		int bad = 0;
+
+		if (*n == cap) {
+			size_t nc = cap ? cap * 2 : 8;
+			struct ms_inv_owner *no = ms_realloc(o, nc * sizeof(*no));
+
+			if (!no) {
+				rc = oom(err);
+				goto out;
+			}
+			o = no;
+			cap = nc;
+		}
+		snprintf(o[*n].state, sizeof(o[*n].state), "%s", d ? (const char *)d : "");
+		o[*n].name = col_dup(st, 1, &bad);
+		if (bad) {
+			rc = oom(err);
+			goto out;
+		}
+		(*n)++;
+	}
+	if (step != SQLITE_DONE) {
+		rc = db_fail(inv, err, "cannot look up a tensor digest");
+		goto out;
+	}
+	*out = o;
+	o = NULL;
+	rc = MS_OK;
+out:
+	sqlite3_finalize(st);
+	if (o) {
+		ms_inv_owners_free(o, *n);
+		*n = 0;
+	}
+	return rc;
+}
+
+void ms_inv_owners_free(struct ms_inv_owner *o, size_t n)
+{
+	for (size_t i = 0; o && i < n; i++)
+		ms_free(o[i].name);
+	ms_free(o);
+}

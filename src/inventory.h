@@ -427,4 +427,20 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs,
 /* Is name (a plain file name) a temporary of ms_afile? *pid gets its pid. */
 int ms_inv_is_temp_name(const char *name, long *pid);
 
+/* ---- tensor owners ------------------------------------------------------------ */
+
+/* A recorded tensor with given bytes: the state holding it and its name
+ * there. */
+struct ms_inv_owner {
+	char state[MS_STATE_DIGEST_LEN];
+	char *name;
+};
+
+/* Every (state, tensor name) whose tensor has this SHA-256, oldest state
+ * first; the answer to "which recorded states hold these bytes". Release
+ * with ms_inv_owners_free. */
+int ms_inv_tensor_owners(struct ms_inv *inv, const uint8_t digest[MS_SHA256_LEN],
+			 struct ms_inv_owner **out, size_t *n, struct ms_err *err);
+void ms_inv_owners_free(struct ms_inv_owner *o, size_t n);
+
 #endif

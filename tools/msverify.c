@@ -15,6 +15,7 @@
 #include "attest.h"
 #include "cli.h"
 #include "inventory.h"
+#include "policy.h"
 #include "quant.h"
 #include "verify.h"
 
@@ -784,9 +785,214 @@ fail:
 	return cli_fail(rc, &err);
 }
 
+/* ---- policy ------------------------------------------------------------- */
+
+static int cmd_policy(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"register", no_argument, NULL, 'r'},
+		{"label", required_argument, NULL, 'l'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"json", no_argument, NULL, 'J'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL, *label = NULL;
+	int jobs = 0, json = 0, reg = 0, c, rc, map = 0;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	struct ms_ckpt *ck = NULL;
+	struct ms_policy_report *r = NULL;
+	struct stat st;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'r': reg = 1; break;
+		case 'l': label = optarg; break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &jobs))
+				return CLI_USAGE;
+			break;
+		case 'J': json = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		return cli_usage("missing DIR or TENSOR_MAP");
+	if (label && !reg)
+		return cli_usage("--label goes with --register");
+	/* one .json file that is no safetensors index: a tensor map */
+	if (optind + 1 == argc && stat(argv[optind], &st) == 0 && S_ISREG(st.st_mode)) {
+		size_t n = strlen(argv[optind]);
+
+		map = n > 5 && !strcmp(argv[optind] + n - 5, ".json") && !strstr(argv[optind], "index");
+	}
+	if (map && reg)
+		return cli_usage("--register needs the served files, not a tensor map");
+	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
+	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+		goto out;
+	if (map) {
+		char *text = NULL;
+		size_t len;
+
+		rc = ms_read_file(argv[optind], MS_POLICY_MAX_MAP, &text, &len, &err);
+		if (rc == MS_OK)
+			rc = ms_policy_from_map(text, len, argv[optind], &r, &err);
+		ms_free(text);
+	} else {
+		rc = ms_ckpt_open_many((const char *const *)argv + optind, (size_t)(argc - optind), &ck,
+				       &err);
+		if (rc == MS_OK)
+			rc = ms_ckpt_hash(ck, jobs, 0, &err);
+		if (rc == MS_OK)
+			rc = ms_policy_from_ckpt(ck, &r, &err);
+	}
+	if (rc != MS_OK)
+		goto out;
+	rc = ms_policy_identify(inv, r, &err);
+	if (rc != MS_OK && rc != MS_ECHECK)
+		goto out;
+	if (json) {
+		cJSON *o = cJSON_CreateObject(), *parts, *bad;
+		char *text, hex[65];
+
+		cJSON_AddStringToObject(o, "result", rc == MS_OK ? "identified" : "not identified");
+		cJSON_AddNumberToObject(o, "tensors", (double)r->ntensors);
+		cJSON_AddNumberToObject(o, "matched", (double)r->nmatched);
+		parts = cJSON_AddArrayToObject(o, "parts");
+		for (size_t i = 0; i < r->nparts; i++) {
+			cJSON *p = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(parts, p);
+			cJSON_AddStringToObject(p, "state", r->parts[i].state);
+			if (r->parts[i].label)
+				cJSON_AddStringToObject(p, "label", r->parts[i].label);
+			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->parts[i].kind));
+			if (r->parts[i].layout)
+				cJSON_AddStringToObject(p, "layout", r->parts[i].layout);
+			cJSON_AddNumberToObject(p, "served", (double)r->parts[i].served);
+			cJSON_AddNumberToObject(p, "state_tensors", (double)r->parts[i].state_tensors);
+		}
+		bad = cJSON_AddArrayToObject(o, "unaccounted");
+		for (size_t i = 0; i < r->ntensors; i++) {
+			const struct ms_policy_tensor *t = &r->tensors[i];
+			cJSON *p;
+
+			if (t->status == MS_POLICY_MATCHED)
+				continue;
+			p = cJSON_CreateObject();
+			cJSON_AddItemToArray(bad, p);
+			cJSON_AddStringToObject(p, "tensor", t->name);
+			cJSON_AddStringToObject(p, "status", ms_policy_status_str(t->status));
+			ms_hex(t->digest, 32, hex);
+			cJSON_AddStringToObject(p, "sha256", hex);
+			if (t->other)
+				cJSON_AddStringToObject(p, "recorded_as", t->other);
+		}
+		text = cJSON_Print(o);
+		if (text)
+			puts(text);
+		cJSON_free(text);
+		cJSON_Delete(o);
+	} else {
+		for (size_t i = 0; i < r->nparts; i++) {
+			const struct ms_policy_part *p = &r->parts[i];
+
+			printf("part\t%s\t%s\t%s\t%s\t%llu of %llu tensors%s\n", p->state,
+			       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
+			       p->layout ? p->layout : "-", (unsigned long long)p->served,
+			       (unsigned long long)p->state_tensors,
+			       p->served < p->state_tensors ? " (partial)" : "");
+		}
+		for (size_t i = 0; i < r->ntensors; i++) {
+			const struct ms_policy_tensor *t = &r->tensors[i];
+
+			if (t->status == MS_POLICY_MISMATCH)
+				printf("mismatch\t%s\tpart %s records other bytes under this name\n", t->name,
+				       r->parts[t->part].label ? r->parts[t->part].label
+							       : r->parts[t->part].state);
+			else if (t->status == MS_POLICY_RENAMED)
+				printf("renamed\t%s\tthe bytes of '%s' in %.23s...\n", t->name, t->other,
+				       t->other_state);
+			else if (t->status == MS_POLICY_UNKNOWN)
+				printf("unknown\t%s\tno recorded state holds these bytes\n", t->name);
+		}
+		printf("%s\t%zu tensors\t%zu parts\t%zu matched, %zu mismatch, %zu renamed, %zu unknown\n",
+		       rc == MS_OK ? "identified" : "NOT IDENTIFIED", r->ntensors, r->nparts,
+		       r->nmatched, r->nmismatch, r->nrenamed, r->nunknown);
+	}
+	if (rc == MS_ECHECK) {
+		cli_errorf("%zu of %zu served tensors are not accounted for by inventoried states",
+			   r->ntensors - r->nmatched, r->ntensors);
+		goto done;
+	}
+	if (reg) {
+		/* the composition is recorded: a policy state whose parents are
+		 * its parts, with the parts in the edge parameters */
+		struct ms_inv_add_opts o;
+		const char **parents = calloc(r->nparts + 1, sizeof(*parents));
+		char digest[MS_STATE_DIGEST_LEN];
+		cJSON *params = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(params, "parts");
+		char *ptext;
+
+		for (size_t i = 0; parents && i < r->nparts; i++) {
+			cJSON *p = cJSON_CreateObject();
+
+			parents[i] = r->parts[i].state;
+			cJSON_AddItemToArray(arr, p);
+			cJSON_AddStringToObject(p, "state", r->parts[i].state);
+			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->parts[i].kind));
+			if (r->parts[i].layout)
+				cJSON_AddStringToObject(p, "layout", r->parts[i].layout);
+			cJSON_AddNumberToObject(p, "tensors", (double)r->parts[i].served);
+		}
+		ptext = cJSON_PrintUnformatted(params);
+		cJSON_Delete(params);
+		if (!parents || !ptext) {
+			free(parents);
+			cJSON_free(ptext);
+			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		ms_inv_add_opts_init(&o);
+		o.kind = MS_INV_KIND_POLICY;
+		o.label = label;
+		o.parents = parents;
+		o.nparents = r->nparts;
+		o.operation = "compose";
+		o.params_json = ptext;
+		o.jobs = jobs;
+		rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind),
+				      &o, digest, &err);
+		free(parents);
+		cJSON_free(ptext);
+		if (rc != MS_OK)
+			goto out;
+		printf("policy\t%s\n", digest);
+	}
+	rc = MS_OK;
+done:
+	ms_policy_report_free(r);
+	ms_ckpt_close(ck);
+	ms_inv_close(inv);
+	return rc == MS_OK ? CLI_OK : CLI_CHECK;
+out:
+	ms_policy_report_free(r);
+	ms_ckpt_close(ck);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest"},
+	{"policy", cmd_policy,
+	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
+	 "which inventoried states a served policy is made of"},
 	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
 	 "check that an NVFP4 state decodes within bound of its source"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",

@@ -1,0 +1,78 @@
+/*
+ * policy.h: which inventoried states a served policy is made of.
+ *
+ * A serving engine loaded some tensors: a directory (base + adapter, a
+ * merged checkpoint, a quantized one) or a JSON map of tensor name to
+ * SHA-256 such as an engine's weight checker emits. Every tensor is looked
+ * up by its digest in the inventory; the states that hold the served
+ * tensors under the same names are the policy's parts. Each served tensor
+ * ends up:
+ *   matched    a part holds these bytes under this name;
+ *   renamed    some state holds these bytes, under another name;
+ *   mismatch   a part has a tensor of this name with other bytes;
+ *   unknown    no recorded state holds these bytes.
+ * Only an all-matched policy identifies; the rest are listed.
+ *
+ * Tensor map format (JSON object, outside input, strict):
+ *   {"name": "<64 hex sha256>", ...}   or   {"tensors": {"name": "<hex>", ...}}
+ */
+#ifndef MS_POLICY_H
+#define MS_POLICY_H
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "common.h"
+#include "inventory.h"
+
+#define MS_POLICY_MAX_MAP (256u << 20)
+
+enum ms_policy_status {
+	MS_POLICY_MATCHED,
+	MS_POLICY_RENAMED,
+	MS_POLICY_MISMATCH,
+	MS_POLICY_UNKNOWN,
+};
+
+struct ms_policy_tensor {
+	char *name;
+	uint8_t digest[MS_SHA256_LEN];
+	enum ms_policy_status status;
+	int part;              /* index into parts, or -1 */
+	char *other;           /* renamed: the recorded name; NULL otherwise */
+	char other_state[MS_STATE_DIGEST_LEN]; /* renamed: the state */
+};
+
+struct ms_policy_part {
+	char state[MS_STATE_DIGEST_LEN];
+	char *label;           /* NULL when none */
+	enum ms_inv_kind kind;
+	char *layout;
+	uint64_t state_tensors; /* tensors the state records */
+	uint64_t served;        /* of them, served under their names */
+};
+
+struct ms_policy_report {
+	size_t ntensors;
+	struct ms_policy_tensor *tensors;   /* sorted by name */
+	size_t nparts;
+	struct ms_policy_part *parts;       /* most tensors first */
+	size_t nmatched, nrenamed, nmismatch, nunknown;
+};
+
+/* The served tensors: from checkpoints at paths (hashed with nthreads) or
+ * from a tensor map. Names must be unique across all of them. */
+int ms_policy_from_ckpt(const struct ms_ckpt *c, struct ms_policy_report **out,
+			struct ms_err *err);
+int ms_policy_from_map(const char *json, size_t len, const char *label,
+		       struct ms_policy_report **out, struct ms_err *err);
+
+/* Look every tensor up in inv and choose the parts. Returns MS_OK when
+ * every tensor matched, MS_ECHECK when some did not (the report says which),
+ * other codes on failure. */
+int ms_policy_identify(struct ms_inv *inv, struct ms_policy_report *r,
+		       struct ms_err *err);
+void ms_policy_report_free(struct ms_policy_report *r);
+const char *ms_policy_status_str(enum ms_policy_status s);
+
+#endif
