@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "inventory.h"
 #include "quant.h"
 
 /* ---- shared -------------------------------------------------------------- */
@@ -104,10 +105,93 @@ static void print_plan(const struct ms_quant_plan *p)
 
 /* Plan, (print,) execute, then report the digest of what was written: the
  * hook through which outputs get registered in the inventory. */
+/* ---- registration ---------------------------------------------------------- */
+
+/* --db PATH, else $MSINV_DB: outputs are registered in that inventory,
+ * derived from their input, unless --no-register. */
+static const char *reg_db;
+static int reg_off;
+/* main's arguments: the provenance recorded with every registration */
+static int g_argc;
+static char **g_argv;
+
+static int reg_wanted(void)
+{
+	const char *e = getenv("MSINV_DB");
+
+	return !reg_off && (reg_db || (e && *e));
+}
+
+static char *reg_params(const struct ms_quant_opts *o)
+{
+	cJSON *j = cJSON_CreateObject();
+	char *t;
+
+	if (!j)
+		return NULL;
+	cJSON_AddStringToObject(j, "tool", "msconvert " MS_VERSION);
+	if (o->op == MS_QUANT_OP_QUANTIZE) {
+		cJSON *l = cJSON_AddArrayToObject(j, "layouts");
+
+		cJSON_AddStringToObject(j, "recipe", ms_nvfp4_recipe_name(o->recipe));
+		cJSON_AddStringToObject(j, "block", ms_nvfp4_block_name(o->block));
+		if (o->layouts & MS_QUANT_ROWWISE)
+			cJSON_AddItemToArray(l, cJSON_CreateString("rowwise"));
+		if (o->layouts & MS_QUANT_COLUMNWISE)
+			cJSON_AddItemToArray(l, cJSON_CreateString("columnwise"));
+		cJSON_AddStringToObject(j, "format",
+					ms_quant_format_name(o->format_set ? o->format
+									   : ms_quant_default_format(o->recipe)));
+		cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse);
+		if (o->include)
+			cJSON_AddStringToObject(j, "include", o->include);
+		if (o->exclude)
+			cJSON_AddStringToObject(j, "exclude", o->exclude);
+	} else if (o->op == MS_QUANT_OP_DEQUANTIZE) {
+		cJSON_AddStringToObject(j, "dtype", ms_dtype_name(o->dtype));
+	} else if (o->source) {
+		cJSON_AddStringToObject(j, "source", o->source);
+	}
+	t = cJSON_PrintUnformatted(j);
+	cJSON_Delete(j);
+	return t;
+}
+
+/* Record the input (idempotent: unchanged files are not hashed again) and
+ * the output derived from it. */
+static int reg_outputs(struct ms_inv *inv, const char *in, const char *out,
+		       const struct ms_quant_opts *o, const char *op, char *digest,
+		       struct ms_err *err)
+{
+	struct ms_inv_add_opts a;
+	char parent[MS_STATE_DIGEST_LEN];
+	const char *parents[1] = {parent};
+	char *params = reg_params(o);
+	int rc;
+
+	if (!params)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	ms_inv_add_opts_init(&a);
+	a.jobs = o->jobs;
+	rc = ms_inv_add_paths(inv, &in, 1, &a, parent, err);
+	if (rc == MS_OK) {
+		ms_inv_add_opts_init(&a);
+		a.jobs = o->jobs;
+		a.parents = parents;
+		a.nparents = 1;
+		a.operation = op;
+		a.params_json = params;
+		rc = ms_inv_add_paths(inv, &out, 1, &a, digest, err);
+	}
+	cJSON_free(params);
+	return rc;
+}
+
 static int convert(const char *in, const char *out, const struct ms_quant_opts *o,
 		   int dry_run, const char *verb)
 {
 	struct ms_quant_plan *p = NULL;
+	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
 	struct progress pr = {verb, 0};
 	char digest[MS_STATE_DIGEST_LEN];
@@ -120,12 +204,28 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 		ms_quant_plan_free(p);
 		return CLI_OK;
 	}
+	/* open the inventory before writing: a missing one fails fast */
+	if (reg_wanted() && ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||
+			     (rc = ms_inv_set_origin(inv, "msconvert", g_argc, g_argv, &err)) != MS_OK)) {
+		ms_quant_plan_free(p);
+		ms_inv_close(inv);
+		return cli_fail(rc, &err);
+	}
 	rc = ms_quant_execute(p, cli_progress_enabled() ? progress_cb : NULL, &pr, &err);
 	progress_end(&pr);
 	ms_quant_plan_free(p);
+	if (rc == MS_OK) {
+		if (inv)
+			rc = reg_outputs(inv, in, out, o,
+					 o->op == MS_QUANT_OP_QUANTIZE     ? "quantize"
+					 : o->op == MS_QUANT_OP_DEQUANTIZE ? "dequantize"
+									   : "transpose",
+					 digest, &err);
+		else
+			rc = ms_quant_output_digest(out, o->jobs, digest, &err);
+	}
+	ms_inv_close(inv);
 	if (rc != MS_OK)
-		return cli_fail(rc, &err);
-	if ((rc = ms_quant_output_digest(out, o->jobs, digest, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	printf("%s %s %s\n", verb, digest, out);
 	return CLI_OK;
@@ -148,6 +248,8 @@ static int cmd_quantize(int argc, char **argv)
 		{"jobs", required_argument, NULL, 'j'},
 		{"dry-run", no_argument, NULL, 'D'},
 		{"force", no_argument, NULL, 'f'},
+		{"db", required_argument, NULL, 'B'},
+		{"no-register", no_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -198,6 +300,8 @@ static int cmd_quantize(int argc, char **argv)
 			break;
 		case 'D': dry_run = 1; break;
 		case 'f': o.force = 1; break;
+		case 'B': reg_db = optarg; break;
+		case 'R': reg_off = 1; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -216,6 +320,8 @@ static int cmd_dequantize(int argc, char **argv)
 	static const struct option opts[] = {
 		{"dtype", required_argument, NULL, 't'},
 		{"force", no_argument, NULL, 'f'},
+		{"db", required_argument, NULL, 'B'},
+		{"no-register", no_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -238,6 +344,8 @@ static int cmd_dequantize(int argc, char **argv)
 				return cli_usage("unknown dtype '%s' (bf16 or f32)", optarg);
 			break;
 		case 'f': o.force = 1; break;
+		case 'B': reg_db = optarg; break;
+		case 'R': reg_off = 1; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -256,6 +364,8 @@ static int cmd_transpose(int argc, char **argv)
 	static const struct option opts[] = {
 		{"source", required_argument, NULL, 's'},
 		{"force", no_argument, NULL, 'f'},
+		{"db", required_argument, NULL, 'B'},
+		{"no-register", no_argument, NULL, 'R'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -270,6 +380,8 @@ static int cmd_transpose(int argc, char **argv)
 		case 'o': out = optarg; break;
 		case 's': o.source = optarg; break;
 		case 'f': o.force = 1; break;
+		case 'B': reg_db = optarg; break;
+		case 'R': reg_off = 1; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -414,11 +526,11 @@ static const struct cli_cmd cmds[] = {
 	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
 	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
-	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force]",
+	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--db PATH | --no-register]",
 	 "quantize the linear weights of a checkpoint to NVFP4"},
-	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force]",
+	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force] [--db PATH | --no-register]",
 	 "decode an NVFP4 checkpoint back to bf16 or f32"},
-	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force]",
+	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force] [--db PATH | --no-register]",
 	 "turn rowwise NVFP4 into columnwise or back"},
 	{"stats", cmd_stats, "stats QUANTIZED [--source ORIGINAL] [--json]",
 	 "quantization error and scale statistics per tensor"},
@@ -431,5 +543,7 @@ int main(int argc, char **argv)
 		sizeof(cmds) / sizeof(cmds[0]),
 	};
 
+	g_argc = argc;
+	g_argv = argv;
 	return cli_main(&tool, argc, argv);
 }

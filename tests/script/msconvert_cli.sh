@@ -350,6 +350,31 @@ then ok; else ko "stats --json"; fi
 expect 0 "$MSC" stats "$tmp/qs"
 grep -q "^total	56	" "$tmp/out" && ok || ko "stats total line"
 
+# ---- registration in an inventory -----------------------------------------------
+MSI="$B/msinv"
+expect 0 "$MSI" init --db "$tmp/inv.db"
+expect 0 "$MSC" quantize "$FX/hf/qwen3moe" -o "$tmp/qreg" --block 2d --layout both --db "$tmp/inv.db"
+qd=$(awk '{print $2}' "$tmp/out")
+expect 0 "$MSI" show --db "$tmp/inv.db" --json "$qd"
+python3 - "$tmp/out" <<'PY' && ok || ko "registered quantized state with its quantize edge"
+import json, sys
+s = json.load(open(sys.argv[1]))
+text = json.dumps(s)
+assert '"quantized"' in text and '"quantize"' in text and '"2d"' in text, text[:400]
+PY
+expect 0 "$MSI" log --db "$tmp/inv.db" --check
+# MSINV_DB selects the inventory; --no-register writes the files only
+expect 0 env MSINV_DB="$tmp/inv.db" "$MSC" dequantize "$tmp/qreg" -o "$tmp/dreg"
+expect 0 "$MSI" ls --db "$tmp/inv.db"
+[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || ko "dequantize output registered ($(wc -l <"$tmp/out") states)"
+expect 0 env MSINV_DB="$tmp/inv.db" "$MSC" dequantize --no-register "$tmp/qreg" -o "$tmp/dreg2"
+expect 0 "$MSI" ls --db "$tmp/inv.db"
+[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || ko "--no-register registered something"
+# a missing inventory fails before anything is written
+expect 2 "$MSC" quantize "$FX/hf/qwen3moe" -o "$tmp/qnodb" --db "$tmp/none.db"
+one_line "no inventory|none.db"
+[ ! -e "$tmp/qnodb" ] && ok || ko "output written although the inventory was missing"
+
 # ---- help -----------------------------------------------------------------------
 expect 0 "$MSC" --help
 expect 0 "$MSC" quantize --help
