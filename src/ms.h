@@ -18,5 +18,8 @@
 #include "quant.h"
 #include "verify.h"
 #include "attest.h"
+#include "bundle.h"
+#include "gate.h"
+#include "policy.h"
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "attest.h"
+#include "bundle.h"
 #include "footprint.h"
 #include "gate.h"
 #include "inventory.h"
@@ -1452,6 +1453,150 @@ out:
 	return status;
 }
 
+/* ---- export / import ------------------------------------------------------------ */
+
+static int cmd_export(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"output", required_argument, NULL, 'o'},
+		{"force", no_argument, NULL, 'f'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *out = NULL, *db = NULL;
+	int force = 0, jobs = 0, c, rc;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+
+	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': out = optarg; break;
+		case 'f': force = 1; break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &jobs))
+				return CLI_USAGE;
+			break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (!out)
+		return cli_usage("missing -o FILE.tar.zst");
+	if (optind + 1 != argc)
+		return cli_usage(optind == argc ? "missing STATE" : "one STATE only");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
+	if (rc == MS_OK)
+		rc = ms_export_state(inv, digest, out, force, jobs, &err);
+	if (rc == MS_OK)
+		printf("exported\t%s\t%s\n", digest, out);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
+static int cmd_import(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"label", required_argument, NULL, 'l'},
+		{"force", no_argument, NULL, 'f'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"max-bytes", required_argument, NULL, 'B'},
+		{"max-ratio", required_argument, NULL, 'R'},
+		{"dry-run", no_argument, NULL, 'n'},
+		{"json", no_argument, NULL, 'J'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	int dry = 0, json = 0, c, rc;
+	struct ms_err err = {0};
+	struct ms_import_opts o;
+	struct ms_import_stats stats;
+	struct ms_inv *inv = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+
+	ms_import_opts_init(&o);
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'l': o.label = optarg; break;
+		case 'f': o.force = 1; break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &o.nthreads))
+				return CLI_USAGE;
+			break;
+		case 'B':
+			if (cli_u64("--max-bytes", optarg, UINT64_MAX, &o.max_total))
+				return CLI_USAGE;
+			break;
+		case 'R':
+			if (cli_u64("--max-ratio", optarg, 1u << 30, &o.max_ratio))
+				return CLI_USAGE;
+			break;
+		case 'n': dry = 1; break;
+		case 'J': json = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 2 != argc)
+		return cli_usage("need FILE.tar.zst and DIR");
+	if (dry) {
+		struct ms_import_plan *p = NULL;
+
+		if ((rc = ms_import_plan_read(argv[optind], &o, &p, &err)) != MS_OK)
+			return cli_fail(rc, &err);
+		if (json) {
+			cJSON *j = cJSON_CreateObject(), *m;
+
+			cJSON_AddStringToObject(j, "state", p->digest);
+			if (p->kind)
+				cJSON_AddStringToObject(j, "kind", p->kind);
+			if (p->label)
+				cJSON_AddStringToObject(j, "label", p->label);
+			if (p->layout)
+				cJSON_AddStringToObject(j, "layout", p->layout);
+			cJSON_AddNumberToObject(j, "total_bytes", (double)p->total_bytes);
+			m = cJSON_AddArrayToObject(j, "members");
+			for (size_t i = 0; i < p->nmembers; i++) {
+				cJSON *e = cJSON_CreateObject();
+				char hex[65];
+
+				cJSON_AddItemToArray(m, e);
+				cJSON_AddStringToObject(e, "path", p->members[i].path);
+				cJSON_AddNumberToObject(e, "size", (double)p->members[i].size);
+				ms_hex(p->members[i].sha256, 32, hex);
+				cJSON_AddStringToObject(e, "sha256", hex);
+			}
+			rc = print_json(j);
+		} else {
+			printf("state\t%s\t%s\t%s\t%llu bytes\n", p->digest, p->kind ? p->kind : "-",
+			       p->label ? p->label : "-", (unsigned long long)p->total_bytes);
+			for (size_t i = 0; i < p->nmembers; i++)
+				printf("member\t%s\t%llu\n", p->members[i].path,
+				       (unsigned long long)p->members[i].size);
+			rc = CLI_OK;
+		}
+		ms_import_plan_free(p);
+		return rc;
+	}
+	o.stats = &stats;
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	if (rc == MS_OK)
+		printf("imported\t%s\t%s\t%llu files, %llu bytes\n", digest, argv[optind + 1],
+		       (unsigned long long)stats.members, (unsigned long long)stats.bytes);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
 /* ---- launch ------------------------------------------------------------------ */
 
 static volatile sig_atomic_t launch_child;
@@ -1683,6 +1828,12 @@ static const struct cli_cmd cmds[] = {
 	 "remove temporaries of interrupted writes and unused file records"},
 	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",
 	 "the per-GPU memory of a run plan, by state and layout"},
+	{"export", cmd_export, "export [--db PATH] [--force] [--jobs N] -o FILE.tar.zst STATE",
+	 "a state as one .tar.zst bundle"},
+	{"import", cmd_import,
+	 "import [--db PATH] [--label LABEL] [--force] [--jobs N] [--max-bytes N] [--max-ratio N] "
+	 "[--dry-run] [--json] FILE.tar.zst DIR",
+	 "verify a bundle and register the state it holds"},
 	{"launch", cmd_launch,
 	 "launch [--db PATH] [--dry-run] [--jobs N] [--trust-recent] --plan PLAN -- CMD [ARG...]",
 	 "verify every state of a plan, record the run, then run CMD"},
