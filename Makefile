@@ -33,7 +33,9 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -pthread $(WARN) $(CFLAGS) $(EXTRA_CFLAGS) \
              -Isrc $(PKG_CFLAGS)
-LDLIBS  = $(PKG_LIBS) -lpthread -lm $(EXTRA_LDLIBS)
+# --as-needed: a binary needs only the libraries it calls at run time, so
+# tools built here also run on GPU machines without the -dev packages
+LDLIBS  = -Wl,--as-needed $(PKG_LIBS) -lpthread -lm $(EXTRA_LDLIBS)
 
 # CUDA: detected, compiled and linked whenever nvcc exists, GPU or not.
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -47,7 +49,7 @@ endif
 NVFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
            -gencode=arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall -Isrc -Ikernels
 ifeq ($(HAVE_CUDA),1)
-ALL_CFLAGS += -DMS_HAVE_CUDA=1
+ALL_CFLAGS += -DMS_HAVE_CUDA=1 -DMS_QUANT_GPU=1
 KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
             -lcudart_static -ldl -lrt -lstdc++

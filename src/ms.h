@@ -20,6 +20,8 @@
 #include "attest.h"
 #include "bundle.h"
 #include "gate.h"
+#include "gpu.h"
 #include "policy.h"
+#include "vload.h"
 
 #endif

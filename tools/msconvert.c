@@ -213,6 +213,11 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	}
 	rc = ms_quant_execute(p, cli_progress_enabled() ? progress_cb : NULL, &pr, &err);
 	progress_end(&pr);
+	/* --device auto says what it chose (after the fact: an error stays the
+	 * one line on stderr) */
+	if (rc == MS_OK && o->op == MS_QUANT_OP_QUANTIZE && o->device == MS_QUANT_DEVICE_AUTO)
+		fprintf(stderr, "%s: quantized on the %s\n", cli_prog,
+			p->device == MS_QUANT_DEVICE_CUDA ? "GPU" : "CPU (no usable GPU)");
 	ms_quant_plan_free(p);
 	if (rc == MS_OK) {
 		if (inv)

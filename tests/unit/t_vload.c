@@ -1,0 +1,273 @@
+/*
+ * t_vload.c: verified load into host memory (vload.h). Expected digests
+ * are computed here from the bytes the test wrote, with one-shot SHA-256,
+ * not by the code under test. The device variant is in t_vload_gpu.c; here
+ * it must refuse cleanly when there is no GPU.
+ */
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "test.h"
+#include "gpu.h"
+#include "vload.h"
+
+#define NT 7
+
+static uint64_t rng = 0x1234567887654321ull;
+
+static uint64_t next_rand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+/* sizes: one above the engine's 1 MiB chunk and not a multiple of it, an
+ * empty tensor, and small odd ones */
+static const uint64_t sizes[NT] = {3 * 1048576 + 17, 0, 1, 4096, 77, 1048576, 300001};
+
+struct fixture {
+	char path[512];
+	uint8_t *src[NT];
+	uint8_t digest[NT][MS_SHA256_LEN];
+	struct ms_st_file *f;
+};
+
+static void fixture_free(struct fixture *fx)
+{
+	for (int i = 0; i < NT; i++)
+		ms_free(fx->src[i]);
+	ms_st_close(fx->f);
+	memset(fx, 0, sizeof(*fx));
+}
+
+/* t0..t6 as U8 vectors of random bytes, written and reopened */
+static int fixture_make(struct fixture *fx, const char *name)
+{
+	struct ms_st_writer *w = NULL;
+	struct ms_err err = {0};
+
+	memset(fx, 0, sizeof(*fx));
+	snprintf(fx->path, sizeof(fx->path), "%s/%s", T_TMP, name);
+	T_ASSERT(ms_st_writer_new(fx->path, 1, &w, &err) == MS_OK);
+	for (int i = 0; i < NT; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "t%d", i);
+		fx->src[i] = ms_malloc(sizes[i] ? sizes[i] : 1);
+		T_ASSERT(fx->src[i]);
+		for (uint64_t k = 0; k < sizes[i]; k++)
+			fx->src[i][k] = (uint8_t)(next_rand() >> 24);
+		T_ASSERT(ms_sha256(fx->src[i], sizes[i], fx->digest[i]) == MS_OK);
+		T_ASSERT(ms_st_writer_add(w, tn, MS_DTYPE_U8, 1, &sizes[i], fx->src[i],
+					  &err) == MS_OK);
+	}
+	T_ASSERT_MSG(ms_st_writer_commit(w, &err) == MS_OK, "%s", err.msg);
+	ms_st_writer_free(w);
+	T_ASSERT_MSG(ms_st_open(fx->path, &fx->f, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_EQ_INT(fx->f->ntensors, NT);
+	return 0;
+}
+
+/* items in name order t0..t6 with fresh destinations */
+static int items_make(struct fixture *fx, struct ms_vload_item *it)
+{
+	for (int i = 0; i < NT; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "t%d", i);
+		it[i].tensor = ms_st_find(fx->f, tn);
+		T_ASSERT(it[i].tensor && it[i].tensor->nbytes == sizes[i]);
+		memcpy(it[i].expected, fx->digest[i], MS_SHA256_LEN);
+		it[i].dst = ms_malloc(sizes[i] ? sizes[i] : 1);
+		T_ASSERT(it[i].dst);
+		memset(it[i].dst, 0xa5, sizes[i]);
+	}
+	return 0;
+}
+
+static void items_free(struct ms_vload_item *it)
+{
+	for (int i = 0; i < NT; i++)
+		ms_free(it[i].dst);
+}
+
+static int all_zero(const uint8_t *p, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		if (p[i])
+			return 0;
+	return 1;
+}
+
+static int test_loads_and_checks(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+
+	T_ASSERT(fixture_make(&fx, "ok.safetensors") == 0);
+	for (int threads = 1; threads <= 4; threads += 3) {
+		T_ASSERT(items_make(&fx, it) == 0);
+		T_ASSERT_MSG(ms_load_verified(it, NT, threads, &err) == MS_OK, "%s", err.msg);
+		for (int i = 0; i < NT; i++)
+			T_ASSERT_MSG(!memcmp(it[i].dst, fx.src[i], sizes[i]),
+				     "tensor t%d differs (threads %d)", i, threads);
+		items_free(it);
+	}
+	fixture_free(&fx);
+	return 0;
+}
+
+static int test_mismatch_names_tensor_and_clears(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+
+	T_ASSERT(fixture_make(&fx, "bad.safetensors") == 0);
+	T_ASSERT(items_make(&fx, it) == 0);
+	it[4].expected[31] ^= 1;
+	T_ASSERT_EQ_INT(ms_load_verified(it, NT, 2, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't4'") && strstr(err.msg, "digest mismatch") &&
+		     strstr(err.msg, "bad.safetensors"), "%s", err.msg);
+	for (int i = 0; i < NT; i++)
+		T_ASSERT_MSG(all_zero(it[i].dst, sizes[i]), "t%d not cleared", i);
+	items_free(it);
+	/* the empty tensor is checked too */
+	T_ASSERT(items_make(&fx, it) == 0);
+	it[1].expected[0] ^= 0x80;
+	T_ASSERT_EQ_INT(ms_load_verified(it, NT, 1, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't1'"), "%s", err.msg);
+	items_free(it);
+	fixture_free(&fx);
+	return 0;
+}
+
+/* bytes that change on disk after the file was opened and validated are
+ * the bytes that get hashed: the change is caught */
+static int test_file_changed_after_open(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+	uint8_t b;
+	int fd;
+
+	T_ASSERT(fixture_make(&fx, "changed.safetensors") == 0);
+	T_ASSERT(items_make(&fx, it) == 0);
+	fd = open(fx.path, O_RDWR);
+	T_ASSERT(fd >= 0);
+	T_ASSERT(pread(fd, &b, 1, (off_t)(it[0].tensor->offset + 2 * 1048576 + 5)) == 1);
+	b ^= 0x40;
+	T_ASSERT(pwrite(fd, &b, 1, (off_t)(it[0].tensor->offset + 2 * 1048576 + 5)) == 1);
+	close(fd);
+	T_ASSERT_EQ_INT(ms_load_verified(it, NT, 3, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't0'"), "%s", err.msg);
+	items_free(it);
+	fixture_free(&fx);
+	return 0;
+}
+
+static int test_truncated_file_is_io_error(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+
+	T_ASSERT(fixture_make(&fx, "short.safetensors") == 0);
+	T_ASSERT(items_make(&fx, it) == 0);
+	T_ASSERT(truncate(fx.path, (off_t)(fx.f->size - 10)) == 0);
+	T_ASSERT_EQ_INT(ms_load_verified(it, NT, 2, &err), MS_EIO);
+	T_ASSERT_MSG(strstr(err.msg, "truncated"), "%s", err.msg);
+	for (int i = 0; i < NT; i++)
+		T_ASSERT(all_zero(it[i].dst, sizes[i]));
+	items_free(it);
+	fixture_free(&fx);
+	return 0;
+}
+
+/* an in-memory image (ms_st_parse) is copied from memory */
+static int test_memory_image(void)
+{
+	struct fixture fx;
+	struct ms_st_file *mf = NULL;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+	char *img = NULL;
+	size_t len = 0;
+
+	T_ASSERT(fixture_make(&fx, "image.safetensors") == 0);
+	T_ASSERT(ms_read_file(fx.path, 1u << 26, &img, &len, &err) == MS_OK);
+	T_ASSERT(ms_st_parse((const uint8_t *)img, len, "image", &mf, &err) == MS_OK);
+	T_ASSERT(items_make(&fx, it) == 0);
+	for (int i = 0; i < NT; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "t%d", i);
+		it[i].tensor = ms_st_find(mf, tn);
+		T_ASSERT(it[i].tensor);
+	}
+	T_ASSERT_MSG(ms_load_verified(it, NT, 2, &err) == MS_OK, "%s", err.msg);
+	for (int i = 0; i < NT; i++)
+		T_ASSERT(!memcmp(it[i].dst, fx.src[i], sizes[i]));
+	items_free(it);
+	ms_st_close(mf);
+	ms_free(img);
+	fixture_free(&fx);
+	return 0;
+}
+
+static int test_no_destination_is_bad_input(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+	void *keep;
+
+	T_ASSERT(fixture_make(&fx, "nodst.safetensors") == 0);
+	T_ASSERT(items_make(&fx, it) == 0);
+	keep = it[3].dst;
+	it[3].dst = NULL;
+	T_ASSERT_EQ_INT(ms_load_verified(it, NT, 1, &err), MS_EINVAL);
+	it[3].dst = keep;
+	items_free(it);
+	fixture_free(&fx);
+	return 0;
+}
+
+/* without a GPU (or CUDA) the device variant refuses and leaves nothing */
+static int test_gpu_variant_without_gpu(void)
+{
+	struct fixture fx;
+	struct ms_vload_item it[NT];
+	struct ms_err err = {0};
+	void *arena = (void *)1;
+
+	if (ms_gpu_available())
+		return 0; /* t_vload_gpu covers it */
+	T_ASSERT(fixture_make(&fx, "nogpu.safetensors") == 0);
+	T_ASSERT(items_make(&fx, it) == 0);
+	for (int i = 0; i < NT; i++)
+		ms_free(it[i].dst);
+	T_ASSERT_EQ_INT(ms_load_verified_gpu(it, NT, 2, &arena, &err), MS_ENODEV);
+	T_ASSERT(arena == NULL);
+	for (int i = 0; i < NT; i++)
+		T_ASSERT(it[i].dst == NULL);
+	T_ASSERT(strlen(err.msg) > 0);
+	fixture_free(&fx);
+	return 0;
+}
+
+static const struct t_case cases[] = {
+	T_CASE(test_loads_and_checks),
+	T_CASE(test_mismatch_names_tensor_and_clears),
+	T_CASE(test_file_changed_after_open),
+	T_CASE(test_truncated_file_is_io_error),
+	T_CASE(test_memory_image),
+	T_CASE(test_no_destination_is_bad_input),
+	T_CASE(test_gpu_variant_without_gpu),
+};
+
+T_MAIN(cases)

@@ -1,0 +1,169 @@
+/*
+ * t_vload_gpu.c: verified load into GPU memory (ms_load_verified_gpu).
+ * The bytes that arrive on the device are copied back and compared with
+ * the bytes the test wrote; expected digests are one-shot SHA-256 of those
+ * bytes. A mismatch must leave no device memory and no pointers behind.
+ *
+ * GPU tier (see t_nvfp4_gpu.c for the skip rule).
+ */
+#include <fcntl.h>
+
+#include "test.h"
+#include "gpu.h"
+#include "vload.h"
+
+static uint64_t rng = 0x0ddba11cafef00dull;
+
+static uint64_t next_rand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+#define NT 24
+
+struct fixture {
+	char path[512];
+	uint64_t size[NT];
+	uint8_t *src[NT];
+	uint8_t digest[NT][MS_SHA256_LEN];
+	struct ms_st_file *f;
+	struct ms_vload_item it[NT];
+};
+
+static void fixture_free(struct fixture *fx)
+{
+	for (int i = 0; i < NT; i++)
+		ms_free(fx->src[i]);
+	ms_st_close(fx->f);
+}
+
+/* tensors from empty to several 4 MiB staging chunks, odd sizes */
+static int fixture_make(struct fixture *fx, const char *name)
+{
+	struct ms_st_writer *w = NULL;
+	struct ms_err err = {0};
+
+	memset(fx, 0, sizeof(*fx));
+	snprintf(fx->path, sizeof(fx->path), "%s/%s", T_TMP, name);
+	T_ASSERT(ms_st_writer_new(fx->path, 1, &w, &err) == MS_OK);
+	for (int i = 0; i < NT; i++) {
+		char tn[16];
+
+		fx->size[i] = i == 0 ? 0 : i == 1 ? (9u << 20) + 3 : next_rand() % (3u << 20);
+		fx->src[i] = ms_malloc(fx->size[i] + 1);
+		T_ASSERT(fx->src[i]);
+		for (uint64_t k = 0; k < fx->size[i]; k++)
+			fx->src[i][k] = (uint8_t)(next_rand() >> 32);
+		T_ASSERT(ms_sha256(fx->src[i], fx->size[i], fx->digest[i]) == MS_OK);
+		snprintf(tn, sizeof(tn), "w%02d", i);
+		T_ASSERT(ms_st_writer_add(w, tn, MS_DTYPE_U8, 1, &fx->size[i], fx->src[i], &err) ==
+			 MS_OK);
+	}
+	T_ASSERT_MSG(ms_st_writer_commit(w, &err) == MS_OK, "%s", err.msg);
+	ms_st_writer_free(w);
+	T_ASSERT_MSG(ms_st_open(fx->path, &fx->f, &err) == MS_OK, "%s", err.msg);
+	for (int i = 0; i < NT; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "w%02d", i);
+		fx->it[i].tensor = ms_st_find(fx->f, tn);
+		T_ASSERT(fx->it[i].tensor);
+		memcpy(fx->it[i].expected, fx->digest[i], MS_SHA256_LEN);
+	}
+	return 0;
+}
+
+static int test_loads_to_device(void)
+{
+	struct fixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(fixture_make(&fx, "gpu.safetensors") == 0);
+	for (int threads = 1; threads <= 5; threads += 4) {
+		void *arena = NULL;
+
+		T_ASSERT_MSG(ms_load_verified_gpu(fx.it, NT, threads, &arena, &err) == MS_OK, "%s",
+			     err.msg);
+		T_ASSERT(arena);
+		for (int i = 0; i < NT; i++) {
+			uint8_t *back = ms_malloc(fx.size[i] + 1);
+
+			T_ASSERT(back && fx.it[i].dst);
+			T_ASSERT(ms_gpu_is_device_ptr(fx.it[i].dst));
+			T_ASSERT(((uintptr_t)fx.it[i].dst & 255) == 0);
+			T_ASSERT(ms_gpu_memcpy(back, fx.it[i].dst, fx.size[i], &err) == MS_OK);
+			T_ASSERT_MSG(!memcmp(back, fx.src[i], fx.size[i]), "w%02d differs", i);
+			ms_free(back);
+		}
+		ms_gpu_free(arena);
+	}
+	fixture_free(&fx);
+	return 0;
+}
+
+static int test_mismatch_frees_everything(void)
+{
+	struct fixture fx;
+	struct ms_err err = {0};
+	void *arena = (void *)1;
+
+	T_ASSERT(fixture_make(&fx, "gpubad.safetensors") == 0);
+	fx.it[1].expected[7] ^= 2;
+	T_ASSERT_EQ_INT(ms_load_verified_gpu(fx.it, NT, 4, &arena, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 'w01'") && strstr(err.msg, "digest mismatch"), "%s",
+		     err.msg);
+	T_ASSERT(arena == NULL);
+	for (int i = 0; i < NT; i++)
+		T_ASSERT(fx.it[i].dst == NULL);
+	fixture_free(&fx);
+	return 0;
+}
+
+/* the file changes on disk after it was opened: caught on the device path */
+static int test_changed_file(void)
+{
+	struct fixture fx;
+	struct ms_err err = {0};
+	void *arena = (void *)1;
+	uint8_t b = 0;
+	int fd;
+
+	T_ASSERT(fixture_make(&fx, "gpuchanged.safetensors") == 0);
+	fd = open(fx.path, O_RDWR);
+	T_ASSERT(fd >= 0);
+	T_ASSERT(pread(fd, &b, 1, (off_t)(fx.it[1].tensor->offset + (9u << 20))) == 1);
+	b ^= 1;
+	T_ASSERT(pwrite(fd, &b, 1, (off_t)(fx.it[1].tensor->offset + (9u << 20))) == 1);
+	close(fd);
+	T_ASSERT_EQ_INT(ms_load_verified_gpu(fx.it, NT, 3, &arena, &err), MS_ECHECK);
+	T_ASSERT(strstr(err.msg, "tensor 'w01'"));
+	T_ASSERT(arena == NULL);
+	fixture_free(&fx);
+	return 0;
+}
+
+static const struct t_case cases[] = {
+	T_CASE(test_loads_to_device),
+	T_CASE(test_mismatch_frees_everything),
+	T_CASE(test_changed_file),
+};
+
+int main(int argc, char **argv)
+{
+	if (!ms_gpu_available()) {
+		struct ms_err err = {0};
+
+		ms_gpu_describe(NULL, 0, &err);
+		if (getenv("MS_TEST_GPU")) {
+			fprintf(stderr, "%s: the gpu tier needs a gpu: %s\n", __FILE__, err.msg);
+			printf("%s: 0 passed, 1 failed\n", __FILE__);
+			return 1;
+		}
+		printf("%s: skipped (%s)\n%s: 0 passed, 0 failed\n", __FILE__, err.msg, __FILE__);
+		return 0;
+	}
+	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
+}

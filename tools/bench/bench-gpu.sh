@@ -1,0 +1,64 @@
+#!/bin/sh
+# bench-gpu.sh (make bench-gpu): the GPU codec and the verified load on the
+# GPU of this machine. Builds tools/bench/bench_gpu.c against the build's
+# libms.a, checks correctness (every timed kernel against the CPU reference
+# on a slice; the PyTorch peer's bytes against ours), times, prints a table
+# and writes tools/bench/RESULTS-gpu.md with the date and the device.
+#
+#   BUILD=dir sh tools/bench/bench-gpu.sh
+#
+# MS_BENCH_ROWS / MS_BENCH_COLS: the weight (default 32768 x 32768 bf16,
+# 2 GiB); MS_BENCH_VLOAD_MB: the safetensors file for the load benchmark
+# (default 3072 MB, written under $TMPDIR and removed). PYTHON: the
+# interpreter with torch (default python3); without torch and a GPU the
+# PyTorch rows (the eager quantizer, safetensors.torch.load_file) are left
+# out. Exit 0, 1 when an output differed, 3 on failure.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 3
+BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD;; esac
+NVCC=${NVCC:-$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)}
+if [ -z "$NVCC" ]; then
+	echo "bench-gpu: no nvcc, so this build has no GPU support" >&2
+	exit 3
+fi
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+[ -f "$BUILD/libms.a" ] || { echo "bench-gpu: no $BUILD/libms.a (make first)" >&2; exit 3; }
+BIN=$BUILD/bench_gpu
+if [ ! -x "$BIN" ] || [ tools/bench/bench_gpu.c -nt "$BIN" ] || [ "$BUILD/libms.a" -nt "$BIN" ]; then
+	${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
+		-I"$CUDA_HOME/include" -o "$BIN" tools/bench/bench_gpu.c "$BUILD/libms.a" \
+		-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
+		-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
+		-lm -lstdc++ || { echo "bench-gpu: cannot build $BIN" >&2; exit 3; }
+fi
+ROWS=${MS_BENCH_ROWS:-32768}
+COLS=${MS_BENCH_COLS:-32768}
+VMB=${MS_BENCH_VLOAD_MB:-3072}
+PY=${PYTHON:-python3}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/bench-gpu.XXXXXX") || exit 3
+trap 'rm -rf "$TMP"' EXIT INT TERM
+
+"$BIN" --dump "$TMP" || exit 3
+"$BIN" --make-vload "$TMP/vload.safetensors" --vload-mb "$VMB" || exit 3
+TMS=0
+TLMS=0
+TCHK="(no torch with CUDA here: the PyTorch peer was not run)"
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	if "$PY" tools/bench/bench_torch.py --check "$TMP" --rows "$ROWS" --cols "$COLS" \
+		--load "$TMP/vload.safetensors" >"$TMP/torch.txt"; then
+		TMS=$(sed -n 's/^TORCH_MS //p' "$TMP/torch.txt")
+		TLMS=$(sed -n 's/^TORCH_LOAD_MS //p' "$TMP/torch.txt")
+		TCHK=$(sed -n 's/^TORCH_CHECK //p' "$TMP/torch.txt")
+	else
+		TCHK="(the PyTorch peer failed)"
+	fi
+fi
+"$BIN" --rows "$ROWS" --cols "$COLS" --torch-ms "${TMS:-0}" --torch-check "$TCHK" \
+	--vload-file "$TMP/vload.safetensors" --torch-load-ms "${TLMS:-0}" \
+	--out tools/bench/RESULTS-gpu.md
+status=$?
+echo
+cat tools/bench/RESULTS-gpu.md
+exit $status
