@@ -1,0 +1,143 @@
+#!/bin/sh
+# The gate and its neighbours from the command line: msinv launch (allowed,
+# refused on a flipped bit, on a missing state, on a shard of the wrong EP
+# size; exit status and signals passed through; every run recorded),
+# msinv export-manifest (plain and signed) with msverify files --manifest
+# on a copy elsewhere, and msverify policy.
+B=${MS_BUILD:-build}
+FX=${MS_FIXTURES:-tests/fixtures}
+pass=0; fail=0
+W=$(mktemp -d "${TMPDIR:-/tmp}/gate-cli.XXXXXX"); trap 'rm -rf "$W"' EXIT
+export MSINV_DB="$W/inv.db"
+
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+expect() { # CODE CMD...
+	want=$1; shift
+	"$@" >"$W/out" 2>"$W/err"
+	got=$?
+	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
+}
+has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
+one_line() { [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "stderr is not one line"; cat "$W/err"; }; }
+q() { sqlite3 "$MSINV_DB" "$1"; }
+
+cd "$W" || exit 3
+cp -r "$FX/peft/qwen3moe-E8-r4/base" base
+cp -r "$FX/peft/qwen3moe-E8-r4/adapter" adapter
+expect 0 "$B/msinv" init
+expect 0 "$B/msinv" add --label base base
+expect 0 "$B/msinv" add --label lora --parent base --op train adapter
+cat >plan.json <<'EOF'
+{"ep_size": 1, "outputs": "runs/x",
+ "states": [{"role": "base", "state": "base"}, {"role": "lora-adapter", "state": "lora"}]}
+EOF
+
+# ---- allowed: the environment, the exit status, the run record ----
+base=$("$B/msinv" show --json base | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
+expect 0 "$B/msinv" launch --plan plan.json -- sh -c 'env | grep ^MSINV_ | sort'
+case "$base" in sha256:*) ok;; *) bad "show --json gave no state digest";; esac
+has "MSINV_STATE_BASE=$base" "$W/out" "base digest in the environment"
+has "MSINV_PATH_BASE=$W/base" "$W/out" "base path in the environment"
+has "MSINV_STATE_LORA_ADAPTER=sha256:" "$W/out" "role with a dash"
+has "MSINV_OUTPUTS=runs/x" "$W/out" "outputs"
+has "MSINV_RUN=1" "$W/out" "run number"
+expect 7 "$B/msinv" launch --plan plan.json -- sh -c 'exit 7'
+[ "$(q "SELECT status || ' ' || exit_code FROM runs WHERE id = 2")" = "failed 7" ] && ok || bad "run 2 not recorded as failed 7"
+[ "$(q "SELECT status || ' ' || exit_code FROM runs WHERE id = 1")" = "ok 0" ] && ok || bad "run 1 not recorded as ok"
+[ "$(q "SELECT count(*) FROM run_inputs WHERE run_id = 1")" = 2 ] && ok || bad "run 1 inputs"
+
+# signals reach the command; the launcher records how it ended
+"$B/msinv" launch --plan plan.json -- sh -c 'trap "exit 42" TERM; while :; do sleep 0.1; done' \
+	>"$W/out" 2>"$W/err" &
+lpid=$!
+for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+	grep -q starting "$W/err" 2>/dev/null && break
+	sleep 0.2
+done
+sleep 0.3
+kill -TERM "$lpid"
+wait "$lpid"
+[ $? -eq 42 ] && ok || bad "TERM not forwarded to the command"
+[ "$(q "SELECT exit_code FROM runs WHERE id = 3")" = 42 ] && ok || bad "run 3 exit not recorded"
+
+# --trust-recent takes the last verification; --dry-run records nothing
+expect 0 "$B/msinv" launch --trust-recent --plan plan.json -- true
+has "trusted" "$W/err" "--trust-recent says it trusted"
+n=$(q "SELECT count(*) FROM runs")
+expect 0 "$B/msinv" launch --dry-run --plan plan.json
+[ "$(q "SELECT count(*) FROM runs")" = "$n" ] && ok || bad "--dry-run recorded a run"
+
+# ---- refused: a flipped bit, a missing state, the wrong EP size ----
+cp base/model.safetensors model.orig
+python3 - <<'EOF'
+with open("base/model.safetensors", "r+b") as f:
+    f.seek(150000); b = f.read(1); f.seek(150000); f.write(bytes([b[0] ^ 4]))
+EOF
+expect 1 "$B/msinv" launch --trust-recent --plan plan.json -- touch ran
+one_line
+has "role 'base'" "$W/err" "refusal names the role"
+has "digest mismatch" "$W/err" "refusal says what"
+[ ! -e ran ] && ok || bad "the command ran on a tampered state"
+[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 126" ] && ok || bad "refused run not recorded"
+[ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_refused'")" = 1 ] && ok || bad "launch_refused event"
+expect 1 "$B/msverify" files base
+cp model.orig base/model.safetensors
+expect 0 "$B/msinv" launch --plan plan.json -- true
+
+cat >plan-missing.json <<'EOF'
+{"ep_size": 1, "states": [{"role": "base", "state": "nosuchlabel"}]}
+EOF
+expect 1 "$B/msinv" launch --plan plan-missing.json -- touch ran
+has "nosuchlabel" "$W/err" "missing state named"
+[ ! -e ran ] && ok || bad "the command ran without its state"
+
+expect 0 "$B/msshard" split adapter -o ep4 --ep-size 4
+expect 0 "$B/msinv" add --label shard0 ep4/adapter_model-ep00000-of-00004.safetensors
+cat >plan-ep.json <<'EOF'
+{"ep_size": 2, "states": [{"role": "base", "state": "base"}, {"role": "adapter", "state": "shard0"}]}
+EOF
+expect 1 "$B/msinv" launch --plan plan-ep.json -- touch ran
+has "msshard reshard --ep-size 2" "$W/err" "wrong EP size says to reshard"
+[ ! -e ran ] && ok || bad "the command ran with shards of another EP size"
+expect 2 "$B/msinv" launch --plan plan.json
+expect 2 "$B/msinv" launch -- true
+printf '{"states": []}' >plan-bad.json
+expect 2 "$B/msinv" launch --plan plan-bad.json -- true
+one_line
+
+# ---- manifests for hosts without the database ----
+openssl ecparam -name prime256v1 -genkey -noout -out key.pem 2>/dev/null
+openssl ec -in key.pem -pubout -out key.pub 2>/dev/null
+expect 0 "$B/msinv" export-manifest --sign key.pem -o lora.json lora
+mkdir host2 && cp -r adapter host2/adapter && cp lora.json lora.json.sig host2/adapter/
+expect 0 "$B/msverify" files --manifest host2/adapter/lora.json --sig host2/adapter/lora.json.sig --pub key.pub
+expect 2 "$B/msinv" export-manifest -o lora.json lora
+python3 - <<'EOF'
+with open("host2/adapter/adapter_model.safetensors", "r+b") as f:
+    f.seek(5000); b = f.read(1); f.seek(5000); f.write(bytes([b[0] ^ 1]))
+EOF
+expect 1 "$B/msverify" files --manifest host2/adapter/lora.json
+has "digest mismatch" "$W/out" "manifest check names the tensor"
+sed -i 's/"lora"/"lorb"/' host2/adapter/lora.json
+expect 1 "$B/msverify" files --manifest host2/adapter/lora.json --sig host2/adapter/lora.json.sig --pub key.pub
+has "signs" "$W/err" "edited manifest refused by its signature"
+
+# ---- served policy ----
+mkdir served && cp -r base served/base && cp -r adapter served/adapter
+expect 0 "$B/msverify" policy served/base served/adapter
+has "identified" "$W/out" "policy identified"
+has "lora" "$W/out" "policy names the adapter"
+expect 0 "$B/msverify" policy --register --label served-v1 served/base served/adapter
+expect 0 "$B/msinv" lineage served-v1
+has "compose" "$W/out" "policy derived by compose"
+python3 - <<'EOF'
+with open("served/adapter/adapter_model.safetensors", "r+b") as f:
+    f.seek(5000); b = f.read(1); f.seek(5000); f.write(bytes([b[0] ^ 1]))
+EOF
+expect 1 "$B/msverify" policy served/base served/adapter
+has "mismatch" "$W/out" "a changed served tensor is a mismatch"
+expect 0 "$B/msinv" log --check
+
+echo "gate_cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
