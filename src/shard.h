@@ -1,0 +1,241 @@
+/*
+ * shard.h: expert-parallel (EP) sharding of LoRA adapters and checkpoints:
+ * placement, split, merge, reshard, and the EP-aware load of one rank.
+ *
+ * Why: a warm start that ignored expert parallelism once made every EP rank
+ * load the same adapter block; the run started, reported success and
+ * trained the wrong experts. Here the expert -> rank placement is always
+ * written down (never inferred from file order), every shard says which
+ * rank and which global experts it holds, and every expert's bytes have a
+ * layout-independent digest, so a wrong placement cannot load silently.
+ *
+ * What is sharded (tensor names are classified by names.h):
+ *
+ *   per-expert     one tensor per expert: "...experts.<e>.<proj>.lora_A.weight"
+ *                  [r, in], "lora_B.weight" [out, r], Mixtral w1/w2/w3, base
+ *                  weights and their NVFP4 companions (.weight_scale,
+ *                  .weight_scale_2, ...). Kept whole, under their global
+ *                  names, on the rank that owns expert e.
+ *   fused LoRA     PEFT target_parameters on fused experts: A [E*r, in] with
+ *                  row e*r+k, B [out, r*E] with column k*E+e (the expert
+ *                  index is the FASTEST in B). A shard holds A rows le*r+k
+ *                  and B columns k*E_local+le for its local experts le, so it
+ *                  is itself a valid fused adapter an EP rank's local module
+ *                  loads as is. (Cutting B into contiguous column blocks per
+ *                  expert is the classic bug: it scrambles experts.)
+ *                  E = rows(A) / r, r from adapter_config.json ("r", honouring
+ *                  "rank_pattern" with PEFT's key "<module>.<parameter>").
+ *                  Nested wrappers ("experts.lora_A", "experts.base_layer.
+ *                  lora_A") are resolved to parameters as PEFT builds them:
+ *                  innermost is the first parameter the module declares
+ *                  (gate_up_proj, gate_proj, up_proj, down_proj), and for
+ *                  unknown names the order of target_parameters; an order
+ *                  whose shapes contradict it (gate_up_proj is [2I, H] where
+ *                  down_proj is [H, I]) is rejected in favour of one that fits.
+ *   grouped        every expert in one tensor, expert dimension first
+ *                  [E, ...]: fused 3-D experts (experts.gate_up_proj),
+ *                  Megatron grouped experts.weight1/weight2, their scales.
+ *                  A shard holds [E_local, ...] in local order.
+ *   replicated     everything else (attention and its LoRA, shared experts,
+ *                  routers, norms, embeddings, lm_head): the same bytes on
+ *                  every rank, marked replicated in the manifest.
+ *
+ * Placement of E experts on N ranks: contiguous (global = rank * E/N +
+ * local), round-robin (global = local * N + rank), or an explicit map file
+ * {"ranks": [[global ids of rank 0], [.. of rank 1], ...]} (local order is
+ * the listed order). The built-ins refuse E not divisible by N; a map may
+ * place any number of experts on each rank, every expert exactly once.
+ *
+ * On disk, a shard set is a directory of:
+ *   <stem>-ep<rank:05d>-of-<N:05d>.safetensors   one per rank (stem
+ *       "adapter_model" for adapters, "model" for checkpoints); its
+ *       __metadata__ keeps the source's keys and adds msinv.ep.version,
+ *       msinv.ep.rank, msinv.ep.size, msinv.ep.num_experts,
+ *       msinv.ep.placement, msinv.ep.experts (global ids, local order,
+ *       comma-separated) and msinv.ep.source (the source state digest);
+ *   the source's config files (adapter_config.json, config.json, ...);
+ *   ep_manifest.json (MS_EP_MANIFEST): format and version, E, N, the
+ *       placement name and table, r and packing, the source state digest,
+ *       its files (names, __metadata__, index metadata), every source tensor
+ *       (name, dtype, shape, SHA-256, kind, expert / parameter / r), each
+ *       shard's file, experts and state digest, and for every (layer,
+ *       expert, parameter, part) the SHA-256 of the expert's canonical slice
+ *       (A_e as [r, in] contiguous, B_e as [out, r] contiguous, a per-expert
+ *       tensor's bytes, row e of a grouped tensor): the identity of each
+ *       expert's weights whatever the layout, so a per-expert and a fused
+ *       adapter with the same weights have the same expert digests.
+ * All outputs are written atomically; the manifest last.
+ *
+ * Guarantees, checked by the tests: merge(split(A, N)) has the state digest
+ * of A (and restores A's files, __metadata__ and index) for every N and
+ * placement; reshard(split(A, N), M) writes the same bytes as split(A, M).
+ */
+#ifndef MS_SHARD_H
+#define MS_SHARD_H
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "common.h"
+
+#define MS_EP_MANIFEST "ep_manifest.json"
+#define MS_EP_MANIFEST_FORMAT "msinv-ep-manifest"
+#define MS_EP_MANIFEST_VERSION 1
+#define MS_EP_MAX_RANKS 65536u
+#define MS_EP_MAX_EXPERTS 65536u
+#define MS_EP_MAX_MANIFEST (512u * 1024u * 1024u)
+
+enum ms_ep_placement_kind {
+	MS_EP_PLACEMENT_CONTIGUOUS,
+	MS_EP_PLACEMENT_ROUND_ROBIN,
+	MS_EP_PLACEMENT_MAP,
+};
+
+struct ms_ep_placement {
+	enum ms_ep_placement_kind kind;
+	uint32_t num_experts;  /* E */
+	uint32_t ep_size;      /* N */
+	uint32_t *rank_of;     /* [E] rank holding global expert e */
+	uint32_t *local_of;    /* [E] its index on that rank */
+	uint32_t *first;       /* [N + 1] rank r holds ids[first[r] .. first[r+1]) */
+	uint32_t *ids;         /* [E] global ids, rank by rank, local order */
+};
+
+/* "contiguous", "round-robin", "map". */
+const char *ms_ep_placement_name(enum ms_ep_placement_kind kind);
+
+/* Build a placement. spec is "contiguous" (also NULL), "round-robin" or the
+ * path of a map file. For the built-ins num_experts and ep_size must be
+ * given and E a multiple of N; for a map either may be 0 (taken from the
+ * map) or must agree with it. MS_EINVAL names the rule broken. */
+int ms_ep_placement_new(const char *spec, uint32_t num_experts, uint32_t ep_size,
+			struct ms_ep_placement **out, struct ms_err *err);
+/* A map from JSON text {"ranks": [[...], ...]}; label names it in errors. */
+int ms_ep_placement_from_json(const char *text, size_t len, const char *label,
+			      uint32_t num_experts, uint32_t ep_size,
+			      struct ms_ep_placement **out, struct ms_err *err);
+void ms_ep_placement_free(struct ms_ep_placement *p);
+
+/* Options of split, merge, reshard and check (zero-initialise). */
+struct ms_shard_opts {
+	uint32_t ep_size;       /* split, reshard: N (required) */
+	const char *placement;  /* split, reshard: spec as above; NULL contiguous */
+	uint32_t num_experts;   /* split: E; 0 infers it from the tensors and
+				 * config.json (an adapter that adapts only
+				 * some experts needs it) */
+	int force;              /* overwrite existing outputs */
+	int dry_run;            /* plan only: classify and place, write nothing
+				 * (no hashing; a reshard still opens and checks
+				 * the structure of its input shards) */
+	int nthreads;           /* hashing threads, 0: one per CPU */
+	/* Called after each output file is written (may be NULL). */
+	void (*progress)(void *ctx, const char *path, size_t done, size_t total);
+	void *progress_ctx;
+};
+
+/* One written (or, on a dry run, planned) file. */
+struct ms_shard_out_file {
+	char *path;
+	uint32_t rank;          /* EP rank; UINT32_MAX for a merged file */
+	uint32_t nexperts;
+	uint32_t *experts;      /* global expert ids, local order */
+	uint64_t ntensors;
+	uint64_t nbytes;        /* tensor bytes */
+	char state_digest[MS_STATE_DIGEST_LEN]; /* its tensors; "" on a dry run */
+};
+
+/*
+ * What an operation produced: everything an inventory needs to register
+ * the outputs (kind, source digest, placement, one entry per shard with
+ * its rank, experts and state digest), in one place.
+ */
+struct ms_shard_result {
+	int is_adapter;
+	char source_digest[MS_STATE_DIGEST_LEN]; /* the unsharded state ("" dry run) */
+	uint32_t num_experts, ep_size;
+	struct ms_ep_placement *placement;      /* owned */
+	char packing[48];     /* "per-expert", "fused", "grouped", joined by '+' */
+	uint32_t r;           /* the adapter's default rank; 0 for checkpoints */
+	uint64_t nreplicated; /* source tensors replicated on every rank */
+	uint64_t nrouted;     /* source tensors holding routed experts */
+	char *manifest_path;  /* written manifest; NULL for merge and dry runs */
+	size_t nfiles;
+	struct ms_shard_out_file *files;
+};
+
+void ms_shard_result_free(struct ms_shard_result *r);
+
+/* Split the adapter or checkpoint at src (a file, a directory, a sharded
+ * checkpoint with its index) into o->ep_size shards in dir (created if
+ * missing). Refuses an input that already is an EP shard, a directory that
+ * holds shards of another set, and existing outputs without o->force. */
+int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts *o,
+		   struct ms_shard_result **out, struct ms_err *err);
+
+/* Verify the shard set in dir (see ms_shard_check) and write the original
+ * layout back to out_dir: the source's files, __metadata__, index and
+ * config files. The result's files are the restored safetensors files. */
+int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_opts *o,
+		   struct ms_shard_result **out, struct ms_err *err);
+
+/* Verify the shard set in dir and write it re-split for o->ep_size ranks
+ * (and o->placement) to out_dir: the same bytes split(source, M) writes.
+ * Checked: what ms_shard_check checks, except the input shards' own state
+ * digests and the reassembly of the sliced tensors (every byte the shards
+ * hold is still checked, through the replica, per-expert and canonical
+ * expert digests, and the manifest's source digest against its tensors).
+ * The check runs beside the writing of the outputs to temporary files; they
+ * are renamed into place only once it passed. */
+int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard_opts *o,
+		     struct ms_shard_result **out, struct ms_err *err);
+
+/*
+ * Verify a shard set without writing: the manifest is well formed and
+ * agrees with the tensor names and config files (classification, r, E,
+ * config digests); one shard per rank, no shard of another set in the
+ * directory, each shard's metadata states its rank, size, placement and
+ * experts as the manifest does; each shard holds exactly the tensors its
+ * rank should, with the right dtypes and shapes; replicated tensors are
+ * byte-identical on every rank; every expert's canonical slices match the
+ * manifest; each shard's state digest matches; the shards reassemble to
+ * tensors with the manifest's digests, whose state digest is the source's.
+ * Returns MS_EINVAL for a malformed or incomplete set (missing shard, one
+ * from another EP size, a rank given twice), MS_ECHECK when bytes differ
+ * (a replica that differs, a digest the manifest gets wrong).
+ * o may be NULL; out (may be NULL) describes the set.
+ */
+int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
+		   struct ms_shard_result **out, struct ms_err *err);
+
+/*
+ * EP-aware loading: the tensors one rank of a run must load.
+ *
+ * manifest_or_dir is a shard set directory or its ep_manifest.json;
+ * ep_size and rank are the run's. A set made for another EP size is
+ * refused (MS_EINVAL) with a message saying to run
+ * `msshard reshard --ep-size <ep_size>`. Otherwise the rank's shard is
+ * opened and hashed, and before returning the placement, the shard's
+ * metadata (rank, size, placement, experts), its tensor set, its state
+ * digest, the replicated tensors' digests and every local expert's
+ * canonical digests are checked against the manifest (MS_ECHECK on a
+ * difference). *out owns an open checkpoint of exactly that shard file,
+ * whose tensors the caller loads (per-expert tensors keep their global
+ * names; fused and grouped tensors hold the local experts in local order).
+ */
+struct ms_ep_rank {
+	uint32_t rank, ep_size, num_experts;
+	enum ms_ep_placement_kind placement;
+	uint32_t nexperts;
+	uint32_t *experts;      /* global ids, local order */
+	char *shard_path;
+	char state_digest[MS_STATE_DIGEST_LEN];  /* of the shard */
+	char source_digest[MS_STATE_DIGEST_LEN]; /* of the unsharded state */
+	int is_adapter;
+	struct ms_ckpt *ckpt;   /* the shard, hashed; owned */
+};
+
+int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank,
+		    struct ms_ep_rank **out, struct ms_err *err);
+void ms_ep_rank_free(struct ms_ep_rank *r);
+
+#endif

@@ -1,0 +1,352 @@
+/*
+ * msshard: expert-parallel sharding of LoRA adapters and checkpoints:
+ * plan, split, merge, reshard. This file parses arguments, calls libms
+ * (src/shard.h) and prints; the logic and every check live in the library.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli.h"
+#include "shard.h"
+
+/* "0-3" for a run, "0,2,4" otherwise; ids in local order. */
+static void print_ids(FILE *f, const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n;) {
+		uint32_t j = i;
+
+		while (j + 1 < n && ids[j + 1] == ids[j] + 1)
+			j++;
+		fprintf(f, "%s", i ? "," : "");
+		if (j >= i + 2)
+			fprintf(f, "%u-%u", ids[i], ids[j]);
+		else if (j == i + 1)
+			fprintf(f, "%u,%u", ids[i], ids[j]);
+		else
+			fprintf(f, "%u", ids[i]);
+		i = j + 1;
+	}
+	if (!n)
+		fprintf(f, "none");
+}
+
+static cJSON *ids_json(const uint32_t *ids, uint32_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+
+	for (uint32_t i = 0; a && i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+	return a;
+}
+
+static cJSON *placement_json(const struct ms_ep_placement *p)
+{
+	cJSON *o = cJSON_CreateObject(), *a;
+
+	if (!o)
+		return NULL;
+	cJSON_AddStringToObject(o, "name", ms_ep_placement_name(p->kind));
+	a = cJSON_AddArrayToObject(o, "ranks");
+	for (uint32_t r = 0; a && r < p->ep_size; r++)
+		cJSON_AddItemToArray(a, ids_json(p->ids + p->first[r], p->first[r + 1] - p->first[r]));
+	return o;
+}
+
+static int print_json(cJSON *root)
+{
+	char *text = root ? cJSON_Print(root) : NULL;
+
+	cJSON_Delete(root);
+	if (!text) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	printf("%s\n", text);
+	cJSON_free(text);
+	return CLI_OK;
+}
+
+static void progress(void *ctx, const char *path, size_t done, size_t total)
+{
+	(void)ctx;
+	fprintf(stderr, "\r%s: wrote %zu/%zu: %s\033[K", cli_prog, done, total, ms_path_base(path));
+	if (done == total)
+		fputc('\n', stderr);
+}
+
+/* ---- plan ------------------------------------------------------------------ */
+
+static int cmd_plan(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "experts", required_argument, NULL, 'e' },
+		{ "ep-size", required_argument, NULL, 'n' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct ms_ep_placement *p = NULL;
+	struct ms_err err = { 0 };
+	const char *placement = NULL;
+	uint64_t e = 0, n = 0;
+	int c, json = 0, rc;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'e':
+			if (cli_u64("--experts", optarg, MS_EP_MAX_EXPERTS, &e))
+				return CLI_USAGE;
+			break;
+		case 'n':
+			if (cli_u64("--ep-size", optarg, MS_EP_MAX_RANKS, &n))
+				return CLI_USAGE;
+			break;
+		case 'p':
+			placement = optarg;
+			break;
+		case 'j':
+			json = 1;
+			break;
+		case 'h':
+			return cli_help();
+		default:
+			return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind != argc)
+		return cli_usage("unexpected argument '%s'", argv[optind]);
+	if (!e || !n)
+		return cli_usage("--experts and --ep-size are required and must be at least 1");
+	if ((rc = ms_ep_placement_new(placement, (uint32_t)e, (uint32_t)n, &p, &err)) != MS_OK)
+		return cli_fail(rc, &err);
+	if (json) {
+		cJSON *root = cJSON_CreateObject();
+
+		if (root) {
+			cJSON_AddNumberToObject(root, "num_experts", p->num_experts);
+			cJSON_AddNumberToObject(root, "ep_size", p->ep_size);
+			cJSON_AddItemToObject(root, "placement", placement_json(p));
+		}
+		rc = print_json(root);
+	} else {
+		printf("placement %s: %u experts on %u ranks\n", ms_ep_placement_name(p->kind),
+		       p->num_experts, p->ep_size);
+		for (uint32_t r = 0; r < p->ep_size; r++) {
+			printf("rank %u:", r);
+			for (uint32_t i = p->first[r]; i < p->first[r + 1]; i++)
+				printf(" %u", p->ids[i]);
+			printf("\n");
+		}
+		rc = CLI_OK;
+	}
+	ms_ep_placement_free(p);
+	return rc;
+}
+
+/* ---- split, merge, reshard --------------------------------------------------- */
+
+static void print_result(const char *op, const struct ms_shard_result *r, int dry_run,
+			 int json)
+{
+	if (json) {
+		cJSON *root = cJSON_CreateObject(), *files;
+
+		if (!root) {
+			print_json(NULL);
+			return;
+		}
+		cJSON_AddStringToObject(root, "operation", op);
+		cJSON_AddBoolToObject(root, "dry_run", dry_run);
+		cJSON_AddStringToObject(root, "kind", r->is_adapter ? "adapter" : "checkpoint");
+		if (r->source_digest[0])
+			cJSON_AddStringToObject(root, "source_digest", r->source_digest);
+		cJSON_AddNumberToObject(root, "num_experts", r->num_experts);
+		cJSON_AddNumberToObject(root, "ep_size", r->ep_size);
+		cJSON_AddItemToObject(root, "placement", placement_json(r->placement));
+		cJSON_AddStringToObject(root, "packing", r->packing);
+		if (r->r)
+			cJSON_AddNumberToObject(root, "r", r->r);
+		cJSON_AddNumberToObject(root, "replicated_tensors", (double)r->nreplicated);
+		cJSON_AddNumberToObject(root, "routed_tensors", (double)r->nrouted);
+		if (r->manifest_path)
+			cJSON_AddStringToObject(root, "manifest", r->manifest_path);
+		files = cJSON_AddArrayToObject(root, "files");
+		for (size_t i = 0; files && i < r->nfiles; i++) {
+			const struct ms_shard_out_file *f = &r->files[i];
+			cJSON *o = cJSON_CreateObject();
+
+			if (!o)
+				break;
+			cJSON_AddItemToArray(files, o);
+			cJSON_AddStringToObject(o, "path", f->path);
+			if (f->rank != UINT32_MAX) {
+				cJSON_AddNumberToObject(o, "rank", f->rank);
+				cJSON_AddItemToObject(o, "experts", ids_json(f->experts, f->nexperts));
+			}
+			cJSON_AddNumberToObject(o, "tensors", (double)f->ntensors);
+			cJSON_AddNumberToObject(o, "bytes", (double)f->nbytes);
+			if (f->state_digest[0])
+				cJSON_AddStringToObject(o, "state_digest", f->state_digest);
+		}
+		print_json(root);
+		return;
+	}
+	printf("%s%s: %s, %u experts, packing %s", dry_run ? "would " : "", op,
+	       r->is_adapter ? "adapter" : "checkpoint", r->num_experts, r->packing);
+	if (r->r)
+		printf(", r=%u", r->r);
+	printf(", %llu replicated and %llu routed tensors\n", (unsigned long long)r->nreplicated,
+	       (unsigned long long)r->nrouted);
+	if (r->source_digest[0])
+		printf("source %s\n", r->source_digest);
+	if (strcmp(op, "merge"))
+		printf("placement %s on %u ranks\n", ms_ep_placement_name(r->placement->kind),
+		       r->ep_size);
+	for (size_t i = 0; i < r->nfiles; i++) {
+		const struct ms_shard_out_file *f = &r->files[i];
+
+		if (f->rank != UINT32_MAX) {
+			printf("rank %u: experts ", f->rank);
+			print_ids(stdout, f->experts, f->nexperts);
+			printf("; ");
+		}
+		printf("%llu tensors, %llu bytes", (unsigned long long)f->ntensors,
+		       (unsigned long long)f->nbytes);
+		if (f->state_digest[0])
+			printf(", %s", f->state_digest);
+		printf(": %s\n", f->path);
+	}
+	if (r->manifest_path && !dry_run)
+		printf("manifest %s\n", r->manifest_path);
+}
+
+enum { OP_SPLIT, OP_MERGE, OP_RESHARD };
+
+static int run_op(int op, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "output", required_argument, NULL, 'o' },
+		{ "ep-size", required_argument, NULL, 'n' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "experts", required_argument, NULL, 'e' },
+		{ "dry-run", no_argument, NULL, 'd' },
+		{ "force", no_argument, NULL, 'f' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static const char *const names[] = { "split", "merge", "reshard" };
+	struct ms_shard_opts o;
+	struct ms_shard_result *res = NULL;
+	struct ms_err err = { 0 };
+	const char *outdir = NULL;
+	uint64_t v;
+	int c, json = 0, rc;
+
+	memset(&o, 0, sizeof(o));
+	while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o':
+			outdir = optarg;
+			break;
+		case 'n':
+			if (op == OP_MERGE)
+				return cli_usage("unknown option '%s'", argv[optind - 1]);
+			if (cli_u64("--ep-size", optarg, MS_EP_MAX_RANKS, &v))
+				return CLI_USAGE;
+			o.ep_size = (uint32_t)v;
+			break;
+		case 'p':
+			if (op == OP_MERGE)
+				return cli_usage("unknown option '%s'", argv[optind - 1]);
+			o.placement = optarg;
+			break;
+		case 'e':
+			if (op != OP_SPLIT)
+				return cli_usage("unknown option '%s'", argv[optind - 1]);
+			if (cli_u64("--experts", optarg, MS_EP_MAX_EXPERTS, &v))
+				return CLI_USAGE;
+			o.num_experts = (uint32_t)v;
+			break;
+		case 'd':
+			if (op == OP_MERGE)
+				return cli_usage("unknown option '%s'", argv[optind - 1]);
+			o.dry_run = 1;
+			break;
+		case 'f':
+			o.force = 1;
+			break;
+		case 'j':
+			json = 1;
+			break;
+		case 'h':
+			return cli_help();
+		default:
+			return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind >= argc ? "missing input" : "unexpected argument '%s'",
+				 optind >= argc ? "" : argv[optind + 1]);
+	if (!outdir)
+		return cli_usage("-o is required");
+	if (op != OP_MERGE && o.ep_size == 0)
+		return cli_usage("--ep-size is required and must be at least 1");
+	if (cli_progress_enabled() && !o.dry_run)
+		o.progress = progress;
+	if (op == OP_SPLIT)
+		rc = ms_shard_split(argv[optind], outdir, &o, &res, &err);
+	else if (op == OP_MERGE)
+		rc = ms_shard_merge(argv[optind], outdir, &o, &res, &err);
+	else
+		rc = ms_shard_reshard(argv[optind], outdir, &o, &res, &err);
+	if (rc != MS_OK)
+		return cli_fail(rc, &err);
+	/* res holds each output with its rank, experts and state digest: what
+	 * an inventory registers, in one call, once everything is written. */
+	print_result(names[op], res, o.dry_run, json);
+	ms_shard_result_free(res);
+	return CLI_OK;
+}
+
+static int cmd_split(int argc, char **argv)
+{
+	return run_op(OP_SPLIT, argc, argv);
+}
+
+static int cmd_merge(int argc, char **argv)
+{
+	return run_op(OP_MERGE, argc, argv);
+}
+
+static int cmd_reshard(int argc, char **argv)
+{
+	return run_op(OP_RESHARD, argc, argv);
+}
+
+static const struct cli_cmd cmds[] = {
+	{ "plan", cmd_plan, "plan --experts E --ep-size N [--placement P] [--json]",
+	  "print the expert -> rank placement" },
+	{ "split", cmd_split,
+	  "split ADAPTER_OR_CHECKPOINT -o DIR --ep-size N [--placement P] [--dry-run] [--force] "
+	  "[--experts E] [--json]",
+	  "split an adapter or checkpoint into EP shards" },
+	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json]",
+	  "check a shard set and write the original layout back" },
+	{ "reshard", cmd_reshard,
+	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json]",
+	  "check a shard set and re-split it for another EP size" },
+};
+
+int main(int argc, char **argv)
+{
+	static const struct cli_tool tool = {
+		"msshard", "Expert-parallel sharding of LoRA adapters and MoE checkpoints.", cmds,
+		sizeof(cmds) / sizeof(cmds[0]),
+	};
+
+	return cli_main(&tool, argc, argv);
+}
