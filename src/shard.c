@@ -2791,6 +2791,22 @@ static int sset_point(struct sset *ss, struct ms_err *err)
  * V_SHARDS also the shards' state digests, with V_REASSEMBLE the source
  * digests of the sliced tensors.
  */
+/* Expert `held` on its rank carries the canonical bytes of expert `src`:
+ * the same expert block under two global ids, the signature of a warm start
+ * that ignored expert parallelism. */
+static int dup_block(const struct sset *ss, const char *tensor, uint32_t held, uint32_t src,
+		     struct ms_err *err)
+{
+	const struct ms_ep_placement *pl = ss->pl;
+	uint32_t r = pl->rank_of[held], rs = pl->rank_of[src];
+
+	return ms_err_set(err, MS_ECHECK,
+			  "tensor '%s': the same expert block appears under different global expert "
+			  "ids: rank %u ('%s') holds the bytes of global expert %u (rank %u) as expert %u: "
+			  "every rank loaded the same block instead of its own experts",
+			  tensor, r, shard_label(ss, r), src, rs, held);
+}
+
 static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_err *err)
 {
 	struct src *s = &ss->s;
@@ -2833,6 +2849,17 @@ static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_e
 		const struct stensor *t = &s->t[i];
 
 		if (t->kind == TK_EXPERT && t->st && memcmp(t->st->digest, t->digest, MS_SHA256_LEN)) {
+			/* the bytes of another expert of the same parameter: the
+			 * failure this checker exists for, named as such */
+			for (size_t j = 0; j < s->n; j++) {
+				const struct stensor *u = &s->t[j];
+
+				if (j == i || u->kind != TK_EXPERT || u->layer != t->layer ||
+				    u->expert == t->expert || strcmp(u->param, t->param) ||
+				    strcmp(u->part, t->part) || memcmp(u->digest, t->st->digest, MS_SHA256_LEN))
+					continue;
+				return dup_block(ss, t->name, (uint32_t)t->expert, (uint32_t)u->expert, err);
+			}
 			ms_hex(t->st->digest, MS_SHA256_LEN, hex1);
 			ms_hex(t->digest, MS_SHA256_LEN, hex2);
 			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': digest %s, but the manifest "
@@ -2846,6 +2873,15 @@ static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_e
 		const struct stensor *t = &s->t[r->tensor];
 		uint32_t rank = pl->rank_of[r->expert];
 
+		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN)) {
+			for (size_t j = 0; j < s->nrec; j++) {
+				const struct srec *q = &s->rec[j];
+
+				if (q->tensor == r->tensor && q->expert != r->expert && q->has_want &&
+				    !memcmp(q->want, r->got, MS_SHA256_LEN))
+					return dup_block(ss, t->name, r->expert, q->expert, err);
+			}
+		}
 		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN))
 			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': expert %u of '%s' (%s): "
 					  "digest does not match the manifest", t->name,

@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "inventory.h"
 #include "policy.h"
+#include "shard.h"
 #include "quant.h"
 #include "verify.h"
 
@@ -987,9 +988,156 @@ out:
 	return cli_fail(rc, &err);
 }
 
+/* ---- ep ----------------------------------------------------------------- */
+
+static int cmd_ep(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"ep-size", required_argument, NULL, 'n'},
+		{"jobs", required_argument, NULL, 'j'},
+		{"json", no_argument, NULL, 'J'},
+		{"db", required_argument, NULL, 'D'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL, *env = getenv("MSINV_DB");
+	int json = 0, c, rc, status = CLI_OK;
+	uint64_t want_n = 0;
+	struct ms_shard_opts o;
+	struct ms_shard_result *res = NULL;
+	struct ms_err err = {0};
+	struct ms_inv *inv = NULL;
+	char *dir = NULL;
+	cJSON *root = NULL;
+
+	memset(&o, 0, sizeof(o));
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'n':
+			if (cli_u64("--ep-size", optarg, MS_EP_MAX_RANKS, &want_n))
+				return CLI_USAGE;
+			if (!want_n)
+				return cli_usage("option '--ep-size': must be at least 1");
+			break;
+		case 'j':
+			if (cli_int("--jobs", optarg, 4096, &o.nthreads))
+				return CLI_USAGE;
+			break;
+		case 'J': json = 1; break;
+		case 'D': db = optarg; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind == argc ? "missing DIR or MANIFEST" : "one DIR or MANIFEST only");
+	dir = strdup(argv[optind]);
+	if (!dir)
+		return cli_fail(ms_err_set(&err, MS_ENOMEM, "out of memory"), &err);
+	{
+		size_t n = strlen(dir), m = strlen(MS_EP_MANIFEST);
+
+		if (n >= m && !strcmp(dir + n - m, MS_EP_MANIFEST) && (n == m || dir[n - m - 1] == '/'))
+			dir[n > m ? n - m - 1 : 0] = 0;
+		if (!*dir)
+			strcpy(dir, ".");
+	}
+	rc = ms_shard_check(dir, &o, &res, &err);
+	if (rc == MS_ECHECK) {
+		/* bytes differ: a check result, one line naming what */
+		cli_errorf("'%s': %s", dir, err.msg);
+		free(dir);
+		return CLI_CHECK;
+	}
+	if (rc != MS_OK)
+		goto fail;
+	if (want_n && res->ep_size != want_n) {
+		cli_errorf("'%s': shards for EP=%u, the run uses EP=%llu: run 'msshard reshard --ep-size %llu'",
+			   dir, res->ep_size, (unsigned long long)want_n, (unsigned long long)want_n);
+		status = CLI_CHECK;
+	}
+	/* with an inventory, each shard must be the state recorded for it */
+	if (db || (env && *env)) {
+		if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
+			goto fail;
+		for (size_t i = 0; i < res->nfiles; i++) {
+			struct ms_inv_state *st = NULL;
+			struct ms_err lerr = {0};
+			int r2 = ms_inv_state_get(inv, res->files[i].state_digest, &st, &lerr);
+
+			if (r2 == MS_ENOTFOUND) {
+				cli_errorf("'%s': rank %u: state %s is not in the inventory", res->files[i].path,
+					   res->files[i].rank, res->files[i].state_digest);
+				status = CLI_CHECK;
+			} else if (r2 != MS_OK) {
+				ms_inv_close(inv);
+				rc = r2;
+				err = lerr;
+				goto fail;
+			} else if (st->ep_size >= 0 &&
+				   ((uint32_t)st->ep_size != res->ep_size || (uint32_t)st->ep_rank != res->files[i].rank)) {
+				cli_errorf("'%s': the inventory records it as rank %d of %d, the shard says rank %u of %u",
+					   res->files[i].path, st->ep_rank, st->ep_size, res->files[i].rank,
+					   res->ep_size);
+				status = CLI_CHECK;
+			}
+			ms_inv_state_free(st);
+		}
+		ms_inv_close(inv);
+	}
+	if (json) {
+		cJSON *ranks;
+
+		root = cJSON_CreateObject();
+		cJSON_AddStringToObject(root, "result", status == CLI_OK ? "ok" : "fail");
+		cJSON_AddStringToObject(root, "source", res->source_digest);
+		cJSON_AddNumberToObject(root, "experts", res->num_experts);
+		cJSON_AddNumberToObject(root, "ep_size", res->ep_size);
+		cJSON_AddStringToObject(root, "placement", ms_ep_placement_name(res->placement->kind));
+		ranks = cJSON_AddArrayToObject(root, "ranks");
+		for (size_t i = 0; i < res->nfiles; i++) {
+			cJSON *r = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(r, "experts");
+
+			cJSON_AddItemToArray(ranks, r);
+			cJSON_AddNumberToObject(r, "rank", res->files[i].rank);
+			cJSON_AddStringToObject(r, "file", res->files[i].path);
+			cJSON_AddStringToObject(r, "state", res->files[i].state_digest);
+			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
+				cJSON_AddItemToArray(ids, cJSON_CreateNumber(res->files[i].experts[k]));
+		}
+		{
+			char *t = cJSON_Print(root);
+
+			if (t)
+				puts(t);
+			cJSON_free(t);
+		}
+		cJSON_Delete(root);
+	} else {
+		printf("%s\t%s\t%u experts on %u ranks, %s, %s\n", status == CLI_OK ? "ok" : "FAIL", dir,
+		       res->num_experts, res->ep_size, ms_ep_placement_name(res->placement->kind),
+		       res->packing);
+		for (size_t i = 0; i < res->nfiles; i++) {
+			printf("rank %u\t%s\texperts", res->files[i].rank, res->files[i].state_digest);
+			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
+				printf("%s%u", k ? "," : " ", res->files[i].experts[k]);
+			putchar('\n');
+		}
+	}
+	ms_shard_result_free(res);
+	free(dir);
+	return status;
+fail:
+	ms_shard_result_free(res);
+	free(dir);
+	return cli_fail(rc, &err);
+}
+
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest"},
+	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--jobs N] [--json] DIR | MANIFEST",
+	 "every expert on exactly one rank, with its own bytes"},
 	{"policy", cmd_policy,
 	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
 	 "which inventoried states a served policy is made of"},

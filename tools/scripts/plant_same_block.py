@@ -29,10 +29,22 @@ def main():
     _, hs, ds = read(files[src])
     head, hd, dd = read(files[dst])
     out = bytearray(dd)
+    # per-expert tensors carry global ids in their names: the k-th local
+    # expert of one rank stands for the k-th of the other
+    ids_s = hs.get("__metadata__", {}).get("msinv.ep.experts", "").split(",")
+    ids_d = hd.get("__metadata__", {}).get("msinv.ep.experts", "").split(",")
+    to_src = {}
+    if len(ids_s) == len(ids_d):
+        to_src = {".experts.%s." % d: ".experts.%s." % s for s, d in zip(ids_s, ids_d)}
     for name, info in hd.items():
         if name == "__metadata__":
             continue
-        other = hs.get(name)
+        src_name = name
+        for d, s in to_src.items():
+            if d in name:
+                src_name = name.replace(d, s)
+                break
+        other = hs.get(src_name)
         if not other or other["shape"] != info["shape"] or other["dtype"] != info["dtype"]:
             sys.exit("plant_same_block: shards differ in tensor %s" % name)
         b, e = info["data_offsets"]
