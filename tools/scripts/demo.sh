@@ -39,7 +39,7 @@ step "2. quantize the base to NVFP4 (rowwise + columnwise, 2D blocks) and check 
 run msconvert quantize base -o base-nvfp4 --recipe modelopt --block 2d --layout both
 run msinv add --label base-nvfp4 base-nvfp4
 run msconvert stats base-nvfp4 --source base | tail -n 3
-run msverify quant base-nvfp4
+run msverify quant base-nvfp4 --source base
 
 step "3. footprint: both NVFP4 layouts resident double the frozen base"
 cat >plan-both.json <<'EOF'
@@ -58,6 +58,10 @@ run msinv footprint plan-ondemand.json
 step "4. split the adapter for EP=4, reshard to EP=2, merge back"
 run msshard plan --experts 8 --ep-size 4
 run msshard split adapter -o lora-ep4 --ep-size 4
+for r in 0 1 2 3; do
+	msinv add --parent lora --op split --params '{"ep_size": 4}' \
+		"lora-ep4/adapter_model-ep0000$r-of-00004.safetensors" >/dev/null
+done
 run msshard reshard lora-ep4 -o lora-ep2 --ep-size 2
 run msshard merge lora-ep2 -o lora-merged
 run msverify ep lora-ep4
@@ -66,10 +70,6 @@ back=$(msinv inspect --digests lora-merged | tail -n 1)
 echo "adapter:         $orig"
 echo "merged from EP2: $back"
 [ "$orig" = "$back" ] || { echo "demo: merge changed the adapter" >&2; exit 1; }
-for r in 0 1 2 3; do
-	msinv add --parent lora --op split --params '{"ep_size": 4}' \
-		"lora-ep4/adapter_model-ep0000$r-of-00004.safetensors" >/dev/null
-done
 run msinv lineage lora
 
 step "5. the silent failure: every EP rank loaded the same expert block"
