@@ -16,7 +16,7 @@ PREFIX  ?= /usr/local
 CC      ?= cc
 PKGS     = sqlite3 libcrypto libcjson libarchive libzstd
 DEBPKGS  = libsqlite3-dev libssl-dev libcjson-dev libarchive-dev libzstd-dev \
-           pkg-config sqlite3 python3-venv
+           pkg-config sqlite3 python3-venv bc openssl
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
