@@ -97,6 +97,22 @@ int cli_progress_enabled(void)
 	return isatty(2);
 }
 
+void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+	struct cli_progress *p = arg;
+
+	fprintf(stderr, "\r%s: %s %.2f / %.2f GB (%3.0f%%)", cli_prog, p->what,
+		(double)done / 1e9, (double)total / 1e9,
+		total ? 100.0 * (double)done / (double)total : 100.0);
+	p->shown = 1;
+}
+
+void cli_progress_end(struct cli_progress *p)
+{
+	if (p->shown)
+		fputc('\n', stderr);
+}
+
 void cli_json_str(FILE *f, const char *s)
 {
 	fputc('"', f);

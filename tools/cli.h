@@ -63,6 +63,15 @@ const char *cli_db_path(const char *opt_db);
 
 /* Progress on stderr, only when it is a terminal. */
 int cli_progress_enabled(void);
+/* A byte-count progress line, rewritten in place: pass cli_progress_cb and
+ * a struct cli_progress as the library's progress callback, then call
+ * cli_progress_end to finish the line. */
+struct cli_progress {
+	const char *what;
+	int shown;
+};
+void cli_progress_cb(void *arg, uint64_t done, uint64_t total);
+void cli_progress_end(struct cli_progress *p);
 
 /* Print a string as a JSON string literal (with quotes) to f. */
 void cli_json_str(FILE *f, const char *s);

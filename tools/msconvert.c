@@ -17,26 +17,6 @@
 
 /* ---- shared -------------------------------------------------------------- */
 
-struct progress {
-	const char *what;
-	int shown;
-};
-
-static void progress_cb(void *arg, uint64_t done, uint64_t total)
-{
-	struct progress *p = arg;
-
-	fprintf(stderr, "\r%s: %s %.2f / %.2f GB (%3.0f%%)", cli_prog, p->what,
-		(double)done / 1e9, (double)total / 1e9,
-		total ? 100.0 * (double)done / (double)total : 100.0);
-	p->shown = 1;
-}
-
-static void progress_end(struct progress *p)
-{
-	if (p->shown)
-		fputc('\n', stderr);
-}
 
 static void shape_str(uint32_t ndim, const uint64_t *shape, char *buf, size_t n)
 {
@@ -193,7 +173,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	struct ms_quant_plan *p = NULL;
 	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
-	struct progress pr = {verb, 0};
+	struct cli_progress pr = {verb, 0};
 	char digest[MS_STATE_DIGEST_LEN];
 	int rc;
 
@@ -211,8 +191,8 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 		ms_inv_close(inv);
 		return cli_fail(rc, &err);
 	}
-	rc = ms_quant_execute(p, cli_progress_enabled() ? progress_cb : NULL, &pr, &err);
-	progress_end(&pr);
+	rc = ms_quant_execute(p, cli_progress_enabled() ? cli_progress_cb : NULL, &pr, &err);
+	cli_progress_end(&pr);
 	/* --device auto says what it chose (after the fact: an error stays the
 	 * one line on stderr) */
 	if (rc == MS_OK && o->op == MS_QUANT_OP_QUANTIZE && o->device == MS_QUANT_DEVICE_AUTO)

@@ -22,26 +22,6 @@
 
 /* ---- shared ------------------------------------------------------------ */
 
-struct progress {
-	const char *what;
-	int shown;
-};
-
-static void progress_cb(void *arg, uint64_t done, uint64_t total)
-{
-	struct progress *p = arg;
-
-	fprintf(stderr, "\r%s: %s %.2f / %.2f GB (%3.0f%%)", cli_prog, p->what,
-		(double)done / 1e9, (double)total / 1e9,
-		total ? 100.0 * (double)done / (double)total : 100.0);
-	p->shown = 1;
-}
-
-static void progress_end(struct progress *p)
-{
-	if (p->shown)
-		fputc('\n', stderr);
-}
 
 static const char *fail_name(enum ms_oms_fail f)
 {
@@ -116,7 +96,7 @@ static int cmd_sign(int argc, char **argv)
 	const char *key = NULL, *sig = "model.sig";
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct progress pr = {"hashing", 0};
+	struct cli_progress pr = {"hashing", 0};
 	struct ms_err err = {0};
 	int json = 0, c, rc;
 
@@ -141,11 +121,11 @@ static int cmd_sign(int argc, char **argv)
 	if (!key)
 		return cli_usage("missing --key");
 	if (cli_progress_enabled()) {
-		o.progress = progress_cb;
+		o.progress = cli_progress_cb;
 		o.progress_arg = &pr;
 	}
 	rc = ms_oms_sign_opts(argv[optind], key, sig, &o, &r, &err);
-	progress_end(&pr);
+	cli_progress_end(&pr);
 	if (rc != MS_OK) {
 		ms_oms_result_release(&r);
 		return cli_fail(rc, &err);
@@ -175,7 +155,7 @@ static int cmd_verify(int argc, char **argv)
 	const char *sig = NULL, *pub = NULL;
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct progress pr = {"hashing", 0};
+	struct cli_progress pr = {"hashing", 0};
 	struct ms_err err = {0};
 	int json = 0, c, rc, status;
 
@@ -201,11 +181,11 @@ static int cmd_verify(int argc, char **argv)
 	if (!pub)
 		return cli_usage("missing --pub");
 	if (cli_progress_enabled()) {
-		o.progress = progress_cb;
+		o.progress = cli_progress_cb;
 		o.progress_arg = &pr;
 	}
 	rc = ms_oms_verify_opts(argv[optind], sig, pub, &o, &r, &err);
-	progress_end(&pr);
+	cli_progress_end(&pr);
 	status = cli_fail(rc, &err);
 	/* A failed check is still a result worth printing; bad input is not. */
 	if (json && (rc == MS_OK || rc == MS_ECHECK)) {

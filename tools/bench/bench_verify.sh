@@ -9,21 +9,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD;; esac
 GB=${MS_BENCH_GB:-4}
-RUNS=${MS_BENCH_RUNS:-3}
 W=$(mktemp -d "${TMPDIR:-/tmp}/ms-bench-verify.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 
-best() {
-	b=""
-	i=0
-	while [ $i -lt "$RUNS" ]; do
-		s=$(date +%s.%N); "$@" >/dev/null; e=$(date +%s.%N)
-		t=$(echo "$e - $s" | bc -l)
-		if [ -z "$b" ] || [ "$(echo "$t < $b" | bc -l)" = 1 ]; then b=$t; fi
-		i=$((i + 1))
-	done
-	echo "$b"
-}
+. "$ROOT/tools/bench/lib.sh"
 
 python3 "$ROOT/tools/scripts/gen_ckpt.py" "$W/ckpt" --gb "$GB" >/dev/null
 "$BUILD/msinv" init --db "$W/inv.db" >/dev/null
