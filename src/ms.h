@@ -22,6 +22,7 @@
 #include "gate.h"
 #include "gpu.h"
 #include "policy.h"
+#include "shard.h"
 #include "vload.h"
 
 #endif

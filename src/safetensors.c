@@ -1334,7 +1334,8 @@ static int write_header(struct ms_st_writer *w, struct ms_err *err)
 		off += t->nbytes;
 	}
 	ms_buf_puts(&b, "}");
-	while (b.len % 8)
+	/* an append that failed leaves len as it was: stop on oom */
+	while (b.len % 8 && !b.oom)
 		ms_buf_puts(&b, " ");
 	if (b.oom) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");

@@ -62,8 +62,8 @@
  *       expert, parameter, part) the SHA-256 of the expert's canonical slice
  *       (A_e as [r, in] contiguous, B_e as [out, r] contiguous, a per-expert
  *       tensor's bytes, row e of a grouped tensor): the identity of each
- *       expert's weights whatever the layout, so a per-expert and a fused
- *       adapter with the same weights have the same expert digests.
+ *       expert's weights whatever the layout: at every N and placement,
+ *       and parameter by parameter between per-expert and fused forms.
  * All outputs are written atomically; the manifest last.
  *
  * Guarantees, checked by the tests: merge(split(A, N)) has the state digest

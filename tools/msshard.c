@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "inventory.h"
 #include "shard.h"
 
 /* "0-3" for a run, "0,2,4" otherwise; ids in local order. */
@@ -223,6 +224,86 @@ static void print_result(const char *op, const struct ms_shard_result *r, int dr
 		printf("manifest %s\n", r->manifest_path);
 }
 
+/* ---- registration ---------------------------------------------------------- */
+
+/* --db PATH, else $MSINV_DB: outputs are registered there unless
+ * --no-register (see msshard(1)). */
+static const char *reg_db;
+static int reg_off;
+static int g_argc;
+static char **g_argv;
+
+static int reg_wanted(void)
+{
+	const char *e = getenv("MSINV_DB");
+
+	return !reg_off && (reg_db || (e && *e));
+}
+
+/* Record what an operation wrote: each shard as a state derived from the
+ * unsharded source (when the inventory knows it) by the operation, with
+ * the placement and the rank's experts in the edge's parameters. A merge
+ * writes the source's own state again: it is recorded as another copy. */
+static int reg_outputs(struct ms_inv *inv, int op, const char *input,
+		       const struct ms_shard_result *r, struct ms_err *err)
+{
+	static const char *const ops[] = {"split", "merge", "reshard"};
+	char parent[MS_STATE_DIGEST_LEN] = "", digest[MS_STATE_DIGEST_LEN];
+	const char *parents[1] = {parent};
+	int rc;
+
+	if (op == 0 || op == 1) {
+		/* split: the input; merge: the output directory, the source's
+		 * state again (another copy of it) */
+		struct ms_inv_add_opts a;
+
+		ms_inv_add_opts_init(&a);
+		if ((rc = ms_inv_add_paths(inv, &input, 1, &a, parent, err)) != MS_OK || op == 1)
+			return rc;
+	} else if (op == 2) {
+		struct ms_inv_state *st = NULL;
+		struct ms_err lerr = {0};
+
+		if (ms_inv_state_get(inv, r->source_digest, &st, &lerr) == MS_OK)
+			memcpy(parent, r->source_digest, MS_STATE_DIGEST_LEN);
+		ms_inv_state_free(st);
+	}
+	for (size_t i = 0; i < r->nfiles; i++) {
+		const struct ms_shard_out_file *f = &r->files[i];
+		struct ms_inv_add_opts a;
+		cJSON *pj = cJSON_CreateObject(), *ids;
+		char *params;
+		const char *path = f->path;
+
+		if (!pj)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		cJSON_AddNumberToObject(pj, "ep_size", r->ep_size);
+		cJSON_AddStringToObject(pj, "placement", ms_ep_placement_name(r->placement->kind));
+		if (f->rank != UINT32_MAX) {
+			cJSON_AddNumberToObject(pj, "rank", f->rank);
+			ids = cJSON_AddArrayToObject(pj, "experts");
+			for (uint32_t k = 0; k < f->nexperts; k++)
+				cJSON_AddItemToArray(ids, cJSON_CreateNumber(f->experts[k]));
+		}
+		params = cJSON_PrintUnformatted(pj);
+		cJSON_Delete(pj);
+		if (!params)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		ms_inv_add_opts_init(&a);
+		if (parent[0]) {
+			a.parents = parents;
+			a.nparents = 1;
+			a.operation = ops[op];
+			a.params_json = params;
+		}
+		rc = ms_inv_add_paths(inv, &path, 1, &a, digest, err);
+		cJSON_free(params);
+		if (rc != MS_OK)
+			return rc;
+	}
+	return MS_OK;
+}
+
 enum { OP_SPLIT, OP_MERGE, OP_RESHARD };
 
 static int run_op(int op, int argc, char **argv)
@@ -235,6 +316,8 @@ static int run_op(int op, int argc, char **argv)
 		{ "dry-run", no_argument, NULL, 'd' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "db", required_argument, NULL, 'D' },
+		{ "no-register", no_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -243,6 +326,7 @@ static int run_op(int op, int argc, char **argv)
 	struct ms_shard_result *res = NULL;
 	struct ms_err err = { 0 };
 	const char *outdir = NULL;
+	struct ms_inv *inv = NULL;
 	uint64_t v;
 	int c, json = 0, rc;
 
@@ -282,6 +366,12 @@ static int run_op(int op, int argc, char **argv)
 		case 'j':
 			json = 1;
 			break;
+		case 'D':
+			reg_db = optarg;
+			break;
+		case 'R':
+			reg_off = 1;
+			break;
 		case 'h':
 			return cli_help();
 		default:
@@ -297,16 +387,26 @@ static int run_op(int op, int argc, char **argv)
 		return cli_usage("--ep-size is required and must be at least 1");
 	if (cli_progress_enabled() && !o.dry_run)
 		o.progress = progress;
+	/* open the inventory first: a missing one fails before any write */
+	if (!o.dry_run && reg_wanted() &&
+	    ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||
+	     (rc = ms_inv_set_origin(inv, "msshard", g_argc, g_argv, &err)) != MS_OK)) {
+		ms_inv_close(inv);
+		return cli_fail(rc, &err);
+	}
 	if (op == OP_SPLIT)
 		rc = ms_shard_split(argv[optind], outdir, &o, &res, &err);
 	else if (op == OP_MERGE)
 		rc = ms_shard_merge(argv[optind], outdir, &o, &res, &err);
 	else
 		rc = ms_shard_reshard(argv[optind], outdir, &o, &res, &err);
-	if (rc != MS_OK)
+	if (rc == MS_OK && inv)
+		rc = reg_outputs(inv, op, op == OP_MERGE ? outdir : argv[optind], res, &err);
+	ms_inv_close(inv);
+	if (rc != MS_OK) {
+		ms_shard_result_free(res);
 		return cli_fail(rc, &err);
-	/* res holds each output with its rank, experts and state digest: what
-	 * an inventory registers, in one call, once everything is written. */
+	}
 	print_result(names[op], res, o.dry_run, json);
 	ms_shard_result_free(res);
 	return CLI_OK;
@@ -332,12 +432,12 @@ static const struct cli_cmd cmds[] = {
 	  "print the expert -> rank placement" },
 	{ "split", cmd_split,
 	  "split ADAPTER_OR_CHECKPOINT -o DIR --ep-size N [--placement P] [--dry-run] [--force] "
-	  "[--experts E] [--json]",
+	  "[--experts E] [--json] [--db PATH | --no-register]",
 	  "split an adapter or checkpoint into EP shards" },
-	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json]",
+	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json] [--db PATH | --no-register]",
 	  "check a shard set and write the original layout back" },
 	{ "reshard", cmd_reshard,
-	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json]",
+	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json] [--db PATH | --no-register]",
 	  "check a shard set and re-split it for another EP size" },
 };
 
@@ -348,5 +448,7 @@ int main(int argc, char **argv)
 		sizeof(cmds) / sizeof(cmds[0]),
 	};
 
+	g_argc = argc;
+	g_argv = argv;
 	return cli_main(&tool, argc, argv);
 }

@@ -130,6 +130,24 @@ broken; rm "$tmp/b/ep_manifest.json"
 run 2 "no manifest" "$M" merge "$tmp/b" -o "$tmp/bo"
 has "$tmp/err" "no manifest" "ep_manifest.json"
 
+# ---- registration in an inventory -------------------------------------------
+I="$B/msinv"
+"$I" init --db "$tmp/reg.db" >/dev/null
+run 0 "split registers" "$M" split "$FX/peft/qwen3moe-E8-r4/adapter" -o "$tmp/reg4" --ep-size 4 --db "$tmp/reg.db"
+n=$("$I" ls --db "$tmp/reg.db" --kind adapter_shard | wc -l)
+[ "$n" -eq 4 ] && ok || bad "split registered $n shards, want 4"
+"$I" lineage --db "$tmp/reg.db" "$("$I" ls --db "$tmp/reg.db" --kind adapter | cut -f 1)" >"$tmp/lin"
+[ "$(grep -c ' split ' "$tmp/lin")" -eq 4 ] && ok || bad "split edges: $(cat "$tmp/lin")"
+run 0 "reshard registers" env MSINV_DB="$tmp/reg.db" "$M" reshard "$tmp/reg4" -o "$tmp/reg2" --ep-size 2
+n=$("$I" ls --db "$tmp/reg.db" --kind adapter_shard | wc -l)
+[ "$n" -eq 6 ] && ok || bad "reshard registered $((n - 4)) shards, want 2"
+run 0 "merge --no-register" env MSINV_DB="$tmp/reg.db" "$M" merge "$tmp/reg2" -o "$tmp/regm" --no-register
+n=$("$I" ls --db "$tmp/reg.db" | wc -l)
+[ "$n" -eq 7 ] && ok || bad "--no-register recorded something ($n states)"
+run 2 "missing inventory" "$M" split "$FX/peft/qwen3moe-E8-r4/adapter" -o "$tmp/regx" --ep-size 4 --db "$tmp/none.db"
+[ ! -e "$tmp/regx" ] && ok || bad "split wrote although the inventory was missing"
+"$I" log --db "$tmp/reg.db" --check >/dev/null && ok || bad "log chain after registrations"
+
 # ---- the man page's examples, as written -----------------------------------
 mkdir -p "$tmp/ex/tests" && ln -s "$(cd "$FX" && pwd)" "$tmp/ex/tests/fixtures"
 sed -n '/^\.Sh EXAMPLES/,/^\.Sh /p' "$ROOT/man/msshard.1" |

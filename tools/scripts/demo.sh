@@ -58,10 +58,6 @@ run msinv footprint plan-ondemand.json
 step "4. split the adapter for EP=4, reshard to EP=2, merge back"
 run msshard plan --experts 8 --ep-size 4
 run msshard split adapter -o lora-ep4 --ep-size 4
-for r in 0 1 2 3; do
-	msinv add --parent lora --op split --params '{"ep_size": 4}' \
-		"lora-ep4/adapter_model-ep0000$r-of-00004.safetensors" >/dev/null
-done
 run msshard reshard lora-ep4 -o lora-ep2 --ep-size 2
 run msshard merge lora-ep2 -o lora-merged
 run msverify ep lora-ep4
