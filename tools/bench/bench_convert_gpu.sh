@@ -15,21 +15,21 @@ trap 'rm -rf "$W"' EXIT
 python3 "$ROOT/tools/scripts/gen_ckpt.py" "$W/in" --gb "$GB" >/dev/null
 bytes=$(cat "$W"/in/*.safetensors | wc -c)
 s=$(date +%s.%N); cat "$W"/in/*.safetensors >/dev/null; e=$(date +%s.%N)
-t_read=$(echo "$e - $s" | bc -l)
+t_read=$(awk -v a="$s" -v b="$e" 'BEGIN { print b - a }')
 s=$(date +%s.%N); cp -r "$W/in" "$W/copy"; sync; e=$(date +%s.%N)
-t_copy=$(echo "$e - $s" | bc -l)
+t_copy=$(awk -v a="$s" -v b="$e" 'BEGIN { print b - a }')
 for d in cpu cuda; do
 	s=$(date +%s.%N)
 	"$BUILD/msconvert" quantize "$W/in" -o "$W/q-$d" --layout both --device $d --no-register >"$W/$d.out"
 	e=$(date +%s.%N)
-	eval "t_$d=$(echo "$e - $s" | bc -l)"
+	eval "t_$d=$(awk -v a="$s" -v b="$e" 'BEGIN { print b - a }')"
 	cut -d' ' -f2 "$W/$d.out" >"$W/$d.digest"
 done
 cmp -s "$W/cpu.digest" "$W/cuda.digest" && same=yes || same=NO
 printf 'input: %s bytes of bf16 (%s)\n' "$bytes" "$(nproc) CPUs"
-printf '%-40s %8.3f s %7.2f GB/s\n' "read the input (page cache)" "$t_read" "$(echo "$bytes / $t_read / 1e9" | bc -l)"
-printf '%-40s %8.3f s %7.2f GB/s\n' "cp -r + sync (disk write ceiling)" "$t_copy" "$(echo "$bytes / $t_copy / 1e9" | bc -l)"
-printf '%-40s %8.3f s %7.2f GB/s\n' "msconvert quantize --device cpu" "$t_cpu" "$(echo "$bytes / $t_cpu / 1e9" | bc -l)"
-printf '%-40s %8.3f s %7.2f GB/s\n' "msconvert quantize --device cuda" "$t_cuda" "$(echo "$bytes / $t_cuda / 1e9" | bc -l)"
+printf '%-40s %8.3f s %7.2f GB/s\n' "read the input (page cache)" "$t_read" "$(awk -v n="$bytes" -v t="$t_read" 'BEGIN { print n / t / 1e9 }')"
+printf '%-40s %8.3f s %7.2f GB/s\n' "cp -r + sync (disk write ceiling)" "$t_copy" "$(awk -v n="$bytes" -v t="$t_copy" 'BEGIN { print n / t / 1e9 }')"
+printf '%-40s %8.3f s %7.2f GB/s\n' "msconvert quantize --device cpu" "$t_cpu" "$(awk -v n="$bytes" -v t="$t_cpu" 'BEGIN { print n / t / 1e9 }')"
+printf '%-40s %8.3f s %7.2f GB/s\n' "msconvert quantize --device cuda" "$t_cuda" "$(awk -v n="$bytes" -v t="$t_cuda" 'BEGIN { print n / t / 1e9 }')"
 printf 'same state digest on both devices: %s (%s)\n' "$same" "$(cat "$W/cuda.digest")"
 [ "$same" = yes ]
