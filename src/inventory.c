@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pwd.h>
@@ -3418,22 +3419,26 @@ out:
 	return rc;
 }
 
-int ms_inv_is_temp_name(const char *name, long *pid)
+/* The markers of what interrupted writers leave: ".NAME.tmp-PID-HEX"
+ * (a file, or a directory staged for a directory output), and the staging
+ * and set-aside directories of an import (".NAME.import-PID-HEX",
+ * ".NAME.replaced-PID-HEX"). */
+static const char *const temp_markers[] = {MS_TMP_MARKER, ".import-", ".replaced-"};
+
+static int temp_name_with(const char *name, const char *marker, long *pid)
 {
 	const char *m = NULL, *p, *dash;
 	uint64_t v;
 	char num[24];
 	size_t l;
 
-	if (name[0] != '.')
-		return 0;
 	/* the last marker: the file being written may itself contain one */
-	for (p = name; (p = strstr(p, MS_TMP_MARKER)); p++)
+	for (p = name; (p = strstr(p, marker)); p++)
 		m = p;
 	/* "." + a non-empty name before the marker */
 	if (!m || m < name + 2)
 		return 0;
-	p = m + strlen(MS_TMP_MARKER);
+	p = m + strlen(marker);
 	dash = strchr(p, '-');
 	if (!dash)
 		return 0;
@@ -3450,6 +3455,25 @@ int ms_inv_is_temp_name(const char *name, long *pid)
 	if (pid)
 		*pid = (long)v;
 	return 1;
+}
+
+int ms_inv_is_temp_name(const char *name, long *pid)
+{
+	if (name[0] != '.')
+		return 0;
+	for (size_t i = 0; i < sizeof(temp_markers) / sizeof(temp_markers[0]); i++)
+		if (temp_name_with(name, temp_markers[i], pid))
+			return 1;
+	return 0;
+}
+
+/* nftw callback: remove what a dead writer's staging directory holds,
+ * deepest first, links as links. */
+static int gc_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
 }
 
 static int pid_alive(long pid)
@@ -3486,11 +3510,13 @@ static int gc_dir(const char *dir, int dry_run,
 			closedir(d);
 			return oom(err);
 		}
-		if (lstat(path, &st) || !S_ISREG(st.st_mode)) {
+		if (lstat(path, &st) || !(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) {
 			ms_free(path);
 			continue;
 		}
-		if (!dry_run && unlink(path) && errno != ENOENT) {
+		if (!dry_run && (S_ISDIR(st.st_mode)
+					 ? nftw(path, gc_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0
+					 : unlink(path) != 0) && errno != ENOENT) {
 			if (!*failed)
 				ms_err_set(err, MS_EIO, "'%s': cannot remove: %s", path, strerror(errno));
 			*failed = 1;

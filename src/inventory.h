@@ -415,16 +415,18 @@ enum ms_inv_gc_what {
 	MS_INV_GC_FILE_ROW,    /* a file record no state uses */
 };
 
-/* Remove temporaries (names ".<name>.tmp-<pid>-<hex>", see fsutil.h, whose
- * pid is not a live process of this host) from the directories of recorded
- * files and from dirs, and file rows no state uses. With dry_run nothing
+/* Remove temporaries whose pid is not a live process of this host: files
+ * and staging directories ".<name>.tmp-<pid>-<hex>" (see fsutil.h) and an
+ * import's ".<name>.import-<pid>-<hex>" / ".<name>.replaced-<pid>-<hex>"
+ * directories (with what they hold), from the directories of recorded
+ * files and from dirs; and file rows no state uses. With dry_run nothing
  * is removed. fn (may be NULL) is told each item; a temporary that cannot
  * be removed is reported and makes the result MS_EIO after the walk. */
 int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs,
 	      int dry_run,
 	      void (*fn)(enum ms_inv_gc_what what, const char *path, void *ctx),
 	      void *ctx, uint64_t *nitems, struct ms_err *err);
-/* Is name (a plain file name) a temporary of ms_afile? *pid gets its pid. */
+/* Is name (a plain file name) such a temporary? *pid gets its pid. */
 int ms_inv_is_temp_name(const char *name, long *pid);
 
 /* ---- tensor owners ------------------------------------------------------------ */

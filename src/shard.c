@@ -20,6 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <libgen.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -2104,6 +2107,46 @@ static int pool_run(struct split_pool *p, struct ms_err *err)
  * fails its checks never leaves an output behind. (Past MAX_DEFERRED ranks
  * v->fn runs first instead, rather than hold that many files open.)
  */
+/* One writer at a time per output: the parent directory of the output is
+ * locked (flock, released when the process dies) for the whole write, so
+ * two runs aimed at one directory cannot interleave their shards; the
+ * second is refused at once. Returns the lock's fd in *fd (-1 for a dry
+ * run). */
+static int lock_output(const char *dir, int dry_run, int *fd, struct ms_err *err)
+{
+	char *copy, *parent;
+	int rc;
+
+	*fd = -1;
+	if (dry_run)
+		return MS_OK;
+	if (!(copy = ms_strdup(dir)))
+		return oom(err);
+	parent = dirname(copy);
+	if ((rc = ms_mkdir_p(parent, err)) != MS_OK) {
+		ms_free(copy);
+		return rc;
+	}
+	*fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (*fd < 0) {
+		rc = ms_err_set(err, MS_EIO, "'%s': cannot open: %s", parent, strerror(errno));
+		ms_free(copy);
+		return rc;
+	}
+	ms_free(copy);
+	if (flock(*fd, LOCK_EX | LOCK_NB)) {
+		int e = errno;
+
+		close(*fd);
+		*fd = -1;
+		if (e == EWOULDBLOCK)
+			return ms_err_set(err, MS_EEXIST,
+					  "'%s': another writer is writing beside it (another writer won)", dir);
+		return ms_err_set(err, MS_EIO, "'%s': cannot lock: %s", dir, strerror(e));
+	}
+	return MS_OK;
+}
+
 static int split_src(const struct src *s, const struct ms_ep_placement *pl, const char *dir,
 		     const struct ms_shard_opts *o, struct verifier *v,
 		     struct ms_shard_result **out, struct ms_err *err)
@@ -2119,12 +2162,17 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 	size_t mlen = 0, nbase = 0, nmeta = 0;
 	const struct sfile *f0 = s->nfiles ? &s->files[0] : NULL;
 	uint32_t foreign_n = 0, n = pl->ep_size;
-	int rc, defer = v && !o->dry_run && n <= MAX_DEFERRED;
+	int rc, lockfd = -1, defer = v && !o->dry_run && n <= MAX_DEFERRED;
 
 	*out = NULL;
 	memset(&pool, 0, sizeof(pool));
-	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK)
+	if ((rc = lock_output(dir, o->dry_run, &lockfd, err)) != MS_OK)
 		return rc;
+	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK) {
+		if (lockfd >= 0)
+			close(lockfd);
+		return rc;
+	}
 	if (!(mpath = ms_path_join(dir, MS_EP_MANIFEST))) {
 		rc = oom(err);
 		goto out;
@@ -2282,6 +2330,9 @@ out:
 	ms_free(mpath);
 	ms_free(mtext);
 	ms_free(foreign);
+	/* the lock goes last: the outputs are complete or removed by now */
+	if (lockfd >= 0)
+		close(lockfd);
 	return rc;
 }
 
