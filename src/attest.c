@@ -280,8 +280,11 @@ static int jstring(struct jparser *jp, char **out, size_t *outlen)
 
 	while (q < jp->end && *q != '"') {
 		if (*q == '\\') {
-			if (q + 1 >= jp->end)
+			/* a backslash last: unterminated, not the closing quote */
+			if (q + 1 >= jp->end) {
+				q = jp->end;
 				break;
+			}
 			q++;
 		}
 		q++;

@@ -27,6 +27,11 @@ int ms_write_all(int fd, const void *p, size_t n)
 		ssize_t w;
 
 		if (ms_fault("write")) {
+			/* as a disk filling up does it: part of the chunk lands
+			 * (a short write), then ENOSPC */
+			if (chunk > 1 && write(fd, c, chunk / 2) < 0) {
+				/* ENOSPC below either way */
+			}
 			errno = ENOSPC;
 			return -1;
 		}
@@ -68,18 +73,31 @@ int ms_name_is_plain(const char *name)
 	       strcmp(name, "..");
 }
 
+/* fsync, or an injected failure that sets errno as a real one does (the
+ * callers' messages quote strerror(errno)). */
+static int fsync_fd(int fd)
+{
+	if (ms_fault("fsync")) {
+		errno = EIO;
+		return -1;
+	}
+	return fsync(fd);
+}
+
 int ms_fsync_dir_of(const char *path)
 {
 	char *copy = ms_strdup(path);
 	int fd, rc = 0;
 
-	if (!copy)
+	if (!copy) {
+		errno = ENOMEM;
 		return -1;
+	}
 	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	ms_free(copy);
 	if (fd < 0)
 		return -1;
-	if (ms_fault("fsync") || fsync(fd))
+	if (fsync_fd(fd))
 		rc = -1;
 	close(fd);
 	return rc;
@@ -171,9 +189,9 @@ int ms_afile_commit(struct ms_afile *f, int force, struct ms_err *err)
 {
 	int rc;
 
-	if (ms_fault("fsync") || fsync(f->fd))
+	if (fsync_fd(f->fd))
 		return ms_err_set(err, MS_EIO, "'%s': fsync failed: %s", f->path,
-				  strerror(errno ? errno : EIO));
+				  strerror(errno));
 	if (close(f->fd)) {
 		f->fd = -1;
 		return ms_err_set(err, MS_EIO, "'%s': close failed: %s", f->path,
@@ -205,9 +223,17 @@ int ms_afile_commit(struct ms_afile *f, int force, struct ms_err *err)
 	}
 	ms_free(f->tmp);
 	f->tmp = NULL;
-	if (ms_fsync_dir_of(f->path))
+	if (ms_fsync_dir_of(f->path)) {
+		int e = errno ? errno : EIO;
+
+		/* The caller reports a failure, so the output must not stay
+		 * visible: without force the name was new and can go again
+		 * (with force the old file is already replaced). */
+		if (!force && unlink(f->path) == 0)
+			(void)ms_fsync_dir_of(f->path);
 		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s",
-				  f->path, strerror(errno ? errno : EIO));
+				  f->path, strerror(e));
+	}
 	ms_free(f->path);
 	f->path = NULL;
 	return MS_OK;

@@ -572,6 +572,21 @@ static int cfg_u32(const cJSON *o, const char *key, uint32_t max, uint32_t *out)
 	return 0;
 }
 
+/* glibc compiles a{m,n} and a+ by copying a, so one key of an outside
+ * config could take gigabytes (a{1,32767} alone: 8 GB, 10 s). PEFT keys
+ * name modules: no repeat counts, a few '+', a bounded length. */
+static int pattern_cheap(const char *k)
+{
+	size_t plus = 0, n = 0;
+
+	for (; *k; k++, n++) {
+		if (*k == '{')
+			return 0;
+		plus += *k == '+';
+	}
+	return n <= 256 && plus <= 8;
+}
+
 /* PEFT's get_pattern_key: the first key of pattern (in order) for which
  * re.match(r"(.*\.)?(KEY)$", target) holds. */
 static int pattern_lookup(const cJSON *pattern, const char *target, const char *label,
@@ -591,7 +606,7 @@ static int pattern_lookup(const cJSON *pattern, const char *target, const char *
 
 		if (!rx)
 			return oom(err);
-		if (regcomp(&re, rx, REG_EXTENDED | REG_NOSUB)) {
+		if (!pattern_cheap(k->string) || regcomp(&re, rx, REG_EXTENDED | REG_NOSUB)) {
 			ms_free(rx);
 			return ms_err_set(err, MS_EINVAL, "'%s': rank_pattern key '%s' is not a regular "
 					  "expression this reader understands", label, k->string);

@@ -389,6 +389,17 @@ static const char *under_root(const char *path, const char *root)
 	return path + n + 1;
 }
 
+/* An integer as its exact decimal: cJSON prints numbers with 15 digits when
+ * that is within a relative epsilon, so 9007199254740992 would come back as
+ * 9007199254740990 and the state digest (over the shapes) would change. */
+static cJSON *json_u64(uint64_t v)
+{
+	char b[24];
+
+	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
+	return cJSON_CreateRaw(b);
+}
+
 int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 		      struct ms_err *err)
 {
@@ -430,7 +441,7 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 			goto out;
 		}
 		cJSON_AddStringToObject(f, "path", rel);
-		cJSON_AddNumberToObject(f, "size", (double)vf->size);
+		cJSON_AddItemToObject(f, "size", json_u64(vf->size));
 		if (vf->has_header_digest) {
 			ms_hex(vf->header_digest, 32, hex);
 			cJSON_AddStringToObject(f, "header_sha256", hex);
@@ -451,9 +462,9 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 			cJSON_AddStringToObject(j, "dtype", ms_dtype_name(vt->dtype));
 			shape = cJSON_AddArrayToObject(j, "shape");
 			for (uint32_t d = 0; d < vt->ndim; d++)
-				cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)vt->shape[d]));
-			cJSON_AddNumberToObject(j, "offset", (double)vt->offset);
-			cJSON_AddNumberToObject(j, "bytes", (double)vt->nbytes);
+				cJSON_AddItemToArray(shape, json_u64(vt->shape[d]));
+			cJSON_AddItemToObject(j, "offset", json_u64(vt->offset));
+			cJSON_AddItemToObject(j, "bytes", json_u64(vt->nbytes));
 			ms_hex(vt->digest, 32, hex);
 			cJSON_AddStringToObject(j, "sha256", hex);
 		}

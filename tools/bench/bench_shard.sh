@@ -10,6 +10,9 @@
 #   cp -r of the EP=8 set           (the same bytes; then sync, since msshard's
 #                                    outputs are on disk when it returns)
 # and prints both throughputs and their ratio (target: reshard >= 0.8x cp).
+# cp copies inside the kernel on one CPU; reshard hashes every byte twice
+# (the input against the manifest, the output for its digests) on all CPUs,
+# so the ratio depends on the number of idle CPUs: the line says how many.
 #   MS_BENCH_GB=0.5 sh tools/bench/bench_shard.sh      a quick run
 # BUILD names the build directory (default build); MS_BENCH_RUNS the number
 # of timed runs of each (default 2; the best counts).
@@ -90,7 +93,8 @@ while [ "$i" -lt "$RUNS" ]; do
 	if [ -z "$best_reshard" ] || [ "$(echo "$r < $best_reshard" | bc -l)" -eq 1 ]; then best_reshard=$r; fi
 done
 mbs() { echo "scale=1; $bytes / $1 / 1000000" | bc -l; }
-printf 'bench_shard: %s bytes, best of %s runs\n' "$bytes" "$RUNS"
+printf 'bench_shard: %s bytes, best of %s runs, %s CPUs, load average %s\n' "$bytes" "$RUNS" \
+	"$(getconf _NPROCESSORS_ONLN)" "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 printf 'bench_shard: cp -r + sync        %6.2f s  %8s MB/s\n' "$best_cp" "$(mbs "$best_cp")"
 printf 'bench_shard: reshard 8 -> 16     %6.2f s  %8s MB/s\n' "$best_reshard" "$(mbs "$best_reshard")"
 ratio=$(echo "scale=2; $best_cp / $best_reshard" | bc -l)

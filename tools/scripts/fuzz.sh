@@ -2,46 +2,63 @@
 # fuzz.sh: build the fuzz targets with libFuzzer + ASan + UBSan and run one.
 #
 #   sh tools/scripts/fuzz.sh TARGET [SECONDS] [JOBS]
-#       TARGET   safetensors, index, ... (tests/fuzz/fz_TARGET.c)
+#       TARGET   one of tests/fuzz/fz_TARGET.c: safetensors, index, bundle,
+#                plan, manifest, sigbundle, policy_map, ep_manifest,
+#                adapter_config
 #       SECONDS  total run time (default 60)
 #       JOBS     parallel fuzzing processes (default 1)
 #   sh tools/scripts/fuzz.sh build         build every target, run nothing
 #   sh tools/scripts/fuzz.sh minimize TARGET
 #       merge the committed corpus into a minimal set (by coverage)
 #
-# libms is built into build-fuzz with -fsanitize=fuzzer-no-link (coverage
-# without libFuzzer's main), and each target links with -fsanitize=fuzzer. New inputs go to
+# libms is built into build-fuzz (FUZZ_BUILD=dir for another) with
+# -fsanitize=fuzzer-no-link (coverage without libFuzzer's main), and each
+# target links with -fsanitize=fuzzer. New inputs go to
 # build-fuzz/corpus/TARGET first; at the end they are merged into
 # tests/fuzz/corpus/TARGET (only those that add coverage), so the committed
 # corpus stays small. Crashes are written to build-fuzz/crashes/TARGET/;
 # every one found must become a fixture (tests/fixtures/bad) and stay in
 # the corpus (as tests/fuzz/corpus/TARGET/regress-<what>) as a regression
-# test.
+# test. Targets that need the fixtures find them from the repository root
+# (MS_FIXTURES overrides).
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-B=build-fuzz
+B=${FUZZ_BUILD:-build-fuzz}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+export MS_FIXTURES="${MS_FIXTURES:-$ROOT/tests/fixtures}"
 
-# The core parsers and what they call: built alone when the whole library
-# does not build (a half-finished module elsewhere in src/ must not stop a
-# fuzzing run of the parsers).
-LIBSRC="src/common.c src/fsutil.c src/hash.c src/safetensors.c src/checkpoint.c"
-
+# Several runs (of different targets) may start at once: one builds at a
+# time, the others then find everything up to date.
 build() {
 	mkdir -p $B/fz-obj
-	cflags="-std=c11 -D_GNU_SOURCE -pthread -O1 -g -Wall -Wextra -Isrc $(pkg-config --cflags libcjson)"
+	exec 9>$B/build.lock
+	flock 9
+	cflags="-std=c11 -D_GNU_SOURCE -pthread -O1 -g -Wall -Wextra -Isrc -I$B/fz-obj $(pkg-config --cflags libcjson)"
 	libs="$(pkg-config --libs sqlite3 libcrypto libcjson libarchive libzstd) -lpthread -lm"
 	if make --no-print-directory BUILD=$B CC=clang OPT=-O1 \
 	     EXTRA_CFLAGS="-fsanitize=fuzzer-no-link $SAN" $B/libms.a >$B/make.log 2>&1; then
 		lib=$B/libms.a
+		# the Makefile adds the CUDA kernels whenever nvcc exists
+		if ls $B/kernels/*.o >/dev/null 2>&1; then
+			nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+			cuda=${nvcc%/bin/nvcc}
+			libs="$libs -L$cuda/lib64 -L$cuda/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++"
+		fi
 	else
-		echo "fuzz: libms does not build (see $B/make.log); core parsers only" >&2
+		# a half-finished module elsewhere in src/ must not stop a fuzzing
+		# run: every module that compiles goes in, and a target that needs
+		# one that does not fails alone (at link time)
+		echo "fuzz: libms does not build (see $B/make.log); modules that compile only" >&2
+		sh tools/scripts/embed_schema.sh $(ls schema/*.sql | sort) >$B/fz-obj/schema_sql.h
 		objs=""
-		for src in $LIBSRC; do
+		for src in src/*.c; do
 			o=$B/fz-obj/$(basename "$src" .c).o
-			clang $cflags -fsanitize=fuzzer-no-link $SAN -c -o "$o" "$src"
-			objs="$objs $o"
+			if clang $cflags -fsanitize=fuzzer-no-link $SAN -c -o "$o" "$src" 2>$o.log; then
+				objs="$objs $o"
+			else
+				echo "fuzz: $src does not compile (see $o.log)" >&2
+			fi
 		done
 		rm -f $B/fz-core.a
 		ar rcs $B/fz-core.a $objs
@@ -49,9 +66,15 @@ build() {
 	fi
 	for src in tests/fuzz/fz_*.c; do
 		n=$(basename "$src" .c)
-		clang $cflags -fsanitize=fuzzer $SAN -o "$B/$n" "$src" $lib $libs 2>$B/$n.log ||
+		# skip an up-to-date target: it may be running in another run
+		if [ "$B/$n" -nt "$src" ] && [ "$B/$n" -nt "$lib" ]; then
+			continue
+		fi
+		clang $cflags -fsanitize=fuzzer $SAN -o "$B/$n.tmp" "$src" $lib $libs 2>$B/$n.log &&
+			mv "$B/$n.tmp" "$B/$n" ||
 			echo "fuzz: $n does not build (see $B/$n.log)" >&2
 	done
+	flock -u 9
 }
 
 # Tokens of the formats (libFuzzer dictionary syntax), so mutations speak
@@ -90,6 +113,32 @@ DICT
 		model-00002-of-00002.safetensors ../x.safetensors /x.safetensors a/b.safetensors
 		.. . .safetensors model.layers.0.mlp.experts.0.up_proj.weight
 		model.layers.0.mlp.experts.1.up_proj.weight outside nested";;
+	plan) words="name ep_size placement budget_gib num_experts states role state path
+		repr outputs contiguous round-robin as-is bf16 nvfp4-rowwise nvfp4-columnwise
+		nvfp4-both nvfp4-ondemand base adapter sha256: 4096 65536 1048576 0.0001";;
+	manifest) words="format msinv-manifest-v1 state kind label layout ep_size ep_rank
+		files path size header_sha256 sha256 tensors name dtype shape offset bytes
+		configs model.safetensors config.json sha256: BF16 F32 U8 F4 a/b ./x ../x /x";;
+	sigbundle) words="mediaType application/vnd.dev.sigstore.bundle.v0.3+json
+		verificationMaterial publicKey hint tlogEntries dsseEnvelope payload
+		payloadType application/vnd.in-toto+json signatures sig keyid _type
+		https://in-toto.io/Statement/v1 subject digest sha256 predicateType
+		https://model_signing/signature/v1.0 predicate serialization method files
+		hash_type allow_symlinks ignore_paths resources algorithm model config.json
+		model.safetensors sub/notes.txt .git .git/HEAD sub ./ ../ true false null";;
+	policy_map) words="tensors sha256: lm_head.weight model.embed_tokens.weight
+		model.norm.weight base_model.model.model.layers.0.mlp.experts.lora_A.weight";;
+	ep_manifest) words="ranks format msinv-ep-manifest version kind adapter checkpoint
+		stem adapter_model model num_experts ep_size placement contiguous round-robin map
+		packing fused per-expert grouped r source state_digest index files metadata
+		configs adapter_config.json tensors dtype shape sha256 file param part expert
+		replicated expert fused-lora-a fused-lora-b shards rank experts
+		adapter_model-ep00000-of-00002.safetensors adapter_model-ep00001-of-00002.safetensors
+		sha256:";;
+	adapter_config) words="r rank_pattern alpha_pattern target_parameters target_modules
+		lora_alpha mlp.experts.gate_up_proj mlp.experts.down_proj experts.gate_proj
+		experts.up_proj num_experts num_local_experts n_routed_experts moe_num_experts
+		quantization_config";;
 	esac
 	for k in $words; do printf '"\\"%s\\""\n' "$k"; done
 }

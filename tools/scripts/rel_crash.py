@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""rel_crash.py: crash consistency of the writing commands under kill -9.
+
+A checkpoint of tens of megabytes (rel_gen.py) is the input, so a kill
+lands in the middle of hashing, writing or committing. For each command a
+clean run gives the reference result and its duration T; then each trial
+starts the command from the same starting point and sends SIGKILL after a
+delay drawn uniformly from [0, T) by a seeded RNG. After each kill:
+
+  - PRAGMA integrity_check is ok, `msinv log --check` passes and every
+    registered state verifies (`msverify files`);
+  - every state the inventory holds was there before or is one a clean
+    run registers (and it verifies); a command that registers several
+    states (msshard: one per shard) may be stopped between two of them,
+    which is counted ("partial registrations");
+  - no output file is torn: each file present is byte-equal to the
+    reference's (a directory output may lack files: noted, see below);
+  - `msinv gc` removes every temporary the killed writer left, and none
+    remains after it;
+  - the command run again (with --force where it writes files) succeeds
+    and gives the reference result.
+
+Per-file atomicity is what fsutil guarantees; a directory output whose
+writer was killed may hold some of its files. Such trials are counted and
+reported ("partial directories"), not failed: the fault-injection sweep
+(rel_fault.py) is where a failed command's leftovers are judged.
+
+    python3 tools/scripts/rel_crash.py --build DIR [--trials N] [--mb MB]
+"""
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rel_common as rc  # noqa: E402
+
+
+class Cmd:
+    """argv(ctx) -> argv with the tool name first; out: the output path
+    relative to the trial directory (None: the inventory is the output);
+    force: the flag that lets a rerun replace a leftover output."""
+
+    def __init__(self, name, argv, out, force, need=None, prepare=None):
+        self.name, self.argv, self.out, self.force = name, argv, out, force
+        self.need, self.prepare = need, prepare
+
+
+def tool(build, *argv, cwd=None):
+    r, out, err = rc.run([os.path.join(build, argv[0])] + list(argv[1:]), cwd=cwd)
+    if r != 0:
+        raise RuntimeError("'%s' exit %d: %s" % (" ".join(argv), r, err.strip()))
+    return out
+
+
+def prepare_import(build, base, inp):
+    """A bundle of the input state, made once."""
+    bundle = os.path.join(base, "in.tar.zst")
+    if not os.path.exists(bundle):
+        db = os.path.join(base, "export.db")
+        tool(build, "msinv", "init", "--db", db)
+        tool(build, "msinv", "add", "--db", db, "--label", "big", inp)
+        tool(build, "msinv", "export", "--db", db, "-o", bundle, "big")
+    return bundle
+
+
+def commands(inp):
+    return [
+        Cmd("msinv add", lambda c: ["msinv", "add", "--db", "inv.db", "--label", "big", inp],
+            None, None),
+        Cmd("msconvert quantize",
+            lambda c: ["msconvert", "quantize", inp, "-o", "out", "--device", "cpu",
+                       "--db", "inv.db"],
+            "out", "--force", ("msconvert", "quantize")),
+        Cmd("msshard split",
+            lambda c: ["msshard", "split", inp, "-o", "out", "--ep-size", "2", "--db", "inv.db"],
+            "out", "--force", ("msshard", "split")),
+        Cmd("msinv import",
+            lambda c: ["msinv", "import", "--db", "inv.db", c["bundle"], "out"],
+            "out", None, ("msinv", "import"), prepare_import),
+    ]
+
+
+def crash_trials(suite, build, cmd, inp, trials, rng, summary):
+    base = os.path.join(suite.tmp, cmd.name.replace(" ", "-"))
+    work, pristine = os.path.join(base, "w"), os.path.join(base, "p")
+    os.makedirs(work)
+    ctx = {}
+    try:
+        if cmd.prepare:
+            ctx["bundle"] = cmd.prepare(build, base, inp)
+        tool(build, "msinv", "init", "--db", "inv.db", cwd=work)
+        if cmd.out is not None and cmd.prepare is None:
+            # the input is registered, as in a real workflow; its state
+            # must keep verifying whatever happens to the writer
+            tool(build, "msinv", "add", "--db", "inv.db", "--label", "input", inp, cwd=work)
+    except RuntimeError as e:
+        suite.check(False, "%s: setup: %s" % (cmd.name, e))
+        return
+    shutil.copytree(work, pristine)
+    argv = cmd.argv(ctx)
+    full = [os.path.join(build, argv[0])] + argv[1:]
+    st_before = rc.states(build, "inv.db", cwd=work)
+    start = rc.snapshot(work)
+    durs = []
+    for _ in range(3):
+        rc.restore(pristine, work)
+        t0 = time.time()
+        r, out, err = rc.run(full, cwd=work)
+        durs.append(time.time() - t0)
+        if not suite.check(r == 0, "%s: clean run exit %d: %s" % (cmd.name, r, err.strip())):
+            return
+    # the fastest clean run: a kill drawn below it lands while it runs
+    T = min(durs)
+    ref = rc.snapshot(work)
+    st_ref = rc.states(build, "inv.db", cwd=work)
+    killed = partial_dirs = torn = partial_reg = 0
+    t_start = time.time()
+    for i in range(trials):
+        rc.restore(pristine, work)
+        delay = rng.uniform(0, T)
+        what = "%s trial %d (kill after %.1f ms of %.1f)" % (cmd.name, i + 1, delay * 1e3, T * 1e3)
+        p = subprocess.Popen(full, cwd=work, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)  # the child we started, by its pid
+            killed += 1
+        p.wait()
+        p.stderr.close()
+        probs = []
+        if p.returncode not in (0, -signal.SIGKILL):
+            probs.append("exit %d before the kill" % p.returncode)
+        probs += rc.inventory_problems(build, "inv.db", cwd=work)
+        st = rc.states(build, "inv.db", cwd=work)
+        # every state registered is one a clean run registers (and verifies:
+        # checked above); a command that registers several states (a shard
+        # each) may be stopped between two of them
+        if st is None or not set(st_before) <= set(st) <= set(st_ref):
+            probs.append("inventory states %s are not between before %s and after %s"
+                         % (st, st_before, st_ref))
+        elif st not in (st_before, st_ref):
+            partial_reg += 1
+        if cmd.out is not None:
+            snap = rc.snapshot(os.path.join(work, cmd.out)) if os.path.exists(
+                os.path.join(work, cmd.out)) else {}
+            refo = {k[len(cmd.out) + 1:]: v for k, v in ref.items()
+                    if k.startswith(cmd.out + "/") and not k.endswith("/")}
+            for k, v in snap.items():
+                if rc.TEMP_RE.match(os.path.basename(k)) or k.endswith("/"):
+                    continue
+                if refo.get(k) != v:
+                    probs.append("torn output file %s/%s" % (cmd.out, k))
+                    torn += 1
+            present = {k for k in snap if not k.endswith("/")
+                       and not rc.TEMP_RE.match(os.path.basename(k))}
+            if present and present != set(refo):
+                partial_dirs += 1
+        # where the output goes and its parent, where a writer may stage it
+        dirs = [work] + ([os.path.join(work, cmd.out)] if cmd.out and os.path.isdir(
+            os.path.join(work, cmd.out)) else [])
+        r, out, err = rc.run([os.path.join(build, "msinv"), "gc", "--db", "inv.db"] + dirs,
+                             cwd=work)
+        if r != 0:
+            probs.append("msinv gc exit %d: %s" % (r, err.strip()))
+        left = rc.temps(work) + rc.temps(inp)
+        if left:
+            probs.append("temporaries left after gc: " + ", ".join(left[:4]))
+        # whatever the writer staged its output in, under any name: what is
+        # neither in the starting point nor in a clean run's result
+        stray = sorted(k for k in rc.snapshot(work) if k not in start and k not in ref
+                       and not any(k.startswith(os.path.relpath(t, work)) for t in left))
+        if stray:
+            probs.append("left after gc: " + ", ".join(stray[:4]))
+        # recovery: the same command again completes and gives the reference
+        again = full + ([cmd.force] if cmd.force else [])
+        if cmd.out is not None and cmd.force is None and os.path.exists(
+                os.path.join(work, cmd.out)):
+            # a command without --force must refuse a leftover output; then
+            # the operator removes it and runs again
+            r, out, err = rc.run(full, cwd=work)
+            if r != 2:
+                probs.append("rerun over a leftover output exit %d (want 2): %s"
+                             % (r, err.strip()))
+            shutil.rmtree(os.path.join(work, cmd.out))
+        r, out, err = rc.run(again, cwd=work)
+        if r != 0:
+            probs.append("rerun exit %d: %s" % (r, err.strip()))
+        else:
+            d = rc.snapshot_diff(ref, rc.snapshot(work))
+            if d:
+                probs.append("rerun result differs from a clean run (%s)" % d)
+            if rc.states(build, "inv.db", cwd=work) != st_ref:
+                probs.append("rerun: the inventory's states differ from a clean run")
+            probs += ["after rerun: " + x for x in
+                      rc.inventory_problems(build, "inv.db", cwd=work)]
+        suite.check(not probs, "%s: %s" % (what, "; ".join(probs)))
+    line = ("%s | %d trials | killed mid-run %d | clean run %.0f ms | torn files %d"
+            " | partial directories %d | partial registrations %d | %.1f s" % (
+                cmd.name, trials, killed, T * 1e3, torn, partial_dirs, partial_reg,
+                time.time() - t_start))
+    summary.append(line)
+    suite.note("crash: " + line)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--mb", type=float, default=96)
+    ap.add_argument("--only", action="append", help="command names to run")
+    ap.add_argument("--name", default="crash_consistency")
+    a = ap.parse_args()
+    suite = rc.Suite(a.name)
+    return suite.guard(run_all, suite, a)
+
+
+def run_all(suite, a):
+    build = os.path.abspath(a.build)
+    rng = random.Random(rc.SEED)
+    inp = os.path.join(suite.tmp, "input")
+    r, out, err = rc.run([sys.executable, os.path.join(os.path.dirname(__file__), "rel_gen.py"),
+                          inp, "--mb", str(a.mb), "--shard-mb", str(max(a.mb / 3, 1)),
+                          "--seed", str(rc.SEED)])
+    if not suite.check(r == 0, "rel_gen.py exit %d: %s" % (r, err.strip())):
+        return
+    print("crash: input %s" % out.strip().replace(suite.tmp + "/", ""))
+    summary = []
+    for cmd in commands(inp):
+        if a.only and cmd.name not in a.only:
+            continue
+        if cmd.need and not rc.has_tool(build, *cmd.need):
+            suite.note("crash: %s: skipped, '%s %s' does not exist in this build"
+                       % (cmd.name, cmd.need[0], cmd.need[1]))
+            continue
+        crash_trials(suite, build, cmd, inp, a.trials, rng, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
