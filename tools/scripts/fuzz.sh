@@ -145,13 +145,33 @@ DICT
 
 # Merge the corpus into the inputs that add coverage. Files named
 # regress-* are regression inputs (each a crash once found) and are always
-# kept whatever their coverage.
+# kept whatever their coverage. When the features libFuzzer counts (edges
+# and hit-count buckets) need more than 300 files or 2 MB, the merge is
+# redone on edges alone: big inputs (shard manifests) would not fit
+# otherwise. The committed corpus is replaced only once a merge succeeded.
 minimize() { # target
 	c=tests/fuzz/corpus/$1
 	tmp=$B/minimize-$1
-	rm -rf "$tmp" "$tmp.keep"; mkdir -p "$tmp" "$tmp.keep"
-	for f in "$c"/regress-*; do [ -f "$f" ] && mv "$f" "$tmp.keep/"; done
-	$B/fz_$1 -set_cover_merge=1 "$tmp" "$c" $B/corpus/$1 2>$B/merge-$1.log
+	rm -rf "$tmp" "$tmp.in" "$tmp.keep"; mkdir -p "$tmp" "$tmp.in" "$tmp.keep" $B/corpus/$1
+	for f in "$c"/*; do
+		[ -f "$f" ] || continue
+		case $(basename "$f") in
+		regress-*) cp "$f" "$tmp.keep/";;
+		*) cp "$f" "$tmp.in/";;
+		esac
+	done
+	for counters in 1 0; do
+		rm -rf "$tmp"; mkdir "$tmp"
+		if ! $B/fz_$1 -set_cover_merge=1 -use_counters=$counters -rss_limit_mb=2048 \
+		     "$tmp" "$tmp.in" $B/corpus/$1 2>$B/merge-$1.log; then
+			echo "fuzz: $1: merge failed (see $B/merge-$1.log); corpus left as it was" >&2
+			rm -rf "$tmp" "$tmp.in" "$tmp.keep"
+			return 1
+		fi
+		mfiles=$(ls "$tmp" "$tmp.keep" | grep -vc -e '^$' -e ':$')
+		mbytes=$(cat "$tmp"/* "$tmp.keep"/* 2>/dev/null | wc -c)
+		[ "$mfiles" -lt 300 ] && [ "$mbytes" -lt 2000000 ] && break
+	done
 	rm -f "$c"/*
 	# content-addressed names: the same input is never committed twice
 	for f in "$tmp"/*; do
@@ -159,7 +179,7 @@ minimize() { # target
 		cp "$f" "$c/$(sha1sum "$f" | cut -c1-16)"
 	done
 	for f in "$tmp.keep"/*; do [ -f "$f" ] && mv "$f" "$c/"; done
-	rm -rf "$tmp" "$tmp.keep"
+	rm -rf "$tmp" "$tmp.in" "$tmp.keep"
 	echo "fuzz: $1 corpus: $(ls "$c" | wc -l) files, $(cat "$c"/* | wc -c) bytes"
 }
 
