@@ -46,6 +46,11 @@ struct ms_inv {
 	char *argv_json;
 	char user[256];
 	char host[256];
+	/* ms_inv_batch_begin: the writes that follow share one transaction,
+	 * begun by the first of them, ended by ms_inv_batch_end */
+	int batch;
+	int batch_open;   /* BEGIN IMMEDIATE done */
+	int batch_failed; /* a write in the batch failed and rolled all back */
 };
 
 /* ---- names ------------------------------------------------------------------ */
@@ -239,11 +244,20 @@ static int tx_begin(struct ms_inv *inv, struct ms_err *err)
 	double deadline = ms_now() + BUSY_DEADLINE_S;
 	unsigned delay = 1000;
 
+	if (inv->batch) {
+		if (inv->batch_failed)
+			return ms_err_set(err, MS_EDB,
+					  "'%s': an earlier write of this batch failed", inv->path);
+		if (inv->batch_open)
+			return MS_OK;
+	}
 	for (;;) {
 		int rc = sqlite3_exec(inv->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
 
-		if (rc == SQLITE_OK)
+		if (rc == SQLITE_OK) {
+			inv->batch_open = inv->batch;
 			return MS_OK;
+		}
 		if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
 			return db_fail(inv, err, "cannot begin a transaction");
 		if (ms_now() > deadline)
@@ -254,13 +268,28 @@ static int tx_begin(struct ms_inv *inv, struct ms_err *err)
 	}
 }
 
+/* Inside a batch a failed write takes the whole batch with it: the batch's
+ * earlier writes may be what the failed one built on. */
 static void tx_rollback(struct ms_inv *inv)
 {
 	if (!sqlite3_get_autocommit(inv->db))
 		sqlite3_exec(inv->db, "ROLLBACK", NULL, NULL, NULL);
+	if (inv->batch && inv->batch_open) {
+		inv->batch_open = 0;
+		inv->batch_failed = 1;
+	}
 }
 
+static int tx_commit_now(struct ms_inv *inv, struct ms_err *err);
+
 static int tx_commit(struct ms_inv *inv, struct ms_err *err)
+{
+	if (inv->batch)
+		return MS_OK;
+	return tx_commit_now(inv, err);
+}
+
+static int tx_commit_now(struct ms_inv *inv, struct ms_err *err)
 {
 	double deadline = ms_now() + BUSY_DEADLINE_S;
 	unsigned delay = 1000;
@@ -669,10 +698,41 @@ out:
 	return MS_OK;
 }
 
+int ms_inv_batch_begin(struct ms_inv *inv, struct ms_err *err)
+{
+	if (inv->batch)
+		return ms_err_set(err, MS_EINVAL, "'%s': a batch is already open", inv->path);
+	inv->batch = 1;
+	inv->batch_open = inv->batch_failed = 0;
+	return MS_OK;
+}
+
+int ms_inv_batch_end(struct ms_inv *inv, int commit, struct ms_err *err)
+{
+	int rc = MS_OK;
+
+	if (!inv->batch)
+		return commit ? ms_err_set(err, MS_EINVAL, "'%s': no batch is open", inv->path)
+			      : MS_OK;
+	inv->batch = 0;
+	if (commit && inv->batch_failed)
+		rc = ms_err_set(err, MS_EDB, "'%s': a write of this batch failed; nothing recorded",
+				inv->path);
+	else if (commit && inv->batch_open)
+		rc = tx_commit_now(inv, err);
+	else if (inv->batch_open && !sqlite3_get_autocommit(inv->db))
+		sqlite3_exec(inv->db, "ROLLBACK", NULL, NULL, NULL);
+	inv->batch_open = inv->batch_failed = 0;
+	return rc;
+}
+
 void ms_inv_close(struct ms_inv *inv)
 {
 	if (!inv)
 		return;
+	/* an open batch is abandoned: nothing of it is recorded */
+	if (inv->db && inv->batch)
+		(void)ms_inv_batch_end(inv, 0, NULL);
 	if (inv->db)
 		sqlite3_close_v2(inv->db);
 	ms_free(inv->path);

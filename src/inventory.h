@@ -90,6 +90,21 @@ int ms_inv_schema_latest(void);
 /* The database path as opened. */
 const char *ms_inv_path(const struct ms_inv *inv);
 
+/*
+ * Batches: every write between ms_inv_batch_begin and ms_inv_batch_end
+ * (ms_inv_add_paths, edges, verifications, ...) goes into one transaction,
+ * begun by the first write (so work done before it, such as hashing, holds
+ * no lock) and committed by ms_inv_batch_end(inv, 1, err): all of it is
+ * recorded, or none. A failed write inside the batch rolls all of it back,
+ * and every later write and the final commit then fail. A tool publishing
+ * outputs uses it to make "files in place" and "files registered" one step:
+ * rename the outputs into place, register them (and their inputs and
+ * edges), commit; on any failure roll back and remove what it renamed. ms_inv_batch_end(inv, 0, err) (or ms_inv_close)
+ * rolls back. Reads inside a batch see its writes.
+ */
+int ms_inv_batch_begin(struct ms_inv *inv, struct ms_err *err);
+int ms_inv_batch_end(struct ms_inv *inv, int commit, struct ms_err *err);
+
 /* ---- adding a state --------------------------------------------------------- */
 
 struct ms_inv_add_stats {

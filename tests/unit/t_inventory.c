@@ -1134,6 +1134,80 @@ static int test_dup_counts_physical_copies(void)
 	return 0;
 }
 
+static size_t count_states(struct ms_inv *inv)
+{
+	struct ms_inv_state *s = NULL;
+	size_t n = 0;
+	struct ms_err err = {0};
+
+	if (ms_inv_states_list(inv, MS_INV_KIND_ANY, &s, &n, &err) != MS_OK)
+		return (size_t)-1;
+	ms_inv_states_free(s, n);
+	return n;
+}
+
+/* A batch is one transaction: another connection sees none of it before the
+ * commit and all of it after; an abandoned batch records nothing. */
+static int test_batch_is_all_or_nothing(void)
+{
+	struct ms_inv *inv = fresh("batch.db"), *other = NULL;
+	struct ms_err err = {0};
+	struct ms_inv_add_opts o;
+	char *base = fx(QWEN), *row = tmp("b_row.safetensors"), *dbp = tmp("batch.db");
+	char db[MS_STATE_DIGEST_LEN], dr[MS_STATE_DIGEST_LEN];
+	const char *parent[1];
+	int64_t logn = 0;
+
+	T_ASSERT(inv);
+	T_ASSERT_EQ_INT(ms_inv_open(dbp, 0, &other, &err), MS_OK);
+	T_ASSERT_EQ_INT(write_st(row, nvfp4_row, 3, 4, NULL, 0), MS_OK);
+
+	/* abandoned after a failure: nothing recorded, not even the first add */
+	T_ASSERT_EQ_INT(ms_inv_batch_begin(inv, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_batch_begin(inv, &err), MS_EINVAL);
+	ms_inv_add_opts_init(&o);
+	T_ASSERT_EQ_INT(add1(inv, base, &o, db, &err), MS_OK);
+	T_ASSERT_EQ_INT(count_states(inv), 1);  /* the batch reads its own writes */
+	T_ASSERT_EQ_INT(count_states(other), 0);
+	parent[0] = "no-such-state";
+	o.parents = parent;
+	o.nparents = 1;
+	o.operation = "quantize";
+	T_ASSERT(add1(inv, row, &o, dr, &err) != MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_batch_end(inv, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(count_states(inv), 0);
+	T_ASSERT_EQ_INT(count_states(other), 0);
+
+	/* committed: both states, the edge and their log entries at once */
+	T_ASSERT_EQ_INT(ms_inv_batch_begin(inv, &err), MS_OK);
+	ms_inv_add_opts_init(&o);
+	T_ASSERT_EQ_INT(add1(inv, base, &o, db, &err), MS_OK);
+	parent[0] = db;
+	o.parents = parent;
+	o.nparents = 1;
+	o.operation = "quantize";
+	T_ASSERT_EQ_INT(add1(inv, row, &o, dr, &err), MS_OK);
+	T_ASSERT_EQ_INT(count_states(other), 0);
+	T_ASSERT_EQ_INT(ms_inv_batch_end(inv, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(count_states(other), 2);
+	T_ASSERT_EQ_INT(ms_inv_log_check(other, &logn, NULL, &err), MS_OK);
+	T_ASSERT(logn >= 3);  /* init and the two adds */
+	T_ASSERT_EQ_INT(ms_inv_batch_end(inv, 1, &err), MS_EINVAL);
+
+	/* closing with a batch open rolls it back */
+	T_ASSERT_EQ_INT(ms_inv_batch_begin(other, &err), MS_OK);
+	ms_inv_add_opts_init(&o);
+	o.label = "late";
+	T_ASSERT_EQ_INT(add1(other, base, &o, db, &err), MS_OK);
+	ms_inv_close(other);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "late", db, &err), MS_ENOTFOUND);
+	ms_inv_close(inv);
+	ms_free(base);
+	ms_free(row);
+	ms_free(dbp);
+	return 0;
+}
+
 static int test_temp_names(void)
 {
 	long pid = 0;
@@ -1281,6 +1355,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_log_chain_detects_tampering),
 	T_CASE(test_log_hash_is_the_documented_encoding),
 	T_CASE(test_runs_events_verifications),
+	T_CASE(test_batch_is_all_or_nothing),
 	T_CASE(test_dup_counts_physical_copies),
 	T_CASE(test_temp_names),
 	T_CASE(test_gc_removes_dead_temporaries_and_unused_rows),
