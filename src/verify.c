@@ -5,6 +5,7 @@
 #include "verify.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
@@ -57,6 +58,15 @@ static int add_problem(struct ms_vreport *r, enum ms_vproblem_kind kind,
 	}
 	r->nproblems++;
 	return MS_OK;
+}
+
+/* The detail of a problem found through another call's message: the
+ * message without its leading "'<path>': " (the problem names the file). */
+static const char *detail_of(const char *msg)
+{
+	const char *e = msg[0] == '\'' ? strstr(msg, "': ") : NULL;
+
+	return e ? e + 3 : msg;
 }
 
 void ms_vreport_release(struct ms_vreport *r)
@@ -182,8 +192,16 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 		if (!path)
 			goto oom;
 		if (stat(path, &st)) {
-			rc = add_problem(r, MS_VPROBLEM_FILE_MISSING, vf->path, NULL,
-					 errno == ENOENT ? "file missing" : strerror(errno));
+			int e = errno;
+
+			/* a file that is not there is a difference; a file that
+			 * cannot be looked at is a failure of the check */
+			if (e != ENOENT && e != ENOTDIR) {
+				rc = ms_err_set(err, MS_EIO, "'%s': %s", path, strerror(e));
+				ms_free(path);
+				goto out;
+			}
+			rc = add_problem(r, MS_VPROBLEM_FILE_MISSING, vf->path, NULL, "file missing");
 			ms_free(path);
 			if (rc != MS_OK)
 				goto oom;
@@ -203,8 +221,18 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 		ms_free(path);
 		if (frc == MS_ENOMEM)
 			goto oom;
+		if (frc == MS_EIO) {
+			/* open, stat or map failed: nothing was compared */
+			rc = ms_err_set(err, frc, "%s", ferr.msg);
+			goto out;
+		}
 		if (frc != MS_OK) {
-			if ((rc = add_problem(r, MS_VPROBLEM_FILE_UNREADABLE, vf->path, NULL, ferr.msg)) != MS_OK)
+			/* gone meanwhile, or no longer a valid file: a difference */
+			rc = frc == MS_ENOTFOUND
+				     ? add_problem(r, MS_VPROBLEM_FILE_MISSING, vf->path, NULL, "file missing")
+				     : add_problem(r, MS_VPROBLEM_FILE_UNREADABLE, vf->path, NULL,
+						   detail_of(ferr.msg));
+			if (rc != MS_OK)
 				goto oom;
 			continue;
 		}
@@ -224,18 +252,32 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 		size_t len;
 		uint8_t d[32];
 		struct ms_err cerr = {0};
+		int crc, fail = 0;
 
 		if (!path)
 			goto oom;
-		if (ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, &cerr) != MS_OK) {
-			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL, cerr.msg);
-		} else if (ms_sha256(text, len, d) != MS_OK || memcmp(d, s->configs[i].digest, 32)) {
+		crc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, &cerr);
+		if (crc == MS_ENOTFOUND || crc == MS_EINVAL) {
+			/* gone, or no longer a regular file of a sane size */
+			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,
+					 crc == MS_ENOTFOUND ? "file missing" : detail_of(cerr.msg));
+		} else if (crc != MS_OK) {
+			/* a read or an allocation failed: nothing was compared */
+			rc = ms_err_set(err, crc, "%s", cerr.msg);
+			fail = 1;
+		} else if ((crc = ms_sha256(text, len, d)) != MS_OK) {
+			rc = crc == MS_ENOMEM ? ms_err_set(err, crc, "out of memory")
+					      : ms_err_set(err, crc, "'%s': sha256 failed", path);
+			fail = 1;
+		} else if (memcmp(d, s->configs[i].digest, 32)) {
 			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,
 					 "configuration file changed");
 		}
 		r->bytes += text ? len : 0;
 		ms_free(text);
 		ms_free(path);
+		if (fail)
+			goto out;
 		if (rc != MS_OK)
 			goto oom;
 	}
@@ -498,18 +540,21 @@ out:
 	return rc;
 }
 
-/* Manifest paths: relative POSIX, no empty, "." or ".." component. */
+/* Manifest paths: relative POSIX, no empty, "." or ".." component, and
+ * names the file system can hold (a longer one could never be a file of
+ * the state, and would surface as an I/O error instead of a bad manifest). */
 static int plain_relative(const char *p)
 {
 	const char *c = p;
 
-	if (!*p || *p == '/')
+	if (!*p || *p == '/' || strlen(p) >= PATH_MAX)
 		return 0;
 	while (*c) {
 		const char *e = strchr(c, '/');
 		size_t n = e ? (size_t)(e - c) : strlen(c);
 
-		if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+		if (n == 0 || n > NAME_MAX || (n == 1 && c[0] == '.') ||
+		    (n == 2 && c[0] == '.' && c[1] == '.'))
 			return 0;
 		c += n;
 		if (*c == '/')
@@ -541,11 +586,17 @@ static int get_hex(const cJSON *o, const char *key, uint8_t out[32])
 	return ms_unhex(v->valuestring, out, 32);
 }
 
-static char *get_str(const cJSON *o, const char *key)
+/* A copy of a string member into *out (NULL when absent or not a string).
+ * -1 only when the copy cannot be allocated: out of memory is not a
+ * malformed manifest. */
+static int get_str(const cJSON *o, const char *key, char **out)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
 
-	return cJSON_IsString(v) ? ms_strdup(v->valuestring) : NULL;
+	*out = NULL;
+	if (!cJSON_IsString(v))
+		return 0;
+	return (*out = ms_strdup(v->valuestring)) ? 0 : -1;
 }
 
 int ms_manifest_parse(const char *json, size_t len, const char *label, const char *root,
@@ -580,9 +631,9 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 		goto out;
 	}
 	memcpy(s->digest, v->valuestring, MS_STATE_DIGEST_LEN);
-	s->kind = get_str(o, "kind");
-	s->label = get_str(o, "label");
-	s->layout = get_str(o, "layout");
+	if (get_str(o, "kind", &s->kind) || get_str(o, "label", &s->label) ||
+	    get_str(o, "layout", &s->layout))
+		goto oom;
 	{
 		uint64_t es, er;
 
@@ -606,7 +657,8 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 		struct ms_vfile *vf = &s->files[s->nfiles++];
 		cJSON *ts = cJSON_GetObjectItemCaseSensitive(f, "tensors"), *t;
 
-		vf->path = get_str(f, "path");
+		if (get_str(f, "path", &vf->path))
+			goto oom;
 		if (!vf->path || !plain_relative(vf->path)) {
 			rc = ms_err_set(err, MS_EINVAL,
 					"'%s': file %zu: \"path\" is not a plain relative path", label,
@@ -637,7 +689,8 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 			cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape"), *d;
 			const cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
 
-			vt->name = get_str(t, "name");
+			if (get_str(t, "name", &vt->name))
+				goto oom;
 			if (!vt->name || !*vt->name || !cJSON_IsString(dt) ||
 			    ms_dtype_parse(dt->valuestring, strlen(dt->valuestring), &vt->dtype) ||
 			    !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > MS_ST_MAX_RANK ||
@@ -673,7 +726,8 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 		cJSON_ArrayForEach(f, configs) {
 			struct ms_vconfig *c = &s->configs[s->nconfigs++];
 
-			c->path = get_str(f, "path");
+			if (get_str(f, "path", &c->path))
+				goto oom;
 			if (!c->path || !plain_relative(c->path) || get_hex(f, "sha256", c->digest)) {
 				rc = ms_err_set(err, MS_EINVAL, "'%s': config %zu is malformed", label,
 						s->nconfigs - 1);

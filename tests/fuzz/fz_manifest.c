@@ -166,6 +166,8 @@ static void accepted(const struct ms_vstate *s)
 
 	/* the scratch directory against whatever the manifest claims */
 	rc = ms_verify_state(s, 1, &rep, &err);
+	if (rc != MS_OK && rc != MS_ECHECK)
+		fprintf(stderr, "fz_manifest: verify: rc %d: %s\n", rc, err.msg);
 	assert(rc == MS_OK || rc == MS_ECHECK);
 	assert((rc == MS_OK) == (rep.nproblems == 0));
 	for (size_t i = 0; i < rep.nproblems; i++)
