@@ -9,7 +9,9 @@
 #
 # MS_BENCH_ROWS / MS_BENCH_COLS: the weight (default 32768 x 32768 bf16,
 # 2 GiB); MS_BENCH_VLOAD_MB: the safetensors file for the load benchmark
-# (default 3072 MB, written under $TMPDIR and removed). PYTHON: the
+# (default 3072 MB, written under $TMPDIR and removed); MS_BENCH_CONVERT_GB:
+# the checkpoint of the msconvert end-to-end run (default 4, 0 skips it).
+# PYTHON: the
 # interpreter with torch (default python3); without torch and a GPU the
 # PyTorch rows (the eager quantizer, safetensors.torch.load_file) are left
 # out. Exit 0, 1 when an output differed, 3 on failure.
@@ -59,6 +61,29 @@ fi
 	--vload-file "$TMP/vload.safetensors" --torch-load-ms "${TLMS:-0}" \
 	--out tools/bench/RESULTS-gpu.md
 status=$?
+# msconvert end to end on a generated checkpoint, appended to the results
+# (MS_BENCH_CONVERT_GB=0 leaves it out)
+CGB=${MS_BENCH_CONVERT_GB:-4}
+if [ "$CGB" != 0 ]; then
+	if MS_BENCH_GB=$CGB BUILD=$BUILD sh tools/bench/bench_convert_gpu.sh >"$TMP/convert.txt" 2>&1; then
+		cst=ok
+	else
+		cst=failed
+		status=1
+	fi
+	{
+		echo
+		echo "## msconvert end to end (tools/bench/bench_convert_gpu.sh, $cst)"
+		echo
+		echo "A generated bf16 Qwen3-MoE-style checkpoint of about $CGB GB (finite"
+		echo "weights, per-expert tensors, 1 GB shards) quantized to NVFP4 rowwise +"
+		echo "columnwise (modelopt, 1D) on each device; the input read once first."
+		echo
+		echo '```'
+		cat "$TMP/convert.txt"
+		echo '```'
+	} >>tools/bench/RESULTS-gpu.md
+fi
 echo
 cat tools/bench/RESULTS-gpu.md
 exit $status
