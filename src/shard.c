@@ -14,17 +14,19 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/file.h>
-#include <libgen.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -37,11 +39,6 @@
 #define META_PREFIX "msinv.ep."
 #define MAX_MAP_FILE (64u * 1024u * 1024u)
 #define MAX_LORA_RANK (1u << 20)
-#define GATHER_BUF (4u << 20)
-/* outputs held open (one descriptor each) while the inputs are checked */
-#define MAX_DEFERRED 256u
-/* canonical B slices are gathered in batches of at most this many bytes */
-#define HASH_BATCH (256u << 20)
 
 static const char *const known_param_order[] = {
 	/* the order transformers' fused expert modules declare their
@@ -606,8 +603,12 @@ static int pattern_lookup(const cJSON *pattern, const char *target, const char *
 
 		if (!rx)
 			return oom(err);
-		if (!pattern_cheap(k->string) || regcomp(&re, rx, REG_EXTENDED | REG_NOSUB)) {
+		m = pattern_cheap(k->string) ? regcomp(&re, rx, REG_EXTENDED | REG_NOSUB) : REG_BADPAT;
+		if (m) {
 			ms_free(rx);
+			/* regcomp's REG_ESPACE is an allocation that failed */
+			if (m == REG_ESPACE)
+				return oom(err);
 			return ms_err_set(err, MS_EINVAL, "'%s': rank_pattern key '%s' is not a regular "
 					  "expression this reader understands", label, k->string);
 		}
@@ -796,9 +797,11 @@ static int resolve_module(const struct src *s, const cJSON *acfg, struct wrapper
 		if (rc != MS_EINVAL)
 			return ms_err_set(err, rc, "%s", first.msg);
 	}
-	/* The order of target_parameters, the older PEFT rule. */
+	/* The order of target_parameters, the older PEFT rule. Only its own
+	 * refusal gives way to the first one's (an allocation that failed is
+	 * reported as such). */
 	rc = try_order(s, acfg, w, k, cand, err);
-	if (rc != MS_OK && all_known)
+	if (rc == MS_EINVAL && all_known)
 		return ms_err_set(err, MS_EINVAL, "%s", first.msg);
 	return rc;
 }
@@ -1334,169 +1337,15 @@ static int src_state_digest(const struct src *s, char out[MS_STATE_DIGEST_LEN],
 	return rc;
 }
 
-/* ---- canonical expert digests --------------------------------------------- */
-
-/* Copy one element of es bytes; the common sizes become plain moves. */
-static inline void copy_elem(uint8_t *d, const uint8_t *p, size_t es)
-{
-	switch (es) {
-	case 2: memcpy(d, p, 2); break;
-	case 4: memcpy(d, p, 4); break;
-	case 8: memcpy(d, p, 8); break;
-	default: memcpy(d, p, es); break;
-	}
-}
-
-/*
- * Canonical B slices of every expert that holder (a [out, r*n] tensor)
- * holds: dst[pos] (NULL: skip) receives B_e as [out, r] contiguous, whose
- * element (o, k) is column k*n + pos. The rows are taken a tile at a time
- * that stays in cache while every expert's columns are picked out of it:
- * picking one expert at a time from the whole tensor reads each cache line
- * n times from memory, and writing n streams at once thrashes the TLB.
- */
-static void gather_b(const struct stensor *t, const uint8_t *holder, uint32_t n,
-		     uint8_t *const *dst)
-{
-	size_t es = ms_dtype_bits(t->dtype) / 8;
-	uint64_t out = t->shape[0], r = t->r, row = r * n * es;
-	uint64_t tile = row >= (128u << 10) ? 1 : (128u << 10) / row;
-
-	for (uint64_t o0 = 0; o0 < out; o0 += tile) {
-		uint64_t o1 = o0 + tile < out ? o0 + tile : out;
-
-		for (uint32_t pos = 0; pos < n; pos++) {
-			uint8_t *d;
-
-			if (!dst[pos])
-				continue;
-			d = dst[pos] + o0 * r * es;
-			for (uint64_t o = o0; o < o1; o++) {
-				const uint8_t *p = holder + o * row + (uint64_t)pos * es;
-
-				for (uint64_t k = 0; k < r; k++, d += es, p += (uint64_t)n * es)
-					copy_elem(d, p, es);
-			}
-		}
-	}
-}
-
-/*
- * Canonical digests of every expert slice whose bytes are present. A
- * per-expert tensor's is its tensor digest (reused when its file was
- * hashed); slices of A and of grouped tensors are hashed in place; B is
- * regrouped per expert first, a batch of tensors at a time.
- */
-static int hash_records(struct src *s, int nthreads, struct ms_err *err)
-{
-	struct ms_hash_job *jobs = ms_calloc(s->nrec ? s->nrec : 1, sizeof(*jobs));
-	size_t *base = ms_calloc(s->n ? s->n : 1, sizeof(*base));
-	size_t *rec_of = ms_calloc(s->nrec ? s->nrec : 1, sizeof(*rec_of));
-	uint8_t **bufs = ms_calloc(s->n ? s->n : 1, sizeof(*bufs));
-	uint8_t **dst = ms_calloc(s->E ? s->E : 1, sizeof(*dst));
-	size_t *which = ms_calloc(s->nrec ? s->nrec : 1, sizeof(*which));
-	size_t nj = 0, nb = 0, k = 0;
-	uint64_t batch = 0;
-	int rc = MS_OK;
-
-	if (!jobs || !base || !rec_of || !bufs || !dst || !which) {
-		rc = oom(err);
-		goto out;
-	}
-	/* record of (tensor i, expert e): rec_of[base[i] + e] */
-	for (size_t i = 0; i < s->n; i++) {
-		base[i] = k;
-		k += s->t[i].kind == TK_EXPERT ? 1 : is_sliced(s->t[i].kind) ? s->E : 0;
-	}
-	for (size_t i = 0; i < s->nrec; i++) {
-		const struct stensor *t = &s->t[s->rec[i].tensor];
-
-		rec_of[base[s->rec[i].tensor] + (t->kind == TK_EXPERT ? 0 : s->rec[i].expert)] = i;
-	}
-	for (size_t i = 0; i <= s->n; i++) {
-		const struct stensor *t = i < s->n ? &s->t[i] : NULL;
-
-		if (t && t->kind == TK_EXPERT && t->data) {
-			struct srec *r = &s->rec[rec_of[base[i]]];
-
-			if (t->st && t->st->has_digest) {
-				memcpy(r->got, t->st->digest, MS_SHA256_LEN);
-				r->has_got = 1;
-			} else {
-				which[nj] = rec_of[base[i]];
-				jobs[nj].data = t->data;
-				jobs[nj].n = t->nbytes;
-				jobs[nj].digest = r->got;
-				nj++;
-			}
-		} else if (t && (t->kind == TK_FUSED_A || t->kind == TK_GROUPED)) {
-			uint64_t sl = slice_bytes(t, s->E);
-
-			for (uint32_t e = 0; e < s->E; e++) {
-				if (!t->edata[e])
-					continue;
-				which[nj] = rec_of[base[i] + e];
-				jobs[nj].data = t->edata[e] + (uint64_t)t->epos[e] * sl;
-				jobs[nj].n = sl;
-				jobs[nj].digest = s->rec[which[nj]].got;
-				nj++;
-			}
-		} else if (t && t->kind == TK_FUSED_B) {
-			uint64_t sl = t->shape[0] * t->r * (ms_dtype_bits(t->dtype) / 8);
-			uint8_t *b = ms_malloc(sl * s->E + 1);
-
-			if (!b) {
-				rc = oom(err);
-				goto out;
-			}
-			bufs[nb++] = b;
-			/* one pass per holder tensor, all its experts at once */
-			for (uint32_t e = 0; e < s->E; e++) {
-				uint32_t n = t->en[e];
-
-				if (!t->edata[e] || t->epos[e] != 0)
-					continue;
-				memset(dst, 0, (size_t)s->E * sizeof(*dst));
-				for (uint32_t g = 0; g < s->E; g++)
-					if (t->edata[g] == t->edata[e] && t->epos[g] < n)
-						dst[t->epos[g]] = b + (uint64_t)g * sl;
-				gather_b(t, t->edata[e], n, dst);
-			}
-			for (uint32_t e = 0; e < s->E; e++) {
-				if (!t->edata[e])
-					continue;
-				which[nj] = rec_of[base[i] + e];
-				jobs[nj].data = b + (uint64_t)e * sl;
-				jobs[nj].n = sl;
-				jobs[nj].digest = s->rec[which[nj]].got;
-				nj++;
-			}
-			batch += sl * s->E;
-		}
-		if (nj && (!t || batch >= HASH_BATCH)) {
-			if ((rc = ms_hash_run(jobs, nj, nthreads, err)) != MS_OK)
-				goto out;
-			for (size_t j = 0; j < nj; j++)
-				s->rec[which[j]].has_got = 1;
-			for (size_t j = 0; j < nb; j++)
-				ms_free(bufs[j]);
-			nj = nb = 0;
-			batch = 0;
-		}
-	}
-out:
-	for (size_t j = 0; bufs && j < nb; j++)
-		ms_free(bufs[j]);
-	ms_free(bufs);
-	ms_free(jobs);
-	ms_free(base);
-	ms_free(rec_of);
-	ms_free(dst);
-	ms_free(which);
-	return rc;
-}
-
 /* ---- writing ------------------------------------------------------------- */
+
+/* Bytes handed to a sink at a time, and each pool thread's buffer: small
+ * enough that the writer's hash reads them back from cache after write(2)
+ * copied them, large enough that the calls cost nothing. */
+#define CHUNK (1u << 20)
+/* B rows regrouped per tile: the tile stays in cache while every expert's
+ * columns are picked out of it. */
+#define TILE (256u << 10)
 
 typedef int (*sink_fn)(void *ctx, const void *p, size_t n, struct ms_err *err);
 
@@ -1512,21 +1361,60 @@ static int sink_sha(void *ctx, const void *p, size_t n, struct ms_err *err)
 	return MS_OK;
 }
 
+/* n bytes at p, CHUNK at a time. */
+static int sink_all(sink_fn sink, void *ctx, const uint8_t *p, uint64_t n, struct ms_err *err)
+{
+	int rc;
+
+	while (n) {
+		size_t k = n < CHUNK ? (size_t)n : CHUNK;
+
+		if ((rc = sink(ctx, p, k, err)) != MS_OK)
+			return rc;
+		p += k;
+		n -= k;
+	}
+	return MS_OK;
+}
+
+/* Copy m elements of es bytes, stride bytes apart, to d (contiguous); the
+ * common sizes become plain moves. */
+static void gather(uint8_t *d, const uint8_t *p, uint64_t m, size_t stride, size_t es)
+{
+	switch (es) {
+	case 2:
+		for (uint64_t i = 0; i < m; i++, d += 2, p += stride)
+			memcpy(d, p, 2);
+		break;
+	case 4:
+		for (uint64_t i = 0; i < m; i++, d += 4, p += stride)
+			memcpy(d, p, 4);
+		break;
+	case 8:
+		for (uint64_t i = 0; i < m; i++, d += 8, p += stride)
+			memcpy(d, p, 8);
+		break;
+	default:
+		for (uint64_t i = 0; i < m; i++, d += es, p += stride)
+			memcpy(d, p, es);
+	}
+}
+
 /*
  * Emit the bytes of tensor t laid out for experts ids[0, l) (local order):
  * whole for replicated and per-expert tensors; the experts' rows of A and
  * of grouped tensors; B column k*l + le taken from column k*n + pos of the
  * tensor holding expert ids[le]. Runs of experts that sit side by side in
- * their source are copied in one piece. buf holds GATHER_BUF bytes.
+ * their source are copied in one piece. buf holds CHUNK bytes.
  */
 static int emit(const struct src *s, const struct stensor *t, const uint32_t *ids,
 		uint32_t l, uint8_t *buf, sink_fn sink, void *ctx, struct ms_err *err)
 {
-	size_t used = 0;
+	size_t used = 0, es;
 	int rc;
 
 	if (!is_sliced(t->kind))
-		return sink(ctx, t->data, t->nbytes, err);
+		return sink_all(sink, ctx, t->data, t->nbytes, err);
 	if (t->kind != TK_FUSED_B) {
 		uint64_t sl = slice_bytes(t, s->E);
 
@@ -1536,49 +1424,80 @@ static int emit(const struct src *s, const struct stensor *t, const uint32_t *id
 			while (i + run < l && t->edata[ids[i + run]] == t->edata[g] &&
 			       t->epos[ids[i + run]] == t->epos[g] + run)
 				run++;
-			if ((rc = sink(ctx, t->edata[g] + (uint64_t)t->epos[g] * sl, run * sl, err)) !=
-			    MS_OK)
+			if ((rc = sink_all(sink, ctx, t->edata[g] + (uint64_t)t->epos[g] * sl, run * sl,
+					   err)) != MS_OK)
 				return rc;
 			i += run;
 		}
 		return MS_OK;
 	}
+	es = ms_dtype_bits(t->dtype) / 8;
 	{
-		size_t es = ms_dtype_bits(t->dtype) / 8;
+		/* the runs, found once: the loop below is per element group */
+		struct { const uint8_t *base; uint64_t en; size_t bytes; } run[32];
+		uint32_t nr = 0, i;
 
-		for (uint64_t o = 0; o < t->shape[0]; o++)
-			for (uint64_t k = 0; k < t->r; k++)
-				for (uint32_t i = 0; i < l;) {
-					uint32_t g = ids[i], run = 1;
-					const uint8_t *p;
-					size_t bytes;
+		for (i = 0; i < l && nr < 32; nr++) {
+			uint32_t g = ids[i], m = 1;
 
-					while (i + run < l && t->edata[ids[i + run]] == t->edata[g] &&
-					       t->epos[ids[i + run]] == t->epos[g] + run)
-						run++;
-					p = t->edata[g] + ((o * t->r + k) * t->en[g] + t->epos[g]) * es;
-					bytes = (size_t)run * es;
-					if (used + bytes > GATHER_BUF) {
+			while (i + m < l && t->edata[ids[i + m]] == t->edata[g] &&
+			       t->epos[ids[i + m]] == t->epos[g] + m)
+				m++;
+			run[nr].base = t->edata[g] + (uint64_t)t->epos[g] * es;
+			run[nr].en = t->en[g];
+			run[nr].bytes = (size_t)m * es;
+			i += m;
+		}
+		if (i == l && (size_t)l * es <= CHUNK) {
+			for (uint64_t o = 0; o < t->shape[0]; o++)
+				for (uint64_t k = 0; k < t->r; k++) {
+					uint64_t ok = o * t->r + k;
+
+					if (used + (size_t)l * es > CHUNK) {
 						if ((rc = sink(ctx, buf, used, err)) != MS_OK)
 							return rc;
 						used = 0;
 					}
-					if (bytes > GATHER_BUF) {
-						if ((rc = sink(ctx, p, bytes, err)) != MS_OK)
-							return rc;
-					} else {
-						memcpy(buf + used, p, bytes);
-						used += bytes;
+					for (uint32_t q = 0; q < nr; q++) {
+						memcpy(buf + used, run[q].base + ok * run[q].en * es,
+						       run[q].bytes);
+						used += run[q].bytes;
 					}
-					i += run;
 				}
+			return used ? sink(ctx, buf, used, err) : MS_OK;
+		}
 	}
+	for (uint64_t o = 0; o < t->shape[0]; o++)
+		for (uint64_t k = 0; k < t->r; k++)
+			for (uint32_t i = 0; i < l;) {
+				uint32_t g = ids[i], run = 1;
+				const uint8_t *p;
+				uint64_t bytes;
+
+				while (i + run < l && t->edata[ids[i + run]] == t->edata[g] &&
+				       t->epos[ids[i + run]] == t->epos[g] + run)
+					run++;
+				p = t->edata[g] + ((o * t->r + k) * t->en[g] + t->epos[g]) * es;
+				bytes = (uint64_t)run * es;
+				if (used + bytes > CHUNK) {
+					if ((rc = sink(ctx, buf, used, err)) != MS_OK)
+						return rc;
+					used = 0;
+				}
+				if (bytes > CHUNK) {
+					if ((rc = sink_all(sink, ctx, p, bytes, err)) != MS_OK)
+						return rc;
+				} else {
+					memcpy(buf + used, p, bytes);
+					used += bytes;
+				}
+				i += run;
+			}
 	return used ? sink(ctx, buf, used, err) : MS_OK;
 }
 
 struct outspec {
-	const char *path;
-	int force;
+	const char *path;           /* where it is written (in the staging directory) */
 	int64_t file;               /* only this source file's tensors; -1: all */
 	const uint32_t *ids;        /* experts, local order */
 	uint32_t l;
@@ -1616,19 +1535,17 @@ static int out_plan(const struct src *s, const struct outspec *o,
 	return MS_OK;
 }
 
-/* Write every byte of o into a new writer, left uncommitted in *out: its
- * temporary file disappears unless out_commit renames it into place. */
-static int out_stream(const struct src *s, const struct outspec *o,
+/* Write every byte of o into a new writer (buf: CHUNK bytes of scratch),
+ * left uncommitted in *out: its temporary file disappears unless
+ * out_commit renames it into place. */
+static int out_stream(const struct src *s, const struct outspec *o, uint8_t *buf,
 		      struct ms_st_writer **out, struct ms_err *err)
 {
 	struct ms_st_writer *w = NULL;
-	uint8_t *buf = ms_malloc(GATHER_BUF);
 	int rc;
 
 	*out = NULL;
-	if (!buf)
-		return oom(err);
-	if ((rc = ms_st_writer_new(o->path, o->force, &w, err)) != MS_OK)
+	if ((rc = ms_st_writer_new(o->path, 0, &w, err)) != MS_OK)
 		goto out;
 	for (size_t k = 0; k < o->nmeta; k++)
 		if ((rc = ms_st_writer_meta(w, o->meta[k].key, o->meta[k].value, err)) != MS_OK)
@@ -1651,7 +1568,6 @@ static int out_stream(const struct src *s, const struct outspec *o,
 	w = NULL;
 out:
 	ms_st_writer_free(w);
-	ms_free(buf);
 	return rc;
 }
 
@@ -1698,18 +1614,493 @@ out:
 	return rc;
 }
 
-/* Write (or with dry_run only describe) one output file. */
-static int write_out(const struct src *s, const struct outspec *o, int dry_run,
-		     struct ms_shard_out_file *res, struct ms_err *err)
+/* ---- the work pool ---------------------------------------------------------- */
+
+/*
+ * One pool of threads does all the heavy work of an operation, taking jobs
+ * in the order given: faulting in the input mappings, hashing input bytes
+ * for their checks, and writing and committing each output file. Each
+ * thread has its own CHUNK-byte buffer. Writers wait in write(2) and
+ * fsync(2), so the pool has a thread more than there are CPUs: the disk
+ * works while the others hash, and no fsync waits for another.
+ */
+enum job_kind { JOB_PREFAULT, JOB_HASH, JOB_HASH_B, JOB_FILE };
+
+struct job {
+	enum job_kind kind;
+	const uint8_t *data;      /* PREFAULT, HASH; HASH_B: the tensor holding experts */
+	uint64_t n;               /* PREFAULT, HASH: bytes */
+	uint8_t *digest;          /* HASH: its SHA-256 */
+	const struct stensor *t;  /* HASH_B: the B tensor */
+	uint32_t en;              /* HASH_B: experts the holder holds */
+	uint8_t **dst;            /* HASH_B: [en] digest of the expert at each position
+				   * (NULL: not wanted) */
+	uint32_t file;            /* FILE: index into the pool's outputs */
+};
+
+struct pool {
+	const struct job *jobs;
+	size_t njobs;
+	const struct src *s;             /* FILE jobs: the model, */
+	const struct outspec *os;        /* what each output holds */
+	struct ms_shard_out_file *files; /* and where to say what was written */
+	size_t nfiles;
+	const struct ms_shard_opts *o;   /* progress (may be NULL) */
+	pthread_mutex_t lock;
+	size_t next, done;
+	int rc;                          /* first failure */
+	struct ms_err err;
+};
+
+static int sha_fail(int rc, struct ms_err *err)
+{
+	return rc == MS_ENOMEM ? oom(err) : ms_err_set(err, rc, "sha256 failed");
+}
+
+/* Scatter rows [o0, o1) of a [out, r*n] B tensor (row bytes apart) into n
+ * contiguous blocks of buf, one per position pos: block pos holds B_pos's
+ * rows [o0, o1) as [o1 - o0, r]. One pass reading the tile in order. */
+static void scatter_b(uint8_t *buf, const uint8_t *holder, uint64_t o0, uint64_t o1,
+		      uint64_t r, uint32_t n, size_t es, uint64_t blk)
+{
+	uint64_t row = r * n * es;
+
+	for (uint64_t o = o0; o < o1; o++) {
+		const uint8_t *p = holder + o * row;
+		uint8_t *d = buf + (o - o0) * r * es;
+
+		for (uint64_t k = 0; k < r; k++, d += es) {
+			uint8_t *q = d;
+
+			switch (es) {
+			case 2:
+				for (uint32_t pos = 0; pos < n; pos++, p += 2, q += blk)
+					memcpy(q, p, 2);
+				break;
+			case 4:
+				for (uint32_t pos = 0; pos < n; pos++, p += 4, q += blk)
+					memcpy(q, p, 4);
+				break;
+			default:
+				for (uint32_t pos = 0; pos < n; pos++, p += es, q += blk)
+					memcpy(q, p, es);
+			}
+		}
+	}
+}
+
+/*
+ * Canonical B slices of every expert that holder (a [out, r*n] tensor)
+ * holds: dst[pos] (NULL: skip) receives the SHA-256 of B_e as [out, r]
+ * contiguous, whose element (o, k) is column k*n + pos. A tile of rows
+ * is regrouped per expert into buf in one pass and each expert's part
+ * hashed from there, in cache: the tensor is never regrouped as a whole.
+ * (When a tile's blocks do not fit in buf, each expert's columns are
+ * picked out of it in turn.)
+ */
+static int hash_b(const struct stensor *t, const uint8_t *holder, uint32_t n,
+		  uint8_t *const *dst, uint8_t *buf, struct ms_err *err)
+{
+	size_t es = ms_dtype_bits(t->dtype) / 8;
+	uint64_t out = t->shape[0], r = t->r, row = r * n * es;
+	uint64_t tile = row >= TILE ? 1 : TILE / row;
+	struct ms_sha256_ctx **c = ms_calloc(n ? n : 1, sizeof(*c));
+	int rc = MS_OK;
+
+	if (!c)
+		return oom(err);
+	for (uint32_t pos = 0; pos < n; pos++)
+		if (dst[pos] && !(c[pos] = ms_sha256_new())) {
+			rc = oom(err);
+			goto out;
+		}
+	for (uint64_t o0 = 0; o0 < out; o0 += tile) {
+		uint64_t o1 = o0 + tile < out ? o0 + tile : out;
+
+		/* blocks a cache line apart from a multiple of 4 KiB: stores
+		 * 4 KiB apart would all fall in one set of the L1 cache */
+		uint64_t blk = (o1 - o0) * r * es, stride = (blk + 63) / 64 * 64 + 64;
+
+		if (stride * n <= CHUNK) {
+			scatter_b(buf, holder, o0, o1, r, n, es, stride);
+			for (uint32_t pos = 0; pos < n; pos++) {
+				if (!c[pos])
+					continue;
+				if ((rc = ms_sha256_update(c[pos], buf + pos * stride, blk)) != MS_OK) {
+					rc = sha_fail(rc, err);
+					goto out;
+				}
+			}
+			continue;
+		}
+		for (uint32_t pos = 0; pos < n; pos++) {
+			size_t used = 0;
+
+			if (!c[pos])
+				continue;
+			for (uint64_t o = o0; o < o1; o++) {
+				const uint8_t *p = holder + o * row + (uint64_t)pos * es;
+
+				for (uint64_t k = 0; k < r;) {
+					uint64_t m = (CHUNK - used) / es;
+
+					if (m > r - k)
+						m = r - k;
+					if (!m) {
+						if ((rc = ms_sha256_update(c[pos], buf, used)) != MS_OK) {
+							rc = sha_fail(rc, err);
+							goto out;
+						}
+						used = 0;
+						continue;
+					}
+					gather(buf + used, p, m, (size_t)n * es, es);
+					p += m * n * es;
+					k += m;
+					used += (size_t)(m * es);
+				}
+			}
+			if (used && (rc = ms_sha256_update(c[pos], buf, used)) != MS_OK) {
+				rc = sha_fail(rc, err);
+				goto out;
+			}
+		}
+	}
+	for (uint32_t pos = 0; pos < n; pos++)
+		if (c[pos] && (rc = ms_sha256_final(c[pos], dst[pos])) != MS_OK) {
+			rc = sha_fail(rc, err);
+			goto out;
+		}
+out:
+	for (uint32_t pos = 0; pos < n; pos++)
+		ms_sha256_free(c[pos]);
+	ms_free(c);
+	return rc;
+}
+
+static void prefault(const uint8_t *p, uint64_t n)
+{
+	/* advice only: a kernel without MADV_POPULATE_READ faults as it goes */
+#ifdef MADV_POPULATE_READ
+	if (madvise((void *)p, (size_t)n, MADV_POPULATE_READ) == 0)
+		return;
+#endif
+	madvise((void *)p, (size_t)n, MADV_WILLNEED);
+}
+
+static int run_job(struct pool *p, const struct job *j, uint8_t *buf, struct ms_err *err)
 {
 	struct ms_st_writer *w = NULL;
 	int rc;
 
-	if ((rc = out_plan(s, o, res, err)) != MS_OK || dry_run)
-		return rc;
-	if ((rc = out_stream(s, o, &w, err)) == MS_OK)
-		rc = out_commit(s, o, w, res, err);
+	switch (j->kind) {
+	case JOB_PREFAULT:
+		prefault(j->data, j->n);
+		return MS_OK;
+	case JOB_HASH:
+		if ((rc = ms_sha256(j->data, (size_t)j->n, j->digest)) != MS_OK)
+			return sha_fail(rc, err);
+		return MS_OK;
+	case JOB_HASH_B:
+		return hash_b(j->t, j->data, j->en, j->dst, buf, err);
+	case JOB_FILE:
+		break;
+	}
+	rc = out_stream(p->s, &p->os[j->file], buf, &w, err);
+	if (rc == MS_OK)
+		rc = out_commit(p->s, &p->os[j->file], w, &p->files[j->file], err);
 	ms_st_writer_free(w);
+	if (rc == MS_OK && p->o && p->o->progress) {
+		pthread_mutex_lock(&p->lock);
+		p->o->progress(p->o->progress_ctx, p->files[j->file].path, ++p->done, p->nfiles);
+		pthread_mutex_unlock(&p->lock);
+	}
+	return rc;
+}
+
+static void pool_fail(struct pool *p, int rc, const struct ms_err *err)
+{
+	pthread_mutex_lock(&p->lock);
+	if (p->rc == MS_OK) {
+		p->rc = rc;
+		p->err = *err;
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void *pool_main(void *arg)
+{
+	struct pool *p = arg;
+	uint8_t *buf = ms_malloc(CHUNK);
+	struct ms_err err = { 0 };
+
+	if (!buf) {
+		pool_fail(p, oom(&err), &err);
+		return NULL;
+	}
+	for (;;) {
+		size_t i;
+		int rc;
+
+		pthread_mutex_lock(&p->lock);
+		i = p->next < p->njobs && p->rc == MS_OK ? p->next++ : SIZE_MAX;
+		pthread_mutex_unlock(&p->lock);
+		if (i == SIZE_MAX)
+			break;
+		if ((rc = run_job(p, &p->jobs[i], buf, &err)) != MS_OK)
+			pool_fail(p, rc, &err);
+	}
+	ms_free(buf);
+	return NULL;
+}
+
+/* Run p's jobs on nthreads threads (0: one per CPU, and one more when
+ * there are files to write), the caller being one of them. The first
+ * failure stops the rest and is returned. */
+static int pool_run(struct pool *p, int nthreads, struct ms_err *err)
+{
+	pthread_t th[64];
+	int started = 0, nth = nthreads;
+
+	if (nth <= 0)
+		nth = ms_ncpus() + (p->nfiles ? 1 : 0);
+	if (nth > 64)
+		nth = 64;
+	if ((size_t)nth > p->njobs)
+		nth = p->njobs ? (int)p->njobs : 1;
+	p->next = p->done = 0;
+	p->rc = MS_OK;
+	pthread_mutex_init(&p->lock, NULL);
+	for (int i = 1; i < nth; i++) {
+		if (pthread_create(&th[started], NULL, pool_main, p))
+			break;
+		started++;
+	}
+	pool_main(p);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&p->lock);
+	if (p->rc != MS_OK)
+		return ms_err_set(err, p->rc, "%s", p->err.msg);
+	return MS_OK;
+}
+
+/* A growable job list. */
+struct jobs {
+	struct job *v;
+	size_t n, cap;
+	uint8_t ***dsts;   /* HASH_B pointer arrays, freed with the list */
+	size_t ndsts;
+};
+
+static void jobs_release(struct jobs *j)
+{
+	for (size_t i = 0; i < j->ndsts; i++)
+		ms_free(j->dsts[i]);
+	ms_free(j->dsts);
+	ms_free(j->v);
+	memset(j, 0, sizeof(*j));
+}
+
+static struct job *jobs_add(struct jobs *j, enum job_kind kind)
+{
+	if (j->n == j->cap) {
+		size_t nc = j->cap ? 2 * j->cap : 64;
+		struct job *nv = ms_realloc(j->v, nc * sizeof(*nv));
+
+		if (!nv)
+			return NULL;
+		j->v = nv;
+		j->cap = nc;
+	}
+	memset(&j->v[j->n], 0, sizeof(j->v[0]));
+	j->v[j->n].kind = kind;
+	return &j->v[j->n++];
+}
+
+/* Largest first among [from, n): one huge tensor must not start last. */
+static int cmp_job_size(const void *a, const void *b)
+{
+	const struct job *x = a, *y = b;
+	uint64_t nx = x->kind == JOB_HASH_B ? x->t->nbytes : x->n;
+	uint64_t ny = y->kind == JOB_HASH_B ? y->t->nbytes : y->n;
+
+	return nx < ny ? 1 : nx > ny ? -1 : 0;
+}
+
+static void jobs_sort(struct jobs *j, size_t from)
+{
+	if (j->n > from)
+		qsort(j->v + from, j->n - from, sizeof(*j->v), cmp_job_size);
+}
+
+/* ---- canonical expert digests --------------------------------------------- */
+
+struct holder {
+	const uint8_t *data;
+	size_t job;
+};
+
+static int cmp_holder(const void *a, const void *b)
+{
+	const struct holder *x = a, *y = b;
+
+	return x->data < y->data ? -1 : x->data > y->data;
+}
+
+/*
+ * Jobs computing the canonical digest (rec->got) of every expert slice
+ * whose bytes are present: slices of A and of grouped tensors are hashed
+ * in place, B's are regrouped tile by tile (hash_b), one job per tensor
+ * holding experts. A per-expert tensor's canonical digest is its tensor
+ * digest, taken from its file tensor by rec_finish once that is hashed.
+ * The records' has_got is set here: their digests are valid once the jobs
+ * ran.
+ */
+static int rec_jobs(struct src *s, struct jobs *jl, struct ms_err *err)
+{
+	size_t *base = ms_calloc(s->n ? s->n : 1, sizeof(*base));
+	struct srec **rec_of = ms_calloc(s->nrec ? s->nrec : 1, sizeof(*rec_of));
+	struct holder *h = ms_calloc(s->E ? s->E : 1, sizeof(*h));
+	size_t k = 0;
+	int rc = MS_OK;
+
+	if (!base || !rec_of || !h) {
+		rc = oom(err);
+		goto out;
+	}
+	/* record of (tensor i, expert e): rec_of[base[i] + e] */
+	for (size_t i = 0; i < s->n; i++) {
+		base[i] = k;
+		k += s->t[i].kind == TK_EXPERT ? 1 : is_sliced(s->t[i].kind) ? s->E : 0;
+	}
+	for (size_t i = 0; i < s->nrec; i++) {
+		const struct stensor *t = &s->t[s->rec[i].tensor];
+
+		rec_of[base[s->rec[i].tensor] + (t->kind == TK_EXPERT ? 0 : s->rec[i].expert)] =
+			&s->rec[i];
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		const struct stensor *t = &s->t[i];
+		size_t nh = 0;
+
+		if (t->kind == TK_FUSED_A || t->kind == TK_GROUPED) {
+			uint64_t sl = slice_bytes(t, s->E);
+
+			for (uint32_t e = 0; e < s->E; e++) {
+				struct srec *r = rec_of[base[i] + e];
+				struct job *j;
+
+				if (!t->edata[e])
+					continue;
+				if (!(j = jobs_add(jl, JOB_HASH))) {
+					rc = oom(err);
+					goto out;
+				}
+				j->data = t->edata[e] + (uint64_t)t->epos[e] * sl;
+				j->n = sl;
+				j->digest = r->got;
+				r->has_got = 1;
+			}
+			continue;
+		}
+		if (t->kind != TK_FUSED_B)
+			continue;
+		/* one job per holder: the expert at its position 0 opens it */
+		for (uint32_t e = 0; e < s->E; e++) {
+			uint8_t ***nd;
+			struct job *j;
+
+			if (!t->edata[e] || t->epos[e] != 0)
+				continue;
+			nd = ms_realloc(jl->dsts, (jl->ndsts + 1) * sizeof(*nd));
+			if (!nd) {
+				rc = oom(err);
+				goto out;
+			}
+			jl->dsts = nd;
+			if (!(nd[jl->ndsts] = ms_calloc(t->en[e] ? t->en[e] : 1, sizeof(uint8_t *)))) {
+				rc = oom(err);
+				goto out;
+			}
+			jl->ndsts++;
+			if (!(j = jobs_add(jl, JOB_HASH_B))) {
+				rc = oom(err);
+				goto out;
+			}
+			j->t = t;
+			j->data = t->edata[e];
+			j->en = t->en[e];
+			j->dst = nd[jl->ndsts - 1];
+			h[nh].data = t->edata[e];
+			h[nh++].job = jl->n - 1;
+		}
+		qsort(h, nh, sizeof(*h), cmp_holder);
+		for (uint32_t g = 0; g < s->E; g++) {
+			struct srec *r = rec_of[base[i] + g];
+			size_t lo = 0, hi = nh;
+
+			if (!t->edata[g])
+				continue;
+			while (lo < hi) {
+				size_t mid = lo + (hi - lo) / 2;
+
+				if (h[mid].data < t->edata[g])
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			/* a holder without an expert at position 0 (or a
+			 * position past its count) is not one sset_point or
+			 * src_point_whole make */
+			if (lo == nh || h[lo].data != t->edata[g] || t->epos[g] >= jl->v[h[lo].job].en) {
+				rc = ms_err_set(err, MS_EINVAL, "tensor '%s': expert %u is not in the "
+						"tensor that should hold it", t->name, g);
+				goto out;
+			}
+			jl->v[h[lo].job].dst[t->epos[g]] = r->got;
+			r->has_got = 1;
+		}
+	}
+out:
+	ms_free(base);
+	ms_free(rec_of);
+	ms_free(h);
+	return rc;
+}
+
+/* After the jobs of rec_jobs (and the hashing of the file tensors) ran:
+ * per-expert records take their file tensor's digest. */
+static void rec_finish(struct src *s)
+{
+	for (size_t i = 0; i < s->nrec; i++) {
+		struct srec *r = &s->rec[i];
+		const struct stensor *t = &s->t[r->tensor];
+
+		if (t->kind == TK_EXPERT && t->st && t->st->has_digest) {
+			memcpy(r->got, t->st->digest, MS_SHA256_LEN);
+			r->has_got = 1;
+		}
+	}
+}
+
+/* Canonical digests of every expert slice whose bytes are present (the
+ * file tensors already hashed). */
+static int hash_records(struct src *s, int nthreads, struct ms_err *err)
+{
+	struct jobs jl = { 0 };
+	struct pool p = { 0 };
+	int rc;
+
+	if ((rc = rec_jobs(s, &jl, err)) == MS_OK) {
+		jobs_sort(&jl, 0);
+		p.jobs = jl.v;
+		p.njobs = jl.n;
+		rc = pool_run(&p, nthreads, err);
+	}
+	if (rc == MS_OK)
+		rec_finish(s);
+	jobs_release(&jl);
 	return rc;
 }
 
@@ -1945,6 +2336,358 @@ static int result_new(const struct src *s, const struct ms_ep_placement *pl, siz
 	return MS_OK;
 }
 
+/* ---- staging and publication ----------------------------------------------- */
+
+/*
+ * An output directory is written whole into a staging directory beside it,
+ * ".<name>.tmp-<pid>-<hex>" (the name of every writer's temporary, so that
+ * `msinv gc` removes a killed writer's staging with what it holds), every
+ * file fsynced, then renamed into place in one step and the parent
+ * fsynced: readers, a crash and the inventory see no output or all of it.
+ *
+ * An existing output is replaced (--force) only once the new one is
+ * complete: the two are exchanged (renameat2 RENAME_EXCHANGE; where the
+ * file system cannot, the old one is first moved aside to
+ * ".<name>.replaced-<pid>-<hex>"), and the old one is removed only once
+ * the caller accepted the publication (ms_shard_opts.publish); until then
+ * it can be put back. --force replaces only what these commands write: a
+ * directory of safetensors and JSON files (an empty directory needs no
+ * --force). The parent is locked (flock, released when the process dies)
+ * from the start to the end, so that two writers of one output cannot
+ * interleave: the second is refused at once.
+ */
+struct stage {
+	char *final;     /* the output directory, as given without trailing '/' */
+	char *parent;    /* its parent directory (locked) */
+	char *tmp;       /* the staging directory */
+	char *aside;     /* the replaced output, when moved aside */
+	int lockfd;
+	int force;
+	int existed;     /* final existed: empty, or replaced under --force */
+	int have_tmp;    /* tmp exists and is ours to remove */
+	int published;   /* final holds the new output */
+	int exchanged;   /* ... and tmp the replaced one */
+};
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+static int renameat2_(const char *from, const char *to, unsigned flags)
+{
+	return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
+}
+
+/* rename without replacing: a directory that appeared meanwhile wins. */
+static int rename_noreplace(const char *from, const char *to)
+{
+	struct stat st;
+	int rc = renameat2_(from, to, RENAME_NOREPLACE);
+
+	if (rc && (errno == EINVAL || errno == ENOSYS)) {
+		/* no RENAME_NOREPLACE here: check, then rename (the lock on
+		 * the parent keeps other writers of ours out of the window) */
+		if (lstat(to, &st) == 0) {
+			errno = EEXIST;
+			return -1;
+		}
+		rc = rename(from, to);
+	}
+	return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
+}
+
+/* Remove a directory and what it holds, links as links. */
+static void remove_tree(const char *path)
+{
+	(void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *stage_name(const char *parent, const char *base, const char *marker)
+{
+	static unsigned counter;
+	unsigned rnd = (unsigned)rand() ^ (unsigned)(uint64_t)(ms_now() * 1e9) ^
+		       __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u;
+
+	return ms_asprintf("%s/.%s%s%ld-%08x", parent, base, marker, (long)getpid(), rnd);
+}
+
+/* What these commands write into an output directory: safetensors files,
+ * JSON (configs, index, manifest) and, from a killed run, temporaries. */
+static int own_entry(int dfd, const char *name)
+{
+	size_t l = strlen(name);
+	struct stat st;
+
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+		return 0;
+	if (name[0] == '.')
+		return strstr(name, MS_TMP_MARKER) != NULL;
+	return (l > 12 && !strcmp(name + l - 12, ".safetensors")) ||
+	       (l > 5 && !strcmp(name + l - 5, ".json"));
+}
+
+/* May the existing directory st->final be replaced? Sets st->existed. */
+static int stage_check_existing(struct stage *st, struct ms_err *err)
+{
+	DIR *d = opendir(st->final);
+	struct dirent *de;
+	char *foreign = NULL;
+	int empty = 1, rc = MS_OK;
+
+	if (!d)
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", st->final,
+				  strerror(errno));
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		empty = 0;
+		if (!own_entry(dirfd(d), de->d_name)) {
+			foreign = ms_strdup(de->d_name);
+			if (!foreign)
+				rc = oom(err);
+			break;
+		}
+	}
+	closedir(d);
+	if (rc != MS_OK)
+		return rc;
+	if (!empty && !st->force)
+		rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)",
+				st->final);
+	else if (foreign)
+		rc = ms_err_set(err, MS_EEXIST, "'%s': exists and holds '%s', which is not a file a "
+				"split, merge or reshard writes: not replacing it", st->final, foreign);
+	ms_free(foreign);
+	st->existed = rc == MS_OK;
+	return rc;
+}
+
+static void stage_init(struct stage *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->lockfd = -1;
+}
+
+/* Lock dir's parent and make the staging directory beside dir. */
+static int stage_open(struct stage *st, const char *dir, int force, struct ms_err *err)
+{
+	const char *base, *parent;
+	struct stat sb;
+	size_t n;
+	int rc;
+
+	st->force = force;
+	if (!(st->final = ms_strdup(dir)))
+		return oom(err);
+	for (n = strlen(st->final); n > 1 && st->final[n - 1] == '/'; n--)
+		st->final[n - 1] = '\0';
+	base = ms_path_base(st->final);
+	if (!ms_name_is_plain(base))
+		return ms_err_set(err, MS_EINVAL, "'%s': not a name of a directory to create", dir);
+	if (base == st->final)
+		st->parent = ms_strdup(".");
+	else
+		st->parent = ms_strndup(st->final, base - st->final > 1 ? (size_t)(base - st->final) - 1
+								  : 1);
+	if (!(parent = st->parent))
+		return oom(err);
+	if ((rc = ms_mkdir_p(parent, err)) != MS_OK)
+		return rc;
+	st->lockfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (st->lockfd < 0) {
+		return ms_err_set(err, MS_EIO, "'%s': cannot open: %s", parent, strerror(errno));
+	}
+	if (flock(st->lockfd, LOCK_EX | LOCK_NB)) {
+		int e = errno;
+
+		close(st->lockfd);
+		st->lockfd = -1;
+		if (e == EWOULDBLOCK)
+			return ms_err_set(err, MS_EEXIST, "'%s': another writer is writing beside it "
+					  "(another writer won)", dir);
+		return ms_err_set(err, MS_EIO, "'%s': cannot lock: %s", dir, strerror(e));
+	}
+	if (lstat(st->final, &sb) == 0) {
+		if (!S_ISDIR(sb.st_mode))
+			return ms_err_set(err, MS_EEXIST, "'%s': exists and is not a directory", dir);
+		if ((rc = stage_check_existing(st, err)) != MS_OK)
+			return rc;
+	} else if (errno != ENOENT) {
+		return ms_err_set(err, MS_EIO, "'%s': %s", dir, strerror(errno));
+	}
+	for (int tries = 0;; tries++) {
+		ms_free(st->tmp);
+		if (!(st->tmp = stage_name(parent, base, MS_TMP_MARKER)))
+			return oom(err);
+		if (mkdir(st->tmp, 0755) == 0)
+			break;
+		if (errno != EEXIST || tries > 8)
+			return ms_err_set(err, MS_EIO, "'%s': cannot create a staging directory beside "
+					  "it: %s", dir, strerror(errno));
+	}
+	st->have_tmp = 1;
+	return MS_OK;
+}
+
+/* Where a file of the output is written before publication. */
+static char *stage_path(const struct stage *st, const char *name)
+{
+	return ms_path_join(st->tmp, name);
+}
+
+/* Take a published output away again and put back what it replaced. */
+static void stage_unpublish(struct stage *st)
+{
+	if (!st->published)
+		return;
+	if (st->exchanged) {
+		/* nothing is removed when the old output cannot come back */
+		if (renameat2_(st->tmp, st->final, RENAME_EXCHANGE)) {
+			st->have_tmp = 0;
+			return;
+		}
+		st->exchanged = 0;
+		st->have_tmp = 1;
+	} else {
+		if (rename(st->final, st->tmp) == 0)
+			st->have_tmp = 1;
+		else
+			remove_tree(st->final);
+		if (st->aside && rename(st->aside, st->final) == 0) {
+			ms_free(st->aside);
+			st->aside = NULL;
+		} else if (st->existed && !st->force) {
+			/* it replaced an empty directory */
+			(void)mkdir(st->final, 0755);
+		}
+	}
+	st->published = 0;
+	(void)ms_fsync_dir_of(st->final);
+}
+
+/* Rename the staging directory into place (exchanging it with an output
+ * it replaces) and make that durable. */
+static int stage_publish(struct stage *st, struct ms_err *err)
+{
+	int r, e;
+
+	if (ms_fault("rename")) {
+		errno = EIO;
+		r = -1;
+	} else if (!st->existed) {
+		r = rename_noreplace(st->tmp, st->final);
+	} else if (!st->force) {
+		/* the existing directory was empty: rename replaces an empty
+		 * directory only, so one that filled up meanwhile wins */
+		r = rename(st->tmp, st->final);
+	} else if ((r = renameat2_(st->tmp, st->final, RENAME_EXCHANGE)) == 0) {
+		st->exchanged = 1;
+	} else if (errno == EINVAL || errno == ENOSYS) {
+		/* no exchange on this file system: move the old one aside */
+		if (!(st->aside = stage_name(st->parent, ms_path_base(st->final), ".replaced-")))
+			return oom(err);
+		if ((r = rename(st->final, st->aside)) != 0) {
+			e = errno;
+			ms_free(st->aside);
+			st->aside = NULL;
+			errno = e;
+		} else if ((r = rename(st->tmp, st->final)) != 0) {
+			e = errno;
+			if (rename(st->aside, st->final) == 0) {
+				ms_free(st->aside);
+				st->aside = NULL;
+			}
+			errno = e;
+		}
+	}
+	if (r) {
+		e = errno;
+		if (e == EEXIST || e == ENOTEMPTY)
+			return ms_err_set(err, MS_EEXIST, "'%s': output appeared while writing (another "
+					  "writer won)", st->final);
+		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
+				  st->final, strerror(e));
+	}
+	st->published = 1;
+	st->have_tmp = st->exchanged;
+	if (ms_fsync_dir_of(st->final)) {
+		e = errno ? errno : EIO;
+		stage_unpublish(st);
+		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", st->final,
+				  strerror(e));
+	}
+	return MS_OK;
+}
+
+/* The publication stands: remove what it replaced. */
+static void stage_finish(struct stage *st)
+{
+	if (st->exchanged)
+		remove_tree(st->tmp);
+	if (st->aside)
+		remove_tree(st->aside);
+	st->exchanged = st->have_tmp = 0;
+	ms_free(st->aside);
+	st->aside = NULL;
+	(void)ms_fsync_dir_of(st->final);
+}
+
+/* Remove what is left unpublished, unlock. */
+static void stage_release(struct stage *st)
+{
+	if (st->have_tmp && st->tmp)
+		remove_tree(st->tmp);
+	if (st->lockfd >= 0)
+		close(st->lockfd);
+	ms_free(st->final);
+	ms_free(st->parent);
+	ms_free(st->tmp);
+	ms_free(st->aside);
+	stage_init(st);
+}
+
+/* Messages name the output, not its staging directory. */
+static void stage_fix_msg(const struct stage *st, struct ms_err *err)
+{
+	char *at, msg[sizeof(err->msg)];
+
+	if (!err || !st->tmp || !st->final || !(at = strstr(err->msg, st->tmp)))
+		return;
+	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, st->final,
+		 at + strlen(st->tmp));
+	memcpy(err->msg, msg, sizeof(msg));
+}
+
+/*
+ * Publish the staged output and let the caller record it (o->publish):
+ * when that fails, the output is taken away again and what it replaced
+ * put back, and its error returned. Then what it replaced is removed.
+ */
+static int stage_commit(struct stage *st, const struct ms_shard_result *res,
+			const struct ms_shard_opts *o, struct ms_err *err)
+{
+	int rc;
+
+	if ((rc = stage_publish(st, err)) != MS_OK)
+		return rc;
+	if (o->publish && (rc = o->publish(o->publish_ctx, res, err)) != MS_OK) {
+		stage_unpublish(st);
+		return rc;
+	}
+	stage_finish(st);
+	return MS_OK;
+}
+
 /* ---- split ------------------------------------------------------------------ */
 
 /* Parse "<stem>-ep<rank:05d>-of-<n:05d>.safetensors"; 0 when name is not one. */
@@ -1981,6 +2724,7 @@ static int foreign_shard(const char *dir, const char *stem, uint32_t n, char **f
 {
 	DIR *d = opendir(dir);
 	struct dirent *de;
+	int rc = MS_OK;
 
 	*found = NULL;
 	if (!d) {
@@ -1995,262 +2739,67 @@ static int foreign_shard(const char *dir, const char *stem, uint32_t n, char **f
 		if (de->d_name[0] == '.' || !parse_shard_name(de->d_name, st, sizeof(st), &r, &m))
 			continue;
 		if (m != n || strcmp(st, stem)) {
-			*found = ms_path_join(dir, de->d_name);
+			if (!(*found = ms_path_join(dir, de->d_name)))
+				rc = oom(err);
 			*found_n = m;
 			break;
 		}
 	}
 	closedir(d);
-	return MS_OK;
+	return rc;
 }
 
-static int exists(const char *path)
-{
-	struct stat st;
-
-	return lstat(path, &st) == 0;
-}
-
-/* Input verification that runs beside the writing of outputs. */
-struct verifier {
-	int (*fn)(void *ctx, struct ms_err *err);
+/* Checks of the inputs that run on the pool beside the writing (reshard):
+ * jobs[0, npre) before the output files, the rest after them; then check
+ * must pass before anything is published. */
+struct vplan {
+	const struct job *jobs;
+	size_t npre, njobs;
+	int (*check)(void *ctx, struct ms_err *err);
 	void *ctx;
 };
 
 /*
- * The work of a split: an optional verification task, then one task per
- * shard, taken in that order by a pool of threads (one per CPU). A shard
- * task streams its file; with commit it also renames it into place,
- * otherwise the caller commits every shard once all tasks succeeded.
+ * Write s as the shard set of placement pl to dir: the shards, the config
+ * files and the manifest (last) into the staging directory st (opened by
+ * the caller, unless o->dry_run), published as one step once complete
+ * (stage_commit). Without v, s has its digests and expert records
+ * computed; with v, its jobs run on the pool beside the writing and
+ * v->check must pass before anything is published.
  */
-struct split_pool {
-	const struct src *s;
-	const struct ms_shard_opts *o;
-	struct outspec *os;
-	struct ms_st_writer **ws;
-	struct ms_shard_out_file *files;
-	uint32_t n;
-	struct verifier *v;     /* NULL: no verification task */
-	int commit;
-	pthread_mutex_t lock;
-	uint32_t next;          /* next task: 0 is v (when set), then shards */
-	size_t done;
-	int rc;                 /* first failure */
-	struct ms_err err;
-};
-
-static void pool_fail(struct split_pool *p, int rc, const struct ms_err *err)
-{
-	pthread_mutex_lock(&p->lock);
-	if (p->rc == MS_OK) {
-		p->rc = rc;
-		p->err = *err;
-	}
-	pthread_mutex_unlock(&p->lock);
-}
-
-static void *pool_main(void *arg)
-{
-	struct split_pool *p = arg;
-	uint32_t ntasks = p->n + (p->v ? 1 : 0);
-
-	for (;;) {
-		struct ms_err err = { 0 };
-		uint32_t task, r;
-		int rc;
-
-		pthread_mutex_lock(&p->lock);
-		task = p->next < ntasks && p->rc == MS_OK ? p->next++ : UINT32_MAX;
-		pthread_mutex_unlock(&p->lock);
-		if (task == UINT32_MAX)
-			return NULL;
-		if (p->v && task == 0) {
-			if ((rc = p->v->fn(p->v->ctx, &err)) != MS_OK)
-				pool_fail(p, rc, &err);
-			continue;
-		}
-		r = task - (p->v ? 1 : 0);
-		rc = out_stream(p->s, &p->os[r], &p->ws[r], &err);
-		if (rc == MS_OK && p->commit) {
-			rc = out_commit(p->s, &p->os[r], p->ws[r], &p->files[r], &err);
-			ms_st_writer_free(p->ws[r]);
-			p->ws[r] = NULL;
-		}
-		if (rc != MS_OK) {
-			pool_fail(p, rc, &err);
-			continue;
-		}
-		if (p->commit && p->o->progress) {
-			pthread_mutex_lock(&p->lock);
-			p->o->progress(p->o->progress_ctx, p->files[r].path, ++p->done, p->n);
-			pthread_mutex_unlock(&p->lock);
-		}
-	}
-}
-
-/* Run the pool on ncpus threads, the caller being one of them. */
-static int pool_run(struct split_pool *p, struct ms_err *err)
-{
-	int nth = ms_ncpus();
-	pthread_t th[64];
-	int started = 0;
-
-	if (nth > 64)
-		nth = 64;
-	if ((uint32_t)nth > p->n + 1)
-		nth = (int)p->n + 1;
-	pthread_mutex_init(&p->lock, NULL);
-	for (int i = 1; i < nth; i++) {
-		if (pthread_create(&th[started], NULL, pool_main, p))
-			break;
-		started++;
-	}
-	pool_main(p);
-	for (int i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&p->lock);
-	if (p->rc != MS_OK)
-		return ms_err_set(err, p->rc, "%s", p->err.msg);
-	return MS_OK;
-}
-
-/*
- * Write s as the shard set of placement pl in dir. Without v, s has its
- * digests and expert records computed. With v, v->fn computes and checks
- * them while the shards are written to temporary files (both on the thread
- * pool); they are renamed into place only once it succeeded, so a set that
- * fails its checks never leaves an output behind. (Past MAX_DEFERRED ranks
- * v->fn runs first instead, rather than hold that many files open.)
- */
-/* One writer at a time per output: the parent directory of the output is
- * locked (flock, released when the process dies) for the whole write, so
- * two runs aimed at one directory cannot interleave their shards; the
- * second is refused at once. Returns the lock's fd in *fd (-1 for a dry
- * run). */
-static int lock_output(const char *dir, int dry_run, int *fd, struct ms_err *err)
-{
-	char *copy, *parent;
-	int rc;
-
-	*fd = -1;
-	if (dry_run)
-		return MS_OK;
-	if (!(copy = ms_strdup(dir)))
-		return oom(err);
-	parent = dirname(copy);
-	if ((rc = ms_mkdir_p(parent, err)) != MS_OK) {
-		ms_free(copy);
-		return rc;
-	}
-	*fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (*fd < 0) {
-		rc = ms_err_set(err, MS_EIO, "'%s': cannot open: %s", parent, strerror(errno));
-		ms_free(copy);
-		return rc;
-	}
-	ms_free(copy);
-	if (flock(*fd, LOCK_EX | LOCK_NB)) {
-		int e = errno;
-
-		close(*fd);
-		*fd = -1;
-		if (e == EWOULDBLOCK)
-			return ms_err_set(err, MS_EEXIST,
-					  "'%s': another writer is writing beside it (another writer won)", dir);
-		return ms_err_set(err, MS_EIO, "'%s': cannot lock: %s", dir, strerror(e));
-	}
-	return MS_OK;
-}
-
 static int split_src(const struct src *s, const struct ms_ep_placement *pl, const char *dir,
-		     const struct ms_shard_opts *o, struct verifier *v,
+		     struct stage *st, const struct ms_shard_opts *o, const struct vplan *v,
 		     struct ms_shard_result **out, struct ms_err *err)
 {
 	struct ms_shard_result *res = NULL;
 	struct ms_st_meta *meta = NULL;
-	struct ms_st_writer **ws = NULL;
 	struct outspec *os = NULL;
-	struct split_pool pool;
+	struct pool pool;
+	struct job *jobs = NULL;
 	int32_t *lpos = NULL;
-	char **strs = NULL;
-	char *mpath = NULL, *mtext = NULL, *foreign = NULL, num[16], size_s[16], e_s[16];
-	size_t mlen = 0, nbase = 0, nmeta = 0;
+	char **strs = NULL, **spaths = NULL;
+	char *mtext = NULL, *p = NULL, num[16], size_s[16], e_s[16];
+	const char *fdir;
+	size_t mlen = 0, nbase = 0, nmeta = 0, nj = 0;
 	const struct sfile *f0 = s->nfiles ? &s->files[0] : NULL;
-	uint32_t foreign_n = 0, n = pl->ep_size;
-	int rc, lockfd = -1, defer = v && !o->dry_run && n <= MAX_DEFERRED;
+	uint32_t n = pl->ep_size;
+	int rc;
 
 	*out = NULL;
 	memset(&pool, 0, sizeof(pool));
-	if ((rc = lock_output(dir, o->dry_run, &lockfd, err)) != MS_OK)
-		return rc;
-	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK) {
-		if (lockfd >= 0)
-			close(lockfd);
-		return rc;
-	}
-	if (!(mpath = ms_path_join(dir, MS_EP_MANIFEST))) {
-		rc = oom(err);
+	fdir = o->dry_run ? dir : st->final;
+	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK)
 		goto out;
-	}
-	if ((rc = foreign_shard(dir, stem_of(s), n, &foreign, &foreign_n, err)) != MS_OK)
-		goto out;
-	if (foreign) {
-		rc = ms_err_set(err, MS_EEXIST, "'%s' holds '%s', a shard of another set (EP size %u): "
-				"write to an empty directory", dir, ms_path_base(foreign), foreign_n);
-		goto out;
-	}
-	for (uint32_t r = 0; r < n; r++) {
-		struct ms_shard_out_file *f = &res->files[r];
-		char *name = shard_name(stem_of(s), r, n);
-		uint32_t l = pl->first[r + 1] - pl->first[r];
-
-		f->path = name ? ms_path_join(dir, name) : NULL;
-		ms_free(name);
-		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
-		if (!f->path || !f->experts) {
-			rc = oom(err);
-			goto out;
-		}
-		memcpy(f->experts, pl->ids + pl->first[r], l * sizeof(uint32_t));
-		f->nexperts = l;
-		f->rank = r;
-		if (!o->force && !o->dry_run && exists(f->path)) {
-			rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)",
-					f->path);
-			goto out;
-		}
-	}
-	if (!o->force && !o->dry_run && exists(mpath)) {
-		rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)", mpath);
-		goto out;
-	}
-	for (size_t c = 0; c < s->nconfigs && !o->force && !o->dry_run; c++) {
-		char *p = ms_path_join(dir, s->configs[c].name);
-		int ex = p && exists(p);
-
-		if (ex)
-			rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)", p);
-		ms_free(p);
-		if (!p) {
-			rc = oom(err);
-			goto out;
-		}
-		if (ex)
-			goto out;
-	}
-	if (!o->dry_run && (rc = ms_mkdir_p(dir, err)) != MS_OK)
-		goto out;
-
 	/* Each shard keeps the source's metadata and says what it is. */
 	for (size_t k = 0; f0 && k < f0->nmeta; k++)
 		nbase += strncmp(f0->meta[k].key, META_PREFIX, strlen(META_PREFIX)) != 0;
 	nmeta = nbase + 7;
 	meta = ms_calloc((size_t)n * nmeta, sizeof(*meta));
 	strs = ms_calloc((size_t)n * 2, sizeof(*strs));
+	spaths = ms_calloc(n, sizeof(*spaths));
 	lpos = ms_malloc((size_t)n * s->E * sizeof(*lpos));
 	os = ms_calloc(n, sizeof(*os));
-	ws = ms_calloc(n, sizeof(*ws));
-	if (!meta || !strs || !lpos || !os || !ws) {
+	if (!meta || !strs || !spaths || !lpos || !os) {
 		rc = oom(err);
 		goto out;
 	}
@@ -2261,9 +2810,22 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		struct ms_shard_out_file *f = &res->files[r];
 		struct ms_st_meta *m = meta + (size_t)r * nmeta;
 		int32_t *lp = lpos + (size_t)r * s->E;
+		char *name = shard_name(stem_of(s), r, n);
+		uint32_t l = pl->first[r + 1] - pl->first[r];
 		struct ms_buf b;
 		size_t k = 0;
 
+		f->path = name ? ms_path_join(fdir, name) : NULL;
+		spaths[r] = name && !o->dry_run ? stage_path(st, name) : NULL;
+		ms_free(name);
+		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
+		if (!f->path || !f->experts || (!o->dry_run && !spaths[r])) {
+			rc = oom(err);
+			goto out;
+		}
+		memcpy(f->experts, pl->ids + pl->first[r], l * sizeof(uint32_t));
+		f->nexperts = l;
+		f->rank = r;
 		for (size_t i = 0; f0 && i < f0->nmeta; i++)
 			if (strncmp(f0->meta[i].key, META_PREFIX, strlen(META_PREFIX)))
 				m[k++] = f0->meta[i];
@@ -2289,65 +2851,78 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 			lp[e] = -1;
 		for (uint32_t i = 0; i < f->nexperts; i++)
 			lp[f->experts[i]] = (int32_t)i;
-		os[r] = (struct outspec){ .path = f->path, .force = o->force, .file = -1,
-					  .ids = f->experts, .l = f->nexperts, .lpos = lp,
-					  .nmeta = k, .meta = m };
+		os[r] = (struct outspec){ .path = spaths[r], .file = -1, .ids = f->experts,
+					  .l = f->nexperts, .lpos = lp, .nmeta = k, .meta = m };
 		if ((rc = out_plan(s, &os[r], f, err)) != MS_OK)
 			goto out;
 	}
 	if (o->dry_run)
 		goto done;
-	if (v && !defer && (rc = v->fn(v->ctx, err)) != MS_OK)
-		goto out;
-	pool = (struct split_pool){ .s = s, .o = o, .os = os, .ws = ws, .files = res->files,
-				    .n = n, .v = defer ? v : NULL, .commit = !defer };
-	if ((rc = pool_run(&pool, err)) != MS_OK)
-		goto out;
-	for (uint32_t r = 0; defer && r < n; r++) {
-		if ((rc = out_commit(s, &os[r], ws[r], &res->files[r], err)) != MS_OK)
-			goto out;
-		if (o->progress)
-			o->progress(o->progress_ctx, res->files[r].path, r + 1, n);
-	}
-	for (size_t c = 0; c < s->nconfigs; c++) {
-		char *p = ms_path_join(dir, s->configs[c].name);
 
-		if (!p) {
+	/* the inputs' faulting in first, then the shards (whose fsyncs then
+	 * overlap the checks that follow them), then the checks */
+	nj = (size_t)n + (v ? v->njobs : 0);
+	if (!(jobs = ms_calloc(nj ? nj : 1, sizeof(*jobs)))) {
+		rc = oom(err);
+		goto out;
+	}
+	for (size_t i = 0; v && i < v->npre; i++)
+		jobs[i] = v->jobs[i];
+	for (uint32_t r = 0; r < n; r++) {
+		jobs[(v ? v->npre : 0) + r].kind = JOB_FILE;
+		jobs[(v ? v->npre : 0) + r].file = r;
+	}
+	for (size_t i = v ? v->npre : 0; v && i < v->njobs; i++)
+		jobs[n + i] = v->jobs[i];
+	pool = (struct pool){ .jobs = jobs, .njobs = nj, .s = s, .os = os, .files = res->files,
+			      .nfiles = n, .o = o };
+	if ((rc = pool_run(&pool, o->nthreads, err)) != MS_OK)
+		goto out;
+	if (v && (rc = v->check(v->ctx, err)) != MS_OK)
+		goto out;
+	for (size_t c = 0; c < s->nconfigs; c++) {
+		if (!(p = stage_path(st, s->configs[c].name))) {
 			rc = oom(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, o->force, err);
+		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
 		ms_free(p);
+		p = NULL;
 		if (rc != MS_OK)
 			goto out;
 	}
 	/* The manifest last: a set without one is incomplete and is refused. */
 	if ((rc = manifest_text(s, pl, res->files, &mtext, &mlen, err)) != MS_OK)
 		goto out;
-	if ((rc = ms_write_file_atomic(mpath, mtext, mlen, o->force, err)) != MS_OK)
+	if (!(p = stage_path(st, MS_EP_MANIFEST))) {
+		rc = oom(err);
 		goto out;
-	res->manifest_path = mpath;
-	mpath = NULL;
+	}
+	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
+		goto out;
+	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST))) {
+		rc = oom(err);
+		goto out;
+	}
+	if ((rc = stage_commit(st, res, o, err)) != MS_OK)
+		goto out;
 done:
 	*out = res;
 	res = NULL;
 out:
-	for (uint32_t r = 0; ws && r < n; r++)
-		ms_st_writer_free(ws[r]);
 	for (uint32_t r = 0; strs && r < 2 * n; r++)
 		ms_free(strs[r]);
+	for (uint32_t r = 0; spaths && r < n; r++)
+		ms_free(spaths[r]);
 	ms_free(strs);
-	ms_free(ws);
+	ms_free(spaths);
 	ms_free(os);
+	ms_free(jobs);
 	ms_shard_result_free(res);
 	ms_free(meta);
 	ms_free(lpos);
-	ms_free(mpath);
 	ms_free(mtext);
-	ms_free(foreign);
-	/* the lock goes last: the outputs are complete or removed by now */
-	if (lockfd >= 0)
-		close(lockfd);
+	ms_free(p);
 	return rc;
 }
 
@@ -2380,10 +2955,12 @@ int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts 
 {
 	struct ms_ckpt *c = NULL;
 	struct ms_ep_placement *pl = NULL;
+	struct stage st;
 	struct src s;
 	int rc;
 
 	*out = NULL;
+	stage_init(&st);
 	memset(&s, 0, sizeof(s));
 	s.label = src;
 	if (same_dir(src, dir) || same_parent(src, dir)) {
@@ -2401,6 +2978,9 @@ int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts 
 		goto out;
 	if ((rc = src_point_whole(&s, err)) != MS_OK)
 		goto out;
+	/* an output that may not be replaced is refused before the hashing */
+	if (!o->dry_run && (rc = stage_open(&st, dir, o->force, err)) != MS_OK)
+		goto out;
 	if (!o->dry_run) {
 		if ((rc = ms_ckpt_hash(c, o->nthreads, 0, err)) != MS_OK)
 			goto out;
@@ -2412,8 +2992,12 @@ int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts 
 		    (rc = hash_records(&s, o->nthreads, err)) != MS_OK)
 			goto out;
 	}
-	rc = split_src(&s, pl, dir, o, NULL, out, err);
+	rc = split_src(&s, pl, dir, &st, o, NULL, out, err);
 out:
+	if (rc != MS_OK)
+		stage_fix_msg(&st, err);
+	/* the lock goes last: the output is complete or removed by now */
+	stage_release(&st);
 	ms_ep_placement_free(pl);
 	src_release(&s);
 	ms_ckpt_close(c);
@@ -2592,7 +3176,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)
-			rc = ms_err_set(err, rc, "sha256 failed");
+			rc = rc == MS_ENOMEM ? oom(err) : ms_err_set(err, rc, "'%s': sha256 failed", path);
 		if (rc == MS_OK && memcmp(got, want, MS_SHA256_LEN))
 			rc = ms_err_set(err, MS_ECHECK, "'%s': its sha256 does not match the manifest",
 					path);
@@ -2748,8 +3332,12 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 	ms_buf_init(&b);
 	for (uint32_t i = 0; i < l; i++)
 		ms_buf_printf(&b, i ? ",%u" : "%u", pl->ids[pl->first[r] + i]);
+	if (b.oom) {
+		ms_buf_release(&b);
+		return oom(err);
+	}
 	v = ms_st_meta_get(f, META_PREFIX "experts");
-	same = !b.oom && v && !strcmp(v, b.data ? b.data : "");
+	same = v && !strcmp(v, b.data ? b.data : "");
 	ms_buf_release(&b);
 	if (!same)
 		return ms_err_set(err, MS_EINVAL, "'%s': holds experts [%s], but the placement puts "
@@ -2850,13 +3438,6 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 #define V_SHARDS 1u     /* each shard's state digest: whole sliced tensors hashed */
 #define V_REASSEMBLE 2u /* sliced tensors put back together: the source's digests */
 
-/*
- * Bytes against digests, most precise complaint first. Every byte of the
- * opened shards is checked: replicated and per-expert tensors by their
- * digests, sliced tensors through every expert's canonical slices. With
- * V_SHARDS also the shards' state digests, with V_REASSEMBLE the source
- * digests of the sliced tensors.
- */
 /* Expert `held` on its rank carries the canonical bytes of expert `src`:
  * the same expert block under two global ids, the signature of a warm start
  * that ignored expert parallelism. */
@@ -2873,7 +3454,14 @@ static int dup_block(const struct sset *ss, const char *tensor, uint32_t held, u
 			  tensor, r, shard_label(ss, r), src, rs, held);
 }
 
-static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_err *err)
+/*
+ * Bytes against digests, most precise complaint first, once the jobs of
+ * sset_jobs ran. Every byte of the opened shards is checked: replicated
+ * and per-expert tensors by their digests, sliced tensors through every
+ * expert's canonical slices. With V_SHARDS also the shards' state digests,
+ * with V_REASSEMBLE the source digests of the sliced tensors.
+ */
+static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 {
 	struct src *s = &ss->s;
 	const struct ms_ep_placement *pl = ss->pl;
@@ -2932,8 +3520,6 @@ static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_e
 					  "says %s", t->name, t->st->file->path, hex1, hex2);
 		}
 	}
-	if ((rc = hash_records(s, nthreads, err)) != MS_OK)
-		return rc;
 	for (size_t i = 0; i < s->nrec; i++) {
 		const struct srec *r = &s->rec[i];
 		const struct stensor *t = &s->t[r->tensor];
@@ -2976,7 +3562,7 @@ static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_e
 	if (!(what & V_REASSEMBLE))
 		return MS_OK;
 	/* The sliced tensors put back together must be the source's. */
-	buf = ms_malloc(GATHER_BUF);
+	buf = ms_malloc(CHUNK);
 	all = ms_malloc((size_t)s->E * sizeof(*all));
 	if (!buf || !all) {
 		rc = oom(err);
@@ -2996,8 +3582,8 @@ static int sset_verify(struct sset *ss, int nthreads, unsigned what, struct ms_e
 			goto out;
 		}
 		rc = emit(s, t, all, s->E, buf, sink_sha, c, err);
-		if (rc == MS_OK && ms_sha256_final(c, d) != MS_OK)
-			rc = ms_err_set(err, MS_EIO, "sha256 failed");
+		if (rc == MS_OK && (rc = ms_sha256_final(c, d)) != MS_OK)
+			rc = sha_fail(rc, err);
 		ms_sha256_free(c);
 		if (rc != MS_OK)
 			goto out;
@@ -3014,79 +3600,106 @@ out:
 }
 
 /*
- * Fault the opened shards' mappings in up front when they fit easily in
- * memory: the hashing thread and the writing thread then read them without
- * taking a page fault per 4 KiB each (a large part of the time otherwise).
- * Advice only: a kernel without MADV_POPULATE_READ just faults as it goes.
+ * The hashing a check of the opened shards needs, as pool jobs: faulting
+ * the mappings in (when they fit easily in memory: the hashing and the
+ * writing threads then take no page fault per 4 KiB, a large part of the
+ * time otherwise) as the first *npre jobs; the shards' tensors (all of
+ * them with V_SHARDS, and the headers; else those not sliced, whose
+ * digests are checked); every expert's canonical slices (rec_jobs).
  */
-static void sset_prefault(const struct sset *ss)
+static int sset_jobs(struct sset *ss, unsigned what, struct jobs *jl, size_t *npre,
+		     struct ms_err *err)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
 	uint64_t total = 0;
+	size_t from;
+	int rc;
 
 	for (uint32_t r = 0; r < ss->pl->ep_size; r++)
 		if (ss->ck[r])
 			total += ss->ck[r]->files[0]->size;
-	if (pages <= 0 || psz <= 0 || total > (uint64_t)pages * (uint64_t)psz / 4)
-		return;
 	for (uint32_t r = 0; r < ss->pl->ep_size; r++) {
 		const struct ms_st_file *f = ss->ck[r] ? ss->ck[r]->files[0] : NULL;
+		struct job *j;
 
-		if (f && f->map && f->size)
-#ifdef MADV_POPULATE_READ
-			if (madvise((void *)f->map, f->size, MADV_POPULATE_READ))
-#endif
-				madvise((void *)f->map, f->size, MADV_WILLNEED);
+		if (!f || !f->map || !f->size || pages <= 0 || psz <= 0 ||
+		    total > (uint64_t)pages * (uint64_t)psz / 4)
+			continue;
+		if (!(j = jobs_add(jl, JOB_PREFAULT)))
+			return oom(err);
+		j->data = f->map;
+		j->n = f->size;
 	}
-}
+	*npre = from = jl->n;
+	for (uint32_t r = 0; r < ss->pl->ep_size; r++) {
+		struct ms_st_file *f = ss->ck[r] ? ss->ck[r]->files[0] : NULL;
+		struct job *j;
 
-/* Hash the opened shards and check them (see sset_verify). Without
- * V_SHARDS the sliced tensors are hashed only as canonical slices. */
-static int sset_hash_verify(struct sset *ss, int nthreads, unsigned what, struct ms_err *err)
-{
-	struct ms_st_file **files = ms_calloc(ss->pl->ep_size, sizeof(*files));
-	struct ms_hash_job *jobs = NULL;
-	size_t nf = 0, nj = 0;
-	int rc;
-
-	if (!files)
-		return oom(err);
-	for (uint32_t r = 0; r < ss->pl->ep_size; r++)
-		if (ss->ck[r])
-			files[nf++] = ss->ck[r]->files[0];
-	if (what & V_SHARDS) {
-		rc = ms_st_hash_files(files, nf, nthreads, 0, err);
-		goto out;
-	}
-	for (size_t f = 0; f < nf; f++)
-		nj += files[f]->ntensors;
-	if (!(jobs = ms_calloc(nj ? nj : 1, sizeof(*jobs)))) {
-		rc = oom(err);
-		goto out;
-	}
-	nj = 0;
-	for (size_t f = 0; f < nf; f++)
-		for (size_t i = 0; i < files[f]->ntensors; i++) {
-			struct ms_tensor *t = &files[f]->tensors[i];
+		if (!f)
+			continue;
+		if ((what & V_SHARDS) && f->map) {
+			if (!(j = jobs_add(jl, JOB_HASH)))
+				return oom(err);
+			j->data = f->map;
+			j->n = 8 + f->header_len;
+			j->digest = f->header_digest;
+		}
+		for (size_t i = 0; i < f->ntensors; i++) {
+			struct ms_tensor *t = &f->tensors[i];
 			const struct stensor *x = sset_find(ss, t->name);
 
-			if (x && !is_sliced(x->kind)) {
-				jobs[nj].data = t->data;
-				jobs[nj].n = t->nbytes;
-				jobs[nj++].digest = t->digest;
-			}
+			if (!(what & V_SHARDS) && (!x || is_sliced(x->kind)))
+				continue;
+			if (!(j = jobs_add(jl, JOB_HASH)))
+				return oom(err);
+			j->data = t->data;
+			j->n = t->nbytes;
+			j->digest = t->digest;
 		}
-	rc = ms_hash_run(jobs, nj, nthreads, err);
-	for (size_t f = 0; rc == MS_OK && f < nf; f++)
-		for (size_t i = 0; i < files[f]->ntensors; i++) {
-			const struct stensor *x = sset_find(ss, files[f]->tensors[i].name);
+	}
+	if ((rc = rec_jobs(&ss->s, jl, err)) != MS_OK)
+		return rc;
+	jobs_sort(jl, from);
+	return MS_OK;
+}
 
-			files[f]->tensors[i].has_digest = x && !is_sliced(x->kind);
+/* After the jobs of sset_jobs ran: what they hashed has its digest. */
+static void sset_jobs_done(struct sset *ss, unsigned what)
+{
+	for (uint32_t r = 0; r < ss->pl->ep_size; r++) {
+		struct ms_st_file *f = ss->ck[r] ? ss->ck[r]->files[0] : NULL;
+
+		if (!f)
+			continue;
+		if ((what & V_SHARDS) && f->map)
+			f->has_header_digest = 1;
+		for (size_t i = 0; i < f->ntensors; i++) {
+			const struct stensor *x = sset_find(ss, f->tensors[i].name);
+
+			f->tensors[i].has_digest = (what & V_SHARDS) || (x && !is_sliced(x->kind));
 		}
-out:
-	ms_free(files);
-	ms_free(jobs);
-	return rc != MS_OK ? rc : sset_verify(ss, nthreads, what, err);
+	}
+	rec_finish(&ss->s);
+}
+
+/* Hash the opened shards and check them (see sset_check). */
+static int sset_hash_verify(struct sset *ss, int nthreads, unsigned what, struct ms_err *err)
+{
+	struct jobs jl = { 0 };
+	struct pool p = { 0 };
+	size_t npre;
+	int rc;
+
+	if ((rc = sset_jobs(ss, what, &jl, &npre, err)) == MS_OK) {
+		p.jobs = jl.v;
+		p.njobs = jl.n;
+		rc = pool_run(&p, nthreads, err);
+	}
+	jobs_release(&jl);
+	if (rc != MS_OK)
+		return rc;
+	sset_jobs_done(ss, what);
+	return sset_check(ss, what, err);
 }
 
 /*
@@ -3249,8 +3862,6 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	}
 	if ((rc = sset_point(ss, err)) != MS_OK)
 		return rc;
-	if (hash)
-		sset_prefault(ss);
 	return hash ? sset_hash_verify(ss, nthreads, what, err) : MS_OK;
 }
 
@@ -3305,29 +3916,27 @@ int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 	return rc;
 }
 
-struct reshard_check {
-	struct sset *ss;
-	int nthreads;
-};
-
-static int reshard_verify(void *ctx, struct ms_err *err)
+/* After the reshard's checking jobs ran beside the writing. */
+static int reshard_check(void *ctx, struct ms_err *err)
 {
-	struct reshard_check *c = ctx;
+	struct sset *ss = ctx;
 
-	return sset_hash_verify(c->ss, c->nthreads, 0, err);
+	sset_jobs_done(ss, 0);
+	return sset_check(ss, 0, err);
 }
 
 int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard_opts *o,
 		     struct ms_shard_result **out, struct ms_err *err)
 {
 	struct ms_ep_placement *pl = NULL;
+	struct jobs jl = { 0 };
+	struct vplan v = { 0 };
+	struct stage st;
 	struct sset ss;
-	struct reshard_check chk = { &ss, o->nthreads > 0 ? o->nthreads
-						   : ms_ncpus() > 1 ? ms_ncpus() - 1 : 1 };
-	struct verifier v = { .fn = reshard_verify, .ctx = &chk };
 	int rc;
 
 	*out = NULL;
+	stage_init(&st);
 	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
 	if (rc != MS_OK)
 		goto out;
@@ -3338,13 +3947,24 @@ int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard
 	}
 	if ((rc = ms_ep_placement_new(o->placement, ss.s.E, o->ep_size, &pl, err)) != MS_OK)
 		goto out;
-	if (!o->dry_run)
-		sset_prefault(&ss);
-	/* The inputs are checked on one thread while the outputs are written
-	 * on this one; nothing is renamed into place before the check passed.
-	 * The expert digests of the output are the input's, verified. */
-	rc = split_src(&ss.s, pl, out_dir, o, &v, out, err);
+	if (!o->dry_run) {
+		if ((rc = stage_open(&st, out_dir, o->force, err)) != MS_OK ||
+		    (rc = sset_jobs(&ss, 0, &jl, &v.npre, err)) != MS_OK)
+			goto out;
+		v.jobs = jl.v;
+		v.njobs = jl.n;
+		v.check = reshard_check;
+		v.ctx = &ss;
+	}
+	/* The inputs are checked on the pool while the outputs are written
+	 * there; nothing is published before the check passed. The expert
+	 * digests of the output are the input's, verified. */
+	rc = split_src(&ss.s, pl, out_dir, &st, o, o->dry_run ? NULL : &v, out, err);
 out:
+	if (rc != MS_OK)
+		stage_fix_msg(&st, err);
+	stage_release(&st);
+	jobs_release(&jl);
 	ms_ep_placement_free(pl);
 	sset_release(&ss);
 	return rc;
@@ -3413,16 +4033,18 @@ static int cmp_json_key(const void *a, const void *b)
 /*
  * JSON as Python's json.dumps(x, indent=2, sort_keys=True) writes it: the
  * format of the model.safetensors.index.json that save_pretrained writes,
- * so a merged checkpoint gets back the very bytes of its index.
+ * so a merged checkpoint gets back the very bytes of its index. MS_EINVAL
+ * for what it cannot write (nesting past 64), MS_ENOMEM.
  */
 static int py_json(struct ms_buf *b, const cJSON *j, int depth)
 {
 	const cJSON *c;
 	const cJSON **kids = NULL;
 	size_t n = 0, k = 0;
+	int rc;
 
 	if (depth > 64)
-		return -1;
+		return MS_EINVAL;
 	if (cJSON_IsNull(j)) {
 		ms_buf_puts(b, "null");
 	} else if (cJSON_IsBool(j)) {
@@ -3451,10 +4073,10 @@ static int py_json(struct ms_buf *b, const cJSON *j, int depth)
 			n++;
 		if (!n) {
 			ms_buf_puts(b, obj ? "{}" : "[]");
-			return 0;
+			return MS_OK;
 		}
 		if (!(kids = ms_malloc(n * sizeof(*kids))))
-			return -1;
+			return MS_ENOMEM;
 		cJSON_ArrayForEach(c, j)
 			kids[k++] = c;
 		if (obj)
@@ -3466,21 +4088,21 @@ static int py_json(struct ms_buf *b, const cJSON *j, int depth)
 				py_str(b, kids[k]->string);
 				ms_buf_puts(b, ": ");
 			}
-			if (py_json(b, kids[k], depth + 1)) {
+			if ((rc = py_json(b, kids[k], depth + 1)) != MS_OK) {
 				ms_free(kids);
-				return -1;
+				return rc;
 			}
 			ms_buf_puts(b, k + 1 < n ? ",\n" : "\n");
 		}
 		ms_buf_printf(b, "%*s%s", 2 * depth, "", obj ? "}" : "]");
 		ms_free(kids);
 	} else {
-		return -1;
+		return MS_EINVAL;
 	}
-	return 0;
+	return MS_OK;
 }
 
-static int write_index(const struct src *s, const char *out_dir, int force, struct ms_err *err)
+static int write_index(const struct src *s, const char *out_dir, struct ms_err *err)
 {
 	cJSON *root = cJSON_CreateObject(), *wm = NULL;
 	char *path = NULL;
@@ -3493,13 +4115,17 @@ static int write_index(const struct src *s, const char *out_dir, int force, stru
 	ok = ok && (wm = cJSON_AddObjectToObject(root, "weight_map"));
 	for (size_t i = 0; ok && i < s->n; i++)
 		ok = cJSON_AddStringToObject(wm, s->t[i].name, s->files[s->t[i].file].name) != NULL;
-	if (ok)
-		ok = py_json(&b, root, 0) == 0 && ms_buf_puts(&b, "\n") == 0 && !b.oom;
+	if (ok && (rc = py_json(&b, root, 0)) == MS_EINVAL)
+		rc = ms_err_set(err, rc, "'%s': the index metadata is nested too deeply", s->label);
+	else if (rc == MS_OK && ok)
+		ok = ms_buf_puts(&b, "\n") == 0 && !b.oom;
 	path = ms_path_join(out_dir, s->index_name);
-	if (!ok || !path)
+	if (rc == MS_OK && (!ok || !path))
 		rc = oom(err);
-	else
-		rc = ms_write_file_atomic(path, b.data, b.len, force, err);
+	else if (rc == MS_ENOMEM)
+		oom(err);
+	else if (rc == MS_OK)
+		rc = ms_write_file_atomic(path, b.data, b.len, 0, err);
 	ms_buf_release(&b);
 	cJSON_Delete(root);
 	ms_free(path);
@@ -3510,13 +4136,21 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 		   struct ms_shard_result **out, struct ms_err *err)
 {
 	struct ms_shard_result *res = NULL;
+	struct outspec *os = NULL;
+	struct job *jobs = NULL;
+	struct stage st;
+	struct pool pool;
 	struct sset ss;
 	uint32_t *all = NULL;
 	int32_t *lpos = NULL;
+	char **spaths = NULL, *p = NULL;
+	const char *fdir = out_dir;
+	size_t nf = 0;
 	int rc;
 
 	*out = NULL;
-	rc = sset_open(dir, -1, 0, !o->dry_run, V_SHARDS | V_REASSEMBLE, o->nthreads, &ss, err);
+	stage_init(&st);
+	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	if (same_dir(ss.dir, out_dir)) {
@@ -3524,11 +4158,22 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 				out_dir);
 		goto out;
 	}
-	if ((rc = result_new(&ss.s, ss.pl, ss.s.nfiles, &res, err)) != MS_OK)
+	/* an output that may not be replaced is refused before the hashing */
+	if (!o->dry_run) {
+		if ((rc = stage_open(&st, out_dir, o->force, err)) != MS_OK ||
+		    (rc = sset_hash_verify(&ss, o->nthreads, V_SHARDS | V_REASSEMBLE, err)) != MS_OK)
+			goto out;
+		fdir = st.final;
+	}
+	nf = ss.s.nfiles;
+	if ((rc = result_new(&ss.s, ss.pl, nf, &res, err)) != MS_OK)
 		goto out;
 	all = ms_malloc((size_t)ss.s.E * sizeof(*all));
 	lpos = ms_malloc((size_t)ss.s.E * sizeof(*lpos));
-	if (!all || !lpos) {
+	os = ms_calloc(nf, sizeof(*os));
+	spaths = ms_calloc(nf, sizeof(*spaths));
+	jobs = ms_calloc(nf, sizeof(*jobs));
+	if (!all || !lpos || !os || !spaths || !jobs) {
 		rc = oom(err);
 		goto out;
 	}
@@ -3536,54 +4181,60 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 		all[e] = e;
 		lpos[e] = (int32_t)e;
 	}
-	for (size_t f = 0; f < ss.s.nfiles; f++) {
+	for (size_t f = 0; f < nf; f++) {
 		struct ms_shard_out_file *of = &res->files[f];
 
 		of->rank = UINT32_MAX;
-		of->path = ms_path_join(out_dir, ss.s.files[f].name);
+		of->path = ms_path_join(fdir, ss.s.files[f].name);
 		of->experts = ms_malloc((size_t)ss.s.E * sizeof(uint32_t));
-		if (!of->path || !of->experts) {
+		spaths[f] = o->dry_run ? NULL : stage_path(&st, ss.s.files[f].name);
+		if (!of->path || !of->experts || (!o->dry_run && !spaths[f])) {
 			rc = oom(err);
 			goto out;
 		}
 		memcpy(of->experts, all, (size_t)ss.s.E * sizeof(uint32_t));
 		of->nexperts = ss.s.E;
-		if (!o->force && !o->dry_run && exists(of->path)) {
-			rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)",
-					of->path);
+		os[f] = (struct outspec){ .path = spaths[f], .file = (int64_t)f, .ids = all,
+					  .l = ss.s.E, .lpos = lpos, .nmeta = ss.s.files[f].nmeta,
+					  .meta = ss.s.files[f].meta };
+		if ((rc = out_plan(&ss.s, &os[f], of, err)) != MS_OK)
 			goto out;
-		}
+		jobs[f].kind = JOB_FILE;
+		jobs[f].file = (uint32_t)f;
 	}
-	if (!o->dry_run && (rc = ms_mkdir_p(out_dir, err)) != MS_OK)
+	if (o->dry_run)
+		goto done;
+	pool = (struct pool){ .jobs = jobs, .njobs = nf, .s = &ss.s, .os = os,
+			      .files = res->files, .nfiles = nf, .o = o };
+	if ((rc = pool_run(&pool, o->nthreads, err)) != MS_OK)
 		goto out;
-	for (size_t f = 0; f < ss.s.nfiles; f++) {
-		struct outspec os = { .path = res->files[f].path, .force = o->force,
-				      .file = (int64_t)f, .ids = all, .l = ss.s.E, .lpos = lpos,
-				      .nmeta = ss.s.files[f].nmeta, .meta = ss.s.files[f].meta };
-
-		if ((rc = write_out(&ss.s, &os, o->dry_run, &res->files[f], err)) != MS_OK)
-			goto out;
-		if (o->progress && !o->dry_run)
-			o->progress(o->progress_ctx, os.path, f + 1, ss.s.nfiles);
-	}
-	if (!o->dry_run && ss.s.index_name &&
-	    (rc = write_index(&ss.s, out_dir, o->force, err)) != MS_OK)
+	if (ss.s.index_name && (rc = write_index(&ss.s, st.tmp, err)) != MS_OK)
 		goto out;
-	for (size_t c = 0; c < ss.s.nconfigs && !o->dry_run; c++) {
-		char *p = ms_path_join(out_dir, ss.s.configs[c].name);
-
-		if (!p) {
+	for (size_t c = 0; c < ss.s.nconfigs; c++) {
+		if (!(p = stage_path(&st, ss.s.configs[c].name))) {
 			rc = oom(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, o->force, err);
+		rc = ms_write_file_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
 		ms_free(p);
+		p = NULL;
 		if (rc != MS_OK)
 			goto out;
 	}
+	if ((rc = stage_commit(&st, res, o, err)) != MS_OK)
+		goto out;
+done:
 	*out = res;
 	res = NULL;
 out:
+	if (rc != MS_OK)
+		stage_fix_msg(&st, err);
+	stage_release(&st);
+	for (size_t f = 0; spaths && f < nf; f++)
+		ms_free(spaths[f]);
+	ms_free(spaths);
+	ms_free(os);
+	ms_free(jobs);
 	ms_shard_result_free(res);
 	ms_free(all);
 	ms_free(lpos);

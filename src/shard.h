@@ -64,7 +64,21 @@
  *       tensor's bytes, row e of a grouped tensor): the identity of each
  *       expert's weights whatever the layout: at every N and placement,
  *       and parameter by parameter between per-expert and fused forms.
- * All outputs are written atomically; the manifest last.
+ *
+ * Output is all or nothing. Split, merge and reshard write their whole
+ * output directory (every file fsynced, the manifest last) into a staging
+ * directory beside it, ".<name>.tmp-<pid>-<hex>" (which `msinv gc`
+ * removes when its writer died), and publish it by renaming it into place
+ * in one step (renameat2 RENAME_NOREPLACE; the parent is fsynced). A
+ * failure at any point, or a crash, leaves no output and nothing staged
+ * that gc does not remove; the parent directory is locked (flock) for the
+ * whole operation, so two writers of one output cannot interleave. An
+ * existing output is replaced only with force, only if it holds nothing
+ * but safetensors and JSON files (what these commands write), and only
+ * once the new one is complete: the two are exchanged in one step
+ * (RENAME_EXCHANGE) and the old one removed after the caller accepted the
+ * publication (see ms_shard_opts.publish), so that a failure puts it
+ * back. An existing empty directory is replaced without force.
  *
  * Guarantees, checked by the tests: merge(split(A, N)) has the state digest
  * of A (and restores A's files, __metadata__ and index) for every N and
@@ -116,6 +130,8 @@ int ms_ep_placement_from_json(const char *text, size_t len, const char *label,
 			      struct ms_ep_placement **out, struct ms_err *err);
 void ms_ep_placement_free(struct ms_ep_placement *p);
 
+struct ms_shard_result;
+
 /* Options of split, merge, reshard and check (zero-initialise). */
 struct ms_shard_opts {
 	uint32_t ep_size;       /* split, reshard: N (required) */
@@ -127,10 +143,21 @@ struct ms_shard_opts {
 	int dry_run;            /* plan only: classify and place, write nothing
 				 * (no hashing; a reshard still opens and checks
 				 * the structure of its input shards) */
-	int nthreads;           /* hashing threads, 0: one per CPU */
-	/* Called after each output file is written (may be NULL). */
+	int nthreads;           /* threads, 0: one per CPU (and one more
+				 * while files are written) */
+	/* Called after each output file is written (may be NULL); path is
+	 * the file's final path. */
 	void (*progress)(void *ctx, const char *path, size_t done, size_t total);
 	void *progress_ctx;
+	/* Called once the output is in place, before an output it replaced
+	 * is removed (may be NULL; never on a dry run): res is the result
+	 * the operation returns, its paths the final ones. A caller that
+	 * records the outputs elsewhere (an inventory) does it here and
+	 * commits. When it fails, the output is taken away again, what it
+	 * replaced is put back, and the operation fails with its error (the
+	 * directory is as it was before the call). */
+	int (*publish)(void *ctx, const struct ms_shard_result *res, struct ms_err *err);
+	void *publish_ctx;
 };
 
 /* One written (or, on a dry run, planned) file. */
@@ -166,15 +193,17 @@ struct ms_shard_result {
 void ms_shard_result_free(struct ms_shard_result *r);
 
 /* Split the adapter or checkpoint at src (a file, a directory, a sharded
- * checkpoint with its index) into o->ep_size shards in dir (created if
- * missing). Refuses an input that already is an EP shard, a directory that
- * holds shards of another set, and existing outputs without o->force. */
+ * checkpoint with its index) into o->ep_size shards in the new directory
+ * dir (its parent is created if missing; see above for an existing one).
+ * Refuses an input that already is an EP shard or shard set. On failure
+ * dir is as it was. */
 int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err);
 
 /* Verify the shard set in dir (see ms_shard_check) and write the original
- * layout back to out_dir: the source's files, __metadata__, index and
- * config files. The result's files are the restored safetensors files. */
+ * layout back to the new directory out_dir: the source's files,
+ * __metadata__, index and config files. The result's files are the
+ * restored safetensors files. */
 int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err);
 
@@ -184,8 +213,10 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
  * digests and the reassembly of the sliced tensors (every byte the shards
  * hold is still checked, through the replica, per-expert and canonical
  * expert digests, and the manifest's source digest against its tensors).
- * The check runs beside the writing of the outputs to temporary files; they
- * are renamed into place only once it passed. */
+ * The check runs on the same threads as the writing of the outputs into
+ * the staging directory, which is published only once it passed. Every
+ * input byte is hashed once (for the check), every output byte once (for
+ * the new shards' digests). */
 int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard_opts *o,
 		     struct ms_shard_result **out, struct ms_err *err);
 

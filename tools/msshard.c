@@ -306,6 +306,27 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 
 enum { OP_SPLIT, OP_MERGE, OP_RESHARD };
 
+struct reg_ctx {
+	struct ms_inv *inv;
+	int op;
+	const char *input;
+};
+
+/* The library's publish step: the output is in place; record it and
+ * commit, or fail and the library takes the output away again. The
+ * batch was begun before the operation, so files in place and states
+ * registered are one step. */
+static int reg_publish(void *ctx, const struct ms_shard_result *r, struct ms_err *err)
+{
+	const struct reg_ctx *c = ctx;
+	int rc = reg_outputs(c->inv, c->op, c->input, r, err);
+
+	if (rc == MS_OK)
+		return ms_inv_batch_end(c->inv, 1, err);
+	(void)ms_inv_batch_end(c->inv, 0, NULL);
+	return rc;
+}
+
 static int run_op(int op, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -327,6 +348,7 @@ static int run_op(int op, int argc, char **argv)
 	struct ms_err err = { 0 };
 	const char *outdir = NULL;
 	struct ms_inv *inv = NULL;
+	struct reg_ctx reg;
 	uint64_t v;
 	int c, json = 0, rc;
 
@@ -390,9 +412,15 @@ static int run_op(int op, int argc, char **argv)
 	/* open the inventory first: a missing one fails before any write */
 	if (!o.dry_run && reg_wanted() &&
 	    ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||
-	     (rc = ms_inv_set_origin(inv, "msshard", g_argc, g_argv, &err)) != MS_OK)) {
+	     (rc = ms_inv_set_origin(inv, "msshard", g_argc, g_argv, &err)) != MS_OK ||
+	     (rc = ms_inv_batch_begin(inv, &err)) != MS_OK)) {
 		ms_inv_close(inv);
 		return cli_fail(rc, &err);
+	}
+	if (inv) {
+		reg = (struct reg_ctx){ inv, op, op == OP_MERGE ? outdir : argv[optind] };
+		o.publish = reg_publish;
+		o.publish_ctx = &reg;
 	}
 	if (op == OP_SPLIT)
 		rc = ms_shard_split(argv[optind], outdir, &o, &res, &err);
@@ -400,8 +428,9 @@ static int run_op(int op, int argc, char **argv)
 		rc = ms_shard_merge(argv[optind], outdir, &o, &res, &err);
 	else
 		rc = ms_shard_reshard(argv[optind], outdir, &o, &res, &err);
-	if (rc == MS_OK && inv)
-		rc = reg_outputs(inv, op, op == OP_MERGE ? outdir : argv[optind], res, &err);
+	/* a batch still open was not committed: nothing of it is recorded */
+	if (inv)
+		(void)ms_inv_batch_end(inv, 0, NULL);
 	ms_inv_close(inv);
 	if (rc != MS_OK) {
 		ms_shard_result_free(res);

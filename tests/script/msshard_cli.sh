@@ -1,8 +1,10 @@
 #!/bin/sh
 # msshard from the command line: output, exit codes (0 ok, 1 a check found
 # a difference, 2 usage or bad input), one-line errors that name the file
-# and tensor, round trips compared with cmp, and the man page's EXAMPLES
-# run as written.
+# and tensor, round trips compared with cmp, all-or-nothing output (--force
+# and what it may replace; with a fault-injection build, a failure at every
+# write, fsync and rename and at a sample of allocations leaves nothing),
+# and the man page's EXAMPLES run as written.
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 ROOT=${MS_ROOT:-.}
@@ -147,6 +149,112 @@ n=$("$I" ls --db "$tmp/reg.db" | wc -l)
 run 2 "missing inventory" "$M" split "$FX/peft/qwen3moe-E8-r4/adapter" -o "$tmp/regx" --ep-size 4 --db "$tmp/none.db"
 [ ! -e "$tmp/regx" ] && ok || bad "split wrote although the inventory was missing"
 "$I" log --db "$tmp/reg.db" --check >/dev/null && ok || bad "log chain after registrations"
+
+# ---- all or nothing: --force, refused replacements ---------------------------
+mkdir -p "$tmp/own/notes" && echo mine >"$tmp/own/README.md"
+run 2 "not ours" "$M" split "$A" -o "$tmp/own" --ep-size 2 --force
+one_line "not ours"; has "$tmp/err" "not ours" "not replacing"
+[ "$(ls -A "$tmp/own" | tr '\n' ' ')" = "README.md notes " ] && ok || bad "refused --force touched $tmp/own"
+cp "$tmp/ep2/ep_manifest.json" "$tmp/m2"
+run 0 "force replaces the set" "$M" split "$A" -o "$tmp/ep2" --ep-size 4 --force
+[ -f "$tmp/ep2/adapter_model-ep00003-of-00004.safetensors" ] &&
+	[ ! -e "$tmp/ep2/adapter_model-ep00000-of-00002.safetensors" ] && ok ||
+	bad "--force left a mixed set: $(ls "$tmp/ep2")"
+run 0 "force back" "$M" split "$A" -o "$tmp/ep2" --ep-size 2 --force
+same "$tmp/ep2/ep_manifest.json" "$tmp/m2" "force back"
+if ls -A "$tmp" | grep -q -e '\.tmp-' -e '\.replaced-'; then bad "staging left in $tmp: $(ls -A "$tmp")"; else ok; fi
+
+# ---- a failure part way leaves nothing (fault-injection build) -------------
+# The Nth allocation, write, fsync or rename fails (MS_FAULT_<KIND>=N, in a
+# build made with -DMS_FAULT_INJECTION: MS_BUILD itself, or build-fault when
+# it is newer than the code these commands run through). Every failed run
+# must end with one line on stderr, leave no output and no staging
+# directory, register nothing, and leave an inventory whose files and log
+# verify.
+fault_build() { # DIR: a fault build? (it logs the failures it injects)
+	[ -x "$1/msshard" ] || return 1
+	MS_FAULT_ALLOC=1 MS_FAULT_LOG="$tmp/probe.log" "$1/msshard" plan --experts 2 --ep-size 1 >/dev/null 2>&1
+	[ -s "$tmp/probe.log" ]
+}
+FB=""; why="no fault-injection build (make fault)"
+if fault_build "$B"; then FB=$B
+elif fault_build "$ROOT/build-fault"; then
+	newer=$(cd "$ROOT" && find src/shard.c src/shard.h src/fsutil.c src/safetensors.c \
+		src/inventory.c tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
+	if [ -z "$newer" ]; then FB=$(cd "$ROOT/build-fault" && pwd); else
+		why="build-fault is older than $newer (make fault)"; fi
+fi
+W="$tmp/fault"; P="$tmp/fault.pristine"; OUT=out
+# trial KIND N LABEL CMD...: in a fresh copy of $P at $W (with an
+# inventory); the output is $W/$OUT; $hit says whether the fault was injected
+trial() {
+	fk="$1=$2"; tl="$3 $fk"; shift 3
+	rm -rf "$W" && cp -a "$P" "$W"
+	rm -f "$tmp/fault.log"
+	(cd "$W" && env "MS_FAULT_$fk" MS_FAULT_LOG="$tmp/fault.log" "$@") >"$tmp/out" 2>"$tmp/err"
+	rc=$?
+	if [ -s "$tmp/fault.log" ]; then hit=1; else hit=0; fi
+	if [ "$rc" -eq 0 ]; then
+		# the fault was survived or not reached: the whole output, registered
+		if "$FB/msverify" ep "$W/$OUT" >/dev/null 2>&1 &&
+			[ "$("$FB/msinv" ls --db "$W/inv.db" | wc -l)" -gt "$(wc -l <"$tmp/states.before")" ]; then
+			ok; else bad "$tl: exit 0 without a complete, registered output"; fi
+		return
+	fi
+	if [ "$rc" -ge 128 ]; then bad "$tl: crashed (exit $rc)"; return; fi
+	one_line "$tl"
+	if [ "$OUT" = out ] && [ -e "$W/out" ]; then bad "$tl: exit $rc, but left $W/out: $(ls "$W/out" | tr '\n' ' ')"; else ok; fi
+	# the directory exactly as before: no output, nothing staged, the
+	# inputs (and an output --force would replace) unchanged
+	(cd "$P" && find . -path ./inv.db -prune -o -type f -print | sort | xargs cksum) >"$tmp/sum.before"
+	(cd "$W" && find . -path ./inv.db -prune -o -type f -print | sort | xargs cksum) >"$tmp/sum.after"
+	ls -A "$W" >"$tmp/dir.after"
+	if cmp -s "$tmp/sum.before" "$tmp/sum.after" && cmp -s "$tmp/dir.before" "$tmp/dir.after"; then ok; else
+		bad "$tl: the directory changed: $(diff "$tmp/sum.before" "$tmp/sum.after" | tr '\n' ' ' | cut -c 1-300) $(ls -A "$W" | tr '\n' ' ')"; fi
+	"$FB/msinv" ls --db "$W/inv.db" >"$tmp/states.after"
+	if cmp -s "$tmp/states.before" "$tmp/states.after"; then ok; else
+		bad "$tl: exit $rc, yet registered: $(cut -f 1,2,4 "$tmp/states.after" | tr '\n' ' ')"; fi
+	"$FB/msinv" log --db "$W/inv.db" --check >/dev/null 2>&1 && ok || bad "$tl: log chain broken"
+	"$FB/msverify" files --db "$W/inv.db" >/dev/null 2>&1 && ok || bad "$tl: msverify files failed"
+}
+# sweep KIND LABEL CMD...: N = 1, 2, ... (writes and allocations: a sample
+# spread over the run) until a run no longer reaches the Nth call
+sweep() {
+	kind=$1; label=$2; shift 2
+	case $kind in
+	ALLOC) ns="1 2 3 5 8 13 40 150 300 500 700 900 1100 1300";;
+	WRITE) ns="1 2 3 5 8 13 21 34 55 89";;
+	*) ns=$(seq 1 40);;
+	esac
+	reached=0
+	for n in $ns; do
+		trial "$kind" "$n" "$label" "$@"
+		[ "$hit" -eq 1 ] || break
+		reached=$n
+	done
+	[ "$reached" -ge 1 ] && ok || bad "$label: MS_FAULT_$kind never reached"
+}
+if [ -n "$FB" ]; then
+	mkdir -p "$P" && cp -r "$FX/peft/qwen3moe-E6-r3/adapter" "$P/adapter"
+	"$FB/msinv" init --db "$P/inv.db" >/dev/null
+	"$FB/msshard" split "$P/adapter" -o "$P/ep2" --ep-size 2 --db "$P/inv.db" >/dev/null ||
+		bad "fault setup: split failed"
+	"$FB/msinv" ls --db "$P/inv.db" >"$tmp/states.before"
+	ls -A "$P" >"$tmp/dir.before"
+	for kind in WRITE FSYNC RENAME ALLOC; do
+		sweep "$kind" "split" "$FB/msshard" split adapter -o out --ep-size 3 --db inv.db
+		sweep "$kind" "reshard" "$FB/msshard" reshard ep2 -o out --ep-size 3 --db inv.db
+	done
+	# --force over an existing set: whatever fails, up to the publication
+	# itself (the last rename), the old set stays as it was
+	OUT=ep2
+	for kind in RENAME FSYNC; do
+		sweep "$kind" "split --force" "$FB/msshard" split adapter -o ep2 --ep-size 3 --force --db inv.db
+	done
+	[ "$reached" -ge 6 ] && ok || bad "split --force: only $reached fsyncs reached"
+else
+	echo "msshard_cli: $why: the failure cases were skipped"
+fi
 
 # ---- the man page's examples, as written -----------------------------------
 mkdir -p "$tmp/ex/tests" && ln -s "$(cd "$FX" && pwd)" "$tmp/ex/tests/fixtures"

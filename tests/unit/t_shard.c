@@ -984,14 +984,18 @@ static int test_split_refusals(void)
 	/* existing outputs need --force */
 	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err), MS_EEXIST);
 	T_ASSERT(strstr(err.msg, "--force"));
-	/* a directory with another set's shards */
+	/* --force replaces the whole set: no shard of the old one stays */
 	o.ep_size = 4;
 	o.force = 1;
-	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err), MS_EEXIST);
-	T_ASSERT(strstr(err.msg, "another set"));
+	T_ASSERT_MSG(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err) == MS_OK, "%s",
+		     err.msg);
+	ms_shard_result_free(res);
+	res = NULL;
+	T_ASSERT(access(shard_path(dir, 3, 4, "adapter_model"), F_OK) == 0);
+	T_ASSERT(access(shard_path(dir, 0, 2, "adapter_model"), F_OK) != 0);
 	/* a shard or a shard set is not a source */
 	bprintf(path, sizeof(path), "%s/again", T_TMP);
-	T_ASSERT_EQ_INT(ms_shard_split(shard_path(dir, 0, 2, "adapter_model"), path, &o, &res, &err),
+	T_ASSERT_EQ_INT(ms_shard_split(shard_path(dir, 0, 4, "adapter_model"), path, &o, &res, &err),
 			MS_EINVAL);
 	T_ASSERT(strstr(err.msg, "already an EP shard"));
 	T_ASSERT_EQ_INT(ms_shard_split(dir, path, &o, &res, &err), MS_EINVAL);
@@ -1190,6 +1194,284 @@ static int test_index_roundtrip(void)
 	return 0;
 }
 
+/* ---- all-or-nothing output ------------------------------------------------ */
+
+/* Names in dir (sorted, '\n'-joined) into buf; -1 when dir is unreadable. */
+static int listing(const char *dir, char *buf, size_t n)
+{
+	char cmd[1200];
+	FILE *p;
+	size_t k;
+
+	bprintf(cmd, sizeof(cmd), "ls -A '%s' 2>/dev/null | sort", dir);
+	if (!(p = popen(cmd, "r")))
+		return -1;
+	k = fread(buf, 1, n - 1, p);
+	buf[k] = '\0';
+	return pclose(p) == 0 ? 0 : -1;
+}
+
+struct pub_probe {
+	int calls;
+	int fail;           /* return this code (0: MS_OK) */
+	int saw_all;        /* every result path existed when called */
+	char staging[1024]; /* a staging directory found beside the output */
+	const char *parent;
+};
+
+static int probe_publish(void *ctx, const struct ms_shard_result *res, struct ms_err *err)
+{
+	struct pub_probe *p = ctx;
+	char names[4096];
+
+	p->calls++;
+	p->saw_all = access(res->manifest_path ? res->manifest_path : res->files[0].path, F_OK) == 0;
+	for (size_t i = 0; i < res->nfiles; i++)
+		p->saw_all &= access(res->files[i].path, F_OK) == 0;
+	/* while published, the replaced output (if any) waits under a
+	 * staging name */
+	p->staging[0] = '\0';
+	if (listing(p->parent, names, sizeof(names)) == 0 && strstr(names, ".tmp-"))
+		bprintf(p->staging, sizeof(p->staging), "%s", names);
+	if (p->fail)
+		return ms_err_set(err, p->fail, "recording refused");
+	return MS_OK;
+}
+
+static int test_publish_all_or_nothing(void)
+{
+	char parent[1024], dir[1100], before[4096], after[4096], m0[1200], m1[1200];
+	struct pub_probe probe = { 0 };
+	struct ms_shard_opts o = { .ep_size = 2, .publish = probe_publish, .publish_ctx = &probe };
+	struct ms_shard_result *res = NULL;
+	struct ms_err err = { 0 };
+
+	bprintf(parent, sizeof(parent), "%s/pub", T_TMP);
+	bprintf(dir, sizeof(dir), "%s/set", parent);
+	probe.parent = parent;
+	T_ASSERT(sh("mkdir -p '%s'", parent) == 0);
+
+	/* a refused publication leaves nothing: no output, no staging */
+	probe.fail = MS_EDB;
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err), MS_EDB);
+	T_ASSERT(strstr(err.msg, "recording refused"));
+	T_ASSERT_EQ_INT(probe.calls, 1);
+	T_ASSERT_MSG(probe.saw_all, "the output was not in place when publish was called");
+	T_ASSERT(res == NULL);
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_MSG(after[0] == '\0', "left in %s: %s", parent, after);
+
+	/* accepted: the set is there, nothing else */
+	probe.fail = 0;
+	T_ASSERT_MSG(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err) == MS_OK, "%s",
+		     err.msg);
+	T_ASSERT_EQ_INT(probe.calls, 2);
+	T_ASSERT(probe.saw_all && probe.staging[0] == '\0');
+	ms_shard_result_free(res);
+	res = NULL;
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, "set\n");
+	T_ASSERT(listing(dir, before, sizeof(before)) == 0);
+
+	/* --force with a refused publication puts the old set back, byte for
+	 * byte (a reshard to EP=4 would replace it with other files) */
+	bprintf(m0, sizeof(m0), "%s/ep_manifest.json", dir);
+	bprintf(m1, sizeof(m1), "%s/manifest.before", T_TMP);
+	T_ASSERT(sh("cp '%s' '%s'", m0, m1) == 0);
+	o.force = 1;
+	o.ep_size = 4;
+	probe.fail = MS_EIO;
+	T_ASSERT_EQ_INT(ms_shard_reshard(dir, tmp("pub/set"), &o, &res, &err), MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "another directory"));
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err), MS_EIO);
+	T_ASSERT_EQ_INT(probe.calls, 3);
+	/* the old set waited beside the new one */
+	T_ASSERT_MSG(probe.staging[0], "no staging name held the replaced set");
+	T_ASSERT(listing(dir, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, before);
+	T_ASSERT(same_file(m0, m1));
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, "set\n");
+
+	/* accepted: replaced, the old one removed */
+	probe.fail = 0;
+	T_ASSERT_MSG(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err) == MS_OK, "%s",
+		     err.msg);
+	ms_shard_result_free(res);
+	res = NULL;
+	T_ASSERT(access(shard_path(dir, 3, 4, "adapter_model"), F_OK) == 0);
+	T_ASSERT(access(shard_path(dir, 1, 2, "adapter_model"), F_OK) != 0);
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, "set\n");
+
+	/* merge: the same protocol */
+	o.force = 0;
+	probe.fail = MS_EDB;
+	bprintf(m0, sizeof(m0), "%s/merged", parent);
+	T_ASSERT_EQ_INT(ms_shard_merge(dir, m0, &o, &res, &err), MS_EDB);
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, "set\n");
+	probe.fail = 0;
+	T_ASSERT_MSG(ms_shard_merge(dir, m0, &o, &res, &err) == MS_OK, "%s", err.msg);
+	ms_shard_result_free(res);
+	res = NULL;
+	bprintf(m1, sizeof(m1), "%s/adapter_model.safetensors", m0);
+	T_ASSERT(same_file(m1, fx(FX_E8 "/adapter/adapter_model.safetensors")));
+	T_ASSERT(listing(parent, after, sizeof(after)) == 0);
+	T_ASSERT_STR(after, "merged\nset\n");
+	return 0;
+}
+
+/* What --force may replace, and what an existing directory means. */
+static int test_existing_outputs(void)
+{
+	char dir[1024], other[1024], names[4096];
+	struct ms_shard_opts o = { .ep_size = 2 };
+	struct ms_shard_result *res = NULL;
+	struct ms_err err = { 0 };
+
+	/* an empty directory is taken without --force */
+	bprintf(dir, sizeof(dir), "%s/exist/empty", T_TMP);
+	T_ASSERT(sh("mkdir -p '%s'", dir) == 0);
+	T_ASSERT_MSG(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err) == MS_OK, "%s",
+		     err.msg);
+	ms_shard_result_free(res);
+	res = NULL;
+	T_ASSERT(access(shard_path(dir, 1, 2, "adapter_model"), F_OK) == 0);
+	/* a directory holding anything else is never replaced, not even
+	 * with --force, and stays as it was */
+	bprintf(other, sizeof(other), "%s/exist/mine", T_TMP);
+	T_ASSERT(sh("mkdir -p '%s/sub' && echo notes > '%s/README.md'", other, other) == 0);
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), other, &o, &res, &err), MS_EEXIST);
+	T_ASSERT(strstr(err.msg, "--force"));
+	o.force = 1;
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), other, &o, &res, &err), MS_EEXIST);
+	T_ASSERT_MSG(strstr(err.msg, "not replacing"), "%s", err.msg);
+	T_ASSERT(listing(other, names, sizeof(names)) == 0);
+	T_ASSERT_STR(names, "README.md\nsub\n");
+	/* a file is not a directory to replace */
+	bprintf(other, sizeof(other), "%s/exist/file", T_TMP);
+	T_ASSERT(sh("echo x > '%s'", other) == 0);
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), other, &o, &res, &err), MS_EEXIST);
+	/* nothing staged is left beside them */
+	bprintf(other, sizeof(other), "%s/exist", T_TMP);
+	T_ASSERT(listing(other, names, sizeof(names)) == 0);
+	T_ASSERT_STR(names, "empty\nfile\nmine\n");
+	/* the messages name the output, never its staging directory */
+	o.force = 0;
+	T_ASSERT_EQ_INT(ms_shard_split(fx(FX_E8 "/adapter"), dir, &o, &res, &err), MS_EEXIST);
+	T_ASSERT(!strstr(err.msg, ".tmp-"));
+	return 0;
+}
+
+/* ---- large shapes: many runs of experts, rows larger than a tile --------- */
+
+/*
+ * A synthetic fused LoRA (one wrapper, down_proj) of E experts at rank r,
+ * A [E*r, in] and B [out, r*E], F32 with seeded values. The expert
+ * digests the manifest records are compared with the SHA-256 of B_e and
+ * A_e regrouped here, and reshard with split and merge with the source.
+ */
+static int fused_case(const char *name, uint32_t E, uint32_t r, uint32_t in, uint32_t out)
+{
+	char src[1024], d2[1100], d4[1100], d4s[1100], m[1100], x[1200], y[1200], *text = NULL;
+	uint64_t sa[2] = { (uint64_t)E * r, in }, sb[2] = { out, (uint64_t)r * E };
+	float *A = calloc((size_t)E * r * in, sizeof(float));
+	float *B = calloc((size_t)out * r * E, sizeof(float));
+	float *be = malloc((size_t)out * r * sizeof(float));
+	struct ms_st_writer *w = NULL;
+	struct ms_shard_opts o = { .ep_size = 4, .placement = "round-robin" };
+	struct ms_shard_result *res = NULL;
+	struct ms_err err = { 0 };
+	const cJSON *ex;
+	cJSON *root;
+	uint32_t seed = 12345;
+	size_t len, checked = 0;
+
+	T_ASSERT(A && B && be);
+	for (size_t i = 0; i < (size_t)E * r * in; i++)
+		A[i] = (float)((seed = seed * 1103515245u + 12345u) >> 8) / 16777216.0f;
+	for (size_t i = 0; i < (size_t)out * r * E; i++)
+		B[i] = (float)((seed = seed * 1103515245u + 12345u) >> 8) / 16777216.0f;
+	bprintf(src, sizeof(src), "%s/%s", T_TMP, name);
+	T_ASSERT(sh("mkdir -p '%s'", src) == 0);
+	bprintf(x, sizeof(x), "%s/adapter_config.json", src);
+	bprintf(y, sizeof(y), "{\"peft_type\": \"LORA\", \"r\": %u, \"lora_alpha\": %u, "
+		"\"target_modules\": [], \"target_parameters\": [\"mlp.experts.down_proj\"]}\n",
+		r, 2 * r);
+	T_ASSERT(ms_write_file_atomic(x, y, strlen(y), 1, &err) == MS_OK);
+	bprintf(x, sizeof(x), "%s/adapter_model.safetensors", src);
+	T_ASSERT(ms_st_writer_new(x, 1, &w, &err) == MS_OK);
+	T_ASSERT(ms_st_writer_add(w, "base_model.model.model.layers.0.mlp.experts.lora_A.weight",
+				  MS_DTYPE_F32, 2, sa, A, &err) == MS_OK);
+	T_ASSERT(ms_st_writer_add(w, "base_model.model.model.layers.0.mlp.experts.lora_B.weight",
+				  MS_DTYPE_F32, 2, sb, B, &err) == MS_OK);
+	T_ASSERT_MSG(ms_st_writer_commit(w, &err) == MS_OK, "%s", err.msg);
+	ms_st_writer_free(w);
+
+	bprintf(d2, sizeof(d2), "%s-ep2", src);
+	bprintf(d4, sizeof(d4), "%s-ep4", src);
+	bprintf(d4s, sizeof(d4s), "%s-ep4s", src);
+	bprintf(m, sizeof(m), "%s-merged", src);
+	T_ASSERT_MSG(split(src, d2, 2, NULL, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_shard_reshard(d2, d4, &o, &res, &err) == MS_OK, "%s", err.msg);
+	ms_shard_result_free(res);
+	T_ASSERT(split(src, d4s, 4, "round-robin", &err) == MS_OK);
+	for (uint32_t k = 0; k < 4; k++) {
+		bprintf(y, sizeof(y), "%s", shard_path(d4s, k, 4, "adapter_model"));
+		T_ASSERT_MSG(same_file(shard_path(d4, k, 4, "adapter_model"), y), "%s: rank %u", name, k);
+	}
+	o.placement = NULL;
+	T_ASSERT_MSG(ms_shard_merge(d4, m, &o, &res, &err) == MS_OK, "%s", err.msg);
+	ms_shard_result_free(res);
+	bprintf(y, sizeof(y), "%s/adapter_model.safetensors", m);
+	T_ASSERT_MSG(same_file(x, y), "%s: merge differs from the source", name);
+
+	/* every expert's digests, regrouped here */
+	bprintf(x, sizeof(x), "%s/ep_manifest.json", d4);
+	T_ASSERT(ms_read_file(x, 1u << 30, &text, &len, &err) == MS_OK);
+	root = cJSON_Parse(text);
+	free(text);
+	T_ASSERT(root);
+	cJSON_ArrayForEach(ex, cJSON_GetObjectItem(root, "experts")) {
+		uint32_t e = (uint32_t)cJSON_GetObjectItem(ex, "expert")->valueint;
+		const char *part = cJSON_GetObjectItem(ex, "part")->valuestring;
+		uint8_t d[MS_SHA256_LEN];
+		char hex[2 * MS_SHA256_LEN + 1];
+
+		if (!strcmp(part, "lora_B")) {
+			for (uint32_t oo = 0; oo < out; oo++)
+				for (uint32_t k = 0; k < r; k++)
+					be[(size_t)oo * r + k] = B[(size_t)oo * r * E + (size_t)k * E + e];
+			T_ASSERT(ms_sha256(be, (size_t)out * r * sizeof(float), d) == MS_OK);
+		} else {
+			T_ASSERT(ms_sha256(A + (size_t)e * r * in, (size_t)r * in * sizeof(float), d) ==
+				 MS_OK);
+		}
+		ms_hex(d, MS_SHA256_LEN, hex);
+		T_ASSERT_MSG(!strcmp(hex, cJSON_GetObjectItem(ex, "sha256")->valuestring),
+			     "%s: expert %u %s", name, e, part);
+		checked++;
+	}
+	cJSON_Delete(root);
+	T_ASSERT_EQ_INT(checked, 2 * E);
+	free(A);
+	free(B);
+	free(be);
+	return 0;
+}
+
+static int test_large_shapes(void)
+{
+	/* 256 experts, round robin over 4 ranks from 2: 64 runs of one
+	 * expert per rank and B row */
+	if (fused_case("runs", 256, 1, 8, 8))
+		return 1;
+	/* a B row of 1.3 MB: regrouped one expert at a time in the split,
+	 * in tiles when resharded from two halves */
+	return fused_case("wide", 16, 20000, 1, 2);
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_placement),
 	T_CASE(test_fused_deltas_e8),
@@ -1208,6 +1490,9 @@ static const struct t_case cases[] = {
 	T_CASE(test_load_rank),
 	T_CASE(test_expert_digests_layout_free),
 	T_CASE(test_index_roundtrip),
+	T_CASE(test_publish_all_or_nothing),
+	T_CASE(test_existing_outputs),
+	T_CASE(test_large_shapes),
 };
 
 T_MAIN(cases)
