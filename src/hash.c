@@ -133,7 +133,7 @@ struct pool {
 	struct ms_hash_job **order;
 	size_t n;
 	size_t next;
-	int failed;
+	int failed;   /* the first failure's code */
 	pthread_mutex_t lock;
 };
 
@@ -143,6 +143,7 @@ static void *pool_worker(void *arg)
 
 	for (;;) {
 		struct ms_hash_job *j;
+		int rc;
 
 		pthread_mutex_lock(&p->lock);
 		if (p->next >= p->n || p->failed) {
@@ -151,9 +152,11 @@ static void *pool_worker(void *arg)
 		}
 		j = p->order[p->next++];
 		pthread_mutex_unlock(&p->lock);
-		if (ms_sha256(j->data, (size_t)j->n, j->digest) != MS_OK) {
+		rc = ms_sha256(j->data, (size_t)j->n, j->digest);
+		if (rc != MS_OK) {
 			pthread_mutex_lock(&p->lock);
-			p->failed = 1;
+			if (!p->failed)
+				p->failed = rc;
 			pthread_mutex_unlock(&p->lock);
 		}
 	}
@@ -198,8 +201,10 @@ int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err 
 	for (int i = 1; i <= started; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&p.lock);
+	/* a context that could not be made is (in practice) memory */
 	if (p.failed)
-		rc = ms_err_set(err, MS_EIO, "sha256 failed");
+		rc = ms_err_set(err, p.failed, p.failed == MS_ENOMEM ? "out of memory"
+								: "sha256 failed");
 out:
 	ms_free(p.order);
 	ms_free(th);
