@@ -567,8 +567,8 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 			rc = ms_err_set(err, MS_ECHECK, "%s; not exporting the state", e.msg);
 			goto out;
 		}
-		if (ms_sha256(ctext[i], clen[i], d) != MS_OK) {
-			rc = ms_err_set(err, MS_EIO, "sha256 failed");
+		if ((rc = ms_sha256(ctext[i], clen[i], d)) != MS_OK) {
+			rc = ms_sha256_err(err, rc);
 			goto out;
 		}
 		if (memcmp(d, vs->configs[i].digest, 32)) {
@@ -971,6 +971,8 @@ static int plan_build(struct importer *x, struct ms_err *err)
 		return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
 				   "more than %u JSON values", MS_IMPORT_MAX_JSON_VALUES);
 	rc = ms_manifest_parse(x->manifest, x->manifest_len, MS_BUNDLE_MANIFEST, NULL, &x->vs, &e);
+	if (rc == MS_ENOMEM)
+		return ms_err_set(err, rc, "out of memory");
 	if (rc != MS_OK)
 		return ms_err_set(err, rc, "'%s': member %s", x->apath, e.msg);
 	memcpy(p->digest, x->vs->digest, MS_STATE_DIGEST_LEN);
@@ -1752,14 +1754,25 @@ static int label_ok(const char *l)
 	return nonhex;
 }
 
+/* A directory a previous import made: it holds MANIFEST.json. */
+static int holds_manifest(const char *dir)
+{
+	struct stat st;
+	char *m = ms_path_join(dir, MS_BUNDLE_MANIFEST);
+	int ok;
+
+	if (!m)
+		return 0;
+	ok = lstat(m, &st) == 0 && S_ISREG(st.st_mode);
+	ms_free(m);
+	return ok;
+}
+
 /* An existing target --force may replace: an empty directory, or one a
- * previous import made (it holds MANIFEST.json). */
+ * previous import made. */
 static int replaceable(const char *dir)
 {
 	struct stat st;
-	char *m;
-	int ok;
-
 	DIR *d;
 	struct dirent *de;
 	int empty = 1;
@@ -1770,19 +1783,19 @@ static int replaceable(const char *dir)
 		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
 			empty = 0;
 	closedir(d);
-	if (empty)
-		return 1;
-	if (!(m = ms_path_join(dir, MS_BUNDLE_MANIFEST)))
-		return 0;
-	ok = lstat(m, &st) == 0 && S_ISREG(st.st_mode);
-	ms_free(m);
-	return ok;
+	return empty || holds_manifest(dir);
 }
 
 static int rename_noreplace(const char *from, const char *to)
 {
-	int rc = (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
 	struct stat st;
+	int rc;
+
+	if (ms_fault("rename")) {
+		errno = EIO;
+		return -1;
+	}
+	rc = (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
 
 	if (rc && (errno == EINVAL || errno == ENOSYS)) {
 		/* no RENAME_NOREPLACE here: check, then rename (a small window) */
@@ -1808,6 +1821,62 @@ static int fsync_path(int rootfd, const char *rel)
 	return rc;
 }
 
+/* May a rerun adopt the existing into_dir (target: the same without a
+ * trailing '/')? Yes when its MANIFEST.json is the archive's, byte for
+ * byte, and no copy of the state is recorded there: what an import killed
+ * between moving the directory into place and registering it leaves. Its
+ * files are verified afterwards like extracted ones. MS_OK to adopt,
+ * MS_EEXIST (the refusal of an existing target) otherwise. */
+static int adoptable(struct ms_inv *inv, struct importer *x, const char *target,
+		     const char *into_dir, struct ms_err *err)
+{
+	struct ms_inv_files files = {0};
+	struct ms_err e = {0};
+	char *m = ms_path_join(target, MS_BUNDLE_MANIFEST), *text = NULL, *real = NULL;
+	size_t len = 0, n;
+	int rc;
+
+	if (!m)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_read_file(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
+	ms_free(m);
+	if (rc == MS_ENOMEM || rc == MS_EIO) {
+		rc = ms_err_set(err, rc, "%s", e.msg);
+		goto out;
+	}
+	if (rc != MS_OK || len != x->manifest_len || memcmp(text, x->manifest, len)) {
+		rc = ms_err_set(err, MS_EEXIST,
+				"'%s': exists (use --force to replace a previous import)", into_dir);
+		goto out;
+	}
+	rc = ms_inv_state_files(inv, x->plan->digest, 0, 0, &files, &e);
+	if (rc == MS_ENOTFOUND) {
+		rc = MS_OK;
+		goto out;
+	}
+	if (rc != MS_OK) {
+		rc = ms_err_set(err, rc, "%s", e.msg);
+		goto out;
+	}
+	if (!(real = realpath(target, NULL))) {
+		rc = ms_err_set(err, MS_EIO, "'%s': %s", into_dir, strerror(errno));
+		goto out;
+	}
+	n = strlen(real);
+	for (size_t i = 0; i < files.n; i++)
+		if (!strncmp(files.files[i].path, real, n) && files.files[i].path[n] == '/') {
+			rc = ms_err_set(err, MS_EEXIST,
+					"'%s': exists, and the state is already imported there (use --force to replace it)",
+					into_dir);
+			break;
+		}
+out:
+	free(real);
+	ms_free(text);
+	ms_inv_files_release(&files);
+	return rc;
+}
+
 int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *into_dir,
 		     const struct ms_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
 		     struct ms_err *err)
@@ -1822,7 +1891,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	size_t ndirs = 0;
 	double t0 = ms_now();
 	struct stat st;
-	int rc, rootfd = -1, moved_aside = 0, placed = 0, exists;
+	int rc, rootfd = -1, moved_aside = 0, placed = 0, exists, adopt = 0, batch = 0;
 
 	importer_init(&x);
 	if (!opts) {
@@ -1867,11 +1936,16 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	}
 	exists = lstat(target, &st) == 0;
 	if (exists && !opts->force) {
-		rc = ms_err_set(err, MS_EEXIST, "'%s': exists (use --force to replace a previous import)",
-				into_dir);
-		goto out;
+		/* an earlier run of this import may have left it, unregistered:
+		 * decided once the archive's manifest is read (adoptable) */
+		if (!S_ISDIR(st.st_mode) || !holds_manifest(target)) {
+			rc = ms_err_set(err, MS_EEXIST,
+					"'%s': exists (use --force to replace a previous import)", into_dir);
+			goto out;
+		}
+		adopt = 1;
 	}
-	if (exists && !replaceable(target)) {
+	if (exists && !adopt && !replaceable(target)) {
 		rc = ms_err_set(err, MS_EEXIST,
 				"'%s': exists and is neither empty nor a previous import; not replacing it",
 				into_dir);
@@ -1905,6 +1979,28 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 			goto out;
 		}
 	}
+	if (state_dirs(&x, &dirs, &ndirs)) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if (adopt) {
+		struct ms_err e = {0};
+
+		if ((rc = adoptable(inv, &x, target, into_dir, err)) != MS_OK)
+			goto out;
+		rc = verify_extracted(&x, target, dirs, ndirs, opts->nthreads, &e);
+		if (rc == MS_ECHECK || rc == MS_EINVAL) {
+			rc = ms_err_set(err, MS_EEXIST,
+					"'%s': exists, and does not hold what the archive holds (%s); use --force to replace it",
+					into_dir, e.msg);
+			goto out;
+		}
+		if (rc != MS_OK) {
+			rc = ms_err_set(err, rc, "%s", e.msg);
+			goto out;
+		}
+		goto record;
+	}
 	/* from here the stream may hold the declared bytes and their framing,
 	 * or max_ratio times the archive, whichever is larger */
 	{
@@ -1915,7 +2011,8 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 
 		x.z.limit = lim > byratio ? lim : byratio;
 	}
-	/* extract into a fresh directory beside the target */
+	/* extract into a fresh directory beside the target; messages name the
+	 * target, where the files are going */
 	for (int tries = 0;; tries++) {
 		ms_free(tmp);
 		tmp = ms_asprintf("%s/.%s.import-%ld-%08x", parent, base, (long)getpid(), rand32());
@@ -1935,7 +2032,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	}
 	rootfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (rootfd < 0) {
-		rc = ms_err_set(err, MS_EIO, "'%s': %s", tmp, strerror(errno));
+		rc = ms_err_set(err, MS_EIO, "'%s': %s", into_dir, strerror(errno));
 		goto out;
 	}
 	{
@@ -1944,7 +2041,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 
 		if (fd < 0 || ms_write_all(fd, x.manifest, x.manifest_len) || sync_fd(fd)) {
 			rc = ms_err_set(err, MS_EIO, "'%s': cannot write " MS_BUNDLE_MANIFEST ": %s",
-					tmp, strerror(errno));
+					into_dir, strerror(errno));
 			if (fd >= 0)
 				close(fd);
 			goto out;
@@ -1955,21 +2052,22 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		goto out;
 	for (size_t i = 0; i < x.ndirs; i++)
 		if (fsync_path(rootfd, x.dirs[i])) {
-			rc = ms_err_set(err, MS_EIO, "'%s/%s': fsync failed", tmp, x.dirs[i]);
+			rc = ms_err_set(err, MS_EIO, "'%s/%s': fsync failed: %s", into_dir, x.dirs[i],
+					strerror(errno));
 			goto out;
 		}
 	if (fsync_path(rootfd, NULL)) {
-		rc = ms_err_set(err, MS_EIO, "'%s': fsync failed", tmp);
-		goto out;
-	}
-	if (state_dirs(&x, &dirs, &ndirs)) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_set(err, MS_EIO, "'%s': fsync failed: %s", into_dir, strerror(errno));
 		goto out;
 	}
 	if ((rc = verify_extracted(&x, tmp, dirs, ndirs, opts->nthreads, err)) != MS_OK)
 		goto out;
 
-	/* every byte verified: move into place, then register */
+	/* every byte verified: move into place and register as one step (a
+	 * batch: a failure rolls the registration back and the files out) */
+	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
+		goto out;
+	batch = 1;
 	if (exists) {
 		aside = ms_asprintf("%s/.%s.replaced-%ld-%08x", parent, base, (long)getpid(), rand32());
 		if (!aside) {
@@ -1990,8 +2088,15 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	}
 	placed = 1;
 	if (ms_fsync_dir_of(target)) {
-		rc = ms_err_set(err, MS_EIO, "'%s': fsync of the directory failed", into_dir);
+		rc = ms_err_set(err, MS_EIO, "'%s': fsync of the directory failed: %s", into_dir,
+				strerror(errno));
 		goto out;
+	}
+record:
+	if (!batch) {
+		if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
+			goto out;
+		batch = 1;
 	}
 	if (!(final = join_all(target, dirs, ndirs))) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
@@ -2010,21 +2115,23 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 
 		rc = ms_inv_add_paths(inv, (const char *const *)final, ndirs, &ao, got, &e);
 		if (rc != MS_OK) {
-			rc = ms_err_set(err, rc, "'%s': cannot register the state: %s", archive_path, e.msg);
+			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
+					     : ms_err_set(err, rc, "'%s': cannot register the state: %s",
+							  archive_path, e.msg);
 			goto out;
 		}
 	}
 	if (strcmp(got, x.plan->digest)) {
-		/* the files changed between the check and the registration */
-		struct ms_err e = {0};
-
-		if (as.new_state)
-			ms_inv_rm(inv, got, 1, &e);
+		/* the files changed between the check and the registration:
+		 * the rollback below records nothing */
 		rc = fail_archive(&x, err, MS_ECHECK,
 				  "registered as %s, not the manifest's %s (files changed during the import)",
 				  got, x.plan->digest);
 		goto out;
 	}
+	batch = 0;
+	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)
+		goto out;
 	memcpy(digest_out, got, MS_STATE_DIGEST_LEN);
 	if (opts->stats) {
 		opts->stats->members = x.plan->nmembers;
@@ -2032,6 +2139,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		opts->stats->archive_bytes = x.plan->archive_bytes;
 		opts->stats->stream_bytes = x.z.out_bytes;
 		opts->stats->new_state = as.new_state;
+		opts->stats->adopted = adopt;
 		opts->stats->seconds = ms_now() - t0;
 	}
 	if (moved_aside) {
@@ -2041,6 +2149,8 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	placed = 0;
 	rc = MS_OK;
 out:
+	if (batch)
+		(void)ms_inv_batch_end(inv, 0, NULL);
 	if (rootfd >= 0)
 		close(rootfd);
 	if (placed)
@@ -2049,6 +2159,8 @@ out:
 		rm_tree(tmp);
 	if (moved_aside && rename(aside, target) == 0)
 		moved_aside = 0;
+	if (placed || moved_aside)
+		(void)ms_fsync_dir_of(target);
 	importer_release(&x);
 	free_all(dirs, ndirs);
 	free_all(final, ndirs);

@@ -103,6 +103,8 @@ struct ms_import_stats {
 	uint64_t stream_bytes;   /* decompressed tar bytes read */
 	double seconds;
 	int new_state;           /* the state was not in the inventory before */
+	int adopted;             /* into_dir was there already, from an earlier
+				  * run of this import, and was registered */
 };
 
 struct ms_import_opts {
@@ -156,15 +158,26 @@ void ms_import_plan_free(struct ms_import_plan *p);
  * parent must exist) and register it in inv, writing the state digest to
  * digest_out. The members are extracted into a temporary directory beside
  * into_dir (".<name>.import-<pid>-<hex>": files created O_EXCL|O_NOFOLLOW
- * and fsynced), everything is verified against the manifest, the directory
- * is renamed to into_dir and the state registered with ms_inv_add_paths
- * (kind, label, EP placement from the manifest; opts->label overrides the
- * label). into_dir keeps MANIFEST.json, so the state can also be verified
- * without an inventory. An existing into_dir is MS_EEXIST unless
- * opts->force and it is empty or a previous import. On any failure nothing
- * is registered and the file system is left as it was. Codes: MS_EINVAL
- * (hostile or malformed archive, bad options), MS_ECHECK (bytes that do not
- * match the manifest), MS_EEXIST, MS_EIO, MS_EDB, MS_ENOMEM.
+ * and fsynced), everything is verified against the manifest, then, in one
+ * inventory batch (inventory.h), the directory is renamed to into_dir and
+ * the state registered with ms_inv_add_paths (kind, label, EP placement
+ * from the manifest; opts->label overrides the label) and the batch
+ * committed. into_dir keeps MANIFEST.json, so the state can also be
+ * verified without an inventory.
+ *
+ * An existing into_dir is MS_EEXIST, with two exceptions. With opts->force
+ * an empty directory or a previous import is replaced (kept aside until
+ * the commit). Without it, a directory whose MANIFEST.json is this
+ * archive's, byte for byte, and where no copy of the state is recorded (an
+ * import killed between the rename and the commit leaves exactly that) is
+ * adopted: its files are verified against the manifest as extracted ones
+ * are, and registered (opts->stats->adopted). A directory that does not
+ * verify is MS_EEXIST, naming what differs.
+ *
+ * On any failure nothing is registered and the file system is left as it
+ * was. Codes: MS_EINVAL (hostile or malformed archive, bad options),
+ * MS_ECHECK (bytes that do not match the manifest), MS_EEXIST, MS_EIO,
+ * MS_EDB, MS_ENOMEM.
  */
 int ms_import_bundle(struct ms_inv *inv, const char *archive_path,
 		     const char *into_dir, const struct ms_import_opts *opts,

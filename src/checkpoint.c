@@ -564,7 +564,7 @@ int ms_state_digest(struct ms_tensor *const *tensors, size_t n,
 	rc = ms_sha256(text, len, d);
 	ms_free(text);
 	if (rc != MS_OK)
-		return ms_err_set(err, rc, rc == MS_ENOMEM ? "out of memory" : "sha256 failed");
+		return ms_sha256_err(err, rc);
 	memcpy(out, "sha256:", 7);
 	ms_hex(d, 32, out + 7);
 	return MS_OK;

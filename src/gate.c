@@ -56,8 +56,19 @@ static int parse_iso(const char *s, int64_t *ns)
 	return 0;
 }
 
-/* A verification of digest newer than every file's change, with the files
- * unchanged since they were recorded. */
+/*
+ * A verification of digest that started after every file's last change,
+ * by a margin: file times come from the kernel's coarse clock (a tick
+ * behind the clock the verification time is read from) and some file
+ * systems keep whole or even-numbered seconds, so a change made just after
+ * a verification can carry an earlier time than the verification itself
+ * (git's "racily clean" files). A file changed within RECENT_SLACK_NS of
+ * the verification's start is not trusted; it is hashed again. The start
+ * (recorded time minus the recorded duration) rules out changes made while
+ * the verification read the files.
+ */
+#define RECENT_SLACK_NS 2000000000LL
+
 static int recent_ok(struct ms_inv *inv, const char *digest, const struct ms_vstate *s)
 {
 	struct ms_inv_verification *v = NULL;
@@ -70,6 +81,7 @@ static int recent_ok(struct ms_inv *inv, const char *digest, const struct ms_vst
 		goto out;
 	if (v[0].result != MS_INV_RESULT_OK || parse_iso(v[0].at, &at))
 		goto out;
+	at -= (int64_t)(v[0].seconds * 1e9) + RECENT_SLACK_NS;
 	for (size_t i = 0; i < s->nfiles; i++) {
 		struct stat st;
 		int64_t c;
@@ -135,8 +147,17 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 			return ms_err_set(err, rc, "%s", lerr.msg);
 	} else {
 		/* a path: its bytes are hashed now, so they are verified by
-		 * construction; they must be an inventoried state */
-		rc = ms_ckpt_open(e->resolved, &ck, &lerr);
+		 * construction; they must be an inventoried state. A relative
+		 * path is relative to the plan's directory. */
+		const char *base = ms_path_base(g->plan_path);
+		char *where = e->path[0] == '/' || base == g->plan_path
+				      ? ms_strdup(e->path)
+				      : ms_asprintf("%.*s%s", (int)(base - g->plan_path), g->plan_path,
+						    e->path);
+
+		if (!where)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_ckpt_open(where, &ck, &lerr);
 		if (rc == MS_OK)
 			rc = ms_ckpt_hash(ck, nthreads, 0, &lerr);
 		if (rc == MS_OK)
@@ -145,12 +166,27 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 			for (size_t f = 0; f < ck->nfiles; f++)
 				in->bytes += ck->files[f]->size;
 		ms_ckpt_close(ck);
-		if (rc == MS_EINVAL || rc == MS_ENOTFOUND || rc == MS_ECHECK)
+		if (rc == MS_EINVAL || rc == MS_ENOTFOUND || rc == MS_ECHECK) {
+			ms_free(where);
 			return refuse(g, "role '%s': %s", e->role, lerr.msg);
-		if (rc != MS_OK)
-			return ms_err_set(err, rc, "%s", lerr.msg);
-		if (!(in->path = realpath(e->resolved, NULL)))
-			return ms_err_set(err, MS_EIO, "'%s': %s", e->resolved, strerror(errno));
+		}
+		if (rc != MS_OK) {
+			ms_free(where);
+			return ms_err_set(err, rc, "role '%s': %s", e->role, lerr.msg);
+		}
+		{
+			char *real = realpath(where, NULL);
+
+			if (!real || !(in->path = ms_strdup(real))) {
+				rc = real ? ms_err_set(err, MS_ENOMEM, "out of memory")
+					  : ms_err_set(err, MS_EIO, "'%s': %s", where, strerror(errno));
+				free(real);
+				ms_free(where);
+				return rc;
+			}
+			free(real);
+		}
+		ms_free(where);
 	}
 	rc = ms_inv_state_get(inv, in->digest, &st, &lerr);
 	if (rc == MS_ENOTFOUND)
@@ -209,6 +245,9 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 		} else if (rc == MS_OK && !(flags & MS_GATE_DRY_RUN)) {
 			rc = ms_inv_record_verification(inv, in->digest, MS_INV_RESULT_OK, r.bytes,
 							r.seconds, NULL, err);
+		} else if (rc != MS_OK && rc != MS_ENOMEM) {
+			/* the check itself failed (a read, a map): no verdict */
+			ms_err_prefix(err, "role '%s': state %.23s...", e->role, in->digest);
 		}
 		ms_vreport_release(&r);
 	}
@@ -258,6 +297,54 @@ static int build_env(struct ms_inv *inv, struct ms_gate *g)
 	return rc ? MS_ENOMEM : MS_OK;
 }
 
+/* The run of a refused or failed launch: recorded as failed (126, the
+ * shell's "found but not executable": the command never ran) with an event
+ * saying why, naming the states the plan could name. Three transactions:
+ * ms_inv_event_add cannot be part of a batch yet (it rolls the batch back
+ * after its own write), so a failure after the first leaves the run
+ * "running". */
+static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind,
+			 const char *why, struct ms_err *err)
+{
+	struct ms_inv_run_input *ins = ms_calloc(g->ninputs + 1, sizeof(*ins));
+	cJSON *ev = NULL;
+	char *js = NULL;
+	size_t k = 0;
+	int rc;
+
+	if (!ins) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < g->ninputs; i++) {
+		struct ms_inv_state *st = NULL;
+		struct ms_err lerr = {0};
+
+		if (!g->inputs[i].digest[0] ||
+		    ms_inv_state_get(inv, g->inputs[i].digest, &st, &lerr) != MS_OK)
+			continue;
+		ms_inv_state_free(st);
+		ins[k].digest = g->inputs[i].digest;
+		ins[k++].role = g->inputs[i].role;
+	}
+	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, k, &g->run_id, err)) != MS_OK)
+		goto out;
+	ev = cJSON_CreateObject();
+	if (!ev || !cJSON_AddStringToObject(ev, "why", why) ||
+	    !cJSON_AddStringToObject(ev, "plan", g->plan_path) ||
+	    !(js = cJSON_PrintUnformatted(ev))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = ms_inv_event_add(inv, g->run_id, kind, js, NULL, err)) == MS_OK)
+		rc = ms_inv_run_end(inv, g->run_id, 126, err);
+out:
+	cJSON_Delete(ev);
+	cJSON_free(js);
+	ms_free(ins);
+	return rc;
+}
+
 int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int nthreads,
 		  struct ms_gate **out, struct ms_err *err)
 {
@@ -266,22 +353,25 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 	char *text = NULL;
 	size_t len;
 	uint8_t d[32];
-	int rc;
+	int rc, failed = MS_OK;
 
 	*out = NULL;
 	if (!g)
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	snprintf(g->plan_path, sizeof(g->plan_path), "%s", plan_path);
-	/* the digest of the bytes the plan was read from */
+	/* one read: the digest recorded is that of the bytes parsed */
 	if ((rc = ms_read_file(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
 		goto fail;
 	if ((rc = ms_sha256(text, len, d)) != MS_OK) {
-		ms_err_set(err, rc, "sha256 failed");
+		if (rc == MS_ENOMEM)
+			ms_err_set(err, rc, "out of memory");
+		else
+			ms_err_set(err, rc, "'%s': sha256 failed", plan_path);
 		goto fail;
 	}
 	memcpy(g->plan_digest, "sha256:", 7);
 	ms_hex(d, 32, g->plan_digest + 7);
-	if ((rc = ms_fp_plan_load(plan_path, &g->plan, err)) != MS_OK)
+	if ((rc = ms_fp_plan_parse(text, len, plan_path, &g->plan, err)) != MS_OK)
 		goto fail;
 	g->inputs = ms_calloc(g->plan->nentries + 1, sizeof(*g->inputs));
 	if (!g->inputs) {
@@ -291,61 +381,51 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 	for (size_t i = 0; i < g->plan->nentries; i++) {
 		g->ninputs++;
 		rc = check_entry(inv, g, i, flags, nthreads, err);
-		if (rc != MS_OK && rc != MS_ECHECK)
-			goto fail;
+		if (rc != MS_OK && rc != MS_ECHECK) {
+			/* the check could not be made: no verdict on this state */
+			failed = rc;
+			break;
+		}
 	}
 	if (flags & MS_GATE_DRY_RUN) {
+		if (failed != MS_OK && !g->refused) {
+			rc = failed;
+			goto fail;
+		}
 		*out = g;
 		ms_free(text);
 		return g->refused ? MS_ECHECK : MS_OK;
 	}
-	/* record the run: a refused one too, with the states it could name */
+	if (g->refused) {
+		/* a difference found is the verdict, whatever failed after it */
+		if ((rc = record_no_run(inv, g, "launch_refused", g->why, err)) != MS_OK)
+			goto fail;
+		ms_free(text);
+		*out = g;
+		return MS_ECHECK;
+	}
+	if (failed != MS_OK) {
+		/* recorded when it can be, with the reason; the failure is
+		 * what the caller hears about either way */
+		struct ms_err lerr = {0};
+
+		(void)record_no_run(inv, g, "launch_failed", err ? err->msg : ms_rc_str(failed),
+				    &lerr);
+		rc = failed;
+		goto fail;
+	}
+	/* record the run, with the states it consumes */
 	ins = ms_calloc(g->ninputs + 1, sizeof(*ins));
 	if (!ins) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto fail;
 	}
-	{
-		size_t k = 0;
-
-		for (size_t i = 0; i < g->ninputs; i++) {
-			struct ms_inv_state *st = NULL;
-			struct ms_err lerr = {0};
-
-			if (!g->inputs[i].digest[0] ||
-			    ms_inv_state_get(inv, g->inputs[i].digest, &st, &lerr) != MS_OK)
-				continue;
-			ms_inv_state_free(st);
-			ins[k].digest = g->inputs[i].digest;
-			ins[k++].role = g->inputs[i].role;
-		}
-		if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, k, &g->run_id, err)) != MS_OK)
-			goto fail;
+	for (size_t i = 0; i < g->ninputs; i++) {
+		ins[i].digest = g->inputs[i].digest;
+		ins[i].role = g->inputs[i].role;
 	}
-	if (g->refused) {
-		cJSON *ev = cJSON_CreateObject();
-		char *js;
-
-		cJSON_AddStringToObject(ev, "why", g->why);
-		cJSON_AddStringToObject(ev, "plan", plan_path);
-		js = cJSON_PrintUnformatted(ev);
-		cJSON_Delete(ev);
-		if (!js) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto fail;
-		}
-		rc = ms_inv_event_add(inv, g->run_id, "launch_refused", js, NULL, err);
-		cJSON_free(js);
-		/* 126: the shell's "found but not executable": the command never ran */
-		if (rc == MS_OK)
-			rc = ms_inv_run_end(inv, g->run_id, 126, err);
-		if (rc != MS_OK)
-			goto fail;
-		ms_free(ins);
-		ms_free(text);
-		*out = g;
-		return MS_ECHECK;
-	}
+	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, g->ninputs, &g->run_id, err)) != MS_OK)
+		goto fail;
 	if (build_env(inv, g) != MS_OK) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto fail;

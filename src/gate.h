@@ -63,10 +63,15 @@ struct ms_gate {
 /*
  * Check the plan at plan_path against inv. Returns MS_OK when every state
  * verified (the run is recorded as running: finish it with ms_gate_end),
- * MS_ECHECK when the run is refused (g->why says why; the refusal is
- * recorded as a failed run with a "launch_refused" event, unless dry run),
- * MS_EINVAL for a malformed plan, other codes for failures of the check
- * itself. *out is set in the first two cases; free it with ms_gate_free.
+ * MS_ECHECK when the run is refused: a state is missing, unknown, of the
+ * wrong EP size, or its files differ from the record (g->why says why; the
+ * refusal is recorded as a failed run with a "launch_refused" event, unless
+ * dry run). MS_EINVAL for a malformed plan; other codes (MS_EIO, MS_ENOMEM,
+ * MS_EDB) when the check itself could not be made (a file that cannot be
+ * read, memory): no verdict, so not a refusal. Such a failure met while
+ * verifying is recorded, when the inventory can still be written, as a
+ * failed run with a "launch_failed" event giving the reason. *out is set in
+ * the first two cases; free it with ms_gate_free.
  */
 int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags,
 		  int nthreads, struct ms_gate **out, struct ms_err *err);

@@ -85,6 +85,11 @@ int ms_sha256(const void *p, size_t n, uint8_t out[MS_SHA256_LEN])
 	return rc;
 }
 
+int ms_sha256_err(struct ms_err *err, int rc)
+{
+	return ms_err_set(err, rc, rc == MS_ENOMEM ? "out of memory" : "sha256 failed");
+}
+
 int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *err)
 {
 	struct ms_sha256_ctx *c = NULL;
@@ -203,8 +208,7 @@ int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err 
 	pthread_mutex_destroy(&p.lock);
 	/* a context that could not be made is (in practice) memory */
 	if (p.failed)
-		rc = ms_err_set(err, p.failed, p.failed == MS_ENOMEM ? "out of memory"
-								: "sha256 failed");
+		rc = ms_sha256_err(err, p.failed);
 out:
 	ms_free(p.order);
 	ms_free(th);

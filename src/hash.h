@@ -44,6 +44,10 @@ struct ms_hash_job {
 int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads,
 		struct ms_err *err);
 
+/* The error of a failed ms_sha256* call: "out of memory" for MS_ENOMEM
+ * (a context could not be made), else "sha256 failed". Returns rc. */
+int ms_sha256_err(struct ms_err *err, int rc);
+
 /* Hash the header and every tensor of the given files in one pool;
  * with file_digests also the whole files (second pass). */
 int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,

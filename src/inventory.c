@@ -390,7 +390,7 @@ static int log_append(struct ms_inv *inv, const char *action, const char *subjec
 	e.detail = detail ? detail : "{}";
 	e.prev_hash = prev;
 	if ((rc = ms_inv_log_hash(&e, hash)) != MS_OK) {
-		rc = ms_err_set(err, rc, "sha256 failed");
+		rc = ms_sha256_err(err, rc);
 		goto out;
 	}
 	if ((rc = prep(inv,
@@ -1231,8 +1231,8 @@ static int reuse_digests(struct ms_inv *inv, struct addfile *a, int want_file_di
 		return MS_OK;
 	/* the header is small: hashing it guards against a rewrite that kept
 	 * every stat field */
-	if (ms_sha256(f->map, (size_t)(8 + f->header_len), hd) != MS_OK)
-		return ms_err_set(err, MS_EIO, "sha256 failed");
+	if ((rc = ms_sha256(f->map, (size_t)(8 + f->header_len), hd)) != MS_OK)
+		return ms_sha256_err(err, rc);
 	if (memcmp(hd, rec, sizeof(hd)))
 		return MS_OK;
 	if ((rc = prep(inv, "SELECT name, digest FROM tensors WHERE file_id = ?", &st, err)) != MS_OK)
@@ -2123,7 +2123,7 @@ int ms_inv_add_paths(struct ms_inv *inv, const char *const *paths, size_t n,
 		goto out;
 	for (size_t i = 0; i < x.ck->nfiles; i++)
 		if ((rc = content_digest(x.af[i].f, x.af[i].content)) != MS_OK) {
-			rc = ms_err_set(err, rc, "sha256 failed");
+			rc = ms_sha256_err(err, rc);
 			goto out;
 		}
 	if (opts->tool || opts->argv) {
@@ -3074,6 +3074,10 @@ int ms_inv_event_add(struct ms_inv *inv, int64_t run_id, const char *kind, const
 		goto out;
 	if ((rc = tx_commit(inv, err)) == MS_OK && event_id)
 		*event_id = eid;
+	/* committed (or, in a batch, left for the batch's end): nothing to
+	 * roll back, and a rollback here would take the batch with it */
+	ms_free(canon);
+	return rc;
 out:
 	tx_rollback(inv);
 	ms_free(canon);
@@ -3150,8 +3154,8 @@ int ms_inv_log_check(struct ms_inv *inv, int64_t *nout, char head[65], struct ms
 					(long long)e.seq, (long long)e.seq - 1);
 			goto out;
 		}
-		if (ms_inv_log_hash(&e, hash) != MS_OK) {
-			rc = ms_err_set(err, MS_EIO, "sha256 failed");
+		if ((rc = ms_inv_log_hash(&e, hash)) != MS_OK) {
+			rc = ms_sha256_err(err, rc);
 			goto out;
 		}
 		if (strcmp(hash, e.hash)) {

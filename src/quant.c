@@ -9,11 +9,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <regex.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -25,6 +28,13 @@
 #include "hash.h"
 #include "names.h"
 
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define MAX_COPY_FILE (4ull << 30) /* other files of a checkpoint directory */
@@ -673,6 +683,9 @@ static int run_quantize(const struct ms_quant_plan *p, const struct ms_nvfp4_par
 	return ms_nvfp4_quantize(np, src, amax, packed, scales, err);
 }
 
+static int replaceable(const struct ms_quant_plan *p, const struct stat *st,
+		       struct ms_err *err);
+
 static int file_exists(const char *path)
 {
 	struct stat st;
@@ -1136,10 +1149,15 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 	}
 	p->in_path = ms_strdup(in_path);
 	p->out_path = ms_strdup(out_path);
-	if (!p->in_path || !p->out_path) {
+	p->dest = ms_strdup(out_path);
+	if (!p->in_path || !p->out_path || !p->dest) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
+	/* "out/" names the directory out: renames and names beside it need
+	 * the name without the slash */
+	for (size_t n = strlen(p->dest); n > 1 && p->dest[n - 1] == '/'; n--)
+		p->dest[n - 1] = 0;
 	if (opts->op == MS_QUANT_OP_QUANTIZE) {
 		if (!opts->format_set)
 			p->opts.format = ms_quant_default_format(opts->recipe);
@@ -1167,13 +1185,18 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		goto out;
 	if (stat(in_path, &st) == 0 && S_ISDIR(st.st_mode)) {
 		in_dir = ms_strdup(in_path);
+		p->out_is_dir = 1;
 	} else if (ends_with(in_path, ".json")) {
 		const char *slash = strrchr(in_path, '/');
 
 		in_dir = slash ? ms_strndup(in_path, (size_t)(slash - in_path) + (slash == in_path))
 			       : ms_strdup(".");
+		p->out_is_dir = 1;
 	}
-	p->out_is_dir = in_dir != NULL;
+	if (p->out_is_dir && !in_dir) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
 	if (!p->out_is_dir && p->in->nfiles != 1) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': expected one file", in_path);
 		goto out;
@@ -1183,6 +1206,8 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 				out_path);
 		goto out;
 	}
+	if (opts->force && lstat(p->dest, &st) == 0 && (rc = replaceable(p, &st, err)) != MS_OK)
+		goto out;
 	p->nfiles = p->in->nfiles;
 	p->files = ms_calloc(p->nfiles, sizeof(*p->files));
 	p->file_names = ms_calloc(p->nfiles, sizeof(*p->file_names));
@@ -1231,6 +1256,9 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 {
 	if (!p)
 		return;
+	if (p->dest && (p->staged || p->published || p->aside))
+		ms_quant_finish(p, 0);
+	ms_free(p->dest);
 	ms_qview_release(&p->view);
 	ms_ckpt_close(p->in);
 	ms_ckpt_close(p->source);
@@ -1460,6 +1488,26 @@ static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
 	struct ms_nvfp4_tscale ts;
 	int rc;
 
+#ifdef MS_QUANT_GPU
+	/* both layouts from one pass over the tensor, as the kernels can: the
+	 * bytes cross the bus once */
+	if (p->device == MS_QUANT_DEVICE_CUDA && (p->opts.layouts & 3u) == 3u) {
+		struct ms_nvfp4_params np = {
+			.recipe = p->opts.recipe, .block = p->opts.block,
+			.flags = p->opts.allow_nonfinite ? MS_NVFP4_ALLOW_NONFINITE : 0,
+		};
+		struct ms_nvfp4_src s = src_of(it->src);
+
+		if ((rc = alloc_layout(b, 0, it->rows, it->cols, err)) != MS_OK ||
+		    (rc = alloc_layout(b, 1, it->rows, it->cols, err)) != MS_OK)
+			return rc;
+		if ((rc = ms_gpu_nvfp4_quantize_host(&np, &s, it->tscale_amax, 0, b->pk[0],
+						     b->sc[0], b->pk[1], b->sc[1], err)) != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name,
+					     it->src->file->path);
+		goto tscale;
+	}
+#endif
 	for (int l = 0; l < 2; l++) {
 		struct ms_nvfp4_params np = {
 			.recipe = p->opts.recipe, .block = p->opts.block,
@@ -1477,6 +1525,9 @@ static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
 			return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name,
 					     it->src->file->path);
 	}
+#ifdef MS_QUANT_GPU
+tscale:
+#endif
 	if ((rc = ms_nvfp4_tscale_init(p->opts.recipe, it->tscale_amax, &ts, err)) != MS_OK)
 		return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name, it->src->file->path);
 	write_f32(b->ts, ms_nvfp4_tscale_value(&ts, p->opts.format == MS_QUANT_FORMAT_MODELOPT
@@ -1587,6 +1638,8 @@ static int produce(struct ms_quant_plan *p, size_t item, struct item_bufs *b,
 	return rc;
 }
 
+/* Write output file fi into the staged directory dir, or to the staged
+ * file itself (dir NULL). The staging name is new, so nothing is replaced. */
 static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 		      struct item_bufs *b, uint64_t *done,
 		      void (*progress)(void *ctx, uint64_t done, uint64_t total),
@@ -1594,14 +1647,14 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 {
 	const struct ms_st_file *in = p->in->files[fi];
 	struct ms_st_writer *w = NULL;
-	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->files[fi]);
+	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->staged);
 	int rc;
 
 	if (!path) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = ms_st_writer_new(path, p->opts.force, &w, err)) != MS_OK)
+	if ((rc = ms_st_writer_new(path, 0, &w, err)) != MS_OK)
 		goto out;
 	for (size_t m = 0; m < in->nmeta; m++) {
 		if (!strcmp(in->meta[m].key, MS_QUANT_META_KEY))
@@ -1796,11 +1849,11 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
 			if (p->opts.op == MS_QUANT_OP_QUANTIZE)
 				cJSON_AddItemToObject(j, "quantization_config", quantization_config(p));
-			rc = write_json(dst, j, p->opts.force, err);
+			rc = write_json(dst, j, 0, err);
 			cJSON_Delete(j);
 			j = NULL;
 		} else {
-			rc = ms_write_file_atomic(dst, text, len, p->opts.force, err);
+			rc = ms_write_file_atomic(dst, text, len, 0, err);
 		}
 		ms_free(text);
 		ms_free(src);
@@ -1813,7 +1866,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		} else {
 			j = hf_quant_config(p);
-			rc = write_json(dst, j, p->opts.force, err);
+			rc = write_json(dst, j, 0, err);
 		}
 	}
 	cJSON_Delete(j);
@@ -1849,7 +1902,7 @@ static int write_index(struct ms_quant_plan *p, const char *out_dir, struct ms_e
 	map = cJSON_AddObjectToObject(root, "weight_map");
 	for (size_t i = 0; map && i < p->nouts; i++)
 		cJSON_AddStringToObject(map, v[i]->name, p->file_names[v[i]->file]);
-	rc = write_json(path, root, p->opts.force, err);
+	rc = write_json(path, root, 0, err);
 out:
 	ms_free(v);
 	ms_free(path);
@@ -1857,72 +1910,238 @@ out:
 	return rc;
 }
 
-/* Remove a scratch directory and the regular files in it. */
-static void remove_dir(const char *dir)
+/* ---- staging and publishing ---------------------------------------------- */
+
+/* Remove an output this plan wrote, or the one it replaced: a file, or a
+ * directory of files (replaceable() lets nothing else be replaced). No
+ * allocation: this runs on the way out of an allocation failure too. */
+static void remove_output(const char *path)
 {
-	DIR *d = opendir(dir);
+	struct stat st;
 	struct dirent *de;
+	DIR *d;
 
-	if (d) {
-		while ((de = readdir(d))) {
-			char *path;
-
-			if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-				continue;
-			if ((path = ms_path_join(dir, de->d_name))) {
-				unlink(path);
-				ms_free(path);
-			}
-		}
+	if (lstat(path, &st))
+		return;
+	if (!S_ISDIR(st.st_mode)) {
+		unlink(path);
+		return;
+	}
+	if ((d = opendir(path))) {
+		while ((de = readdir(d)))
+			if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+				unlinkat(dirfd(d), de->d_name, 0);
 		closedir(d);
 	}
-	rmdir(dir);
+	rmdir(path);
 }
 
-/* A new output directory is built beside its destination under a
- * temporary name (MS_TMP_MARKER, so msinv gc finds leftovers) and renamed
- * into place at the end: readers see all of it or none. Replacing an
- * existing one (--force) goes file by file, each atomic. */
-static int scratch_dir(const struct ms_quant_plan *p, char **out, struct ms_err *err)
+static int rename2(const char *from, const char *to, unsigned flags)
 {
-	const char *base = ms_path_base(p->out_path);
-	const char *slash = strrchr(p->out_path, '/');
-	char *parent;
-	int rc;
+	return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
+}
 
-	*out = NULL;
-	parent = slash ? ms_strndup(p->out_path, (size_t)(slash - p->out_path) + (slash == p->out_path))
-		       : ms_strdup(".");
+/* A rename that never replaces: renameat2 NOREPLACE, else link + unlink for
+ * a file, and a check before the rename for a directory (a small window on
+ * file systems without RENAME_NOREPLACE). */
+static int rename_noreplace(const char *from, const char *to, int is_dir)
+{
+	struct stat st;
+	int rc = rename2(from, to, RENAME_NOREPLACE);
+
+	if (rc && (errno == EINVAL || errno == ENOSYS)) {
+		if (!is_dir) {
+			rc = link(from, to);
+			if (rc == 0)
+				unlink(from);
+		} else if (lstat(to, &st) == 0) {
+			errno = EEXIST;
+			rc = -1;
+		} else {
+			rc = rename(from, to);
+		}
+	}
+	return rc;
+}
+
+/* What --force may replace: an output of the same kind (see quant.h), so a
+ * mistyped OUT never takes a directory of other things with it. st is
+ * lstat of p->dest. */
+static int replaceable(const struct ms_quant_plan *p, const struct stat *st,
+		       struct ms_err *err)
+{
+	struct dirent *de;
+	DIR *d;
+	int rc = MS_OK;
+
+	if (S_ISLNK(st->st_mode) || (!p->out_is_dir && S_ISREG(st->st_mode)))
+		return MS_OK;
+	if (!p->out_is_dir || !S_ISDIR(st->st_mode))
+		return ms_err_set(err, MS_EEXIST, "'%s' exists and is not a %s; not replacing it",
+				  p->dest, p->out_is_dir ? "directory" : "file");
+	if (!(d = opendir(p->dest)))
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", p->dest,
+				  strerror(errno));
+	while ((de = readdir(d))) {
+		struct stat e;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (fstatat(dirfd(d), de->d_name, &e, AT_SYMLINK_NOFOLLOW)) {
+			rc = ms_err_set(err, MS_EIO, "'%s/%s': %s", p->dest, de->d_name,
+					strerror(errno));
+			break;
+		}
+		if (!S_ISREG(e.st_mode) && !S_ISLNK(e.st_mode)) {
+			rc = ms_err_set(err, MS_EEXIST,
+					"'%s' holds '%s', which is not a file; not replacing it",
+					p->dest, de->d_name);
+			break;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+static unsigned rand32(void)
+{
+	static unsigned counter;
+
+	return (unsigned)rand() ^ ((unsigned)getpid() << 16) ^
+	       (unsigned)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u ^
+	       (unsigned)(uint64_t)(ms_now() * 1e9);
+}
+
+/* Remove the parent directories the plan created, deepest first (no
+ * allocation, as remove_output). */
+static void remove_parents(struct ms_quant_plan *p)
+{
+	char buf[4096];
+	char *slash;
+	size_t top;
+
+	if (!p->made_parent || strlen(p->dest) >= sizeof(buf))
+		return;
+	top = strlen(p->made_parent);
+	snprintf(buf, sizeof(buf), "%s", p->dest);
+	while ((slash = strrchr(buf, '/')) && slash != buf) {
+		*slash = 0;
+		if (strlen(buf) < top || rmdir(buf))
+			break;
+	}
+}
+
+/* Create the missing parent directories of a directory output, recording
+ * the topmost one (undo removes them again). */
+static int make_parents(struct ms_quant_plan *p, const char *parent, struct ms_err *err)
+{
+	struct stat st;
+	char *d = ms_strdup(parent), *top = NULL;
+	int rc = MS_OK;
+
+	if (!d)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	while (stat(d, &st) && errno == ENOENT) {
+		char *slash = strrchr(d, '/');
+
+		ms_free(top);
+		if (!(top = ms_strdup(d))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			break;
+		}
+		if (!slash || slash == d)
+			break;
+		*slash = 0;
+	}
+	ms_free(d);
+	if (rc != MS_OK || !top)
+		return rc;
+	p->made_parent = top;
+	if ((rc = ms_mkdir_p(parent, err)) != MS_OK) {
+		remove_parents(p);
+		ms_free(p->made_parent);
+		p->made_parent = NULL;
+	}
+	return rc;
+}
+
+/* The parent directory of p->dest (caller frees). */
+static char *dest_parent(const struct ms_quant_plan *p)
+{
+	const char *slash = strrchr(p->dest, '/');
+
+	return slash ? ms_strndup(p->dest, (size_t)(slash - p->dest) + (slash == p->dest))
+		     : ms_strdup(".");
+}
+
+/* A name beside the destination: ".<name><marker><pid>-<hex>". */
+static char *beside(const struct ms_quant_plan *p, const char *parent, const char *marker)
+{
+	return ms_asprintf("%s/.%s%s%ld-%08x", parent, ms_path_base(p->dest), marker,
+			   (long)getpid(), rand32());
+}
+
+/* Choose the staging name (and make the staging directory of a directory
+ * output). */
+static int stage_name(struct ms_quant_plan *p, struct ms_err *err)
+{
+	char *parent = dest_parent(p);
+	int rc = MS_OK;
+
 	if (!parent)
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	if ((rc = ms_mkdir_p(parent, err)) == MS_OK) {
-		*out = ms_asprintf("%s/.%s%s%ld-%lx", parent, base, MS_TMP_MARKER, (long)getpid(),
-				   (unsigned long)(ms_now() * 1e9) & 0xffffffu);
-		if (!*out)
+	if (p->out_is_dir && (rc = make_parents(p, parent, err)) != MS_OK)
+		goto out;
+	for (int tries = 0;; tries++) {
+		if (!(p->staged = beside(p, parent, MS_TMP_MARKER))) {
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-		else if (mkdir(*out, 0755))
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create directory: %s", *out,
-					strerror(errno));
+			break;
+		}
+		/* a file is created by its writer (O_EXCL) */
+		if (!p->out_is_dir || mkdir(p->staged, 0755) == 0)
+			break;
+		ms_free(p->staged);
+		p->staged = NULL;
+		if (errno != EEXIST || tries > 8) {
+			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a directory beside it: %s",
+					p->dest, strerror(errno));
+			break;
+		}
 	}
+out:
 	if (rc != MS_OK) {
-		ms_free(*out);
-		*out = NULL;
+		remove_parents(p);
+		ms_free(p->made_parent);
+		p->made_parent = NULL;
 	}
 	ms_free(parent);
 	return rc;
 }
 
-int ms_quant_execute(struct ms_quant_plan *p,
-		     void (*progress)(void *ctx, uint64_t done, uint64_t total),
-		     void *progress_ctx, struct ms_err *err)
+/* Messages name the destination, not the staging name. */
+static void name_dest(const struct ms_quant_plan *p, const char *staged, struct ms_err *err)
+{
+	char msg[sizeof(err->msg)];
+	char *at;
+
+	if (!err || !staged || !(at = strstr(err->msg, staged)))
+		return;
+	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, p->dest,
+		 at + strlen(staged));
+	memcpy(err->msg, msg, sizeof(msg));
+}
+
+int ms_quant_stage(struct ms_quant_plan *p,
+		   void (*progress)(void *ctx, uint64_t done, uint64_t total),
+		   void *progress_ctx, struct ms_err *err)
 {
 	struct item_bufs b;
 	uint64_t done = 0;
-	char *scratch = NULL;
-	const char *dir = NULL;
 	int rc;
 
 	memset(&b, 0, sizeof(b));
+	if (p->staged || p->published)
+		return ms_err_set(err, MS_EINVAL, "'%s': the output is already written", p->dest);
 	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
 		rc = prepass_quantize(p, err);
 	else if (p->opts.op == MS_QUANT_OP_TRANSPOSE)
@@ -1931,50 +2150,121 @@ int ms_quant_execute(struct ms_quant_plan *p,
 		rc = MS_OK;
 	if (rc != MS_OK)
 		return rc;
-	if (p->out_is_dir) {
-		if (!file_exists(p->out_path)) {
-			if ((rc = scratch_dir(p, &scratch, err)) != MS_OK)
-				return rc;
-			dir = scratch;
-		} else if ((rc = ms_mkdir_p(p->out_path, err)) != MS_OK) {
-			return rc;
-		} else {
-			dir = p->out_path;
-		}
-	}
+	if ((rc = stage_name(p, err)) != MS_OK)
+		return rc;
 	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
-		rc = write_file(p, fi, dir, &b, &done, progress, progress_ctx, err);
-	if (rc != MS_OK || !p->out_is_dir)
-		goto out;
-	if (p->in->index_path && (rc = write_index(p, dir, err)) != MS_OK)
-		goto out;
-	if ((rc = write_side_files(p, dir, err)) != MS_OK || !scratch)
-		goto out;
-	/* a directory that appeared meanwhile is not replaced: rename fails */
-	if (rename(scratch, p->out_path)) {
-		rc = ms_err_set(err, errno == EEXIST || errno == ENOTEMPTY ? MS_EEXIST : MS_EIO,
-				"'%s': cannot move the output into place: %s", p->out_path,
-				strerror(errno));
-		goto out;
+		rc = write_file(p, fi, p->out_is_dir ? p->staged : NULL, &b, &done, progress,
+				progress_ctx, err);
+	if (rc == MS_OK && p->out_is_dir && p->in->index_path)
+		rc = write_index(p, p->staged, err);
+	if (rc == MS_OK && p->out_is_dir)
+		rc = write_side_files(p, p->staged, err);
+	if (rc != MS_OK) {
+		name_dest(p, p->staged, err);
+		ms_quant_finish(p, 0);
 	}
-	ms_fsync_dir_of(p->out_path);
-	ms_free(scratch);
-	scratch = NULL;
-out:
-	if (scratch) {
-		char *at = rc != MS_OK && err ? strstr(err->msg, scratch) : NULL;
+	return rc;
+}
 
-		/* the message names the destination, not the scratch name */
-		if (at) {
-			char msg[sizeof(err->msg)];
+int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
+{
+	struct stat st;
+	char *parent = NULL;
+	int r, e, rc = MS_OK;
 
-			snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg,
-				 p->out_path, at + strlen(scratch));
-			memcpy(err->msg, msg, sizeof(msg));
+	if (!p->staged || p->published)
+		return ms_err_set(err, MS_EINVAL, "'%s': nothing staged to publish", p->dest);
+	if (ms_fault("rename")) {
+		errno = EIO;
+		r = -1;
+	} else if (p->opts.force && lstat(p->dest, &st) == 0) {
+		if ((rc = replaceable(p, &st, err)) != MS_OK)
+			return rc;
+		/* the old output waits under the staging name until finish */
+		r = rename2(p->staged, p->dest, RENAME_EXCHANGE);
+		if (r == 0) {
+			p->aside = p->staged;
+			p->staged = NULL;
+		} else if (errno == EINVAL || errno == ENOSYS) {
+			/* no RENAME_EXCHANGE here: move the old one aside first */
+			if (!(parent = dest_parent(p)) || !(p->aside = beside(p, parent, ".replaced-"))) {
+				ms_free(parent);
+				return ms_err_set(err, MS_ENOMEM, "out of memory");
+			}
+			ms_free(parent);
+			r = rename(p->dest, p->aside);
+			if (r == 0 && (r = rename_noreplace(p->staged, p->dest, p->out_is_dir))) {
+				e = errno;
+				(void)rename(p->aside, p->dest);
+				errno = e;
+			}
+			if (r) {
+				ms_free(p->aside);
+				p->aside = NULL;
+			}
 		}
-		remove_dir(scratch);
-		ms_free(scratch);
+	} else {
+		r = rename_noreplace(p->staged, p->dest, p->out_is_dir);
 	}
+	if (r) {
+		e = errno;
+		if (e == EEXIST || e == ENOTEMPTY)
+			return ms_err_set(err, MS_EEXIST,
+					  "'%s': output appeared while writing (another writer won)",
+					  p->dest);
+		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
+				  p->dest, strerror(e));
+	}
+	ms_free(p->staged);
+	p->staged = NULL;
+	p->published = 1;
+	if (ms_fsync_dir_of(p->dest)) {
+		e = errno ? errno : EIO;
+		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", p->dest,
+				  strerror(e));
+	}
+	return MS_OK;
+}
+
+void ms_quant_finish(struct ms_quant_plan *p, int keep)
+{
+	if (!p->published)
+		keep = 0;
+	if (p->published && !keep) {
+		/* the replaced output back in place, the new one where it waited */
+		if (p->aside && rename2(p->aside, p->dest, RENAME_EXCHANGE) == 0) {
+			remove_output(p->aside);
+		} else {
+			remove_output(p->dest);
+			if (p->aside)
+				(void)rename(p->aside, p->dest);
+		}
+	} else if (p->aside) {
+		remove_output(p->aside);
+	}
+	if (p->staged)
+		remove_output(p->staged);
+	if (!keep)
+		remove_parents(p);
+	/* the rename was made durable by publish; what changed since is */
+	if ((p->published && !keep) || p->aside)
+		(void)ms_fsync_dir_of(p->dest);
+	ms_free(p->staged);
+	ms_free(p->aside);
+	ms_free(p->made_parent);
+	p->staged = p->aside = p->made_parent = NULL;
+	p->published = 0;
+}
+
+int ms_quant_execute(struct ms_quant_plan *p,
+		     void (*progress)(void *ctx, uint64_t done, uint64_t total),
+		     void *progress_ctx, struct ms_err *err)
+{
+	int rc = ms_quant_stage(p, progress, progress_ctx, err);
+
+	if (rc == MS_OK)
+		rc = ms_quant_publish(p, err);
+	ms_quant_finish(p, rc == MS_OK);
 	return rc;
 }
 

@@ -207,6 +207,16 @@ struct ms_quant_plan {
 	size_t nquantized, ncopied, ngroups;
 	char **excluded;                    /* 2-D weights left as they are */
 	size_t nexcluded;
+	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
+	char *dest;                         /* out_path without a trailing '/' */
+	char *staged;                       /* the staging name, while the
+					       output is written but not
+					       published; else NULL */
+	char *aside;                        /* where the OUT it replaced waits
+					       until ms_quant_finish; or NULL */
+	char *made_parent;                  /* the topmost parent directory
+					       this plan created, or NULL */
+	int published;                      /* renamed to dest, not finished */
 };
 
 /*
@@ -222,9 +232,43 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		      struct ms_quant_plan **out, struct ms_err *err);
 void ms_quant_plan_free(struct ms_quant_plan *p);
 
-/* Write every output file (atomically, each through ms_st_writer), the
- * index and the other files. When progress is not NULL it is called after
- * each tensor with the bytes done and the total. */
+/*
+ * Writing is three steps, so that a caller can make "output in place" and
+ * "output recorded" one step (inventory.h, batches):
+ *
+ *   ms_quant_stage    writes every output file (each atomically, through
+ *                     ms_st_writer or ms_afile), the index and the other
+ *                     files under a staging name beside OUT,
+ *                     ".<name>.tmp-<pid>-<hex>" (a file, or a directory for
+ *                     a directory output; msinv gc removes it when its
+ *                     writer died) and sets p->staged to it. Missing parent
+ *                     directories of a directory output are created.
+ *   ms_quant_publish  renames the staged output to OUT. It never replaces
+ *                     anything unless opts.force: an OUT that appeared
+ *                     since the plan is MS_EEXIST ("another writer won").
+ *                     With force an existing OUT is exchanged with the
+ *                     staged one (renameat2 RENAME_EXCHANGE, else moved to
+ *                     ".<name>.replaced-<pid>-<hex>") and kept aside: OUT
+ *                     always holds the old output or the whole new one.
+ *   ms_quant_finish   keep != 0 after a successful publish: the output
+ *                     stays and what it replaced is removed. Otherwise
+ *                     everything is undone: the published output and the
+ *                     staged files are removed, a replaced OUT is put back,
+ *                     the parent directories the plan created are removed.
+ *
+ * A plan freed between the steps is undone as by ms_quant_finish(p, 0).
+ * ms_quant_execute does the three in a row. When progress is not NULL it is
+ * called after each tensor with the bytes done and the total. An existing
+ * OUT is replaced (force) only when it is of the output's kind: a file (or
+ * a symbolic link) for a file output, a directory holding nothing but
+ * files (or a symbolic link) for a directory output; anything else is
+ * MS_EEXIST, from ms_quant_plan_new already.
+ */
+int ms_quant_stage(struct ms_quant_plan *p,
+		   void (*progress)(void *ctx, uint64_t done, uint64_t total),
+		   void *progress_ctx, struct ms_err *err);
+int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err);
+void ms_quant_finish(struct ms_quant_plan *p, int keep);
 int ms_quant_execute(struct ms_quant_plan *p,
 		     void (*progress)(void *ctx, uint64_t done, uint64_t total),
 		     void *progress_ctx, struct ms_err *err);

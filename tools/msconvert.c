@@ -83,8 +83,6 @@ static void print_plan(const struct ms_quant_plan *p)
 	       (unsigned long long)p->bytes_out);
 }
 
-/* Plan, (print,) execute, then report the digest of what was written: the
- * hook through which outputs get registered in the inventory. */
 /* ---- registration ---------------------------------------------------------- */
 
 /* --db PATH, else $MSINV_DB: outputs are registered in that inventory,
@@ -102,37 +100,37 @@ static int reg_wanted(void)
 	return !reg_off && (reg_db || (e && *e));
 }
 
+/* The parameters of the derivation edge, as JSON (NULL: out of memory;
+ * every addition is checked, so a record never lacks a field silently). */
 static char *reg_params(const struct ms_quant_opts *o)
 {
 	cJSON *j = cJSON_CreateObject();
-	char *t;
+	char *t = NULL;
+	int ok = j && cJSON_AddStringToObject(j, "tool", "msconvert " MS_VERSION);
 
-	if (!j)
-		return NULL;
-	cJSON_AddStringToObject(j, "tool", "msconvert " MS_VERSION);
-	if (o->op == MS_QUANT_OP_QUANTIZE) {
+	if (ok && o->op == MS_QUANT_OP_QUANTIZE) {
 		cJSON *l = cJSON_AddArrayToObject(j, "layouts");
 
-		cJSON_AddStringToObject(j, "recipe", ms_nvfp4_recipe_name(o->recipe));
-		cJSON_AddStringToObject(j, "block", ms_nvfp4_block_name(o->block));
-		if (o->layouts & MS_QUANT_ROWWISE)
-			cJSON_AddItemToArray(l, cJSON_CreateString("rowwise"));
-		if (o->layouts & MS_QUANT_COLUMNWISE)
-			cJSON_AddItemToArray(l, cJSON_CreateString("columnwise"));
-		cJSON_AddStringToObject(j, "format",
-					ms_quant_format_name(o->format_set ? o->format
-									   : ms_quant_default_format(o->recipe)));
-		cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse);
-		if (o->include)
-			cJSON_AddStringToObject(j, "include", o->include);
-		if (o->exclude)
-			cJSON_AddStringToObject(j, "exclude", o->exclude);
-	} else if (o->op == MS_QUANT_OP_DEQUANTIZE) {
-		cJSON_AddStringToObject(j, "dtype", ms_dtype_name(o->dtype));
-	} else if (o->source) {
-		cJSON_AddStringToObject(j, "source", o->source);
+		ok = l && cJSON_AddStringToObject(j, "recipe", ms_nvfp4_recipe_name(o->recipe)) &&
+		     cJSON_AddStringToObject(j, "block", ms_nvfp4_block_name(o->block));
+		if (ok && (o->layouts & MS_QUANT_ROWWISE))
+			ok = cJSON_AddItemToArray(l, cJSON_CreateString("rowwise"));
+		if (ok && (o->layouts & MS_QUANT_COLUMNWISE))
+			ok = cJSON_AddItemToArray(l, cJSON_CreateString("columnwise"));
+		ok = ok && cJSON_AddStringToObject(
+				   j, "format",
+				   ms_quant_format_name(o->format_set ? o->format
+								      : ms_quant_default_format(o->recipe))) &&
+		     cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse) &&
+		     (!o->include || cJSON_AddStringToObject(j, "include", o->include)) &&
+		     (!o->exclude || cJSON_AddStringToObject(j, "exclude", o->exclude));
+	} else if (ok && o->op == MS_QUANT_OP_DEQUANTIZE) {
+		ok = cJSON_AddStringToObject(j, "dtype", ms_dtype_name(o->dtype)) != NULL;
+	} else if (ok && o->source) {
+		ok = cJSON_AddStringToObject(j, "source", o->source) != NULL;
 	}
-	t = cJSON_PrintUnformatted(j);
+	if (ok)
+		t = cJSON_PrintUnformatted(j);
 	cJSON_Delete(j);
 	return t;
 }
@@ -167,6 +165,15 @@ static int reg_outputs(struct ms_inv *inv, const char *in, const char *out,
 	return rc;
 }
 
+/*
+ * Plan, (print,) write the output under a staging name, then publish it.
+ * With an inventory, publishing and registering are one step: inside one
+ * batch the output is renamed into place, the input and the output are
+ * registered, and the batch is committed; any failure rolls the batch back
+ * and undoes the rename (a replaced OUT comes back). A failed command thus
+ * leaves the directory as it was and records nothing. A kill between the
+ * rename and the commit leaves the complete output, unregistered.
+ */
 static int convert(const char *in, const char *out, const struct ms_quant_opts *o,
 		   int dry_run, const char *verb)
 {
@@ -175,7 +182,8 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	struct ms_err err = {0};
 	struct cli_progress pr = {verb, 0};
 	char digest[MS_STATE_DIGEST_LEN];
-	int rc;
+	enum ms_quant_device device;
+	int rc, batch = 0;
 
 	if ((rc = ms_quant_plan_new(in, out, o, &p, &err)) != MS_OK)
 		return cli_fail(rc, &err);
@@ -186,32 +194,46 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	}
 	/* open the inventory before writing: a missing one fails fast */
 	if (reg_wanted() && ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||
-			     (rc = ms_inv_set_origin(inv, "msconvert", g_argc, g_argv, &err)) != MS_OK)) {
-		ms_quant_plan_free(p);
-		ms_inv_close(inv);
-		return cli_fail(rc, &err);
-	}
-	rc = ms_quant_execute(p, cli_progress_enabled() ? cli_progress_cb : NULL, &pr, &err);
+			     (rc = ms_inv_set_origin(inv, "msconvert", g_argc, g_argv, &err)) != MS_OK))
+		goto out;
+	rc = ms_quant_stage(p, cli_progress_enabled() ? cli_progress_cb : NULL, &pr, &err);
 	cli_progress_end(&pr);
-	/* --device auto says what it chose (after the fact: an error stays the
-	 * one line on stderr) */
-	if (rc == MS_OK && o->op == MS_QUANT_OP_QUANTIZE && o->device == MS_QUANT_DEVICE_AUTO)
-		fprintf(stderr, "%s: quantized on the %s\n", cli_prog,
-			p->device == MS_QUANT_DEVICE_CUDA ? "GPU" : "CPU (no usable GPU)");
-	ms_quant_plan_free(p);
-	if (rc == MS_OK) {
-		if (inv)
-			rc = reg_outputs(inv, in, out, o,
-					 o->op == MS_QUANT_OP_QUANTIZE     ? "quantize"
-					 : o->op == MS_QUANT_OP_DEQUANTIZE ? "dequantize"
-									   : "transpose",
-					 digest, &err);
-		else
-			rc = ms_quant_output_digest(out, o->jobs, digest, &err);
+	if (rc != MS_OK)
+		goto out;
+	if (!inv) {
+		/* nothing to record: the digest of the staged files, then the
+		 * rename */
+		if ((rc = ms_quant_output_digest(p->staged, o->jobs, digest, &err)) == MS_OK)
+			rc = ms_quant_publish(p, &err);
+		goto out;
 	}
+	if ((rc = ms_inv_batch_begin(inv, &err)) != MS_OK)
+		goto out;
+	batch = 1;
+	if ((rc = ms_quant_publish(p, &err)) != MS_OK ||
+	    (rc = reg_outputs(inv, in, out, o,
+			      o->op == MS_QUANT_OP_QUANTIZE     ? "quantize"
+			      : o->op == MS_QUANT_OP_DEQUANTIZE ? "dequantize"
+								: "transpose",
+			      digest, &err)) != MS_OK)
+		goto out;
+	batch = 0;
+	rc = ms_inv_batch_end(inv, 1, &err);
+out:
+	if (batch)
+		(void)ms_inv_batch_end(inv, 0, NULL);
+	/* keep the output, or undo everything this run did to the directory */
+	ms_quant_finish(p, rc == MS_OK);
+	device = p->device;
+	ms_quant_plan_free(p);
 	ms_inv_close(inv);
 	if (rc != MS_OK)
 		return cli_fail(rc, &err);
+	/* --device auto says what it chose (after the fact: an error stays the
+	 * one line on stderr) */
+	if (o->op == MS_QUANT_OP_QUANTIZE && o->device == MS_QUANT_DEVICE_AUTO)
+		fprintf(stderr, "%s: quantized on the %s\n", cli_prog,
+			device == MS_QUANT_DEVICE_CUDA ? "GPU" : "CPU (no usable GPU)");
 	printf("%s %s %s\n", verb, digest, out);
 	return CLI_OK;
 }

@@ -1590,8 +1590,11 @@ static int cmd_import(int argc, char **argv)
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
 	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	/* "adopted": DIR was already there, complete, from an earlier run of
+	 * this import that stopped before registering it */
 	if (rc == MS_OK)
-		printf("imported\t%s\t%s\t%llu files, %llu bytes\n", digest, argv[optind + 1],
+		printf("%s\t%s\t%s\t%llu files, %llu bytes\n",
+		       stats.adopted ? "adopted" : "imported", digest, argv[optind + 1],
 		       (unsigned long long)stats.members, (unsigned long long)stats.bytes);
 	ms_inv_close(inv);
 	return cli_fail(rc, &err);

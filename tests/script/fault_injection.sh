@@ -5,10 +5,12 @@
 # clear error, no leak, no partial output and a sound inventory
 # (tools/scripts/rel_fault.py says exactly what is checked).
 #
-# make test: the whole sweep of `msinv add` on the smallest fixture and of
-# `msconvert quantize` to one file (write, fsync, rename), in the
-# fault-injection build (made here with `make fault` unless MS_BUILD is one),
-# a sample of the allocation trials under valgrind.
+# make test: the whole sweep of `msinv add` on the smallest fixture, of
+# `msconvert quantize` to one file (write, fsync, rename), of `msinv import`
+# (read, write, fsync, rename) and of `msinv launch` (read), with every 64th
+# allocation of the last three failed, in the fault-injection build (made
+# here with `make fault` unless MS_BUILD is one), a sample of the allocation
+# trials under valgrind.
 # MS_RELIABILITY_FULL=1: every writing command, every kind, allocation
 # failures one-shot and persistent, in a fault build with AddressSanitizer
 # (detect_leaks=1) made here in build-fault-asan.
@@ -68,4 +70,5 @@ else
 	is_fault_build "$FB" || broken "make fault did not make a fault-injection build"
 fi
 exec python3 tools/scripts/rel_fault.py --name "$name" --build "$FB" --valgrind-every 16 \
-	--scenario add-small --scenario quantize-file:write,fsync,rename
+	--scenario add-small --scenario quantize-file:alloc/64,write,fsync,rename \
+	--scenario import:alloc/64,read,write,fsync,rename --scenario launch:alloc/64,read

@@ -1,9 +1,11 @@
 #!/bin/sh
 # The gate and its neighbours from the command line: msinv launch (allowed,
 # refused on a flipped bit, on a missing state, on a shard of the wrong EP
-# size; exit status and signals passed through; every run recorded),
-# msinv export-manifest (plain and signed) with msverify files --manifest
-# on a copy elsewhere, and msverify policy.
+# size; a check that cannot be made is exit 3, not a refusal; exit status
+# and signals passed through; every run recorded), msinv export-manifest
+# (plain and signed) with msverify files --manifest on a copy elsewhere,
+# msinv export / import (all or nothing; a rerun adopts what a killed import
+# left), and msverify policy.
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 pass=0; fail=0
@@ -61,7 +63,10 @@ wait "$lpid"
 [ $? -eq 42 ] && ok || bad "TERM not forwarded to the command"
 [ "$(q "SELECT exit_code FROM runs WHERE id = 3")" = 42 ] && ok || bad "run 3 exit not recorded"
 
-# --trust-recent takes the last verification; --dry-run records nothing
+# --trust-recent takes the last verification, when it started over 2 s
+# after the files' last change; --dry-run records nothing
+sleep 2.2
+expect 0 "$B/msinv" launch --plan plan.json -- true
 expect 0 "$B/msinv" launch --trust-recent --plan plan.json -- true
 has "trusted" "$W/err" "--trust-recent says it trusted"
 n=$(q "SELECT count(*) FROM runs")
@@ -106,6 +111,24 @@ printf '{"states": []}' >plan-bad.json
 expect 2 "$B/msinv" launch --plan plan-bad.json -- true
 one_line
 
+# ---- a file that cannot be read is no verdict: exit 3, recorded as failed ----
+# (a symbolic link to itself: opening it fails with ELOOP, as a dead disk or
+# a permission would; the bytes were not compared, so this is not exit 1)
+mv base/config.json config.orig
+ln -s config.json base/config.json
+nref=$(q "SELECT count(*) FROM events WHERE kind = 'launch_refused'")
+expect 3 "$B/msinv" launch --plan plan.json -- touch ran
+one_line
+has "role 'base'" "$W/err" "the failure names the role"
+has "config.json" "$W/err" "the failure names the file"
+[ ! -e ran ] && ok || bad "the command ran on a state that was not checked"
+[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 126" ] && ok || bad "failed launch not recorded"
+[ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_failed'")" = 1 ] && ok || bad "launch_failed event"
+[ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_refused'")" = "$nref" ] && ok || bad "a failed check recorded as a refusal"
+rm base/config.json
+mv config.orig base/config.json
+expect 0 "$B/msinv" launch --plan plan.json -- true
+
 # ---- manifests for hosts without the database ----
 openssl ecparam -name prime256v1 -genkey -noout -out key.pem 2>/dev/null
 openssl ec -in key.pem -pubout -out key.pub 2>/dev/null
@@ -123,7 +146,56 @@ sed -i 's/"lora"/"lorb"/' host2/adapter/lora.json
 expect 1 "$B/msverify" files --manifest host2/adapter/lora.json --sig host2/adapter/lora.json.sig --pub key.pub
 has "signs" "$W/err" "edited manifest refused by its signature"
 
+# ---- export / import: all or nothing; a rerun adopts a complete DIR ----
+notemp() { [ -z "$(ls -a | grep -e '\.import-' -e '\.replaced-')" ] && ok || bad "$1 left a temporary: $(ls -a | tr '\n' ' ')"; }
+refuse_states() {
+	sqlite3 "$1" "CREATE TRIGGER no_states BEFORE INSERT ON states BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END;"
+}
+expect 0 "$B/msinv" export -o base.tar.zst base
+# a registration that fails (a trigger refuses the state) leaves no DIR
+expect 0 "$B/msinv" init --db imp.db
+refuse_states imp.db
+expect 3 "$B/msinv" import --db imp.db base.tar.zst imported
+one_line
+[ ! -e imported ] && ok || bad "failed import left its directory"
+notemp "failed import"
+[ "$(sqlite3 imp.db "SELECT count(*) FROM states")" = 0 ] && ok || bad "failed import registered a state"
+sqlite3 imp.db "DROP TRIGGER no_states"
+expect 0 "$B/msinv" import --db imp.db base.tar.zst imported
+has "^imported	$base	imported	" "$W/out" "import prints the state"
+# the same import again: DIR exists and is registered: refused
+expect 2 "$B/msinv" import --db imp.db base.tar.zst imported
+has "exists" "$W/err" "a second import into a registered DIR is refused"
+# DIR complete but registered nowhere (an import killed between the rename
+# and the commit leaves that): the rerun verifies it and adopts it
+expect 0 "$B/msinv" init --db adopt.db
+expect 0 "$B/msinv" import --db adopt.db base.tar.zst imported
+has "^adopted	$base	imported	" "$W/out" "the rerun adopts DIR"
+[ "$(sqlite3 adopt.db "SELECT count(*) FROM states")" = 1 ] && ok || bad "adopted DIR not registered"
+expect 0 "$B/msverify" files --db adopt.db
+# a DIR whose files differ from the archive is not adopted
+expect 0 "$B/msinv" init --db adopt2.db
+python3 - <<'EOF'
+with open("imported/model.safetensors", "r+b") as f:
+    f.seek(150000); b = f.read(1); f.seek(150000); f.write(bytes([b[0] ^ 4]))
+EOF
+expect 2 "$B/msinv" import --db adopt2.db base.tar.zst imported
+one_line
+has "does not hold what the archive holds" "$W/err" "a changed DIR is refused, saying why"
+[ "$(sqlite3 adopt2.db "SELECT count(*) FROM states")" = 0 ] && ok || bad "a changed DIR was registered"
+# --force replaces it; a failure on the way puts the old one back
+cp imported/model.safetensors model.changed
+refuse_states adopt2.db
+expect 3 "$B/msinv" import --db adopt2.db --force base.tar.zst imported
+cmp -s imported/model.safetensors model.changed && ok || bad "a failed --force import did not put the old DIR back"
+notemp "failed --force import"
+sqlite3 adopt2.db "DROP TRIGGER no_states"
+expect 0 "$B/msinv" import --db adopt2.db --force base.tar.zst imported
+expect 0 "$B/msverify" files --db adopt2.db
+notemp "import --force"
+
 # ---- served policy ----
+
 mkdir served && cp -r base served/base && cp -r adapter served/adapter
 expect 0 "$B/msverify" policy served/base served/adapter
 has "identified" "$W/out" "policy identified"

@@ -4,7 +4,9 @@
 # digest recomputed here; sharded input = unsharded input; dequantize within
 # bound; 2D transpose exact through files; the refusals (1D transpose
 # without source, existing output, bad input, CUDA) with their exit codes;
-# --dry-run writes nothing. Checks use python3's standard library only.
+# --dry-run writes nothing; a command that fails after writing (its
+# registration refused) leaves the directory as it was and registers
+# nothing; --force replaces a whole output of its kind only. Checks use python3's standard library only.
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 MSC="$B/msconvert"
@@ -374,6 +376,40 @@ expect 0 "$MSI" ls --db "$tmp/inv.db"
 expect 2 "$MSC" quantize "$FX/hf/qwen3moe" -o "$tmp/qnodb" --db "$tmp/none.db"
 one_line "no inventory|none.db"
 [ ! -e "$tmp/qnodb" ] && ok || ko "output written although the inventory was missing"
+
+# ---- all or nothing: a failed command leaves the directory as it was ----
+# a registration that fails (a trigger refuses quantized states): no output,
+# and not even the input registered
+expect 0 "$MSI" init --db "$tmp/fail.db"
+sqlite3 "$tmp/fail.db" "CREATE TRIGGER no_quantized BEFORE INSERT ON states WHEN NEW.kind = 'quantized' BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END;"
+expect 3 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qfail.safetensors" --db "$tmp/fail.db"
+one_line "refused by a trigger"
+[ ! -e "$tmp/qfail.safetensors" ] && ok || ko "failed registration left the output"
+[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || ko "failed command registered its input"
+expect 3 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qfaild" --db "$tmp/fail.db"
+[ ! -e "$tmp/qfaild" ] && ok || ko "failed registration left the output directory"
+# with --force the output replaced comes back
+expect 0 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qkeep.safetensors" --no-register
+cp "$tmp/qkeep.safetensors" "$tmp/qkeep.orig"
+expect 3 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qkeep.safetensors" --block 2d --force --db "$tmp/fail.db"
+cmp -s "$tmp/qkeep.safetensors" "$tmp/qkeep.orig" && ok || ko "a failed --force did not put the old output back"
+expect 0 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --no-register
+(cd "$tmp/qkeepd" && cksum ./*) >"$tmp/qkeepd.sums"
+expect 3 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --block 2d --force --db "$tmp/fail.db"
+(cd "$tmp/qkeepd" && cksum ./*) | cmp -s - "$tmp/qkeepd.sums" && ok ||
+	ko "a failed --force did not put the old directory back"
+[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || ko "failed --force registered something"
+# --force replaces a directory as a whole, and only one of files
+echo stale >"$tmp/qkeepd/stale.txt"
+expect 0 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --force --no-register
+[ ! -e "$tmp/qkeepd/stale.txt" ] && [ -e "$tmp/qkeepd/model.safetensors.index.json" ] && ok ||
+	ko "--force did not replace the directory as a whole"
+mkdir -p "$tmp/qsub/keep"
+expect 2 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qsub" --force --no-register
+one_line "holds 'keep', which is not a file"
+[ -d "$tmp/qsub/keep" ] && ok || ko "--force took a directory holding a directory"
+expect 2 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qsub" --force --no-register
+one_line "is not a file"
 
 # ---- help -----------------------------------------------------------------------
 expect 0 "$MSC" --help

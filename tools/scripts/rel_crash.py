@@ -10,20 +10,26 @@ delay drawn uniformly from [0, T) by a seeded RNG. After each kill:
   - PRAGMA integrity_check is ok, `msinv log --check` passes and every
     registered state verifies (`msverify files`);
   - every state the inventory holds was there before or is one a clean
-    run registers (and it verifies); a command that registers several
-    states (msshard: one per shard) may be stopped between two of them,
-    which is counted ("partial registrations");
+    run registers (and it verifies);
   - no output file is torn: each file present is byte-equal to the
-    reference's (a directory output may lack files: noted, see below);
+    reference's;
   - `msinv gc` removes every temporary the killed writer left, and none
     remains after it;
-  - the command run again (with --force where it writes files) succeeds
-    and gives the reference result.
+  - the command run again gives the reference result: with --force where
+    it writes files (msconvert, msshard); msinv import is run again as it
+    was, and must adopt a directory the killed run left complete but
+    unregistered ("adopted"), or refuse one already registered (exit 2),
+    or import anew.
 
-Per-file atomicity is what fsutil guarantees; a directory output whose
-writer was killed may hold some of its files. Such trials are counted and
-reported ("partial directories"), not failed: the fault-injection sweep
-(rel_fault.py) is where a failed command's leftovers are judged.
+msconvert and msinv import publish a whole output and register it as one
+step (inventory batches): after a kill the output is absent or complete,
+and registered wholly or not at all. Output present but unregistered is
+the one state in between (killed after the rename, before the commit):
+counted ("unregistered outputs"), and the rerun must cope with it. A
+partial directory, or part of the work registered, fails the trial.
+msshard writes shard by shard: for it a partial directory or some shards
+registered are counted ("partial directories", "partial registrations"),
+not failed (yet).
 
     python3 tools/scripts/rel_crash.py --build DIR [--trials N] [--mb MB]
 """
@@ -45,9 +51,13 @@ class Cmd:
     relative to the trial directory (None: the inventory is the output);
     force: the flag that lets a rerun replace a leftover output."""
 
-    def __init__(self, name, argv, out, force, need=None, prepare=None):
+    def __init__(self, name, argv, out, force, need=None, prepare=None, strict=True,
+                 adopts=False):
         self.name, self.argv, self.out, self.force = name, argv, out, force
         self.need, self.prepare = need, prepare
+        # strict: the output appears whole and is registered wholly, or
+        # not at all; adopts: a rerun registers an unregistered output
+        self.strict, self.adopts = strict, adopts
 
 
 def tool(build, *argv, cwd=None):
@@ -78,10 +88,10 @@ def commands(inp):
             "out", "--force", ("msconvert", "quantize")),
         Cmd("msshard split",
             lambda c: ["msshard", "split", inp, "-o", "out", "--ep-size", "2", "--db", "inv.db"],
-            "out", "--force", ("msshard", "split")),
+            "out", "--force", ("msshard", "split"), strict=False),
         Cmd("msinv import",
             lambda c: ["msinv", "import", "--db", "inv.db", c["bundle"], "out"],
-            "out", None, ("msinv", "import"), prepare_import),
+            "out", None, ("msinv", "import"), prepare_import, adopts=True),
     ]
 
 
@@ -118,7 +128,7 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
     T = min(durs)
     ref = rc.snapshot(work)
     st_ref = rc.states(build, "inv.db", cwd=work)
-    killed = partial_dirs = torn = partial_reg = 0
+    killed = partial_dirs = torn = partial_reg = unregistered = adopted = 0
     t_start = time.time()
     for i in range(trials):
         rc.restore(pristine, work)
@@ -145,6 +155,9 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
                          % (st, st_before, st_ref))
         elif st not in (st_before, st_ref):
             partial_reg += 1
+            if cmd.strict:
+                probs.append("part of the work registered: states %s, before %s, after %s"
+                             % (st, st_before, st_ref))
         if cmd.out is not None:
             snap = rc.snapshot(os.path.join(work, cmd.out)) if os.path.exists(
                 os.path.join(work, cmd.out)) else {}
@@ -160,6 +173,14 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
                        and not rc.TEMP_RE.match(os.path.basename(k))}
             if present and present != set(refo):
                 partial_dirs += 1
+                if cmd.strict:
+                    probs.append("partial output: %d of the %d files of %s"
+                                 % (len(present & set(refo)), len(refo), cmd.out))
+            registered = st is not None and st == st_ref and st_ref != st_before
+            if cmd.strict and registered and present != set(refo):
+                probs.append("registered, but %s is not all there" % cmd.out)
+            if cmd.strict and present == set(refo) and st == st_before and st_ref != st_before:
+                unregistered += 1
         # where the output goes and its parent, where a writer may stage it
         dirs = [work] + ([os.path.join(work, cmd.out)] if cmd.out and os.path.isdir(
             os.path.join(work, cmd.out)) else [])
@@ -178,8 +199,13 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
             probs.append("left after gc: " + ", ".join(stray[:4]))
         # recovery: the same command again completes and gives the reference
         again = full + ([cmd.force] if cmd.force else [])
-        if cmd.out is not None and cmd.force is None and os.path.exists(
-                os.path.join(work, cmd.out)):
+        left_out = cmd.out is not None and os.path.exists(os.path.join(work, cmd.out))
+        want = 0
+        if left_out and cmd.adopts:
+            # complete and registered: refused as existing (the work is
+            # done); complete, unregistered: adopted
+            want = 2 if st == st_ref and st_ref != st_before else 0
+        elif left_out and cmd.force is None:
             # a command without --force must refuse a leftover output; then
             # the operator removes it and runs again
             r, out, err = rc.run(full, cwd=work)
@@ -188,8 +214,13 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
                              % (r, err.strip()))
             shutil.rmtree(os.path.join(work, cmd.out))
         r, out, err = rc.run(again, cwd=work)
-        if r != 0:
-            probs.append("rerun exit %d: %s" % (r, err.strip()))
+        if left_out and cmd.adopts and r == 0:
+            if not out.startswith("adopted\t"):
+                probs.append("rerun over an unregistered output did not adopt it: %r"
+                             % out.strip())
+            adopted += 1
+        if r != want:
+            probs.append("rerun exit %d (want %d): %s" % (r, want, err.strip()))
         else:
             d = rc.snapshot_diff(ref, rc.snapshot(work))
             if d:
@@ -200,9 +231,10 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
                       rc.inventory_problems(build, "inv.db", cwd=work)]
         suite.check(not probs, "%s: %s" % (what, "; ".join(probs)))
     line = ("%s | %d trials | killed mid-run %d | clean run %.0f ms | torn files %d"
-            " | partial directories %d | partial registrations %d | %.1f s" % (
+            " | partial directories %d | partial registrations %d | unregistered outputs %d"
+            " (adopted on rerun %d) | %.1f s" % (
                 cmd.name, trials, killed, T * 1e3, torn, partial_dirs, partial_reg,
-                time.time() - t_start))
+                unregistered, adopted, time.time() - t_start))
     summary.append(line)
     suite.note("crash: " + line)
 

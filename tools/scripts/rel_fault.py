@@ -27,7 +27,9 @@ fsutil, so they are not failed here; the crash tests cover the database.
 
     python3 tools/scripts/rel_fault.py --build DIR [--scenario NAME]...
         [--kinds alloc,read,...] [--persist] [--valgrind-every K]
-    (a scenario may name its own kinds: --scenario quantize-file:write,fsync)
+        [--alloc-stride K] [--jobs N] [--messages FILE]
+    (a scenario may name its own kinds, and a stride for one:
+     --scenario quantize-file:alloc/64,write,fsync)
 """
 import argparse
 import os
@@ -189,7 +191,8 @@ def sanitized(build):
         return False
 
 
-def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary):
+def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary, messages=None,
+          strides=None):
     base = os.path.join(suite.tmp, key)
     work, pristine = os.path.join(base, "w"), os.path.join(base, "p")
     os.makedirs(work)
@@ -215,8 +218,12 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary):
     for kind in kinds:
         n, t0, codes, msgs, survived, vg_runs = 0, time.time(), {}, {}, 0, 0
         limit = 200000
+        # a stride samples the allocation calls (1, 1+K, 1+2K, ...): the
+        # fast tier's way through long runs; 1 fails every call once
+        step = (strides or {}).get(kind, 1)
+        n = 1 - step
         while n < limit:
-            n += 1
+            n += step
             rc.restore(pristine, work)
             if os.path.exists(flog):
                 os.unlink(flog)
@@ -228,7 +235,7 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary):
             # valgrind is slow: a sample of the allocation trials (where
             # leaks hide: the error paths), and the clean run below
             use_vg = (not asan and vg_every and kind == "alloc"
-                      and shutil.which("valgrind") and n % vg_every == 0)
+                      and shutil.which("valgrind") and (n - 1) // step % vg_every == vg_every - 1)
             what = "%s %s N=%d%s" % (sc.name, kind, n, " persist" if persist else "")
             run_cmd = cmd
             vglog = os.path.join(base, "vg.log")
@@ -276,7 +283,7 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary):
                 if db and rc.states(build, db, cwd=work) != st_before:
                     probs.append("failed, yet the inventory's states changed")
                 codes[r] = codes.get(r, 0) + 1
-                m = err.strip().split(": ", 1)[-1]
+                m = "exit %d: %s" % (r, err.strip().split(": ", 1)[-1])
                 msgs[m] = msgs.get(m, 0) + 1
             if db and os.path.exists(os.path.join(work, db)):
                 probs += rc.inventory_problems(build, db, cwd=work)
@@ -297,13 +304,19 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary):
             suite.check(r == 0 and not log, "%s: clean run under valgrind exit %d: %s"
                         % (sc.name, r, log.replace("\n", " | ")[:400]))
         secs = time.time() - t0
-        line = ("%s | %s%s | N reached %d (%d call%s failed once) | exits %s | survived %d"
+        line = ("%s | %s%s | N reached %d (%d call%s failed once%s) | exits %s | survived %d"
                 " | valgrind %d | %.1f s" % (
-                    sc.name, kind, " persist" if persist else "", n, n - 1,
-                    "" if n == 2 else "s",
+                    sc.name, kind, " persist" if persist else "", n,
+                    (n - 1 + step - 1) // step, "" if n - 1 == step else "s",
+                    ", every %dth" % step if step > 1 else "",
                     ",".join("%d:%d" % kv for kv in sorted(codes.items())) or "-",
                     survived, vg_runs, secs))
         summary.append(line)
+        if msgs and messages:
+            with suite.lock, open(messages, "a") as f:
+                for m, c in sorted(msgs.items(), key=lambda kv: -kv[1]):
+                    f.write("%s | %s%s | %d | %s\n" % (sc.name, kind, " persist" if persist
+                                                       else "", c, m))
         if msgs:
             top = sorted(msgs.items(), key=lambda kv: -kv[1])[:4]
             line += "\nfault:   messages: " + " || ".join("%dx %s" % (c, m[:300]) for m, c in top)
@@ -322,7 +335,13 @@ def main():
                     help="without ASan: run every Kth trial under valgrind")
     ap.add_argument("--jobs", type=int, default=1,
                     help="sweeps run at once (each scenario and kind is one sweep)")
+    ap.add_argument("--alloc-stride", type=int, default=1, metavar="K",
+                    help="fail allocation 1, 1+K, 1+2K, ... (a sample; default every one);"
+                    " a scenario may give its own: --scenario import:alloc/64,read")
     ap.add_argument("--name", default="fault_injection")
+    ap.add_argument("--messages", metavar="FILE",
+                    help="append every distinct error line of the failed trials, with its"
+                    " exit status and count, to FILE (the messages an operator would see)")
     a = ap.parse_args()
     suite = rc.Suite(a.name)
     build = os.path.abspath(a.build)
@@ -343,22 +362,31 @@ def run_all(suite, a, build, asan, kinds, summary):
             rc.die("rel_fault.py: unknown scenario '%s'" % key)
         sc = SCENARIOS[key]
         sk = [k for k in only.split(",") if k] if only else kinds
+        strides = {"alloc": max(1, a.alloc_stride)}
+        for k in list(sk):
+            name, _, st = k.partition("/")
+            if st:
+                strides[name] = max(1, int(st))
+                sk[sk.index(k)] = name
+            if name not in KINDS:
+                rc.die("rel_fault.py: unknown fault kind '%s'" % name)
         if sc.need and not rc.has_tool(build, *sc.need):
             suite.note("fault: %s: skipped, '%s %s' does not exist in this build"
                        % (sc.name, sc.need[0], sc.need[1]))
             continue
         if a.jobs <= 1:
-            tasks.append((key, sc, sk, False))
+            tasks.append((key, sc, sk, False, strides))
         else:  # one sweep per kind, so that the long ones spread
-            tasks += [("%s-%s" % (key, k), sc, [k], False) for k in sk]
+            tasks += [("%s-%s" % (key, k), sc, [k], False, strides) for k in sk]
         if a.persist and "alloc" in sk:
-            tasks.append((key + "-persist", sc, ["alloc"], True))
+            tasks.append((key + "-persist", sc, ["alloc"], True, strides))
     # the longest first: allocation sweeps of the big scenarios
     if a.jobs > 1:
         tasks.sort(key=lambda t: ("alloc" not in t[2], not t[3]))
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         futs = [pool.submit(sweep, suite, build, key, sc, sk, persist, a.valgrind_every,
-                            asan, summary) for key, sc, sk, persist in tasks]
+                            asan, summary, a.messages, strides)
+                for key, sc, sk, persist, strides in tasks]
         for f in futs:
             f.result()
 
