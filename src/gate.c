@@ -299,10 +299,8 @@ static int build_env(struct ms_inv *inv, struct ms_gate *g)
 
 /* The run of a refused or failed launch: recorded as failed (126, the
  * shell's "found but not executable": the command never ran) with an event
- * saying why, naming the states the plan could name. Three transactions:
- * ms_inv_event_add cannot be part of a batch yet (it rolls the batch back
- * after its own write), so a failure after the first leaves the run
- * "running". */
+ * saying why, naming the states the plan could name; one batch, so the run,
+ * its event and its end are recorded together or not at all. */
 static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind,
 			 const char *why, struct ms_err *err)
 {
@@ -310,7 +308,7 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 	cJSON *ev = NULL;
 	char *js = NULL;
 	size_t k = 0;
-	int rc;
+	int rc, batch = 0;
 
 	if (!ins) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
@@ -327,6 +325,9 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 		ins[k].digest = g->inputs[i].digest;
 		ins[k++].role = g->inputs[i].role;
 	}
+	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
+		goto out;
+	batch = 1;
 	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, k, &g->run_id, err)) != MS_OK)
 		goto out;
 	ev = cJSON_CreateObject();
@@ -339,6 +340,14 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 	if ((rc = ms_inv_event_add(inv, g->run_id, kind, js, NULL, err)) == MS_OK)
 		rc = ms_inv_run_end(inv, g->run_id, 126, err);
 out:
+	if (batch) {
+		int brc = ms_inv_batch_end(inv, rc == MS_OK, rc == MS_OK ? err : NULL);
+
+		if (rc == MS_OK)
+			rc = brc;
+		if (rc != MS_OK)
+			g->run_id = 0;
+	}
 	cJSON_Delete(ev);
 	cJSON_free(js);
 	ms_free(ins);
