@@ -35,6 +35,15 @@ if [ ! -x "$BIN" ] || [ tools/bench/bench_gpu.c -nt "$BIN" ] || [ "$BUILD/libms.
 		-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
 		-lm -lstdc++ || { echo "bench-gpu: cannot build $BIN" >&2; exit 3; }
 fi
+# the one-launch driver for a profiler (tools/bench/NOTES.md): built, not run
+PQ=$BUILD/profile_quant
+if [ ! -x "$PQ" ] || [ tools/bench/profile_quant.c -nt "$PQ" ] || [ "$BUILD/libms.a" -nt "$PQ" ]; then
+	${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
+		-I"$CUDA_HOME/include" -o "$PQ" tools/bench/profile_quant.c "$BUILD/libms.a" \
+		-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
+		-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
+		-lm -lstdc++ || { echo "bench-gpu: cannot build $PQ" >&2; exit 3; }
+fi
 ROWS=${MS_BENCH_ROWS:-32768}
 COLS=${MS_BENCH_COLS:-32768}
 VMB=${MS_BENCH_VLOAD_MB:-3072}

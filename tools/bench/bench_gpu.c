@@ -613,7 +613,7 @@ static void bench_vload(const char *path, double torch_load_ms)
 		add_row("load to gpu: ms_load_verified_gpu", shape, (double)bytes, mv, note);
 		snprintf(note, sizeof(note), "%d threads; floor of any verified load: %+.1f%% over plain",
 			 nt, 100.0 * ((ms > mp ? ms : mp) / mp - 1.0));
-		add_row("sha-256 of the same bytes, no copies (ceiling)", shape, (double)bytes, ms,
+		add_row("load ceiling: sha-256 of the bytes, no copy", shape, (double)bytes, ms,
 			note);
 		add_row("load to gpu: naive (cudaMemcpy from mmap)", shape, (double)bytes, mn, "");
 		if (torch_load_ms > 0) {
