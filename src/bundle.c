@@ -412,12 +412,13 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 	char *json = NULL, hex[65];
 	uint64_t total = 0;
 	size_t i;
-	int rc;
+	int rc, nomem;
 
 	*out = NULL;
 	if ((rc = ms_manifest_write(s, root, &json, err)) != MS_OK)
 		return rc;
-	o = cJSON_Parse(json);
+	/* our own text: a failed parse is a failed allocation */
+	o = ms_json_parse(json, strlen(json), NULL);
 	ms_free(json);
 	files = cJSON_GetObjectItemCaseSensitive(o, "files");
 	configs = cJSON_GetObjectItemCaseSensitive(o, "configs");
@@ -476,7 +477,9 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 	} else if (!cJSON_AddNullToObject(b, "ep_size") || !cJSON_AddNullToObject(b, "ep_rank")) {
 		goto oom;
 	}
-	if (st->experts && !(experts = cJSON_Parse(st->experts))) {
+	if (st->experts && !(experts = ms_json_parse(st->experts, strlen(st->experts), &nomem))) {
+		if (nomem)
+			goto oom;
 		cJSON_Delete(o);
 		return ms_err_set(err, MS_EDB, "state %s: recorded experts are not JSON", s->digest);
 	}
@@ -661,7 +664,7 @@ out:
 	ms_free(clen);
 	ms_free(x.buf);
 	ms_free(root);
-	free(mtext);
+	cJSON_free(mtext);
 	cJSON_Delete(mo);
 	ms_vstate_free(vs);
 	ms_inv_state_free(st);
@@ -965,7 +968,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	const cJSON *v;
 	uint64_t sum = 0, total;
 	size_t nm, k;
-	int rc;
+	int rc, nomem;
 
 	if (json_values(x->manifest, x->manifest_len) > MS_IMPORT_MAX_JSON_VALUES)
 		return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
@@ -993,7 +996,9 @@ static int plan_build(struct importer *x, struct ms_err *err)
 			return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "unknown kind");
 	}
 
-	o = cJSON_ParseWithLength(x->manifest, x->manifest_len);
+	o = ms_json_parse(x->manifest, x->manifest_len, &nomem);
+	if (!o && nomem)
+		goto oom;
 	b = cJSON_GetObjectItemCaseSensitive(o, "bundle");
 	if (!cJSON_IsObject(b)) {
 		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "no \"bundle\" object");
@@ -1234,7 +1239,7 @@ void ms_import_plan_free(struct ms_import_plan *p)
 	ms_free(p->kind);
 	ms_free(p->label);
 	ms_free(p->layout);
-	free(p->experts);
+	cJSON_free(p->experts);
 	ms_free(p);
 }
 

@@ -118,7 +118,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 	size_t nfiles = 0;
 	/* files opened before this index (ms_ckpt_open_many) are not its own */
 	size_t first = c->nfiles;
-	int rc;
+	int rc, nomem;
 
 	if ((rc = ms_read_file(index, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
@@ -129,7 +129,11 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 	}
 	/* len + 1: cJSON wants the terminating NUL inside the length to accept
 	 * trailing whitespace when it must check that nothing else follows */
-	root = cJSON_ParseWithLengthOpts(text, len + 1, NULL, 1);
+	root = ms_json_parse_opts(text, len + 1, NULL, 1, &nomem);
+	if (nomem) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
 	if (!root || !cJSON_IsObject(root)) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': index is not a JSON object", index);
 		goto out;

@@ -1,11 +1,14 @@
 /*
- * common.c: errors, allocation with fault injection, parsing and buffers.
+ * common.c: errors, allocation with fault injection, parsing, buffers and
+ * the JSON parser's allocation hooks.
  */
 #include "common.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +254,51 @@ char *ms_asprintf(const char *fmt, ...)
 void ms_free(void *p)
 {
 	free(p);
+}
+
+/* cJSON gives no reason for a NULL, so its allocator notes failures in a
+ * flag of the calling thread, which the parse helpers clear before parsing
+ * and read after. */
+static _Thread_local int json_oom;
+static pthread_once_t json_once = PTHREAD_ONCE_INIT;
+
+static void *json_malloc(size_t n)
+{
+	void *p = ms_malloc(n);
+
+	if (!p)
+		json_oom = 1;
+	return p;
+}
+
+static void json_hooks(void)
+{
+	cJSON_Hooks h = {json_malloc, ms_free};
+
+	cJSON_InitHooks(&h);
+}
+
+void ms_json_init(void)
+{
+	pthread_once(&json_once, json_hooks);
+}
+
+cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end, int require_nul,
+			  int *oom)
+{
+	cJSON *o;
+
+	ms_json_init();
+	json_oom = 0;
+	o = cJSON_ParseWithLengthOpts(text, len, end, require_nul);
+	if (oom)
+		*oom = !o && json_oom;
+	return o;
+}
+
+cJSON *ms_json_parse(const char *text, size_t len, int *oom)
+{
+	return ms_json_parse_opts(text, len, NULL, 0, oom);
 }
 
 int ms_parse_u64(const char *s, uint64_t max, uint64_t *out)

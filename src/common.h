@@ -61,6 +61,25 @@ char *ms_strndup(const char *s, size_t n);
 char *ms_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ms_free(void *p);
 
+/* JSON parsing (cJSON). cJSON allocates through hooks installed once per
+ * process by ms_json_init (the parse helpers call it): ms_malloc, so the
+ * fault injection reaches every node, and ms_free, so anything cJSON
+ * returns (a tree, cJSON_Print* text) may be freed with cJSON_Delete,
+ * cJSON_free or ms_free alike. cJSON answers NULL both for malformed text
+ * and for a failed allocation; the helpers tell them apart: *oom (may be
+ * NULL) is 1 when the parse failed for want of memory (report MS_ENOMEM,
+ * "out of memory"), 0 otherwise (the text is not JSON). */
+struct cJSON;
+void ms_json_init(void);
+/* cJSON_ParseWithLength: len bytes of text, not necessarily NUL-terminated;
+ * bytes after the first value are ignored. */
+struct cJSON *ms_json_parse(const char *text, size_t len, int *oom);
+/* cJSON_ParseWithLengthOpts: *end (may be NULL) gets where parsing stopped
+ * (the error's position on failure); require_nul: only whitespace and a NUL
+ * inside len may follow the value (pass len + 1 to count a terminator). */
+struct cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end,
+				 int require_nul, int *oom);
+
 /* Fault injection (only active in -DMS_FAULT_INJECTION builds). Returns
  * non-zero when the call site named by kind ("alloc", "write", "fsync",
  * "rename") must fail now. Counters come from MS_FAULT_<KIND>=N. */

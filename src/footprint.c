@@ -320,7 +320,7 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	const char *s, *end = NULL;
 	char *text = NULL;
 	uint64_t v;
-	int rc = MS_OK, present;
+	int rc = MS_OK, present, nomem;
 	size_t n;
 
 	*out = NULL;
@@ -349,7 +349,11 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	memcpy(text, json, len);
 	text[len] = '\0';
 	/* len + 1 counts the NUL, so cJSON checks nothing follows the value */
-	root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+	root = ms_json_parse_opts(text, len + 1, &end, 1, &nomem);
+	if (nomem) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
 	if (!root) {
 		rc = plan_errf(err, label, NULL, "not valid JSON (at byte %zu)",
 			       end && end >= text ? (size_t)(end - text) : (size_t)0);

@@ -772,11 +772,12 @@ struct classify {
 /* The layouts an msinv.nvfp4 metadata value declares: the JSON object
  * msconvert writes, whose "layouts" array lists "rowwise" and/or
  * "columnwise" (quant.h), a "layout" member, or the word alone. 0: unknown,
- * 1 rowwise, 2 columnwise, 3 both. */
+ * 1 rowwise, 2 columnwise, 3 both; -1: out of memory (a columnwise file
+ * must not pass for one that says nothing). */
 static int meta_layout(const char *v)
 {
 	cJSON *o;
-	int r = 0;
+	int r = 0, nomem;
 
 	if (!v)
 		return 0;
@@ -786,7 +787,9 @@ static int meta_layout(const char *v)
 		return 2;
 	if (!strcmp(v, "both"))
 		return 3;
-	o = cJSON_Parse(v);
+	o = ms_json_parse(v, strlen(v), &nomem);
+	if (nomem)
+		return -1;
 	if (cJSON_IsObject(o)) {
 		cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "layout");
 		cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "layouts"), *it;
@@ -813,7 +816,7 @@ static int parse_experts(const char *v, const char *file, char **out, struct ms_
 {
 	struct ms_buf b;
 	cJSON *a = NULL;
-	int rc = MS_OK, first = 1, bad = 0;
+	int rc = MS_OK, first = 1, bad = 0, nomem;
 
 	*out = NULL;
 	ms_buf_init(&b);
@@ -821,7 +824,11 @@ static int parse_experts(const char *v, const char *file, char **out, struct ms_
 	if (v[0] == '[') {
 		cJSON *it;
 
-		a = cJSON_Parse(v);
+		a = ms_json_parse(v, strlen(v), &nomem);
+		if (nomem) {
+			rc = oom(err);
+			goto out;
+		}
 		bad = !cJSON_IsArray(a);
 		if (bad) {
 			cJSON_Delete(a);
@@ -988,6 +995,10 @@ static int classify_layout(const struct ms_ckpt *c, struct classify *k, struct m
 		}
 		m[i].module_len = m[i].info.module_len;
 		m[i].file_layout = meta_layout(ms_st_meta_get(t->file, "msinv.nvfp4"));
+		if (m[i].file_layout < 0) {
+			ms_free(m);
+			return oom(err);
+		}
 		if (m[i].info.role == MS_NAME_ROLE_LORA_A || m[i].info.role == MS_NAME_ROLE_LORA_B)
 			lora = 1;
 		if (t->ndim >= 2 && is_float(t->dtype) && m[i].info.role != MS_NAME_ROLE_SCALE &&
@@ -1997,11 +2008,14 @@ static int check_opts(struct ms_inv *inv, const struct ms_inv_add_opts *o, struc
 	{
 		const char *p = o->params_json ? o->params_json : "{}";
 		cJSON *j;
+		int nomem;
 
 		if (strlen(p) > MS_INV_MAX_PARAMS)
 			return ms_err_set(err, MS_EINVAL, "parameters are longer than %u bytes",
 					  MS_INV_MAX_PARAMS);
-		j = cJSON_Parse(p);
+		j = ms_json_parse(p, strlen(p), &nomem);
+		if (nomem)
+			return oom(err);
 		if (!cJSON_IsObject(j)) {
 			cJSON_Delete(j);
 			return ms_err_set(err, MS_EINVAL, "parameters '%s' are not a JSON object", p);
@@ -3028,12 +3042,15 @@ int ms_inv_event_add(struct ms_inv *inv, int64_t run_id, const char *kind, const
 	cJSON *j = NULL, *d;
 	char at[ISO_LEN], *canon = NULL, subj[32];
 	int64_t eid;
-	int rc;
+	int rc, nomem = 0;
 
 	if (!kind || !*kind || strlen(kind) > 64 || strspn(kind, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(kind))
 		return ms_err_set(err, MS_EINVAL, "event kind '%s': use [a-z0-9_], 1 to 64 bytes",
 				  kind ? kind : "");
-	if (!json || strlen(json) > MS_INV_MAX_PARAMS || !cJSON_IsObject(j = cJSON_Parse(json))) {
+	if (json && strlen(json) <= MS_INV_MAX_PARAMS &&
+	    !(j = ms_json_parse(json, strlen(json), &nomem)) && nomem)
+		return oom(err);
+	if (!cJSON_IsObject(j)) {
 		cJSON_Delete(j);
 		return ms_err_set(err, MS_EINVAL, "event '%s': data is not a JSON object", kind);
 	}

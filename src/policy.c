@@ -94,10 +94,15 @@ int ms_policy_from_map(const char *json, size_t len, const char *label,
 		       struct ms_policy_report **out, struct ms_err *err)
 {
 	struct ms_policy_report *r = NULL;
-	cJSON *root = cJSON_ParseWithLength(json, len), *map, *it;
-	int rc;
+	cJSON *root, *map, *it;
+	int rc, nomem;
 
 	*out = NULL;
+	root = ms_json_parse(json, len, &nomem);
+	if (nomem) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
 	if (!cJSON_IsObject(root)) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': not a JSON object", label);
 		goto fail;

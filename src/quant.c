@@ -221,12 +221,15 @@ static int meta_get(const struct ms_ckpt *c, struct file_meta *fm, size_t fi,
 		    cJSON **out, struct ms_err *err)
 {
 	const char *text;
+	int nomem;
 
 	if (!fm[fi].parsed) {
 		fm[fi].parsed = 1;
 		text = ms_st_meta_get(c->files[fi], MS_QUANT_META_KEY);
 		if (text) {
-			fm[fi].root = cJSON_Parse(text);
+			fm[fi].root = ms_json_parse(text, strlen(text), &nomem);
+			if (nomem)
+				return ms_err_set(err, MS_ENOMEM, "out of memory");
 			if (!fm[fi].root || !cJSON_IsObject(fm[fi].root))
 				return ms_err_set(err, MS_EINVAL,
 						  "'%s': metadata '%s' is not a JSON object",
@@ -1841,7 +1844,13 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
 			break;
 		if (is_cfg && p->opts.op != MS_QUANT_OP_TRANSPOSE) {
-			j = cJSON_ParseWithLength(text, len);
+			int nomem;
+
+			j = ms_json_parse(text, len, &nomem);
+			if (nomem) {
+				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				break;
+			}
 			if (!cJSON_IsObject(j)) {
 				rc = ms_err_set(err, MS_EINVAL, "'%s' is not a JSON object", src);
 				break;

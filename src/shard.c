@@ -226,10 +226,13 @@ int ms_ep_placement_from_json(const char *text, size_t len, const char *label,
 			      uint32_t num_experts, uint32_t ep_size,
 			      struct ms_ep_placement **out, struct ms_err *err)
 {
-	cJSON *root = cJSON_ParseWithLength(text, len);
-	int rc;
+	cJSON *root;
+	int rc, nomem;
 
 	*out = NULL;
+	root = ms_json_parse(text, len, &nomem);
+	if (nomem)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	if (!root || !cJSON_IsObject(root)) {
 		cJSON_Delete(root);
 		return ms_err_set(err, MS_EINVAL, "'%s': not a JSON object {\"ranks\": [[...], ...]}",
@@ -837,11 +840,14 @@ static int parse_config(const struct src *s, const char *name, cJSON **out,
 			struct ms_err *err)
 {
 	const struct sconfig *c = src_config(s, name);
+	int nomem;
 
 	*out = NULL;
 	if (!c)
 		return MS_OK;
-	*out = cJSON_ParseWithLength(c->text, c->len);
+	*out = ms_json_parse(c->text, c->len, &nomem);
+	if (nomem)
+		return oom(err);
 	if (!*out || !cJSON_IsObject(*out)) {
 		cJSON_Delete(*out);
 		*out = NULL;
@@ -1202,12 +1208,14 @@ static int read_index_meta(struct src *s, const char *path, struct ms_err *err)
 	char *text = NULL;
 	size_t len;
 	cJSON *root = NULL, *meta;
-	int rc;
+	int rc, nomem;
 
 	if ((rc = ms_read_file(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
-	root = cJSON_ParseWithLength(text, len);
+	root = ms_json_parse(text, len, &nomem);
 	ms_free(text);
+	if (nomem)
+		return oom(err);
 	if (!root || !cJSON_IsObject(root)) {
 		cJSON_Delete(root);
 		return ms_err_set(err, MS_EINVAL, "'%s': not a JSON object", path);
@@ -3717,7 +3725,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	const char *kind, *stem, *pname;
 	uint64_t e, n, v;
 	uint32_t foreign_n = 0;
-	int rc;
+	int rc, nomem;
 
 	memset(ss, 0, sizeof(*ss));
 	if (stat(path, &st))
@@ -3742,8 +3750,10 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 				  "one)", ss->dir, MS_EP_MANIFEST);
 	if (rc != MS_OK)
 		return rc;
-	ss->m = cJSON_ParseWithLength(text, len);
+	ss->m = ms_json_parse(text, len, &nomem);
 	ms_free(text);
+	if (nomem)
+		return oom(err);
 	if (!ss->m || !cJSON_IsObject(ss->m))
 		return bad(ss, err, "not a JSON object");
 	if (!jstr(ss->m, "format") || strcmp(jstr(ss->m, "format"), MS_EP_MANIFEST_FORMAT))

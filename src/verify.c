@@ -607,10 +607,12 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 	char digest[MS_STATE_DIGEST_LEN];
 	const cJSON *v;
 	size_t k;
-	int rc;
+	int rc, nomem;
 
 	*out = NULL;
-	o = cJSON_ParseWithLength(json, len);
+	o = ms_json_parse(json, len, &nomem);
+	if (nomem)
+		goto oom;
 	if (!o || !cJSON_IsObject(o)) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': manifest is not a JSON object", label);
 		goto out;

@@ -535,23 +535,22 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- show ---------------------------------------------------------------------------- */
 
-/* The fields of config.json that change how tensors are read. */
-static char *config_note(const struct ms_inv_config *c)
+/* The fields of config.json that change how tensors are read, in *note
+ * (NULL when it has none, or is not JSON). MS_OK or MS_ENOMEM. */
+static int config_note(const struct ms_inv_config *c, char **note)
 {
 	cJSON *root, *q;
-	char *s = NULL, *out = NULL;
+	int nomem;
 
+	*note = NULL;
 	if (strcmp(c->name, "config.json"))
-		return NULL;
-	root = cJSON_ParseWithLength(c->text, c->len);
+		return MS_OK;
+	root = ms_json_parse(c->text, c->len, &nomem);
 	q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-	if (q)
-		s = cJSON_PrintUnformatted(q);
-	if (s)
-		out = ms_strdup(s);
-	cJSON_free(s);
+	if (q && !(*note = cJSON_PrintUnformatted(q)))
+		nomem = 1;
 	cJSON_Delete(root);
-	return out;
+	return nomem ? MS_ENOMEM : MS_OK;
 }
 
 struct show_data {
@@ -659,8 +658,14 @@ static int show_json(const struct show_data *d, int tensors)
 	a = cJSON_AddArrayToObject(o, "configs");
 	for (size_t i = 0; i < d->ncfg; i++) {
 		cJSON *co = cJSON_CreateObject();
-		char *note = config_note(&d->cfg[i]);
+		char *note;
 
+		if (config_note(&d->cfg[i], &note) != MS_OK) {
+			cJSON_Delete(co);
+			cJSON_Delete(o);
+			cli_errorf("out of memory");
+			return CLI_IO;
+		}
 		cJSON_AddNumberToObject(co, "copy", d->cfg[i].copy);
 		cJSON_AddStringToObject(co, "name", d->cfg[i].name);
 		cJSON_AddStringToObject(co, "path", d->cfg[i].path);
@@ -701,11 +706,18 @@ static int show_json(const struct show_data *d, int tensors)
 	return print_json(o);
 }
 
-static void print_argv(const char *json)
+/* The command line recorded as a JSON array, words separated by spaces.
+ * MS_OK, or MS_ENOMEM with nothing printed. */
+static int print_argv(const char *json)
 {
-	cJSON *a = cJSON_Parse(json), *it;
-	int first = 1;
+	cJSON *a, *it;
+	int first = 1, nomem;
 
+	if (!json)
+		return MS_OK;
+	a = ms_json_parse(json, strlen(json), &nomem);
+	if (nomem)
+		return MS_ENOMEM;
 	cJSON_ArrayForEach(it, a) {
 		if (cJSON_IsString(it)) {
 			printf("%s%s", first ? "" : " ", it->valuestring);
@@ -713,9 +725,10 @@ static void print_argv(const char *json)
 		}
 	}
 	cJSON_Delete(a);
+	return MS_OK;
 }
 
-static void show_text(const struct show_data *d, int tensors)
+static int show_text(const struct show_data *d, int tensors)
 {
 	const struct ms_inv_state *s = d->s;
 	char b[32], hex[65], sd[32];
@@ -732,7 +745,8 @@ static void show_text(const struct show_data *d, int tensors)
 		printf("ep        rank %d of %d, experts %s\n", s->ep_rank, s->ep_size,
 		       s->experts ? s->experts : "(not recorded)");
 	printf("created   %s by %s@%s: ", s->created_at, s->user, s->host);
-	print_argv(s->argv);
+	if (print_argv(s->argv) != MS_OK)
+		goto oom;
 	putchar('\n');
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
@@ -747,7 +761,8 @@ static void show_text(const struct show_data *d, int tensors)
 					continue;
 				ms_hex(d->cfg[k].digest, 32, hex);
 				printf("  config  %s  sha256 %s\n", d->cfg[k].path, hex);
-				note = config_note(&d->cfg[k]);
+				if (config_note(&d->cfg[k], &note) != MS_OK)
+					goto oom;
 				if (note)
 					printf("          quantization_config %s\n", note);
 				ms_free(note);
@@ -787,7 +802,7 @@ static void show_text(const struct show_data *d, int tensors)
 		printf("made by   run %lld  plan %s  %s\n", (long long)d->made_by[i].id,
 		       short_digest(d->made_by[i].plan_digest, sd), d->made_by[i].status);
 	if (!tensors)
-		return;
+		return CLI_OK;
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
 
@@ -803,6 +818,11 @@ static void show_text(const struct show_data *d, int tensors)
 			       (unsigned long long)te->nbytes, hex, f->name);
 		}
 	}
+	return CLI_OK;
+oom:
+	putchar('\n');
+	cli_errorf("out of memory");
+	return CLI_IO;
 }
 
 static int cmd_show(int argc, char **argv)
@@ -852,7 +872,7 @@ static int cmd_show(int argc, char **argv)
 	if (json)
 		rc = show_json(&d, tensors);
 	else
-		show_text(&d, tensors);
+		rc = show_text(&d, tensors);
 	show_free(&d);
 	return rc;
 }
@@ -1182,7 +1202,9 @@ static int log_print(const struct ms_inv_log_entry *e, void *ctx)
 		return 0;
 	}
 	printf("%lld\t%s\t%s@%s\t", (long long)e->seq, e->at, e->user, e->host);
-	print_argv(e->argv);
+	/* MS_ENOMEM ends the walk; cmd_log reports it */
+	if (print_argv(e->argv) != MS_OK)
+		return MS_ENOMEM;
 	printf("\t%s\t%s\t%s\n", e->action, e->subject, e->detail);
 	return 0;
 }
