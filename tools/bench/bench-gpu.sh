@@ -27,23 +27,22 @@ if [ -z "$NVCC" ]; then
 fi
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 [ -f "$BUILD/libms.a" ] || { echo "bench-gpu: no $BUILD/libms.a (make first)" >&2; exit 3; }
+# build_tool NAME: $BUILD/NAME from tools/bench/NAME.c and the build's
+# libms.a, when either is newer
+build_tool() {
+	if [ ! -x "$BUILD/$1" ] || [ "tools/bench/$1.c" -nt "$BUILD/$1" ] ||
+	   [ "$BUILD/libms.a" -nt "$BUILD/$1" ]; then
+		${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
+			-I"$CUDA_HOME/include" -o "$BUILD/$1" "tools/bench/$1.c" "$BUILD/libms.a" \
+			-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
+			-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
+			-lm -lstdc++ || { echo "bench-gpu: cannot build $BUILD/$1" >&2; exit 3; }
+	fi
+}
 BIN=$BUILD/bench_gpu
-if [ ! -x "$BIN" ] || [ tools/bench/bench_gpu.c -nt "$BIN" ] || [ "$BUILD/libms.a" -nt "$BIN" ]; then
-	${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
-		-I"$CUDA_HOME/include" -o "$BIN" tools/bench/bench_gpu.c "$BUILD/libms.a" \
-		-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
-		-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
-		-lm -lstdc++ || { echo "bench-gpu: cannot build $BIN" >&2; exit 3; }
-fi
+build_tool bench_gpu
 # the one-launch driver for a profiler (tools/bench/NOTES.md): built, not run
-PQ=$BUILD/profile_quant
-if [ ! -x "$PQ" ] || [ tools/bench/profile_quant.c -nt "$PQ" ] || [ "$BUILD/libms.a" -nt "$PQ" ]; then
-	${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
-		-I"$CUDA_HOME/include" -o "$PQ" tools/bench/profile_quant.c "$BUILD/libms.a" \
-		-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
-		-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
-		-lm -lstdc++ || { echo "bench-gpu: cannot build $PQ" >&2; exit 3; }
-fi
+build_tool profile_quant
 ROWS=${MS_BENCH_ROWS:-32768}
 COLS=${MS_BENCH_COLS:-32768}
 VMB=${MS_BENCH_VLOAD_MB:-3072}
