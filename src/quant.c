@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1641,15 +1642,171 @@ static int produce(struct ms_quant_plan *p, size_t item, struct item_bufs *b,
 	return rc;
 }
 
+/*
+ * The next item's outputs are made while this one's are written: the
+ * writer hashes and writes on one thread, and making an item (the codec on
+ * every CPU, or the GPU and the bus) is idle otherwise. A producer thread
+ * walks the items in the order the files need them (an item is made once
+ * per file it has outputs in, as without the thread) and fills two slots
+ * in turn; the writer takes them in the same order and gives each back
+ * when it is written. Outputs are the same bytes: each item is made by the
+ * same call either way. Without a thread (none could be started, or one
+ * item in all) items are made in line.
+ */
+struct producer {
+	struct ms_quant_plan *p;
+	size_t *seq, nseq;         /* item indices, in the order they are needed */
+	struct item_bufs slot[2];
+	int full[2];
+	size_t filled, taken;      /* positions in seq */
+	int stop, rc, held;        /* held: the writer holds slot[taken & 1] */
+	struct ms_err err;
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	pthread_t th;
+	int started;
+};
+
+static void *produce_all(void *arg)
+{
+	struct producer *q = arg;
+
+	for (size_t k = 0; k < q->nseq; k++) {
+		struct item_bufs *b = &q->slot[k & 1];
+		struct ms_err err = {0};
+		int rc;
+
+		pthread_mutex_lock(&q->m);
+		while (q->full[k & 1] && !q->stop)
+			pthread_cond_wait(&q->c, &q->m);
+		pthread_mutex_unlock(&q->m);
+		if (q->stop)
+			break;
+		rc = produce(q->p, q->seq[k], b, &err);
+		pthread_mutex_lock(&q->m);
+		if (rc != MS_OK) {
+			q->rc = rc;
+			q->err = err;
+		} else {
+			q->full[k & 1] = 1;
+			q->filled = k + 1;
+		}
+		pthread_cond_broadcast(&q->c);
+		pthread_mutex_unlock(&q->m);
+		if (rc != MS_OK)
+			break;
+	}
+	return NULL;
+}
+
+/* The items write_file asks for, file by file. */
+static int producer_start(struct producer *q, struct ms_quant_plan *p, struct ms_err *err)
+{
+	memset(q, 0, sizeof(*q));
+	q->p = p;
+	if (!(q->seq = ms_malloc((p->nouts ? p->nouts : 1) * sizeof(*q->seq))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t fi = 0; fi < p->nfiles; fi++) {
+		size_t first = q->nseq;
+
+		for (size_t i = 0; i < p->nouts; i++) {
+			const struct ms_qout *o = &p->outs[i];
+
+			if (o->file != fi || o->kind == MS_QOUT_COPY)
+				continue;
+			if (q->nseq == first || q->seq[q->nseq - 1] != o->item)
+				q->seq[q->nseq++] = o->item;
+		}
+	}
+	if (q->nseq < 2)
+		return MS_OK;
+	pthread_mutex_init(&q->m, NULL);
+	pthread_cond_init(&q->c, NULL);
+	if (pthread_create(&q->th, NULL, produce_all, q) == 0) {
+		q->started = 1;
+	} else {
+		pthread_cond_destroy(&q->c);
+		pthread_mutex_destroy(&q->m);
+	}
+	return MS_OK;
+}
+
+static void producer_stop(struct producer *q)
+{
+	if (q->started) {
+		pthread_mutex_lock(&q->m);
+		q->stop = 1;
+		pthread_cond_broadcast(&q->c);
+		pthread_mutex_unlock(&q->m);
+		pthread_join(q->th, NULL);
+		pthread_cond_destroy(&q->c);
+		pthread_mutex_destroy(&q->m);
+		q->started = 0;
+	}
+	bufs_release(&q->slot[0]);
+	bufs_release(&q->slot[1]);
+	ms_free(q->seq);
+	q->seq = NULL;
+}
+
+/* The outputs of item, made by the producer (NULL q: made now into *inl). */
+static int producer_take(struct producer *q, struct ms_quant_plan *p, size_t item,
+			 struct item_bufs *inl, struct item_bufs **out, struct ms_err *err)
+{
+	struct item_bufs *b;
+	int rc;
+
+	if (!q || !q->started) {
+		*out = inl;
+		return produce(p, item, inl, err);
+	}
+	pthread_mutex_lock(&q->m);
+	while (!q->full[q->taken & 1] && q->rc == MS_OK)
+		pthread_cond_wait(&q->c, &q->m);
+	b = &q->slot[q->taken & 1];
+	if (!q->full[q->taken & 1]) {
+		rc = q->rc;
+		if (err)
+			*err = q->err;
+		pthread_mutex_unlock(&q->m);
+		return rc;
+	}
+	q->held = 1;
+	pthread_mutex_unlock(&q->m);
+	if (q->taken >= q->nseq || q->seq[q->taken] != item || b->item != item)
+		return ms_err_set(err, MS_EINVAL, "internal: items out of order");
+	*out = b;
+	return MS_OK;
+}
+
+/* The writer is done with the item it holds. */
+static void producer_give(struct producer *q, struct item_bufs *b)
+{
+	if (!q || !q->started) {
+		bufs_release(b);
+		return;
+	}
+	pthread_mutex_lock(&q->m);
+	if (q->held) {
+		bufs_release(&q->slot[q->taken & 1]);
+		q->full[q->taken & 1] = 0;
+		q->taken++;
+		q->held = 0;
+		pthread_cond_broadcast(&q->c);
+	}
+	pthread_mutex_unlock(&q->m);
+}
+
 /* Write output file fi into the staged directory dir, or to the staged
  * file itself (dir NULL). The staging name is new, so nothing is replaced. */
 static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
-		      struct item_bufs *b, uint64_t *done,
+		      struct producer *q, struct item_bufs *inl, uint64_t *done,
 		      void (*progress)(void *ctx, uint64_t done, uint64_t total),
 		      void *progress_ctx, struct ms_err *err)
 {
 	const struct ms_st_file *in = p->in->files[fi];
 	struct ms_st_writer *w = NULL;
+	struct item_bufs *b = NULL; /* the item being written, NULL between items */
 	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->staged);
 	int rc;
 
@@ -1682,9 +1839,15 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 
 		if (o->file != fi)
 			continue;
-		if (o->kind != MS_QOUT_COPY && (!b->ready || b->item != o->item) &&
-		    (rc = produce(p, o->item, b, err)) != MS_OK)
-			goto out;
+		if (o->kind != MS_QOUT_COPY && (!b || b->item != o->item)) {
+			if (b)
+				producer_give(q, b);
+			b = NULL;
+			if ((rc = producer_take(q, p, o->item, inl, &b, err)) != MS_OK) {
+				b = NULL;
+				goto out;
+			}
+		}
 		switch (o->kind) {
 		case MS_QOUT_COPY:
 			data = it->src->data;
@@ -1705,8 +1868,10 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 		if ((rc = ms_st_writer_data(w, data, o->nbytes, err)) != MS_OK)
 			goto out;
 		/* an item's outputs are consecutive: free them after its last */
-		if (b->ready && (i + 1 == p->nouts || p->outs[i + 1].item != b->item))
-			bufs_release(b);
+		if (b && (i + 1 == p->nouts || p->outs[i + 1].item != b->item)) {
+			producer_give(q, b);
+			b = NULL;
+		}
 		*done += o->nbytes;
 		if (progress)
 			progress(progress_ctx, *done, p->bytes_out);
@@ -1714,7 +1879,8 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 	rc = ms_st_writer_commit(w, err);
 out:
 	ms_st_writer_free(w);
-	bufs_release(b);
+	if (b)
+		producer_give(q, b);
 	ms_free(path);
 	return rc;
 }
@@ -2145,10 +2311,12 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		   void *progress_ctx, struct ms_err *err)
 {
 	struct item_bufs b;
+	struct producer q;
 	uint64_t done = 0;
 	int rc;
 
 	memset(&b, 0, sizeof(b));
+	memset(&q, 0, sizeof(q));
 	if (p->staged || p->published)
 		return ms_err_set(err, MS_EINVAL, "'%s': the output is already written", p->dest);
 	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
@@ -2161,9 +2329,12 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		return rc;
 	if ((rc = stage_name(p, err)) != MS_OK)
 		return rc;
+	rc = producer_start(&q, p, err);
 	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
-		rc = write_file(p, fi, p->out_is_dir ? p->staged : NULL, &b, &done, progress,
+		rc = write_file(p, fi, p->out_is_dir ? p->staged : NULL, &q, &b, &done, progress,
 				progress_ctx, err);
+	producer_stop(&q);
+	bufs_release(&b);
 	if (rc == MS_OK && p->out_is_dir && p->in->index_path)
 		rc = write_index(p, p->staged, err);
 	if (rc == MS_OK && p->out_is_dir)
