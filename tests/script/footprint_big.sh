@@ -19,6 +19,13 @@ bad() { fail=$((fail + 1)); echo "FAIL $name: $*" >&2; }
 finish() { echo "$name: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit $?; }
 
 CC=${CC:-cc}
+# make check-asan builds libms with clang's sanitizers: the driver must link
+# the same runtime
+SAN=
+if [ "${MS_SANITIZED:-}" = 1 ]; then
+	command -v clang >/dev/null 2>&1 && CC=clang
+	SAN="-fsanitize=address,undefined"
+fi
 if ! command -v python3 >/dev/null 2>&1 || ! command -v "$CC" >/dev/null 2>&1; then
 	echo "$name: skipped (needs python3 and a C compiler)" >&2
 	finish
@@ -74,7 +81,7 @@ out:
 EOF
 libs=$(pkg-config --libs sqlite3 libcrypto libcjson libarchive libzstd 2>/dev/null) ||
 	libs="-lsqlite3 -lcrypto -lcjson -larchive -lzstd"
-if "$CC" -std=c11 -D_GNU_SOURCE -O2 -I"$MS_ROOT/src" -o "$tmp/fpdrv" "$tmp/fpdrv.c" \
+if "$CC" -std=c11 -D_GNU_SOURCE -O2 $SAN -I"$MS_ROOT/src" -o "$tmp/fpdrv" "$tmp/fpdrv.c" \
 	"$MS_BUILD/libms.a" $libs -lpthread -lm 2>"$tmp/cc.err"; then
 	ok
 else
