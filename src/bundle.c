@@ -402,6 +402,16 @@ static cJSON *json_str_or_null(const char *s)
 	return s ? cJSON_CreateString(s) : cJSON_CreateNull();
 }
 
+/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
+ * be added: item missing, or the key's copy failed). 1: added. */
+static int json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (cJSON_AddItemToObject(o, key, item))
+		return 1;
+	cJSON_Delete(item);
+	return 0;
+}
+
 /* The manifest of s with the "bundle" object; member paths are taken from
  * the manifest itself so the two cannot disagree. */
 static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state *st,
@@ -466,9 +476,9 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 		i++;
 	}
 	if (!cJSON_AddNumberToObject(b, "total_bytes", (double)total) ||
-	    !cJSON_AddItemToObject(b, "kind", json_str_or_null(s->kind)) ||
-	    !cJSON_AddItemToObject(b, "label", json_str_or_null(s->label)) ||
-	    !cJSON_AddItemToObject(b, "layout", json_str_or_null(s->layout)))
+	    !json_put(b, "kind", json_str_or_null(s->kind)) ||
+	    !json_put(b, "label", json_str_or_null(s->label)) ||
+	    !json_put(b, "layout", json_str_or_null(s->layout)))
 		goto oom;
 	if (s->ep_size > 0) {
 		if (!cJSON_AddNumberToObject(b, "ep_size", s->ep_size) ||
@@ -485,10 +495,8 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 	}
 	if (!experts && !(experts = cJSON_CreateNull()))
 		goto oom;
-	if (!cJSON_AddItemToObject(b, "experts", experts)) {
-		cJSON_Delete(experts);
+	if (!json_put(b, "experts", experts))
 		goto oom;
-	}
 	*out = o;
 	return MS_OK;
 oom:

@@ -256,10 +256,9 @@ void ms_free(void *p)
 	free(p);
 }
 
-/* cJSON gives no reason for a NULL, so its allocator notes failures in a
- * flag of the calling thread, which the parse helpers clear before parsing
- * and read after. */
-static _Thread_local int json_oom;
+/* cJSON gives no reason for a NULL, so its allocator counts failures per
+ * thread; a caller compares the count before and after (ms_json_mark). */
+static _Thread_local uint64_t json_fails;
 static pthread_once_t json_once = PTHREAD_ONCE_INIT;
 
 static void *json_malloc(size_t n)
@@ -267,7 +266,7 @@ static void *json_malloc(size_t n)
 	void *p = ms_malloc(n);
 
 	if (!p)
-		json_oom = 1;
+		json_fails++;
 	return p;
 }
 
@@ -283,16 +282,25 @@ void ms_json_init(void)
 	pthread_once(&json_once, json_hooks);
 }
 
+uint64_t ms_json_mark(void)
+{
+	ms_json_init();
+	return json_fails;
+}
+
+int ms_json_failed(uint64_t mark)
+{
+	return json_fails != mark;
+}
+
 cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end, int require_nul,
 			  int *oom)
 {
-	cJSON *o;
+	uint64_t mark = ms_json_mark();
+	cJSON *o = cJSON_ParseWithLengthOpts(text, len, end, require_nul);
 
-	ms_json_init();
-	json_oom = 0;
-	o = cJSON_ParseWithLengthOpts(text, len, end, require_nul);
 	if (oom)
-		*oom = !o && json_oom;
+		*oom = !o && ms_json_failed(mark);
 	return o;
 }
 

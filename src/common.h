@@ -79,6 +79,13 @@ struct cJSON *ms_json_parse(const char *text, size_t len, int *oom);
  * inside len may follow the value (pass len + 1 to count a terminator). */
 struct cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end,
 				 int require_nul, int *oom);
+/* A tree built with cJSON_Create* and cJSON_Add* (each NULL on a failed
+ * allocation, seldom checked member by member) may come out short: take
+ * ms_json_mark() before building it and ask ms_json_failed(mark) before
+ * using it; non-zero when one of cJSON's allocations on this thread failed
+ * in between. */
+uint64_t ms_json_mark(void);
+int ms_json_failed(uint64_t mark);
 
 /* Fault injection (only active in -DMS_FAULT_INJECTION builds). Returns
  * non-zero when the call site named by kind ("alloc", "write", "fsync",

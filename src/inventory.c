@@ -51,6 +51,11 @@ struct ms_inv {
 	int batch;
 	int batch_open;   /* BEGIN IMMEDIATE done */
 	int batch_failed; /* a write in the batch failed and rolled all back */
+	/* cJSON's failures when the transaction (or the batch) began: what
+	 * is recorded since, an audit log detail or a caller's parameters
+	 * built with unchecked additions, may be short if that count moved
+	 * (log_json) */
+	uint64_t json_mark;
 };
 
 /* ---- names ------------------------------------------------------------------ */
@@ -213,6 +218,20 @@ out:
 	return out;
 }
 
+/* cJSON_AddItemToObject and cJSON_AddItemToArray taking item in every case
+ * (deleted when it cannot be added: o missing, or the key's copy failed). */
+static void json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (!cJSON_AddItemToObject(o, key, item))
+		cJSON_Delete(item);
+}
+
+static void json_push(cJSON *a, cJSON *item)
+{
+	if (!cJSON_AddItemToArray(a, item))
+		cJSON_Delete(item);
+}
+
 /* cJSON object to a string owned by ms_malloc (NULL on allocation failure);
  * consumes o. */
 static char *json_take(cJSON *o)
@@ -256,6 +275,8 @@ static int tx_begin(struct ms_inv *inv, struct ms_err *err)
 
 		if (rc == SQLITE_OK) {
 			inv->batch_open = inv->batch;
+			if (!inv->batch)
+				inv->json_mark = ms_json_mark();
 			return MS_OK;
 		}
 		if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED)
@@ -424,15 +445,20 @@ out:
 	return rc;
 }
 
-/* log_append with a cJSON detail object (consumed). */
+/* log_append with a cJSON detail object (consumed), built inside the
+ * transaction: the details are built without checking each member, and an
+ * entry of the log must not be recorded short of one (nor must a record
+ * whose parameters a caller built since its batch began). */
 static int log_json(struct ms_inv *inv, const char *action, const char *subject, cJSON *detail,
 		    struct ms_err *err)
 {
 	char *s = json_take(detail);
 	int rc;
 
-	if (!s)
+	if (!s || ms_json_failed(inv->json_mark)) {
+		ms_free(s);
 		return oom(err);
+	}
 	rc = log_append(inv, action, subject, s, err);
 	ms_free(s);
 	return rc;
@@ -704,6 +730,7 @@ int ms_inv_batch_begin(struct ms_inv *inv, struct ms_err *err)
 		return ms_err_set(err, MS_EINVAL, "'%s': a batch is already open", inv->path);
 	inv->batch = 1;
 	inv->batch_open = inv->batch_failed = 0;
+	inv->json_mark = ms_json_mark();
 	return MS_OK;
 }
 
@@ -977,14 +1004,24 @@ static int is_float(enum ms_dtype d)
 static int classify_layout(const struct ms_ckpt *c, struct classify *k, struct ms_err *err)
 {
 	struct modinfo *m = NULL;
-	size_t n = c->ntensors;
-	int row = 0, col = 0, lora = 0;
+	size_t n = c->ntensors, fi = 0;
+	int row = 0, col = 0, lora = 0, *layouts = NULL, rc = MS_OK;
 	const char *row_example = NULL;
 	int dt_seen = -1, dt_mixed = 0;
 
+	/* the metadata is parsed once per file: it lists every quantized
+	 * module, so once per tensor would be quadratic in the model's size */
 	m = ms_calloc(n ? n : 1, sizeof(*m));
-	if (!m)
-		return oom(err);
+	layouts = ms_calloc(c->nfiles ? c->nfiles : 1, sizeof(*layouts));
+	if (!m || !layouts) {
+		rc = oom(err);
+		goto out;
+	}
+	for (size_t f = 0; f < c->nfiles; f++)
+		if ((layouts[f] = meta_layout(ms_st_meta_get(c->files[f], "msinv.nvfp4"))) < 0) {
+			rc = oom(err);
+			goto out;
+		}
 	for (size_t i = 0; i < n; i++) {
 		const struct ms_tensor *t = c->tensors[i];
 
@@ -994,10 +1031,15 @@ static int classify_layout(const struct ms_ckpt *c, struct classify *k, struct m
 			m[i].info.module_len = (uint32_t)strlen(t->name);
 		}
 		m[i].module_len = m[i].info.module_len;
-		m[i].file_layout = meta_layout(ms_st_meta_get(t->file, "msinv.nvfp4"));
+		/* names sort across files: the last file is the usual match */
+		if (fi >= c->nfiles || c->files[fi] != t->file)
+			for (fi = 0; fi < c->nfiles && c->files[fi] != t->file; fi++)
+				;
+		m[i].file_layout = fi < c->nfiles ? layouts[fi]
+				 : meta_layout(ms_st_meta_get(t->file, "msinv.nvfp4"));
 		if (m[i].file_layout < 0) {
-			ms_free(m);
-			return oom(err);
+			rc = oom(err);
+			goto out;
 		}
 		if (m[i].info.role == MS_NAME_ROLE_LORA_A || m[i].info.role == MS_NAME_ROLE_LORA_B)
 			lora = 1;
@@ -1070,8 +1112,10 @@ static int classify_layout(const struct ms_ckpt *c, struct classify *k, struct m
 		k->kind = MS_INV_KIND_ADAPTER;
 		snprintf(k->why, sizeof(k->why), "they hold LoRA factors");
 	}
+out:
 	ms_free(m);
-	return MS_OK;
+	ms_free(layouts);
+	return rc;
 }
 
 static int classify_ckpt(const struct ms_ckpt *c, struct classify *k, struct ms_err *err)
@@ -1543,7 +1587,7 @@ static int refresh_configs(struct addctx *x, int64_t sid, uint32_t copy, struct 
 		cJSON *d = cJSON_CreateObject();
 
 		cJSON_AddNumberToObject(d, "copy", copy);
-		cJSON_AddItemToObject(d, "configs", configs_json(x->ck));
+		json_put(d, "configs", configs_json(x->ck));
 		rc = log_json(inv, "configs", x->digest, d, err);
 	}
 	return rc;
@@ -1798,7 +1842,7 @@ static cJSON *files_json(const struct addctx *x)
 	cJSON *a = cJSON_CreateArray();
 
 	for (size_t i = 0; a && i < x->ck->nfiles; i++)
-		cJSON_AddItemToArray(a, cJSON_CreateString(x->af[i].real));
+		json_push(a, cJSON_CreateString(x->af[i].real));
 	return a;
 }
 
@@ -1877,20 +1921,22 @@ static int record(struct addctx *x, struct ms_err *err)
 			if ((rc = refresh_configs(x, sid, copy, err)) != MS_OK)
 				goto out;
 		} else {
-			cJSON *d = cJSON_CreateObject();
+			cJSON *d;
 
 			copy = maxcopy + 1;
 			x->st.new_copy = 1;
 			if ((rc = insert_copy(x, sid, copy, err)) != MS_OK)
 				goto out;
+			/* made after the inserts, which may fail (a trigger refusing) */
+			d = cJSON_CreateObject();
 			cJSON_AddNumberToObject(d, "copy", copy);
-			cJSON_AddItemToObject(d, "files", files_json(x));
-			cJSON_AddItemToObject(d, "configs", configs_json(x->ck));
+			json_put(d, "files", files_json(x));
+			json_put(d, "configs", configs_json(x->ck));
 			if ((rc = log_json(inv, "copy", x->digest, d, err)) != MS_OK)
 				goto out;
 		}
 	} else if (rc == SQLITE_DONE) {
-		cJSON *d = cJSON_CreateObject();
+		cJSON *d;
 
 		sqlite3_finalize(st);
 		st = NULL;
@@ -1900,6 +1946,8 @@ static int record(struct addctx *x, struct ms_err *err)
 		x->st.new_state = x->st.new_copy = 1;
 		if ((rc = insert_copy(x, sid, copy, err)) != MS_OK)
 			goto out;
+		/* made after the inserts, which may fail (a trigger refusing) */
+		d = cJSON_CreateObject();
 		cJSON_AddStringToObject(d, "kind", ms_inv_kind_name(x->kind));
 		cJSON_AddStringToObject(d, "layout", x->cls.layout);
 		cJSON_AddNumberToObject(d, "tensors", (double)x->ck->ntensors);
@@ -1911,8 +1959,8 @@ static int record(struct addctx *x, struct ms_err *err)
 				cJSON_AddRawToObject(d, "experts", x->cls.experts);
 		}
 		cJSON_AddNumberToObject(d, "copy", copy);
-		cJSON_AddItemToObject(d, "files", files_json(x));
-		cJSON_AddItemToObject(d, "configs", configs_json(x->ck));
+		json_put(d, "files", files_json(x));
+		json_put(d, "configs", configs_json(x->ck));
 		if ((rc = log_json(inv, "add", x->digest, d, err)) != MS_OK)
 			goto out;
 	} else {
@@ -2887,7 +2935,7 @@ int ms_inv_run_begin(struct ms_inv *inv, const char *plan_digest,
 		cJSON_AddStringToObject(o, "state", inputs[i].digest);
 		if (inputs[i].role)
 			cJSON_AddStringToObject(o, "role", inputs[i].role);
-		cJSON_AddItemToArray(in, o);
+		json_push(in, o);
 	}
 	sqlite3_finalize(st);
 	st = NULL;
@@ -3485,7 +3533,7 @@ int ms_inv_rm(struct ms_inv *inv, const char *digest, int force, struct ms_err *
 		cJSON *a = cJSON_AddArrayToObject(d, "orphaned");
 
 		for (size_t i = 0; i < nkids; i++)
-			cJSON_AddItemToArray(a, cJSON_CreateString(kids[i].child));
+			json_push(a, cJSON_CreateString(kids[i].child));
 	}
 	if ((rc = log_json(inv, "rm", digest, d, err)) != MS_OK)
 		goto out;
@@ -3674,7 +3722,7 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs, int dry
 		goto out;
 	paths = cJSON_CreateArray();
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		cJSON_AddItemToArray(paths, cJSON_CreateString(col_str(st, 1)));
+		json_push(paths, cJSON_CreateString(col_str(st, 1)));
 		count++;
 		if (fn)
 			fn(MS_INV_GC_FILE_ROW, col_str(st, 1), ctx);
@@ -3694,7 +3742,7 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs, int dry
 			cJSON_Delete(d);
 			goto out;
 		}
-		cJSON_AddItemToObject(d, "files", paths);
+		json_put(d, "files", paths);
 		paths = NULL;
 		if ((rc = log_json(inv, "gc", inv->path, d, err)) != MS_OK)
 			goto out;

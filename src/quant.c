@@ -747,6 +747,8 @@ static int list_copies(struct ms_quant_plan *p, const char *dir, struct ms_err *
 /* Per-file metadata JSON for the modules of file fi. */
 static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *err)
 {
+	/* the members are added unchecked: the mark tells a short tree */
+	uint64_t mark = ms_json_mark();
 	cJSON *root = cJSON_CreateObject(), *tensors, *lays;
 	const char *recipe = NULL, *block = NULL, *fmt = NULL;
 	unsigned layouts = 0;
@@ -835,8 +837,11 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 		}
 	}
 	p->file_meta[fi] = cJSON_PrintUnformatted(root);
-	if (!p->file_meta[fi])
+	if (!p->file_meta[fi] || ms_json_failed(mark)) {
+		cJSON_free(p->file_meta[fi]);
+		p->file_meta[fi] = NULL;
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
 out:
 	cJSON_Delete(root);
 	return rc;
@@ -1885,6 +1890,14 @@ out:
 	return rc;
 }
 
+/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
+ * be added); a failure shows in ms_json_failed, checked before writing. */
+static void json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (!cJSON_AddItemToObject(o, key, item))
+		cJSON_Delete(item);
+}
+
 static cJSON *string_array(char *const *v, size_t n)
 {
 	cJSON *a = cJSON_CreateArray();
@@ -1910,12 +1923,12 @@ static cJSON *hf_quant_config(const struct ms_quant_plan *p)
 {
 	cJSON *root = cJSON_CreateObject(), *q;
 
-	cJSON_AddItemToObject(root, "producer", producer_json());
+	json_put(root, "producer", producer_json());
 	q = cJSON_AddObjectToObject(root, "quantization");
 	cJSON_AddStringToObject(q, "quant_algo", "NVFP4");
 	cJSON_AddNullToObject(q, "kv_cache_quant_algo");
 	cJSON_AddNumberToObject(q, "group_size", 16);
-	cJSON_AddItemToObject(q, "exclude_modules", string_array(p->excluded, p->nexcluded));
+	json_put(q, "exclude_modules", string_array(p->excluded, p->nexcluded));
 	return root;
 }
 
@@ -1934,14 +1947,14 @@ static cJSON *quantization_config(const struct ms_quant_plan *p)
 		cJSON_AddNumberToObject(wt, "num_bits", 4);
 		cJSON_AddStringToObject(wt, "type", "float");
 		cJSON_AddNumberToObject(wt, "group_size", 16);
-		cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
-		cJSON_AddItemToObject(root, "ignore", string_array(p->excluded, p->nexcluded));
+		json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+		json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
 		cJSON_AddStringToObject(root, "quant_algo", "NVFP4");
-		cJSON_AddItemToObject(root, "producer", producer_json());
+		json_put(root, "producer", producer_json());
 		cJSON_AddStringToObject(root, "quant_method", "modelopt");
 		return root;
 	}
-	cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+	json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
 	wt = cJSON_AddObjectToObject(g, "weights");
 	cJSON_AddNumberToObject(wt, "num_bits", 4);
 	cJSON_AddStringToObject(wt, "type", "float");
@@ -1957,20 +1970,23 @@ static cJSON *quantization_config(const struct ms_quant_plan *p)
 	cJSON_AddStringToObject(g, "format", "nvfp4-pack-quantized");
 	cJSON_AddStringToObject(root, "format", "nvfp4-pack-quantized");
 	cJSON_AddNullToObject(root, "global_compression_ratio");
-	cJSON_AddItemToObject(root, "ignore", string_array(p->excluded, p->nexcluded));
+	json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
 	cJSON_AddNullToObject(root, "kv_cache_scheme");
 	cJSON_AddStringToObject(root, "quant_method", "compressed-tensors");
 	cJSON_AddStringToObject(root, "quantization_status", "compressed");
 	return root;
 }
 
-static int write_json(const char *path, cJSON *j, int force, struct ms_err *err)
+/* j was built since mark (ms_json_mark): written only when whole. */
+static int write_json(const char *path, cJSON *j, uint64_t mark, int force, struct ms_err *err)
 {
 	char *text = j ? cJSON_Print(j) : NULL;
 	int rc;
 
-	if (!text)
+	if (!text || ms_json_failed(mark)) {
+		cJSON_free(text);
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
 	rc = ms_write_file_atomic(path, text, strlen(text), force, err);
 	cJSON_free(text);
 	return rc;
@@ -1985,6 +2001,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 	cJSON *j = NULL;
 	size_t len;
 	int rc = MS_OK;
+	uint64_t mark = ms_json_mark();
 
 	/* the input directory is where its first file lives */
 	{
@@ -2023,8 +2040,8 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			}
 			cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
 			if (p->opts.op == MS_QUANT_OP_QUANTIZE)
-				cJSON_AddItemToObject(j, "quantization_config", quantization_config(p));
-			rc = write_json(dst, j, 0, err);
+				json_put(j, "quantization_config", quantization_config(p));
+			rc = write_json(dst, j, mark, 0, err);
 			cJSON_Delete(j);
 			j = NULL;
 		} else {
@@ -2041,7 +2058,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		} else {
 			j = hf_quant_config(p);
-			rc = write_json(dst, j, 0, err);
+			rc = write_json(dst, j, mark, 0, err);
 		}
 	}
 	cJSON_Delete(j);
@@ -2060,6 +2077,7 @@ static int cmp_out_name(const void *a, const void *b)
 
 static int write_index(struct ms_quant_plan *p, const char *out_dir, struct ms_err *err)
 {
+	uint64_t mark = ms_json_mark();
 	const struct ms_qout **v = ms_malloc((p->nouts + 1) * sizeof(*v));
 	cJSON *root = cJSON_CreateObject(), *meta, *map;
 	char *path = ms_path_join(out_dir, INDEX_NAME);
@@ -2077,7 +2095,7 @@ static int write_index(struct ms_quant_plan *p, const char *out_dir, struct ms_e
 	map = cJSON_AddObjectToObject(root, "weight_map");
 	for (size_t i = 0; map && i < p->nouts; i++)
 		cJSON_AddStringToObject(map, v[i]->name, p->file_names[v[i]->file]);
-	rc = write_json(path, root, 0, err);
+	rc = write_json(path, root, mark, 0, err);
 out:
 	ms_free(v);
 	ms_free(path);

@@ -2124,6 +2124,16 @@ static char *shard_name(const char *stem, uint32_t rank, uint32_t n)
 	return ms_asprintf("%s-ep%05u-of-%05u.safetensors", stem, rank, n);
 }
 
+/* cJSON_AddItemToObject taking item in every case: deleted when it cannot
+ * be added (item or o missing, or the copy of the key failed). 1: added. */
+static int json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (cJSON_AddItemToObject(o, key, item))
+		return 1;
+	cJSON_Delete(item);
+	return 0;
+}
+
 static cJSON *json_ids(const uint32_t *ids, uint32_t n)
 {
 	cJSON *a = cJSON_CreateArray();
@@ -2214,8 +2224,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 
 			ok = ix && cJSON_AddStringToObject(ix, "name", s->index_name);
 			if (ok && s->index_meta)
-				ok = (x = cJSON_Duplicate(s->index_meta, 1)) &&
-				     cJSON_AddItemToObject(ix, "metadata", x);
+				ok = json_put(ix, "metadata", cJSON_Duplicate(s->index_meta, 1));
 		} else if (ok) {
 			ok = cJSON_AddNullToObject(o, "index") != NULL;
 		}
@@ -2223,8 +2232,8 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		for (size_t f = 0; ok && f < s->nfiles; f++) {
 			ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 			ok = ok && cJSON_AddStringToObject(x, "name", s->files[f].name);
-			ok = ok && cJSON_AddItemToObject(x, "metadata",
-							 json_meta(s->files[f].meta, s->files[f].nmeta));
+			ok = ok && json_put(x, "metadata",
+					    json_meta(s->files[f].meta, s->files[f].nmeta));
 		}
 	} else {
 		ok = 0;
@@ -2240,8 +2249,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 		ok = ok && cJSON_AddNumberToObject(x, "rank", r);
 		ok = ok && cJSON_AddStringToObject(x, "file", ms_path_base(files[r].path));
-		ok = ok && cJSON_AddItemToObject(x, "experts", json_ids(files[r].experts,
-									 files[r].nexperts));
+		ok = ok && json_put(x, "experts", json_ids(files[r].experts, files[r].nexperts));
 		ok = ok && cJSON_AddStringToObject(x, "state_digest", files[r].state_digest);
 	}
 	ok = ok && (a = cJSON_AddArrayToObject(m, "tensors"));
@@ -2251,7 +2259,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 		ok = ok && cJSON_AddStringToObject(x, "name", t->name);
 		ok = ok && cJSON_AddStringToObject(x, "dtype", ms_dtype_name(t->dtype));
-		ok = ok && cJSON_AddItemToObject(x, "shape", json_shape(t->ndim, t->shape));
+		ok = ok && json_put(x, "shape", json_shape(t->ndim, t->shape));
 		ok = ok && add_hex(x, "sha256", t->digest);
 		ok = ok && cJSON_AddNumberToObject(x, "file", t->file);
 		ok = ok && cJSON_AddStringToObject(x, "kind", tkind_names[t->kind]);
@@ -4121,7 +4129,7 @@ static int write_index(const struct src *s, const char *out_dir, struct ms_err *
 
 	ms_buf_init(&b);
 	if (ok && s->index_meta)
-		ok = cJSON_AddItemToObject(root, "metadata", cJSON_Duplicate(s->index_meta, 1));
+		ok = json_put(root, "metadata", cJSON_Duplicate(s->index_meta, 1));
 	ok = ok && (wm = cJSON_AddObjectToObject(root, "weight_map"));
 	for (size_t i = 0; ok && i < s->n; i++)
 		ok = cJSON_AddStringToObject(wm, s->t[i].name, s->files[s->t[i].file].name) != NULL;

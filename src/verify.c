@@ -442,9 +442,19 @@ static cJSON *json_u64(uint64_t v)
 	return cJSON_CreateRaw(b);
 }
 
+/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
+ * be added); a failure shows in ms_json_failed. */
+static void json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (!cJSON_AddItemToObject(o, key, item))
+		cJSON_Delete(item);
+}
+
 int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 		      struct ms_err *err)
 {
+	/* members are added unchecked: the mark tells a short manifest */
+	uint64_t mark = ms_json_mark();
 	cJSON *o = cJSON_CreateObject(), *files, *configs;
 	char hex[65];
 	char *rroot = NULL;
@@ -475,15 +485,16 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 		cJSON *f = cJSON_CreateObject(), *ts;
 		const char *rel = rroot ? under_root(vf->path, rroot) : vf->path;
 
-		if (!f)
+		if (!f || !cJSON_AddItemToArray(files, f)) {
+			cJSON_Delete(f);
 			goto oom;
-		cJSON_AddItemToArray(files, f);
+		}
 		if (!rel) {
 			rc = ms_err_set(err, MS_EINVAL, "'%s' does not lie under '%s'", vf->path, rroot);
 			goto out;
 		}
 		cJSON_AddStringToObject(f, "path", rel);
-		cJSON_AddItemToObject(f, "size", json_u64(vf->size));
+		json_put(f, "size", json_u64(vf->size));
 		if (vf->has_header_digest) {
 			ms_hex(vf->header_digest, 32, hex);
 			cJSON_AddStringToObject(f, "header_sha256", hex);
@@ -497,16 +508,17 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 			const struct ms_vtensor *vt = &vf->tensors[t];
 			cJSON *j = cJSON_CreateObject(), *shape;
 
-			if (!j)
+			if (!j || !cJSON_AddItemToArray(ts, j)) {
+				cJSON_Delete(j);
 				goto oom;
-			cJSON_AddItemToArray(ts, j);
+			}
 			cJSON_AddStringToObject(j, "name", vt->name);
 			cJSON_AddStringToObject(j, "dtype", ms_dtype_name(vt->dtype));
 			shape = cJSON_AddArrayToObject(j, "shape");
-			for (uint32_t d = 0; d < vt->ndim; d++)
+			for (uint32_t d = 0; shape && d < vt->ndim; d++)
 				cJSON_AddItemToArray(shape, json_u64(vt->shape[d]));
-			cJSON_AddItemToObject(j, "offset", json_u64(vt->offset));
-			cJSON_AddItemToObject(j, "bytes", json_u64(vt->nbytes));
+			json_put(j, "offset", json_u64(vt->offset));
+			json_put(j, "bytes", json_u64(vt->nbytes));
 			ms_hex(vt->digest, 32, hex);
 			cJSON_AddStringToObject(j, "sha256", hex);
 		}
@@ -516,9 +528,10 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 		cJSON *c = cJSON_CreateObject();
 		const char *rel = rroot ? under_root(s->configs[i].path, rroot) : s->configs[i].path;
 
-		if (!c)
+		if (!c || !cJSON_AddItemToArray(configs, c)) {
+			cJSON_Delete(c);
 			goto oom;
-		cJSON_AddItemToArray(configs, c);
+		}
 		if (!rel) {
 			rc = ms_err_set(err, MS_EINVAL, "'%s' does not lie under '%s'",
 					s->configs[i].path, rroot);
@@ -529,8 +542,11 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 		cJSON_AddStringToObject(c, "sha256", hex);
 	}
 	*json = cJSON_Print(o);
-	if (!*json)
+	if (!*json || ms_json_failed(mark)) {
+		cJSON_free(*json);
+		*json = NULL;
 		goto oom;
+	}
 	goto out;
 oom:
 	rc = ms_err_set(err, MS_ENOMEM, "out of memory");

@@ -4,8 +4,8 @@
 # generated checkpoint of tens of megabytes, then check the inventory
 # (integrity_check, log --check, msverify files), that no output file is
 # torn, that `msinv gc` leaves no temporary, and that the command run again
-# gives the clean result; msconvert and msinv import must leave their output
-# whole or absent and registered wholly or not at all
+# gives the clean result; msconvert, msshard and msinv import must leave
+# their output whole or absent and registered wholly or not at all
 # (tools/scripts/rel_crash.py has the details).
 # make test: 10 kills per command on a ~20 MB checkpoint;
 # MS_RELIABILITY_FULL=1: 50 kills per command on a ~100 MB one.

@@ -21,15 +21,14 @@ delay drawn uniformly from [0, T) by a seeded RNG. After each kill:
     unregistered ("adopted"), or refuse one already registered (exit 2),
     or import anew.
 
-msconvert and msinv import publish a whole output and register it as one
-step (inventory batches): after a kill the output is absent or complete,
-and registered wholly or not at all. Output present but unregistered is
-the one state in between (killed after the rename, before the commit):
-counted ("unregistered outputs"), and the rerun must cope with it. A
-partial directory, or part of the work registered, fails the trial.
-msshard writes shard by shard: for it a partial directory or some shards
-registered are counted ("partial directories", "partial registrations"),
-not failed (yet).
+msconvert, msshard split and msinv import publish a whole output (a file,
+or a directory renamed into place at once) and register it as one step
+(inventory batches; msshard registers every shard in the same one): after
+a kill the output is absent or complete, and registered wholly or not at
+all. Output present but unregistered is the one state in between (killed
+after the rename, before the commit): counted ("unregistered outputs"),
+and the rerun must cope with it. A partial directory, or part of the work
+registered (some shards but not all), fails the trial.
 
     python3 tools/scripts/rel_crash.py --build DIR [--trials N] [--mb MB]
 """
@@ -49,15 +48,12 @@ import rel_common as rc  # noqa: E402
 class Cmd:
     """argv(ctx) -> argv with the tool name first; out: the output path
     relative to the trial directory (None: the inventory is the output);
-    force: the flag that lets a rerun replace a leftover output."""
+    force: the flag that lets a rerun replace a leftover output; adopts: a
+    rerun registers an output left complete and unregistered."""
 
-    def __init__(self, name, argv, out, force, need=None, prepare=None, strict=True,
-                 adopts=False):
+    def __init__(self, name, argv, out, force, need=None, prepare=None, adopts=False):
         self.name, self.argv, self.out, self.force = name, argv, out, force
-        self.need, self.prepare = need, prepare
-        # strict: the output appears whole and is registered wholly, or
-        # not at all; adopts: a rerun registers an unregistered output
-        self.strict, self.adopts = strict, adopts
+        self.need, self.prepare, self.adopts = need, prepare, adopts
 
 
 def tool(build, *argv, cwd=None):
@@ -88,7 +84,7 @@ def commands(inp):
             "out", "--force", ("msconvert", "quantize")),
         Cmd("msshard split",
             lambda c: ["msshard", "split", inp, "-o", "out", "--ep-size", "2", "--db", "inv.db"],
-            "out", "--force", ("msshard", "split"), strict=False),
+            "out", "--force", ("msshard", "split")),
         Cmd("msinv import",
             lambda c: ["msinv", "import", "--db", "inv.db", c["bundle"], "out"],
             "out", None, ("msinv", "import"), prepare_import, adopts=True),
@@ -148,16 +144,14 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
         probs += rc.inventory_problems(build, "inv.db", cwd=work)
         st = rc.states(build, "inv.db", cwd=work)
         # every state registered is one a clean run registers (and verifies:
-        # checked above); a command that registers several states (a shard
-        # each) may be stopped between two of them
+        # checked above), and all of them or none
         if st is None or not set(st_before) <= set(st) <= set(st_ref):
             probs.append("inventory states %s are not between before %s and after %s"
                          % (st, st_before, st_ref))
         elif st not in (st_before, st_ref):
             partial_reg += 1
-            if cmd.strict:
-                probs.append("part of the work registered: states %s, before %s, after %s"
-                             % (st, st_before, st_ref))
+            probs.append("part of the work registered: states %s, before %s, after %s"
+                         % (st, st_before, st_ref))
         if cmd.out is not None:
             snap = rc.snapshot(os.path.join(work, cmd.out)) if os.path.exists(
                 os.path.join(work, cmd.out)) else {}
@@ -173,13 +167,12 @@ def crash_trials(suite, build, cmd, inp, trials, rng, summary):
                        and not rc.TEMP_RE.match(os.path.basename(k))}
             if present and present != set(refo):
                 partial_dirs += 1
-                if cmd.strict:
-                    probs.append("partial output: %d of the %d files of %s"
-                                 % (len(present & set(refo)), len(refo), cmd.out))
+                probs.append("partial output: %d of the %d files of %s"
+                             % (len(present & set(refo)), len(refo), cmd.out))
             registered = st is not None and st == st_ref and st_ref != st_before
-            if cmd.strict and registered and present != set(refo):
+            if registered and present != set(refo):
                 probs.append("registered, but %s is not all there" % cmd.out)
-            if cmd.strict and present == set(refo) and st == st_before and st_ref != st_before:
+            if present == set(refo) and st == st_before and st_ref != st_before:
                 unregistered += 1
         # where the output goes and its parent, where a writer may stage it
         dirs = [work] + ([os.path.join(work, cmd.out)] if cmd.out and os.path.isdir(

@@ -9,9 +9,10 @@ chunk, as a filling disk does). MS_FAULT_LOG tells whether the run reached
 the Nth call; the sweep ends at the first N it did not reach, which proves
 every call of that kind in the run was failed once. After each trial:
 
-  - the command ended cleanly: exit 1..127 and exactly one line on stderr
+  - the command ended cleanly: exit 3 and exactly one line on stderr
     "<tool>: ...", or exit 0 with the same result as a run without faults
-    (a fault that was survived);
+    (a fault that was survived). Every fault is an I/O or memory failure:
+    exit 2 would report it as bad input, exit 1 as a difference found;
   - nothing partial is visible: the work directory holds exactly what it
     held before (no output, no temporary), or exactly what a clean run
     leaves;
@@ -191,6 +192,22 @@ def sanitized(build):
         return False
 
 
+FRAME_RE = re.compile(r"#\d+ 0x[0-9a-f]+ in (\S+) ((?:src|tools)/[^ :]+:\d+)")
+
+
+def where(err):
+    """The first frame of each sanitizer report that is ours and not the
+    allocator's (common.c): where a leaked block was made, or the bad access."""
+    seen = []
+    for block in err.split("\n\n"):
+        for fn, loc in FRAME_RE.findall(block):
+            if not loc.startswith("src/common.c"):
+                if (fn, loc) not in seen:
+                    seen.append((fn, loc))
+                break
+    return "".join(" | at %s %s" % fl for fl in seen[:3])
+
+
 def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary, messages=None,
           strides=None):
     base = os.path.join(suite.tmp, key)
@@ -255,7 +272,8 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary, messag
                 probs.append("crashed (exit %d)" % r)
             if r == 99 or "Sanitizer" in err:
                 probs.append("sanitizer: " + " | ".join(
-                    l for l in err.splitlines() if "ERROR" in l or "SUMMARY" in l)[:300])
+                    l for l in err.splitlines() if "ERROR" in l or "SUMMARY" in l)[:300]
+                    + where(err))
             if use_vg and os.path.exists(vglog) and os.path.getsize(vglog):
                 with open(vglog) as f:
                     probs.append("valgrind: " + f.read().strip().replace("\n", " | ")[:400])
@@ -277,6 +295,9 @@ def sweep(suite, build, key, sc, kinds, persist, vg_every, asan, summary, messag
                     err = "".join(l + "\n" for l in err.splitlines() if not sc.info.search(l))
                 if not rc.one_line_error(err, tool):
                     probs.append("stderr is not one '%s: ' line: %r" % (tool, err[:300]))
+                if hit and r != 3:
+                    probs.append("exit %d from a failed %s (want 3): %s"
+                                 % (r, kind, err.strip()[:300]))
                 d = rc.snapshot_diff(before, snap)
                 if d:
                     probs.append("partial output after a failure (%s)" % d)
