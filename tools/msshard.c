@@ -271,6 +271,7 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 	for (size_t i = 0; i < r->nfiles; i++) {
 		const struct ms_shard_out_file *f = &r->files[i];
 		struct ms_inv_add_opts a;
+		uint64_t mark = ms_json_mark(); /* an addition below may fail silently */
 		cJSON *pj = cJSON_CreateObject(), *ids;
 		char *params;
 		const char *path = f->path;
@@ -282,13 +283,15 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 		if (f->rank != UINT32_MAX) {
 			cJSON_AddNumberToObject(pj, "rank", f->rank);
 			ids = cJSON_AddArrayToObject(pj, "experts");
-			for (uint32_t k = 0; k < f->nexperts; k++)
+			for (uint32_t k = 0; ids && k < f->nexperts; k++)
 				cJSON_AddItemToArray(ids, cJSON_CreateNumber(f->experts[k]));
 		}
 		params = cJSON_PrintUnformatted(pj);
 		cJSON_Delete(pj);
-		if (!params)
+		if (!params || ms_json_failed(mark)) {
+			cJSON_free(params);
 			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		}
 		ms_inv_add_opts_init(&a);
 		if (parent[0]) {
 			a.parents = parents;
