@@ -42,10 +42,6 @@
 #include "inventory.h"
 #include "verify.h"
 
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
-
 #define IO_BUF (1u << 20)
 /* Tar framing allowed per entry on import: a 512-byte header, a pax header
  * for a long path (header + body up to MS_IMPORT_MAX_PATH), data padding. */
@@ -1801,24 +1797,11 @@ static int replaceable(const char *dir)
 
 static int rename_noreplace(const char *from, const char *to)
 {
-	struct stat st;
-	int rc;
-
 	if (ms_fault("rename")) {
 		errno = EIO;
 		return -1;
 	}
-	rc = (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
-
-	if (rc && (errno == EINVAL || errno == ENOSYS)) {
-		/* no RENAME_NOREPLACE here: check, then rename (a small window) */
-		if (lstat(to, &st) == 0) {
-			errno = EEXIST;
-			return -1;
-		}
-		rc = rename(from, to);
-	}
-	return rc;
+	return ms_rename_noreplace(from, to, 1);
 }
 
 static int fsync_path(int rootfd, const char *rel)

@@ -17,6 +17,9 @@
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
 #endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
 
 int ms_write_all(int fd, const void *p, size_t n)
 {
@@ -82,6 +85,36 @@ static int fsync_fd(int fd)
 		return -1;
 	}
 	return fsync(fd);
+}
+
+static int rename2(const char *from, const char *to, unsigned flags)
+{
+	return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
+}
+
+int ms_rename_noreplace(const char *from, const char *to, int is_dir)
+{
+	struct stat st;
+	int rc = rename2(from, to, RENAME_NOREPLACE);
+
+	if (rc && (errno == EINVAL || errno == ENOSYS)) {
+		if (!is_dir) {
+			rc = link(from, to);
+			if (rc == 0)
+				unlink(from);
+		} else if (lstat(to, &st) == 0) {
+			errno = EEXIST;
+			rc = -1;
+		} else {
+			rc = rename(from, to);
+		}
+	}
+	return rc;
+}
+
+int ms_rename_exchange(const char *a, const char *b)
+{
+	return rename2(a, b, RENAME_EXCHANGE);
 }
 
 int ms_fsync_dir_of(const char *path)

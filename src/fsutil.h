@@ -54,6 +54,15 @@ int ms_write_all(int fd, const void *p, size_t n);
 /* fsync a directory (the parent of path when path is a file). */
 int ms_fsync_dir_of(const char *path);
 
+/* Publishing a staged output. ms_rename_noreplace: rename from to to unless
+ * to exists (renameat2 RENAME_NOREPLACE; where the file system lacks it,
+ * link + unlink for a file, and a check before the rename for a directory,
+ * which leaves a small window). ms_rename_exchange: swap two existing paths
+ * atomically (renameat2 RENAME_EXCHANGE; errno EINVAL or ENOSYS where the
+ * file system cannot). Both return 0 or -1 with errno set. */
+int ms_rename_noreplace(const char *from, const char *to, int is_dir);
+int ms_rename_exchange(const char *a, const char *b);
+
 /* mkdir -p (mode 0755). */
 int ms_mkdir_p(const char *path, struct ms_err *err);
 

@@ -30,12 +30,6 @@
 #include "names.h"
 
 
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
-#ifndef RENAME_EXCHANGE
-#define RENAME_EXCHANGE (1 << 1)
-#endif
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define MAX_COPY_FILE (4ull << 30) /* other files of a checkpoint directory */
@@ -2129,34 +2123,6 @@ static void remove_output(const char *path)
 	rmdir(path);
 }
 
-static int rename2(const char *from, const char *to, unsigned flags)
-{
-	return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
-}
-
-/* A rename that never replaces: renameat2 NOREPLACE, else link + unlink for
- * a file, and a check before the rename for a directory (a small window on
- * file systems without RENAME_NOREPLACE). */
-static int rename_noreplace(const char *from, const char *to, int is_dir)
-{
-	struct stat st;
-	int rc = rename2(from, to, RENAME_NOREPLACE);
-
-	if (rc && (errno == EINVAL || errno == ENOSYS)) {
-		if (!is_dir) {
-			rc = link(from, to);
-			if (rc == 0)
-				unlink(from);
-		} else if (lstat(to, &st) == 0) {
-			errno = EEXIST;
-			rc = -1;
-		} else {
-			rc = rename(from, to);
-		}
-	}
-	return rc;
-}
-
 /* What --force may replace: an output of the same kind (see quant.h), so a
  * mistyped OUT never takes a directory of other things with it. st is
  * lstat of p->dest. */
@@ -2379,7 +2345,7 @@ int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 		if ((rc = replaceable(p, &st, err)) != MS_OK)
 			return rc;
 		/* the old output waits under the staging name until finish */
-		r = rename2(p->staged, p->dest, RENAME_EXCHANGE);
+		r = ms_rename_exchange(p->staged, p->dest);
 		if (r == 0) {
 			p->aside = p->staged;
 			p->staged = NULL;
@@ -2391,7 +2357,7 @@ int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 			}
 			ms_free(parent);
 			r = rename(p->dest, p->aside);
-			if (r == 0 && (r = rename_noreplace(p->staged, p->dest, p->out_is_dir))) {
+			if (r == 0 && (r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir))) {
 				e = errno;
 				(void)rename(p->aside, p->dest);
 				errno = e;
@@ -2402,7 +2368,7 @@ int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 			}
 		}
 	} else {
-		r = rename_noreplace(p->staged, p->dest, p->out_is_dir);
+		r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir);
 	}
 	if (r) {
 		e = errno;
@@ -2430,7 +2396,7 @@ void ms_quant_finish(struct ms_quant_plan *p, int keep)
 		keep = 0;
 	if (p->published && !keep) {
 		/* the replaced output back in place, the new one where it waited */
-		if (p->aside && rename2(p->aside, p->dest, RENAME_EXCHANGE) == 0) {
+		if (p->aside && ms_rename_exchange(p->aside, p->dest) == 0) {
 			remove_output(p->aside);
 		} else {
 			remove_output(p->dest);

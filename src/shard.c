@@ -2385,36 +2385,6 @@ struct stage {
 	int exchanged;   /* ... and tmp the replaced one */
 };
 
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
-#ifndef RENAME_EXCHANGE
-#define RENAME_EXCHANGE (1 << 1)
-#endif
-
-static int renameat2_(const char *from, const char *to, unsigned flags)
-{
-	return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, flags);
-}
-
-/* rename without replacing: a directory that appeared meanwhile wins. */
-static int rename_noreplace(const char *from, const char *to)
-{
-	struct stat st;
-	int rc = renameat2_(from, to, RENAME_NOREPLACE);
-
-	if (rc && (errno == EINVAL || errno == ENOSYS)) {
-		/* no RENAME_NOREPLACE here: check, then rename (the lock on
-		 * the parent keeps other writers of ours out of the window) */
-		if (lstat(to, &st) == 0) {
-			errno = EEXIST;
-			return -1;
-		}
-		rc = rename(from, to);
-	}
-	return rc;
-}
-
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
 	(void)st;
@@ -2568,7 +2538,7 @@ static void stage_unpublish(struct stage *st)
 		return;
 	if (st->exchanged) {
 		/* nothing is removed when the old output cannot come back */
-		if (renameat2_(st->tmp, st->final, RENAME_EXCHANGE)) {
+		if (ms_rename_exchange(st->tmp, st->final)) {
 			st->have_tmp = 0;
 			return;
 		}
@@ -2601,12 +2571,12 @@ static int stage_publish(struct stage *st, struct ms_err *err)
 		errno = EIO;
 		r = -1;
 	} else if (!st->existed) {
-		r = rename_noreplace(st->tmp, st->final);
+		r = ms_rename_noreplace(st->tmp, st->final, 1);
 	} else if (!st->force) {
 		/* the existing directory was empty: rename replaces an empty
 		 * directory only, so one that filled up meanwhile wins */
 		r = rename(st->tmp, st->final);
-	} else if ((r = renameat2_(st->tmp, st->final, RENAME_EXCHANGE)) == 0) {
+	} else if ((r = ms_rename_exchange(st->tmp, st->final)) == 0) {
 		st->exchanged = 1;
 	} else if (errno == EINVAL || errno == ENOSYS) {
 		/* no exchange on this file system: move the old one aside */
