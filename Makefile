@@ -72,7 +72,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps test demo check-asan test-gpu bench bench-gpu install clean venv fault
+.PHONY: all deps test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
 
 all: $(LIB) $(TOOLS)
 
@@ -121,8 +121,24 @@ $(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
 $(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(CLI_OBJ) $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels:
+$(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $(BUILD)/bench:
 	mkdir -p $@
+
+# ---- benchmark programs ------------------------------------------------------
+# Built with the tools' own compile and link lines, and built (not run) by
+# make test, so a library change that breaks a benchmark's link is caught
+# where CI sees it. The GPU drivers need the CUDA runtime's headers.
+BENCH_CPU := bench_nvfp4
+BENCH_GPU := bench_gpu profile_quant
+ifeq ($(HAVE_CUDA),1)
+BENCH_BIN := $(BENCH_CPU:%=$(BUILD)/bench/%) $(BENCH_GPU:%=$(BUILD)/bench/%)
+else
+BENCH_BIN := $(BENCH_CPU:%=$(BUILD)/bench/%)
+endif
+$(BUILD)/bench/%: tools/bench/%.c $(LIB) | $(BUILD)/bench
+	$(CC) $(ALL_CFLAGS) $(if $(HAVE_CUDA),-I$(CUDA_HOME)/include) -o $@ $< $(LIB) $(LDLIBS) $(CUDA_LIBS)
+
+bench-bins: $(BENCH_BIN)
 
 # ---- tests -----------------------------------------------------------------
 $(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests
@@ -131,7 +147,7 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-test-bins: all $(UNIT_BIN) $(REPLAY_BIN)
+test-bins: all $(UNIT_BIN) $(REPLAY_BIN) $(BENCH_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory venv || echo "test: python oracles unavailable (no venv); oracle tests will be skipped" >&2
@@ -158,10 +174,10 @@ demo: deps
 
 bench: deps
 	@$(MAKE) --no-print-directory venv || true
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all bench-bins
 	@BUILD=$(BUILD) sh tools/bench/bench.sh
 
-bench-gpu: all
+bench-gpu: all bench-bins
 	@BUILD=$(BUILD) sh tools/bench/bench-gpu.sh
 
 # ---- install ---------------------------------------------------------------

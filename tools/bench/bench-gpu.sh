@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench-gpu.sh (make bench-gpu): the GPU codec and the verified load on the
-# GPU of this machine. Builds tools/bench/bench_gpu.c against the build's
-# libms.a, checks correctness (every timed kernel against the CPU reference
+# GPU of this machine. Runs tools/bench/bench_gpu.c (built by make
+# bench-bins), checks correctness (every timed kernel against the CPU reference
 # on a slice; the PyTorch peer's bytes against ours), times, prints a table
 # and writes tools/bench/RESULTS-gpu.md with the date and the device.
 #
@@ -27,22 +27,13 @@ if [ -z "$NVCC" ]; then
 fi
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 [ -f "$BUILD/libms.a" ] || { echo "bench-gpu: no $BUILD/libms.a (make first)" >&2; exit 3; }
-# build_tool NAME: $BUILD/NAME from tools/bench/NAME.c and the build's
-# libms.a, when either is newer
-build_tool() {
-	if [ ! -x "$BUILD/$1" ] || [ "tools/bench/$1.c" -nt "$BUILD/$1" ] ||
-	   [ "$BUILD/libms.a" -nt "$BUILD/$1" ]; then
-		${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -pthread -Isrc \
-			-I"$CUDA_HOME/include" -o "$BUILD/$1" "tools/bench/$1.c" "$BUILD/libms.a" \
-			-Wl,--as-needed -lcrypto -L"$CUDA_HOME/lib64" \
-			-L"$CUDA_HOME/targets/x86_64-linux/lib" -lcudart_static -ldl -lrt -lpthread \
-			-lm -lstdc++ || { echo "bench-gpu: cannot build $BUILD/$1" >&2; exit 3; }
-	fi
-}
-BIN=$BUILD/bench_gpu
-build_tool bench_gpu
-# the one-launch driver for a profiler (tools/bench/NOTES.md): built, not run
-build_tool profile_quant
+# the programs are built by the Makefile (make bench-bins), with the same
+# compile and link lines as the tools
+for p in bench_gpu profile_quant; do
+	[ -x "$BUILD/bench/$p" ] || { echo "bench-gpu: no $BUILD/bench/$p (make bench-bins first)" >&2; exit 3; }
+done
+BIN=$BUILD/bench/bench_gpu
+# profile_quant is the one-launch driver for a profiler (tools/bench/NOTES.md): built, not run
 ROWS=${MS_BENCH_ROWS:-32768}
 COLS=${MS_BENCH_COLS:-32768}
 VMB=${MS_BENCH_VLOAD_MB:-3072}

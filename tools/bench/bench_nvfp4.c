@@ -166,10 +166,13 @@ int main(int argc, char **argv)
 						 MS_NVFP4_ISA_AVX512};
 	uint64_t mb = 256, bytes;
 	struct set s = {0};
-	struct qctx ref = {{0}}, fast = {{0}};
+	struct qctx ref, fast;
 	struct dqctx dq = {0};
 	double t_ref, t, t_fast1 = 0, t_dq_ref;
 	int ncpu = ms_ncpus(), bad = 0;
+
+	memset(&ref, 0, sizeof(ref));
+	memset(&fast, 0, sizeof(fast));
 
 	if (argc < 2 || (argc > 2 && ms_parse_u64(argv[2], 1 << 20, &mb))) {
 		fprintf(stderr, "usage: bench_nvfp4 OUT.safetensors [MB]\n");

@@ -6,7 +6,7 @@
 #
 #   MS_BENCH_NVFP4_MB=256 sh tools/bench/bench_nvfp4.sh   (BUILD=dir)
 #
-# bench_nvfp4.c is built here with cc against $BUILD/libms.a. It writes the
+# bench_nvfp4.c is built by make bench-bins. It writes the
 # random bf16 tensors it times to $TMPDIR; the oracle then quantizes the
 # same file (modelopt, 1D, rowwise, the work the "fast1" line measured).
 # Targets: the fast path >= 1 GB/s of bf16 input per core, and >= 20x the
@@ -18,18 +18,9 @@ BUILD=${MS_BUILD:-$ROOT/${BUILD:-build}}
 MB=${MS_BENCH_NVFP4_MB:-256}
 [ -f "$BUILD/libms.a" ] || { echo "bench_nvfp4: no $BUILD/libms.a (make first)" >&2; exit 3; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench-nvfp4.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
-LIBS=$(pkg-config --libs sqlite3 libcrypto libcjson libarchive libzstd 2>/dev/null || echo "-lcrypto -lcjson")
-CFLAGS=$(pkg-config --cflags libcjson 2>/dev/null || true)
-# a CUDA build's libms.a needs the CUDA runtime too
-CUDA_LIBS=""
-if nm "$BUILD/libms.a" 2>/dev/null | grep -q " U cudaMalloc"; then
-	NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-	CUDA_HOME=${NVCC%/bin/nvcc}
-	CUDA_LIBS="-L$CUDA_HOME/lib64 -L$CUDA_HOME/targets/x86_64-linux/lib -lcudart_static -ldl -lrt -lstdc++"
-fi
-${CC:-cc} -std=c11 -D_GNU_SOURCE -O2 -pthread -Isrc $CFLAGS -o "$tmp/bench_nvfp4" \
-	tools/bench/bench_nvfp4.c "$BUILD/libms.a" $LIBS -lpthread -lm $CUDA_LIBS
-"$tmp/bench_nvfp4" "$tmp/w.safetensors" "$MB" | tee "$tmp/out"
+BIN=$BUILD/bench/bench_nvfp4
+[ -x "$BIN" ] || { echo "bench_nvfp4: no $BIN (make bench-bins first)" >&2; exit 3; }
+"$BIN" "$tmp/w.safetensors" "$MB" | tee "$tmp/out"
 set -- $(sed -n 's/^RESULT fast1 //p' "$tmp/out")
 fast1=$1 bytes=$2
 status=0
