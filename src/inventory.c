@@ -44,6 +44,7 @@ struct ms_inv {
 	int version;
 	char *tool;
 	char *argv_json;
+	struct ms_progress progress;  /* fn NULL: none (ms_inv_set_progress) */
 	char user[256];
 	char host[256];
 	/* ms_inv_batch_begin: the writes that follow share one transaction,
@@ -766,6 +767,19 @@ void ms_inv_close(struct ms_inv *inv)
 	ms_free(inv->tool);
 	ms_free(inv->argv_json);
 	ms_free(inv);
+}
+
+void ms_inv_set_progress(struct ms_inv *inv, const struct ms_progress *progress)
+{
+	if (progress)
+		inv->progress = *progress;
+	else
+		memset(&inv->progress, 0, sizeof(inv->progress));
+}
+
+const struct ms_progress *ms_inv_progress(const struct ms_inv *inv)
+{
+	return inv && inv->progress.fn ? &inv->progress : NULL;
 }
 
 int ms_inv_set_origin(struct ms_inv *inv, const char *tool, int argc, char *const *argv,
@@ -2157,7 +2171,8 @@ int ms_inv_add_paths(struct ms_inv *inv, const char *const *paths, size_t n,
 		}
 	}
 	t0 = ms_now();
-	if (m && (rc = ms_st_hash_files(tohash, m, opts->jobs, opts->file_digests, err)) != MS_OK)
+	if (m && (rc = ms_st_hash_files_progress(tohash, m, opts->jobs, opts->file_digests,
+						 ms_inv_progress(inv), err)) != MS_OK)
 		goto out;
 	x.st.seconds_hash = ms_now() - t0;
 	for (size_t i = 0; i < m; i++) {

@@ -83,6 +83,12 @@ void ms_inv_close(struct ms_inv *inv);
  * line (/proc/self/cmdline). */
 int ms_inv_set_origin(struct ms_inv *inv, const char *tool, int argc,
 		      char *const *argv, struct ms_err *err);
+/* Progress of the long work done through this handle (hashing in
+ * ms_inv_add_paths, packing in ms_export_state, extracting in
+ * ms_import_bundle); progress is copied, NULL turns it off (the default).
+ * ms_inv_progress is the handle's, NULL when none. */
+void ms_inv_set_progress(struct ms_inv *inv, const struct ms_progress *progress);
+const struct ms_progress *ms_inv_progress(const struct ms_inv *inv);
 /* PRAGMA user_version of the open database, and the number of migrations
  * the library carries. */
 int ms_inv_schema_version(const struct ms_inv *inv);

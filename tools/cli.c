@@ -100,11 +100,37 @@ int cli_progress_enabled(void)
 void cli_progress_cb(void *arg, uint64_t done, uint64_t total)
 {
 	struct cli_progress *p = arg;
+	char d[MS_BYTES_STR_LEN], t[MS_BYTES_STR_LEN], r[MS_BYTES_STR_LEN];
+	char rs[MS_BYTES_STR_LEN + 8] = "";
+	double now = ms_now(), rate;
 
-	fprintf(stderr, "\r%s: %s %.2f / %.2f GB (%3.0f%%)", cli_prog, p->what,
-		(double)done / 1e9, (double)total / 1e9,
-		total ? 100.0 * (double)done / (double)total : 100.0);
+	if (!p->shown || done < p->prev) {
+		if (p->shown)
+			fputc('\n', stderr);
+		p->t0 = now;
+	} else if (done < total && now - p->last < 0.1) {
+		return;
+	}
+	/* the rate once there is time to measure it over */
+	rate = now - p->t0 > 0.05 ? (double)done / (now - p->t0) : -1;
+	if (rate >= 0)
+		snprintf(rs, sizeof(rs), ", %s/s", ms_bytes_str((uint64_t)rate, r));
+	/* \033[K: a shorter line leaves nothing of the longer one before it */
+	fprintf(stderr, "\r%s: %s %s / %s (%3.0f%%)%s\033[K", cli_prog, p->what,
+		ms_bytes_str(done, d), ms_bytes_str(total, t),
+		total ? 100.0 * (double)done / (double)total : 100.0, rs);
+	fflush(stderr);
 	p->shown = 1;
+	p->last = now;
+	p->prev = done;
+}
+
+void cli_progress_inv(struct ms_inv *inv, struct cli_progress *p)
+{
+	struct ms_progress pr = { cli_progress_cb, p };
+
+	if (inv && cli_progress_enabled())
+		ms_inv_set_progress(inv, &pr);
 }
 
 void cli_progress_end(struct cli_progress *p)

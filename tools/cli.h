@@ -63,15 +63,23 @@ const char *cli_db_path(const char *opt_db);
 
 /* Progress on stderr, only when it is a terminal. */
 int cli_progress_enabled(void);
-/* A byte-count progress line, rewritten in place: pass cli_progress_cb and
- * a struct cli_progress as the library's progress callback, then call
- * cli_progress_end to finish the line. */
+/* A byte-count progress line, rewritten in place,
+ *   "msinv: exporting 1.25 GiB / 4.00 GiB (31%), 812.40 MiB/s":
+ * pass cli_progress_cb and a struct cli_progress ({"what"}, the rest zero)
+ * as the library's progress callback, then call cli_progress_end to finish
+ * the line. Redrawn at most ten times a second; a count that starts again
+ * from below (the next pass of the work) starts a new line. */
 struct cli_progress {
 	const char *what;
 	int shown;
+	double t0, last;     /* when the pass began, when last drawn */
+	uint64_t prev;       /* the last count drawn */
 };
 void cli_progress_cb(void *arg, uint64_t done, uint64_t total);
 void cli_progress_end(struct cli_progress *p);
+/* Report the long work done through inv (hashing, packing, extracting) as
+ * progress under p when stderr is a terminal; p must outlive inv's use. */
+void cli_progress_inv(struct ms_inv *inv, struct cli_progress *p);
 
 /* Print a string as a JSON string literal (with quotes) to f. */
 void cli_json_str(FILE *f, const char *s);

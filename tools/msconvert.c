@@ -180,7 +180,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	struct ms_quant_plan *p = NULL;
 	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
-	struct cli_progress pr = {verb, 0};
+	struct cli_progress pr = {.what = verb};
 	char digest[MS_STATE_DIGEST_LEN];
 	enum ms_quant_device device;
 	int rc, batch = 0;

@@ -263,18 +263,9 @@ static int print_json(cJSON *o)
 
 static void human_bytes(uint64_t n, char *buf, size_t len)
 {
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
-	double v = (double)n;
-	int u = 0;
+	char s[MS_BYTES_STR_LEN];
 
-	while (v >= 1024 && u < 5) {
-		v /= 1024;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, len, "%llu B", (unsigned long long)n);
-	else
-		snprintf(buf, len, "%.1f %s", v, unit[u]);
+	snprintf(buf, len, "%s", ms_bytes_str(n, s));
 }
 
 /* "sha256:0123456789abcdef" for text output meant for people. */
@@ -352,6 +343,7 @@ static int cmd_add(int argc, char **argv)
 	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
 	char digest[MS_STATE_DIGEST_LEN];
+	struct cli_progress pr = {.what = "hashing"};
 	int c, rc, json = 0, v;
 
 	ms_inv_add_opts_init(&o);
@@ -406,8 +398,10 @@ static int cmd_add(int argc, char **argv)
 	o.parents = parents;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind), &o,
 			      digest, &err);
+	cli_progress_end(&pr);
 	ms_inv_close(inv);
 	if (rc != MS_OK)
 		return cli_fail(rc, &err);
@@ -1491,6 +1485,7 @@ static int cmd_export(int argc, char **argv)
 	int force = 0, jobs = 0, c, rc;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
+	struct cli_progress pr = {.what = "exporting (verify, then pack)"};
 	char digest[MS_STATE_DIGEST_LEN];
 
 	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
@@ -1512,9 +1507,11 @@ static int cmd_export(int argc, char **argv)
 		return cli_usage(optind == argc ? "missing STATE" : "one STATE only");
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
 		rc = ms_export_state(inv, digest, out, force, jobs, &err);
+	cli_progress_end(&pr);
 	if (rc == MS_OK)
 		printf("exported\t%s\t%s\n", digest, out);
 	ms_inv_close(inv);
@@ -1536,6 +1533,7 @@ static int cmd_import(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *db = NULL;
+	struct cli_progress pr = {.what = "importing"};
 	int dry = 0, json = 0, c, rc;
 	struct ms_err err = {0};
 	struct ms_import_opts o;
@@ -1611,7 +1609,9 @@ static int cmd_import(int argc, char **argv)
 	o.stats = &stats;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	cli_progress_end(&pr);
 	/* "adopted": DIR was already there, complete, from an earlier run of
 	 * this import that stopped before registering it */
 	if (rc == MS_OK)

@@ -96,7 +96,7 @@ static int cmd_sign(int argc, char **argv)
 	const char *key = NULL, *sig = "model.sig";
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct cli_progress pr = {"hashing", 0};
+	struct cli_progress pr = {.what = "hashing"};
 	struct ms_err err = {0};
 	int json = 0, c, rc;
 
@@ -155,7 +155,7 @@ static int cmd_verify(int argc, char **argv)
 	const char *sig = NULL, *pub = NULL;
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct cli_progress pr = {"hashing", 0};
+	struct cli_progress pr = {.what = "hashing"};
 	struct ms_err err = {0};
 	int json = 0, c, rc, status;
 
@@ -238,8 +238,10 @@ static int report_state(const struct ms_vstate *s, int rc, const struct ms_vrepo
 		return rc == MS_OK ? CLI_OK : CLI_CHECK;
 	}
 	if (rc == MS_OK) {
-		printf("ok\t%s\t%zu files\t%zu tensors\t%.1f MB\t%.2f s\n", name, r->nfiles,
-		       r->ntensors, (double)r->bytes / 1e6, r->seconds);
+		char b[MS_BYTES_STR_LEN];
+
+		printf("ok\t%s\t%zu files\t%zu tensors\t%s\t%.2f s\n", name, r->nfiles,
+		       r->ntensors, ms_bytes_str(r->bytes, b), r->seconds);
 		return CLI_OK;
 	}
 	for (size_t i = 0; i < r->nproblems; i++) {
