@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 const char *cli_prog = "ms";
+int cli_argc;
+char **cli_argv;
 static const struct cli_tool *cur_tool;
 static const struct cli_cmd *cur_cmd;
 
@@ -189,9 +191,13 @@ static int finish_stdout(int status)
 int cli_main(const struct cli_tool *tool, int argc, char **argv)
 {
 	const char *name;
+	char **args;
+	int status;
 
 	cli_prog = tool->name;
 	cur_tool = tool;
+	cli_argc = argc;
+	cli_argv = argv;
 	if (argc < 2) {
 		print_tool_help(stderr, tool);
 		return CLI_USAGE;
@@ -217,7 +223,17 @@ int cli_main(const struct cli_tool *tool, int argc, char **argv)
 		}
 		optind = 1;
 		opterr = 0;
-		return finish_stdout(cur_cmd->run(argc - 1, argv + 1));
+		/* getopt_long moves options before operands in the array it is
+		 * given: give it a copy, so argv stays as it was typed */
+		if (!(args = malloc((size_t)argc * sizeof(*args)))) {
+			cli_errorf("out of memory");
+			return CLI_IO;
+		}
+		memcpy(args, argv + 1, (size_t)(argc - 1) * sizeof(*args));
+		args[argc - 1] = NULL;
+		status = cur_cmd->run(argc - 1, args);
+		free(args);
+		return finish_stdout(status);
 	}
 	cli_errorf("unknown command '%s' (see '%s --help')", name, tool->name);
 	return CLI_USAGE;

@@ -38,6 +38,10 @@ struct cli_tool {
 
 /* The program name for messages ("msinv"). */
 extern const char *cli_prog;
+/* main's arguments as typed: a subcommand's getopt_long permutes its own
+ * copy, so this is what the audit log records. */
+extern int cli_argc;
+extern char **cli_argv;
 
 /* Dispatch: handles --help/-h, --version and "help CMD"; unknown command is
  * exit 2. Checks stdout (fflush/ferror/fclose) before returning. */

@@ -440,6 +440,24 @@ static int cmd_add(int argc, char **argv)
 
 /* ---- ls ------------------------------------------------------------------------------ */
 
+/* "labels": every label of the state, oldest first (the library gives
+ * them space-separated: a label has no spaces). */
+static void labels_json(cJSON *o, const char *labels)
+{
+	cJSON *a = cJSON_AddArrayToObject(o, "labels");
+
+	for (const char *p = labels; a && p && *p;) {
+		size_t n = strcspn(p, " ");
+		char *l = ms_strndup(p, n);
+
+		if (l)
+			cJSON_AddItemToArray(a, cJSON_CreateString(l));
+		ms_free(l);
+		p += n;
+		p += *p == ' ';
+	}
+}
+
 static cJSON *state_json(const struct ms_inv_state *s)
 {
 	cJSON *o = cJSON_CreateObject();
@@ -465,6 +483,11 @@ static cJSON *state_json(const struct ms_inv_state *s)
 	cJSON_AddStringToObject(o, "host", s->host);
 	cJSON_AddStringToObject(o, "tool", s->tool);
 	cJSON_AddRawToObject(o, "argv", s->argv);
+	if (s->cwd)
+		cJSON_AddStringToObject(o, "cwd", s->cwd);
+	else
+		cJSON_AddNullToObject(o, "cwd");
+	labels_json(o, s->labels);
 	return o;
 }
 
@@ -519,9 +542,13 @@ static int cmd_ls(int argc, char **argv)
 
 		if (s[i].ep_size > 0)
 			snprintf(ep, sizeof(ep), "%d/%d", s[i].ep_rank, s[i].ep_size);
+		/* several labels: comma-separated (a label has no comma) */
+		for (char *p = s[i].labels; p && *p; p++)
+			if (*p == ' ')
+				*p = ',';
 		printf("%s\t%s\t%s\t%s\t%llu\t%llu\t%s\t%s\n", s[i].digest, ms_inv_kind_name(s[i].kind),
 		       s[i].layout, ep, (unsigned long long)s[i].ntensors,
-		       (unsigned long long)s[i].nbytes, s[i].label ? s[i].label : "-", s[i].created_at);
+		       (unsigned long long)s[i].nbytes, s[i].labels ? s[i].labels : "-", s[i].created_at);
 	}
 	ms_inv_states_free(s, n);
 	return CLI_OK;
@@ -730,7 +757,7 @@ static int show_text(const struct show_data *d, int tensors)
 
 	human_bytes(s->nbytes, b, sizeof(b));
 	printf("state     %s\n", s->digest);
-	printf("label     %s\n", s->label ? s->label : "-");
+	printf("label     %s\n", s->labels ? s->labels : "-");
 	printf("kind      %s\n", ms_inv_kind_name(s->kind));
 	printf("layout    %s\n", s->layout);
 	printf("tensors   %llu\n", (unsigned long long)s->ntensors);
@@ -741,6 +768,8 @@ static int show_text(const struct show_data *d, int tensors)
 	printf("created   %s by %s@%s: ", s->created_at, s->user, s->host);
 	if (print_argv(s->argv) != MS_OK)
 		goto oom;
+	if (s->cwd)
+		printf(" (in %s)", s->cwd);
 	putchar('\n');
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
@@ -1187,6 +1216,10 @@ static int log_print(const struct ms_inv_log_entry *e, void *ctx)
 		cJSON_AddStringToObject(o, "host", e->host);
 		cJSON_AddStringToObject(o, "tool", e->tool);
 		cJSON_AddRawToObject(o, "argv", e->argv);
+		if (e->cwd)
+			cJSON_AddStringToObject(o, "cwd", e->cwd);
+		else
+			cJSON_AddNullToObject(o, "cwd");
 		cJSON_AddStringToObject(o, "action", e->action);
 		cJSON_AddStringToObject(o, "subject", e->subject);
 		cJSON_AddRawToObject(o, "detail", e->detail);
@@ -1271,6 +1304,77 @@ static int cmd_log(int argc, char **argv)
 		return print_json(a);
 	}
 	rc = ms_inv_log_each(inv, log_print, NULL, &err);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
+/* ---- label ------------------------------------------------------------------------------ */
+
+/* Labels are names for states: "label STATE LABEL" adds one (a state may
+ * have several), --rename OLD NEW gives OLD's state NEW and forgets OLD in
+ * one transaction, --delete LABEL forgets one. --force moves a label that
+ * names another state. Each change is in the audit log. */
+static int cmd_label(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"force", no_argument, NULL, 'f'},
+		{"rename", no_argument, NULL, 'r'},
+		{"delete", no_argument, NULL, 'd'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	char digest[MS_STATE_DIGEST_LEN];
+	int c, rc, force = 0, rename = 0, del = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'f': force = 1; break;
+		case 'r': rename = 1; break;
+		case 'd': del = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (rename && del)
+		return cli_usage("--rename and --delete exclude each other");
+	if (del && force)
+		return cli_usage("--force moves a label; --delete forgets one");
+	if (del ? optind != argc - 1 : optind != argc - 2)
+		return cli_usage(del ? "--delete takes one LABEL" :
+				 rename ? "--rename takes OLD and NEW" : "missing STATE or LABEL");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if (del) {
+		rc = ms_inv_label_remove(inv, argv[optind], &err);
+		if (rc == MS_OK)
+			printf("unlabelled %s\n", argv[optind]);
+		ms_inv_close(inv);
+		return cli_fail(rc, &err);
+	}
+	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
+	if (rc == MS_OK && rename)
+		rc = ms_inv_batch_begin(inv, &err);
+	if (rc == MS_OK)
+		rc = ms_inv_label_add(inv, digest, argv[optind + 1], force, &err);
+	/* the old name must be a label (not a digest or a path) */
+	if (rc == MS_OK && rename)
+		rc = ms_inv_label_remove(inv, argv[optind], &err);
+	if (rename) {
+		struct ms_err e2 = {0};
+		int rc2 = ms_inv_batch_end(inv, rc == MS_OK, &e2);
+
+		if (rc == MS_OK && rc2 != MS_OK) {
+			rc = rc2;
+			err = e2;
+		}
+	}
+	if (rc == MS_OK)
+		printf("labelled %s %s\n", digest, argv[optind + 1]);
 	ms_inv_close(inv);
 	return cli_fail(rc, &err);
 }
@@ -1849,6 +1953,9 @@ static const struct cli_cmd cmds[] = {
 	{"log", cmd_log, "log [--db PATH] [--check] [--json]",
 	 "the audit log of every change, and its chain check"},
 	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state"},
+	{"label", cmd_label,
+	 "label [--db PATH] [--force] STATE LABEL | --rename OLD NEW | --delete LABEL",
+	 "give a state another label, rename a label, or forget one"},
 	{"gc", cmd_gc, "gc [--db PATH] [--dry-run] [DIR...]",
 	 "remove temporaries of interrupted writes and unused file records"},
 	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",

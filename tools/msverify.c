@@ -415,7 +415,7 @@ static int cmd_files(int argc, char **argv)
 		goto done;
 	}
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
-	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK)
 		goto fail;
 	if (optind == argc) {
 		struct ms_inv_state *all = NULL;
@@ -816,7 +816,7 @@ static int cmd_policy(int argc, char **argv)
 	if (map && reg)
 		return cli_usage("--register needs the served files, not a tensor map");
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
-	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK)
 		goto out;
 	if (map) {
 		char *text = NULL;
