@@ -27,6 +27,11 @@ struct cli_cmd {
 	int (*run)(int argc, char **argv);
 	const char *synopsis;  /* "inspect [--digests] [--json] PATH..." */
 	const char *summary;   /* one line */
+	/* What the command's own options do, one per line, "--opt ARG\twhat"
+	 * (the part before the tab is printed as it is). --help lists every
+	 * option of the synopsis, described from here, else from the common
+	 * descriptions of cli.c (--db, --json, --jobs, ...). */
+	const char *options;
 };
 
 struct cli_tool {

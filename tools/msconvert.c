@@ -547,13 +547,32 @@ static const struct cli_cmd cmds[] = {
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
 	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
 	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--label LABEL] [--db PATH | --no-register]",
-	 "quantize the linear weights of a checkpoint to NVFP4"},
+	 "quantize the linear weights of a checkpoint to NVFP4",
+	 "-o OUT\tthe output file or directory\n"
+	 "--recipe modelopt|compressed-tensors|te\twhose float32 arithmetic to reproduce (default modelopt)\n"
+	 "--block 1d|2d\t1x16 blocks (default) or 16x16 tiles\n"
+	 "--layout rowwise|columnwise|both\tW, W^T or both (default rowwise)\n"
+	 "--format modelopt|compressed-tensors\ttensor names and configs to write (default: the recipe's)\n"
+	 "--include RE\tquantize only the weights whose names match\n"
+	 "--exclude RE\tleave out the weights whose names match\n"
+	 "--no-fuse-scales\tgive every weight its own tensor scale\n"
+	 "--allow-nonfinite\tquantize NaN and Inf instead of refusing them\n"
+	 "--device auto|cpu|cuda\twhere to quantize (default auto: the GPU when usable)\n"
+	 "--force\treplace an existing OUT\n"
+	 "--label LABEL\tthe label of the registered output\n"},
 	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force] [--label LABEL] [--db PATH | --no-register]",
-	 "decode an NVFP4 checkpoint back to bf16 or f32"},
+	 "decode an NVFP4 checkpoint back to bf16 or f32",
+	 "-o OUT\tthe output file or directory\n"
+	 "--dtype bf16|f32\tthe dtype to write (default bf16)\n"
+	 "--force\treplace an existing OUT\n"},
 	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force] [--label LABEL] [--db PATH | --no-register]",
-	 "turn rowwise NVFP4 into columnwise or back"},
+	 "turn rowwise NVFP4 into columnwise or back",
+	 "-o OUT\tthe output file or directory\n"
+	 "--source ORIGINAL\tthe high-precision original, for 1D blocks (requantized from it)\n"
+	 "--force\treplace an existing OUT\n"},
 	{"stats", cmd_stats, "stats QUANTIZED [--source ORIGINAL] [--json]",
-	 "quantization error and scale statistics per tensor"},
+	 "quantization error and scale statistics per tensor",
+	 "--source ORIGINAL\tthe original, to measure the error against\n"},
 };
 
 int main(int argc, char **argv)

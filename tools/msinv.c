@@ -1937,41 +1937,82 @@ out:
 
 static const struct cli_cmd cmds[] = {
 	{"inspect", cmd_inspect, "inspect [--digests] [--file-digests] [--jobs N] [--json] PATH...",
-	 "print the tensors of safetensors files, checkpoints and adapters"},
-	{"init", cmd_init, "init [--db PATH]", "create the inventory database (or upgrade its schema)"},
+	 "print the tensors of safetensors files, checkpoints and adapters",
+	 "--digests\talso hash every tensor and header, and print the state digest\n"
+	 "--file-digests\talso the whole-file SHA-256 of every file\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"},
+	{"init", cmd_init, "init [--db PATH]", "create the inventory database (or upgrade its schema)",
+	 NULL},
 	{"add", cmd_add,
 	 "add [--db PATH] [--kind KIND] [--label LABEL] [--parent STATE]... [--op OPERATION] "
 	 "[--params JSON] [--ep-size N --ep-rank R] [--jobs N] [--rehash] [--file-digests] "
 	 "[--json] PATH...",
-	 "hash files, checkpoints or adapters and register them as a state"},
-	{"ls", cmd_ls, "ls [--db PATH] [--kind KIND] [--json]", "list the recorded states"},
+	 "hash files, checkpoints or adapters and register them as a state",
+	 "--kind KIND\tbase, quantized, adapter, adapter_shard or policy (default: what the files say)\n"
+	 "--label LABEL\ta name for the state (a state may have several)\n"
+	 "--parent STATE\tthe state it was made from (repeatable; needs --op)\n"
+	 "--op OPERATION\tquantize, dequantize, transpose, split, reshard, merge, train or compose\n"
+	 "--params JSON\tthe operation's parameters, a JSON object\n"
+	 "--ep-size N\tthe EP size of an adapter shard (with --ep-rank)\n"
+	 "--ep-rank R\tthe EP rank of an adapter shard (with --ep-size)\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--rehash\thash every file, even those recorded unchanged\n"
+	 "--file-digests\talso record the whole-file SHA-256 of every file\n"},
+	{"ls", cmd_ls, "ls [--db PATH] [--kind KIND] [--json]", "list the recorded states",
+	 "--kind KIND\tlist one kind only\n"},
 	{"show", cmd_show, "show [--db PATH] [--tensors] [--json] STATE",
-	 "everything recorded about a state"},
+	 "everything recorded about a state",
+	 "--tensors\talso every tensor of every file\n"},
 	{"lineage", cmd_lineage, "lineage [--db PATH] [--dot | --json] STATE",
-	 "the states a state was derived from and those derived from it"},
-	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states"},
+	 "the states a state was derived from and those derived from it",
+	 "--dot\tprint the graph in Graphviz dot\n"},
+	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states",
+	 NULL},
 	{"log", cmd_log, "log [--db PATH] [--check] [--json]",
-	 "the audit log of every change, and its chain check"},
-	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state"},
+	 "the audit log of every change, and its chain check",
+	 "--check\twalk the hash chain instead; exit 1 if an entry was edited, removed or reordered\n"},
+	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state",
+	 "--force\talso when states were derived from it (their edges go)\n"},
 	{"label", cmd_label,
 	 "label [--db PATH] [--force] STATE LABEL | --rename OLD NEW | --delete LABEL",
-	 "give a state another label, rename a label, or forget one"},
+	 "give a state another label, rename a label, or forget one",
+	 "--force\tmove LABEL when it names another state\n"
+	 "--rename OLD NEW\tgive the state labelled OLD the label NEW and forget OLD\n"
+	 "--delete LABEL\tforget a label\n"},
 	{"gc", cmd_gc, "gc [--db PATH] [--dry-run] [DIR...]",
-	 "remove temporaries of interrupted writes and unused file records"},
+	 "remove temporaries of interrupted writes and unused file records",
+	 "--dry-run\tprint what would be removed\n"},
 	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",
-	 "the per-GPU memory of a run plan, by state and layout"},
+	 "the per-GPU memory of a run plan, by state and layout",
+	 NULL},
 	{"export", cmd_export, "export [--db PATH] [--force] [--jobs N] -o FILE.tar.zst STATE",
-	 "a state as one .tar.zst bundle"},
+	 "a state as one .tar.zst bundle",
+	 "--force\treplace an existing FILE.tar.zst\n"
+	 "--jobs N\thashing and compression threads (default: one per CPU)\n"
+	 "-o FILE.tar.zst\tthe bundle to write\n"},
 	{"import", cmd_import,
 	 "import [--db PATH] [--label LABEL] [--force] [--jobs N] [--max-bytes N] [--max-ratio N] "
 	 "[--dry-run] [--json] FILE.tar.zst DIR",
-	 "verify a bundle and register the state it holds"},
+	 "verify a bundle and register the state it holds",
+	 "--label LABEL\tthe label of the imported state (default: the bundle's)\n"
+	 "--force\treplace DIR when it holds a previous import or is empty\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--max-bytes N\trefuse a bundle declaring more bytes (default 1 TiB)\n"
+	 "--max-ratio N\trefuse more tar bytes per archive byte (default 1000)\n"
+	 "--dry-run\tcheck the manifest and print what would be extracted\n"},
 	{"launch", cmd_launch,
 	 "launch [--db PATH] [--dry-run] [--jobs N] [--trust-recent] --plan PLAN -- CMD [ARG...]",
-	 "verify every state of a plan, record the run, then run CMD"},
+	 "verify every state of a plan, record the run, then run CMD",
+	 "--dry-run\tverify and print the environment; run nothing, record nothing\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--trust-recent\ttrust a verification newer than the files instead of re-hashing\n"
+	 "--plan PLAN\tthe run plan: the states, their roles and the EP size\n"},
 	{"export-manifest", cmd_export_manifest,
 	 "export-manifest [--db PATH] [--force] [--sign KEY.pem] -o M.json STATE",
-	 "a state's files, tensors and digests as one JSON, optionally signed"},
+	 "a state's files, tensors and digests as one JSON, optionally signed",
+	 "--force\treplace an existing M.json\n"
+	 "--sign KEY.pem\talso sign it (M.json.sig, OpenSSF Model Signing)\n"
+	 "-o M.json\tthe manifest to write\n"},
 };
 
 int main(int argc, char **argv)

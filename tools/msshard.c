@@ -485,16 +485,35 @@ static int cmd_reshard(int argc, char **argv)
 
 static const struct cli_cmd cmds[] = {
 	{ "plan", cmd_plan, "plan --experts E --ep-size N [--placement P] [--json]",
-	  "print the expert -> rank placement" },
+	  "print the expert -> rank placement",
+	  "--experts E\tthe number of experts\n"
+	  "--ep-size N\tthe number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n" },
 	{ "split", cmd_split,
 	  "split ADAPTER_OR_CHECKPOINT -o DIR --ep-size N [--placement P] [--dry-run] [--force] "
 	  "[--experts E] [--json] [--label LABEL] [--db PATH | --no-register]",
-	  "split an adapter or checkpoint into EP shards" },
+	  "split an adapter or checkpoint into EP shards",
+	  "-o DIR\tthe shard set to write\n"
+	  "--ep-size N\tthe number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n"
+	  "--dry-run\tprint the plan and write nothing\n"
+	  "--force\treplace an existing DIR\n"
+	  "--experts E\tthe number of experts, when the files do not say\n"
+	  "--label LABEL\tlabel rank R's shard LABEL/rankR\n" },
 	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json] [--label LABEL] [--db PATH | --no-register]",
-	  "check a shard set and write the original layout back" },
+	  "check a shard set and write the original layout back",
+	  "-o OUT\tthe merged output to write\n"
+	  "--force\treplace an existing OUT\n"
+	  "--label LABEL\tthe label of the merged state\n" },
 	{ "reshard", cmd_reshard,
 	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json] [--label LABEL] [--db PATH | --no-register]",
-	  "check a shard set and re-split it for another EP size" },
+	  "check a shard set and re-split it for another EP size",
+	  "-o OUT\tthe new shard set to write\n"
+	  "--ep-size M\tthe new number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n"
+	  "--dry-run\tprint the plan and write nothing\n"
+	  "--force\treplace an existing OUT\n"
+	  "--label LABEL\tlabel rank R's shard LABEL/rankR\n" },
 };
 
 int main(int argc, char **argv)

@@ -1117,18 +1117,31 @@ fail:
 
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
-	 "re-hash states against the inventory or a manifest"},
+	 "re-hash states against the inventory or a manifest",
+	 "--manifest M.json\tcheck against an exported manifest instead of the inventory\n"
+	 "--sig SIG\tthe manifest's signature (with --pub)\n"
+	 "--pub KEY.pub\tthe public key the signature must verify with\n"},
 	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--jobs N] [--json] DIR | MANIFEST",
-	 "every expert on exactly one rank, with its own bytes"},
+	 "every expert on exactly one rank, with its own bytes",
+	 "--ep-size N\tthe EP size the set must have been made for\n"},
 	{"policy", cmd_policy,
 	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
-	 "which inventoried states a served policy is made of"},
+	 "which inventoried states a served policy is made of",
+	 "--register\trecord an identified policy as a state of kind policy\n"
+	 "--label LABEL\tthe label of the registered policy\n"},
 	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
-	 "check that an NVFP4 state decodes within bound of its source"},
+	 "check that an NVFP4 state decodes within bound of its source",
+	 "--max-rel-err X\tthe largest relative error allowed per tensor\n"
+	 "--source STATE\tthe source (a state or a path; default: the recorded parent)\n"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",
-	 "sign a model directory (OpenSSF Model Signing, EC key)"},
+	 "sign a model directory (OpenSSF Model Signing, EC key)",
+	 "--force\treplace an existing SIG\n"
+	 "-o SIG\tthe signature to write\n"
+	 "--key KEY.pem\tthe EC private key to sign with\n"},
 	{"verify", cmd_verify, "verify [--jobs N] [--json] --sig SIG --pub KEY.pub PATH",
-	 "verify a model directory against an OpenSSF Model Signing signature"},
+	 "verify a model directory against an OpenSSF Model Signing signature",
+	 "--sig SIG\tthe signature (a sigstore bundle)\n"
+	 "--pub KEY.pub\tthe public key it must verify with\n"},
 };
 
 int main(int argc, char **argv)
