@@ -1862,9 +1862,10 @@ static int label_put(struct ms_inv *inv, int64_t sid, const char *digest, const 
 	return log_json(inv, "label", digest, d, err);
 }
 
-static int set_label(struct addctx *x, int64_t sid, const char *cur, struct ms_err *err)
+/* add's --label: one more name for the state (a second copy may bring
+ * its own) */
+static int set_label(struct addctx *x, int64_t sid, struct ms_err *err)
 {
-	(void)cur;
 	if (!x->o->label)
 		return MS_OK;
 	return label_put(x->inv, sid, x->digest, x->o->label, 0, err);
@@ -2003,9 +2004,8 @@ static int record(struct addctx *x, struct ms_err *err)
 	struct ms_inv *inv = x->inv;
 	sqlite3_stmt *st = NULL;
 	int64_t sid = 0, *ids = NULL;
-	char *cur_label = NULL;
 	uint32_t copy = 0, maxcopy = 0;
-	int rc, bad = 0;
+	int rc;
 	size_t nf = x->ck->nfiles;
 
 	if ((rc = tx_begin(inv, err)) != MS_OK)
@@ -2023,7 +2023,7 @@ static int record(struct addctx *x, struct ms_err *err)
 		ids[i] = x->af[i].row;
 	qsort(ids, nf, sizeof(*ids), cmp_i64);
 
-	if ((rc = prep(inv, "SELECT id, kind, ep_size, ep_rank, label, layout FROM states WHERE digest = ?",
+	if ((rc = prep(inv, "SELECT id, kind, ep_size, ep_rank, layout FROM states WHERE digest = ?",
 		       &st, err)) != MS_OK)
 		goto out;
 	bind_text(st, 1, x->digest);
@@ -2035,20 +2035,15 @@ static int record(struct addctx *x, struct ms_err *err)
 
 		sid = sqlite3_column_int64(st, 0);
 		ms_inv_kind_parse(col_str(st, 1), &k);
-		cur_label = col_dup(st, 4, &bad);
-		if (strcmp(col_str(st, 5), x->cls.layout)) {
+		if (strcmp(col_str(st, 4), x->cls.layout)) {
 			/* same tensors, other metadata: the record is what the digest names */
 			rc = ms_err_set(err, MS_EINVAL,
 					"%s is recorded with layout %s, but these files say %s (their msinv.nvfp4 metadata differs)",
-					x->digest, col_str(st, 5), x->cls.layout);
+					x->digest, col_str(st, 4), x->cls.layout);
 			goto out;
 		}
 		sqlite3_finalize(st);
 		st = NULL;
-		if (bad) {
-			rc = oom(err);
-			goto out;
-		}
 		if (x->o->kind != MS_INV_KIND_ANY && x->o->kind != k) {
 			rc = ms_err_set(err, MS_EINVAL, "%s is recorded as %s, not %s", x->digest,
 					ms_inv_kind_name(k), ms_inv_kind_name(x->o->kind));
@@ -2120,7 +2115,7 @@ static int record(struct addctx *x, struct ms_err *err)
 		goto out;
 	}
 	x->st.copy = copy;
-	if ((rc = set_label(x, sid, cur_label, err)) != MS_OK)
+	if ((rc = set_label(x, sid, err)) != MS_OK)
 		goto out;
 	for (size_t i = 0; i < x->o->nparents; i++)
 		if ((rc = add_edge(x, sid, x->parents[i], err)) != MS_OK)
@@ -2129,13 +2124,11 @@ static int record(struct addctx *x, struct ms_err *err)
 		goto out;
 	rc = tx_commit(inv, err);
 	ms_free(ids);
-	ms_free(cur_label);
 	return rc;
 out:
 	sqlite3_finalize(st);
 	tx_rollback(inv);
 	ms_free(ids);
-	ms_free(cur_label);
 	return rc;
 }
 
