@@ -21,6 +21,18 @@ DEBPKGS  = libsqlite3-dev libssl-dev libcjson-dev libarchive-dev libzstd-dev \
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
+# The Debian package that provides each pkg-config name, so that a machine
+# without the -dev packages is told which ones to install before the first
+# compiler error about a missing header.
+DEB_sqlite3    = libsqlite3-dev
+DEB_libcrypto  = libssl-dev
+DEB_libcjson   = libcjson-dev
+DEB_libarchive = libarchive-dev
+DEB_libzstd    = libzstd-dev
+PKG_MISSING := $(shell command -v pkg-config >/dev/null 2>&1 || echo pkg-config; \
+  for p in $(PKGS); do pkg-config --exists $$p 2>/dev/null || echo $$p; done)
+DEB_MISSING := $(sort $(foreach p,$(PKG_MISSING),$(or $(DEB_$(p)),$(p))))
+
 WARN     = -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
            -Wpointer-arith -Wformat=2 -Wno-unused-parameter
 ifeq ($(CI),true)
@@ -72,7 +84,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
+.PHONY: all deps pkgcheck test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
 
 all: $(LIB) $(TOOLS)
 
@@ -90,6 +102,17 @@ deps:
 	  fi; \
 	fi
 
+# Every compile waits for this check (order-only, so it never forces a
+# rebuild); run as root, `make deps` installs what it names.
+pkgcheck:
+ifneq ($(DEB_MISSING),)
+	@echo "make: missing libraries ($(PKG_MISSING)): install the packages with" >&2; \
+	echo "  sudo apt-get install $(DEB_MISSING)" >&2; \
+	echo "or run 'make deps' as root" >&2; exit 3
+else
+	@:
+endif
+
 # Python test oracles (numpy, ml_dtypes, safetensors, model-signing) live in a
 # local virtual environment; tests that need them skip loudly without it.
 venv: .venv/.stamp
@@ -99,7 +122,7 @@ venv: .venv/.stamp
 	touch $@
 
 # ---- library ---------------------------------------------------------------
-$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src
+$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src pkgcheck
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 # The schema migrations are embedded in the binary, in order.
@@ -108,14 +131,14 @@ $(BUILD)/src/schema_sql.h: $(SCHEMA) tools/scripts/embed_schema.sh | $(BUILD)/sr
 $(BUILD)/src/inventory.o: $(BUILD)/src/schema_sql.h
 $(BUILD)/src/inventory.o: ALL_CFLAGS += -I$(BUILD)/src
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) | $(BUILD)/kernels
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) | $(BUILD)/kernels pkgcheck
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
 $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
+$(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
@@ -141,7 +164,7 @@ $(BUILD)/bench/%: tools/bench/%.c $(LIB) | $(BUILD)/bench
 bench-bins: $(BENCH_BIN)
 
 # ---- tests -----------------------------------------------------------------
-$(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests
+$(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itests/unit -o $@ $< $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests

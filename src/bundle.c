@@ -255,7 +255,22 @@ struct exporter {
 	struct ms_afile af;
 	int write_errno;
 	uint8_t *buf;
+	/* progress (the inventory handle's, NULL: none) of the two passes, the
+	 * verification [0, size] then the packing [size, 2 size], size being
+	 * the bytes of the state's files */
+	const struct ms_progress *pr;
+	uint64_t size, done;
 };
+
+/* The verification pass hashes the tensors and the whole files: its bytes
+ * are scaled to the first half of the export's progress. */
+static void export_hash_progress(void *arg, uint64_t done, uint64_t total)
+{
+	struct exporter *x = arg;
+
+	x->pr->fn(x->pr->arg, total ? (uint64_t)((double)done / (double)total * (double)x->size) : 0,
+		  2 * x->size);
+}
 
 static la_ssize_t export_write(struct archive *a, void *ctx, const void *p, size_t n)
 {
@@ -367,6 +382,9 @@ static int export_file(struct exporter *x, const struct ms_vfile *vf, const char
 		if ((rc = export_data(x, x->buf, (size_t)r, err)) != MS_OK)
 			goto out;
 		left -= (uint64_t)r;
+		x->done += (uint64_t)r;
+		if (x->pr)
+			x->pr->fn(x->pr->arg, x->size + x->done, 2 * x->size);
 	}
 	if (ms_sha256_final(h, d) != MS_OK) {
 		rc = ms_err_set(err, MS_EIO, "sha256 failed");
@@ -551,7 +569,17 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 		}
 		nopen++;
 	}
-	if ((rc = ms_st_hash_files(files, nopen, nthreads, 1, err)) != MS_OK)
+	x.pr = ms_inv_progress(inv);
+	for (i = 0; i < vs->nfiles; i++)
+		x.size += vs->files[i].size;
+	if (x.pr) {
+		struct ms_progress hp = { export_hash_progress, &x };
+
+		rc = ms_st_hash_files_progress(files, nopen, nthreads, 1, &hp, err);
+	} else {
+		rc = ms_st_hash_files(files, nopen, nthreads, 1, err);
+	}
+	if (rc != MS_OK)
 		goto out;
 	for (i = 0; i < vs->nfiles; i++) {
 		if ((rc = export_check_file(&vs->files[i], files[i], err)) != MS_OK)
@@ -771,6 +799,8 @@ struct importer {
 	size_t ndirs;
 	uint8_t *seen, *dir_seen;
 	uint8_t *buf;
+	const struct ms_progress *pr;   /* extraction progress, NULL: none */
+	uint64_t done;                  /* member bytes extracted */
 };
 
 static int fail_archive(struct importer *x, struct ms_err *err, int code, const char *fmt, ...)
@@ -1435,6 +1465,9 @@ static int extract_member(struct importer *x, int rootfd, size_t j, struct ms_er
 			rc = fail_member(x, err, MS_EIO, m->path, "write failed: %s", strerror(errno));
 			goto out;
 		}
+		x->done += (uint64_t)n;
+		if (x->pr)
+			x->pr->fn(x->pr->arg, x->done, x->plan->total_bytes);
 	}
 	if (got != m->size) {
 		rc = fail_member(x, err, MS_EINVAL, m->path, "shorter than declared (%llu of %llu bytes)",
@@ -2044,6 +2077,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		}
 		close(fd);
 	}
+	x.pr = ms_inv_progress(inv);
 	if ((rc = extract_all(&x, rootfd, err)) != MS_OK)
 		goto out;
 	for (size_t i = 0; i < x.ndirs; i++)

@@ -473,6 +473,24 @@ int ms_ncpus(void)
 	return n < 1 ? 1 : (int)n;
 }
 
+const char *ms_bytes_str(uint64_t n, char *buf)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+	double v = (double)n;
+	int u = -1;
+
+	if (n < 1024) {
+		snprintf(buf, MS_BYTES_STR_LEN, "%llu B", (unsigned long long)n);
+		return buf;
+	}
+	while (v >= 1024.0 && u < 5) {
+		v /= 1024.0;
+		u++;
+	}
+	snprintf(buf, MS_BYTES_STR_LEN, "%.2f %s", v, units[u]);
+	return buf;
+}
+
 double ms_now(void)
 {
 	struct timespec ts;

@@ -108,6 +108,23 @@ int ms_parse_u64(const char *s, uint64_t max, uint64_t *out);
 /* Parse a double; rejects trailing garbage, NaN and Inf. */
 int ms_parse_double(const char *s, double *out);
 
+/* Progress of long work (hashing, packing, extracting): fn(arg, done,
+ * total) in bytes, called from the thread that started the work, a few
+ * times a second at most and once at the end. The library reports; the
+ * tools decide whether and how to show it (on a terminal only). */
+struct ms_progress {
+	void (*fn)(void *arg, uint64_t done, uint64_t total);
+	void *arg;
+};
+
+/* A byte count for people, the one size format of every tool's text output:
+ * exact below 1 KiB ("512 B"), else binary units with two decimals
+ * ("1.50 GiB"; KiB, MiB, GiB, TiB, PiB, EiB). --json output gives exact
+ * byte counts instead. Writes at most MS_BYTES_STR_LEN bytes to buf and
+ * returns buf. */
+#define MS_BYTES_STR_LEN 24
+const char *ms_bytes_str(uint64_t n, char *buf);
+
 /* Lowercase hex of n bytes into out (2n+1 bytes). */
 void ms_hex(const uint8_t *in, size_t n, char *out);
 /* Parse 2n lowercase/uppercase hex digits into n bytes; -1 if malformed. */

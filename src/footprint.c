@@ -1878,19 +1878,9 @@ out:
 
 static void human(uint64_t b, char *buf, size_t n)
 {
-	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
-	double v = (double)b;
-	int u = -1;
+	char s[MS_BYTES_STR_LEN];
 
-	if (b < 1024) {
-		snprintf(buf, n, "%llu B", (unsigned long long)b);
-		return;
-	}
-	while (v >= 1024.0 && u < 4) {
-		v /= 1024.0;
-		u++;
-	}
-	snprintf(buf, n, "%.2f %s", v, units[u]);
+	snprintf(buf, n, "%s", ms_bytes_str(b, s));
 }
 
 static const char *row_source(const struct ms_fp_report *r, size_t i)

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -140,7 +141,34 @@ struct pool {
 	size_t next;
 	int failed;   /* the first failure's code */
 	pthread_mutex_t lock;
+	uint64_t done;   /* bytes hashed (atomic) */
+	int running;     /* workers not finished (atomic) */
 };
+
+/* Hashing in pieces lets a multi-GB tensor show progress; one context per
+ * job allocates what ms_sha256 would. */
+#define HASH_PIECE (64u << 20)
+
+static int hash_job(struct pool *p, struct ms_hash_job *j)
+{
+	struct ms_sha256_ctx *c = ms_sha256_new();
+	uint64_t off = 0;
+	int rc = MS_OK;
+
+	if (!c)
+		return MS_ENOMEM;
+	while (rc == MS_OK && off < j->n) {
+		uint64_t k = j->n - off < HASH_PIECE ? j->n - off : HASH_PIECE;
+
+		rc = ms_sha256_update(c, j->data + off, (size_t)k);
+		off += k;
+		__atomic_add_fetch(&p->done, k, __ATOMIC_RELAXED);
+	}
+	if (rc == MS_OK)
+		rc = ms_sha256_final(c, j->digest);
+	ms_sha256_free(c);
+	return rc;
+}
 
 static void *pool_worker(void *arg)
 {
@@ -157,7 +185,7 @@ static void *pool_worker(void *arg)
 		}
 		j = p->order[p->next++];
 		pthread_mutex_unlock(&p->lock);
-		rc = ms_sha256(j->data, (size_t)j->n, j->digest);
+		rc = hash_job(p, j);
 		if (rc != MS_OK) {
 			pthread_mutex_lock(&p->lock);
 			if (!p->failed)
@@ -175,11 +203,27 @@ static int by_size_desc(const void *a, const void *b)
 	return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
 }
 
+static void *pool_thread(void *arg)
+{
+	struct pool *p = arg;
+
+	pool_worker(p);
+	__atomic_sub_fetch(&p->running, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
 int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err *err)
+{
+	return ms_hash_run_progress(jobs, n, nthreads, NULL, err);
+}
+
+int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
+			 const struct ms_progress *progress, struct ms_err *err)
 {
 	struct pool p = {0};
 	pthread_t *th = NULL;
-	int started = 0, rc = MS_OK;
+	int started = 0, rc = MS_OK, report = progress && progress->fn;
+	uint64_t total = 0;
 
 	if (nthreads <= 0)
 		nthreads = ms_ncpus();
@@ -191,20 +235,38 @@ int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err 
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
 		p.order[i] = &jobs[i];
+		total += jobs[i].n;
+	}
 	qsort(p.order, n, sizeof(*p.order), by_size_desc);
 	p.n = n;
 	pthread_mutex_init(&p.lock, NULL);
-	/* The calling thread is one of the workers. */
-	for (int i = 1; i < nthreads; i++) {
-		if (pthread_create(&th[i], NULL, pool_worker, &p))
+	/* The calling thread is one of the workers, or, with progress, the one
+	 * that reports while nthreads others work. */
+	p.running = nthreads;
+	for (int i = report ? 0 : 1; i < nthreads; i++) {
+		if (pthread_create(&th[i], NULL, pool_thread, &p)) {
+			__atomic_sub_fetch(&p.running, nthreads - i, __ATOMIC_RELAXED);
 			break;
-		started = i;
+		}
+		started = i + 1;
 	}
-	pool_worker(&p);
-	for (int i = 1; i <= started; i++)
+	if (!report || started == 0) {
+		pool_worker(&p);
+	} else {
+		struct timespec ts = {0, 200 * 1000 * 1000};
+
+		while (__atomic_load_n(&p.running, __ATOMIC_ACQUIRE) > 0) {
+			progress->fn(progress->arg, __atomic_load_n(&p.done, __ATOMIC_RELAXED),
+				     total);
+			nanosleep(&ts, NULL);
+		}
+	}
+	for (int i = report ? 0 : 1; i < started; i++)
 		pthread_join(th[i], NULL);
+	if (report)
+		progress->fn(progress->arg, p.done, total);
 	pthread_mutex_destroy(&p.lock);
 	/* a context that could not be made is (in practice) memory */
 	if (p.failed)
@@ -217,6 +279,13 @@ out:
 
 int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
 		     int file_digests, struct ms_err *err)
+{
+	return ms_st_hash_files_progress(files, nfiles, nthreads, file_digests, NULL, err);
+}
+
+int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
+			      int file_digests, const struct ms_progress *progress,
+			      struct ms_err *err)
 {
 	struct ms_hash_job *jobs = NULL;
 	size_t n = 0, k = 0;
@@ -244,7 +313,7 @@ int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
 			jobs[k++].digest = f->file_digest;
 		}
 	}
-	rc = ms_hash_run(jobs, k, nthreads, err);
+	rc = ms_hash_run_progress(jobs, k, nthreads, progress, err);
 	if (rc == MS_OK) {
 		for (size_t i = 0; i < nfiles; i++) {
 			files[i]->has_header_digest = 1;

@@ -44,6 +44,12 @@ struct ms_hash_job {
 int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads,
 		struct ms_err *err);
 
+/* ms_hash_run reporting progress (the bytes of jobs hashed so far) through
+ * progress (NULL: none, as ms_hash_run). With progress the calling thread
+ * reports instead of hashing. */
+int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
+			 const struct ms_progress *progress, struct ms_err *err);
+
 /* The error of a failed ms_sha256* call: "out of memory" for MS_ENOMEM
  * (a context could not be made), else "sha256 failed". Returns rc. */
 int ms_sha256_err(struct ms_err *err, int rc);
@@ -52,5 +58,9 @@ int ms_sha256_err(struct ms_err *err, int rc);
  * with file_digests also the whole files (second pass). */
 int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
 		     int file_digests, struct ms_err *err);
+/* The same, reporting progress (NULL: none). */
+int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
+			      int file_digests, const struct ms_progress *progress,
+			      struct ms_err *err);
 
 #endif

@@ -44,6 +44,8 @@ struct ms_inv {
 	int version;
 	char *tool;
 	char *argv_json;
+	char *cwd;            /* the working directory at open; NULL: unknown */
+	struct ms_progress progress;  /* fn NULL: none (ms_inv_set_progress) */
 	char user[256];
 	char host[256];
 	/* ms_inv_batch_begin: the writes that follow share one transaction,
@@ -370,6 +372,10 @@ int ms_inv_log_hash(const struct ms_inv_log_entry *e, char out[65])
 	rc = ms_sha256_update(c, "msinv-log-v1\n", 13);
 	for (int i = 0; rc == MS_OK && i < 10; i++)
 		rc = put_field(c, fields[i] ? fields[i] : "");
+	/* entries written before the inventory recorded a working directory
+	 * have none, and hash as they always did */
+	if (rc == MS_OK && e->cwd)
+		rc = put_field(c, e->cwd);
 	if (rc == MS_OK)
 		rc = ms_sha256_final(c, d);
 	ms_sha256_free(c);
@@ -406,6 +412,7 @@ static int log_append(struct ms_inv *inv, const char *action, const char *subjec
 	e.host = inv->host;
 	e.tool = inv->tool;
 	e.argv = inv->argv_json;
+	e.cwd = inv->cwd;
 	e.action = action;
 	e.subject = subject ? subject : "";
 	e.detail = detail ? detail : "{}";
@@ -415,8 +422,8 @@ static int log_append(struct ms_inv *inv, const char *action, const char *subjec
 		goto out;
 	}
 	if ((rc = prep(inv,
-		       "INSERT INTO log (seq, at, user, host, tool, argv, action, subject, detail, prev_hash, hash) "
-		       "VALUES (?,?,?,?,?,?,?,?,?,?,?)", &st, err)) != MS_OK)
+		       "INSERT INTO log (seq, at, user, host, tool, argv, action, subject, detail, prev_hash, hash, cwd) "
+		       "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", &st, err)) != MS_OK)
 		goto out;
 	sqlite3_bind_int64(st, 1, e.seq);
 	bind_text(st, 2, e.at);
@@ -429,6 +436,7 @@ static int log_append(struct ms_inv *inv, const char *action, const char *subjec
 	bind_text(st, 9, e.detail);
 	bind_text(st, 10, prev);
 	bind_text(st, 11, hash);
+	bind_text(st, 12, e.cwd);
 	if (sqlite3_step(st) != SQLITE_DONE) {
 		rc = db_fail(inv, err, "cannot append to the audit log");
 		goto out;
@@ -634,8 +642,20 @@ static int default_origin(struct ms_inv *inv)
 			argv[argc++] = text + i;
 	}
 	inv->argv_json = argc ? argv_to_json(argc, argv) : ms_strdup("[]");
-	if (!inv->argv_json)
+	if (!inv->argv_json) {
 		rc = MS_ENOMEM;
+		goto out;
+	}
+	/* the directory the argv's relative paths are relative to; a removed
+	 * working directory is recorded as unknown */
+	if (!(inv->cwd = ms_malloc(PATH_MAX))) {
+		rc = MS_ENOMEM;
+		goto out;
+	}
+	if (!getcwd(inv->cwd, PATH_MAX)) {
+		ms_free(inv->cwd);
+		inv->cwd = NULL;
+	}
 out:
 	ms_free(argv);
 	ms_free(text);
@@ -765,7 +785,21 @@ void ms_inv_close(struct ms_inv *inv)
 	ms_free(inv->path);
 	ms_free(inv->tool);
 	ms_free(inv->argv_json);
+	ms_free(inv->cwd);
 	ms_free(inv);
+}
+
+void ms_inv_set_progress(struct ms_inv *inv, const struct ms_progress *progress)
+{
+	if (progress)
+		inv->progress = *progress;
+	else
+		memset(&inv->progress, 0, sizeof(inv->progress));
+}
+
+const struct ms_progress *ms_inv_progress(const struct ms_inv *inv)
+{
+	return inv && inv->progress.fn ? &inv->progress : NULL;
 }
 
 int ms_inv_set_origin(struct ms_inv *inv, const char *tool, int argc, char *const *argv,
@@ -1741,41 +1775,159 @@ static int add_edge(struct addctx *x, int64_t sid, const char *parent, struct ms
 	return rc;
 }
 
-static int set_label(struct addctx *x, int64_t sid, const char *cur, struct ms_err *err)
+/* The state (id and digest) a label names; *sid 0 when none. */
+static int label_owner(struct ms_inv *inv, const char *l, int64_t *sid,
+		       char digest[MS_STATE_DIGEST_LEN], struct ms_err *err)
 {
-	struct ms_inv *inv = x->inv;
-	const char *l = x->o->label;
 	sqlite3_stmt *st = NULL;
 	int rc;
 
-	if (!l || (cur && !strcmp(cur, l)))
-		return MS_OK;
-	if (cur)
-		return ms_err_set(err, MS_EEXIST, "%s is already labelled '%s'", x->digest, cur);
-	if ((rc = prep(inv, "SELECT digest FROM states WHERE label = ?", &st, err)) != MS_OK)
+	*sid = 0;
+	if ((rc = prep(inv, "SELECT s.id, s.digest FROM labels l JOIN states s ON s.id = l.state_id "
+			    "WHERE l.name = ?", &st, err)) != MS_OK)
 		return rc;
 	bind_text(st, 1, l);
 	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW) {
-		rc = ms_err_set(err, MS_EEXIST, "label '%s' already names %s", l, col_str(st, 0));
-		sqlite3_finalize(st);
-		return rc;
+	if (rc == SQLITE_ROW && sqlite3_column_bytes(st, 1) == MS_STATE_DIGEST_LEN - 1) {
+		*sid = sqlite3_column_int64(st, 0);
+		if (digest)
+			memcpy(digest, sqlite3_column_text(st, 1), MS_STATE_DIGEST_LEN);
 	}
 	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE)
 		return db_fail(inv, err, "cannot look up a label");
-	if ((rc = prep(inv, "UPDATE states SET label = ? WHERE id = ?", &st, err)) != MS_OK)
+	return MS_OK;
+}
+
+/* states.label is the state's oldest label (what ls, show and lineage
+ * print first); the labels table is the truth it is kept in step with. */
+static int label_sync(struct ms_inv *inv, int64_t sid, struct ms_err *err)
+{
+	sqlite3_stmt *st = NULL;
+	int rc;
+
+	if ((rc = prep(inv, "UPDATE states SET label = (SELECT name FROM labels WHERE state_id = ?1 "
+			    "ORDER BY created_at, name LIMIT 1) WHERE id = ?1", &st, err)) != MS_OK)
+		return rc;
+	sqlite3_bind_int64(st, 1, sid);
+	rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot set a label");
+	sqlite3_finalize(st);
+	return rc;
+}
+
+/* Give state sid (digest) the label l, in the caller's transaction. A label
+ * of another state is MS_EEXIST, unless force, which moves it (logged with
+ * the state it came from). Nothing is written when it is already there. */
+static int label_put(struct ms_inv *inv, int64_t sid, const char *digest, const char *l,
+		     int force, struct ms_err *err)
+{
+	char from[MS_STATE_DIGEST_LEN], at[ISO_LEN];
+	sqlite3_stmt *st = NULL;
+	int64_t owner;
+	cJSON *d;
+	int rc;
+
+	if ((rc = label_owner(inv, l, &owner, from, err)) != MS_OK)
+		return rc;
+	if (owner == sid)
+		return MS_OK;
+	if (owner && !force)
+		return ms_err_set(err, MS_EEXIST,
+				  "label '%s' already names %s (move it with 'msinv label --force')",
+				  l, from);
+	if (owner) {
+		if ((rc = prep(inv, "DELETE FROM labels WHERE name = ?", &st, err)) != MS_OK)
+			return rc;
+		bind_text(st, 1, l);
+		rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot move a label");
+		sqlite3_finalize(st);
+		if (rc != MS_OK || (rc = label_sync(inv, owner, err)) != MS_OK)
+			return rc;
+	}
+	now_iso(at);
+	if ((rc = prep(inv, "INSERT INTO labels (name, state_id, created_at) VALUES (?,?,?)", &st,
+		       err)) != MS_OK)
 		return rc;
 	bind_text(st, 1, l);
 	sqlite3_bind_int64(st, 2, sid);
+	bind_text(st, 3, at);
 	rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot set a label");
 	sqlite3_finalize(st);
-	if (rc == MS_OK) {
-		cJSON *d = cJSON_CreateObject();
+	if (rc != MS_OK || (rc = label_sync(inv, sid, err)) != MS_OK)
+		return rc;
+	d = cJSON_CreateObject();
+	cJSON_AddStringToObject(d, "label", l);
+	if (owner)
+		cJSON_AddStringToObject(d, "from", from);
+	return log_json(inv, "label", digest, d, err);
+}
 
-		cJSON_AddStringToObject(d, "label", l);
-		rc = log_json(inv, "label", x->digest, d, err);
+/* add's --label: one more name for the state (a second copy may bring
+ * its own) */
+static int set_label(struct addctx *x, int64_t sid, struct ms_err *err)
+{
+	if (!x->o->label)
+		return MS_OK;
+	return label_put(x->inv, sid, x->digest, x->o->label, 0, err);
+}
+
+int ms_inv_label_check(const char *label, struct ms_err *err)
+{
+	return label_check(label, err);
+}
+
+int ms_inv_label_add(struct ms_inv *inv, const char *digest, const char *label, int force,
+		     struct ms_err *err)
+{
+	struct ms_inv_state *s = NULL;
+	int rc;
+
+	if ((rc = label_check(label, err)) != MS_OK)
+		return rc;
+	if ((rc = tx_begin(inv, err)) != MS_OK)
+		return rc;
+	if ((rc = ms_inv_state_get(inv, digest, &s, err)) != MS_OK ||
+	    (rc = label_put(inv, s->id, s->digest, label, force, err)) != MS_OK)
+		goto out;
+	rc = tx_commit(inv, err);
+	ms_inv_state_free(s);
+	return rc;
+out:
+	tx_rollback(inv);
+	ms_inv_state_free(s);
+	return rc;
+}
+
+int ms_inv_label_remove(struct ms_inv *inv, const char *label, struct ms_err *err)
+{
+	char digest[MS_STATE_DIGEST_LEN];
+	sqlite3_stmt *st = NULL;
+	int64_t owner;
+	cJSON *d;
+	int rc;
+
+	if ((rc = tx_begin(inv, err)) != MS_OK)
+		return rc;
+	if ((rc = label_owner(inv, label, &owner, digest, err)) != MS_OK)
+		goto out;
+	if (!owner) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "no state labelled '%s' in '%s'", label, inv->path);
+		goto out;
 	}
+	if ((rc = prep(inv, "DELETE FROM labels WHERE name = ?", &st, err)) != MS_OK)
+		goto out;
+	bind_text(st, 1, label);
+	rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot remove a label");
+	sqlite3_finalize(st);
+	if (rc != MS_OK || (rc = label_sync(inv, owner, err)) != MS_OK)
+		goto out;
+	d = cJSON_CreateObject();
+	cJSON_AddStringToObject(d, "label", label);
+	if ((rc = log_json(inv, "unlabel", digest, d, err)) != MS_OK)
+		goto out;
+	return tx_commit(inv, err);
+out:
+	tx_rollback(inv);
 	return rc;
 }
 
@@ -1786,8 +1938,8 @@ static int insert_state(struct addctx *x, int64_t *sid, struct ms_err *err)
 	int rc;
 
 	if ((rc = prep(inv, "INSERT INTO states (digest, kind, layout, label, ntensors, nbytes, ep_size, "
-			    "ep_rank, experts, tool, argv, user, host, created_at) "
-			    "VALUES (?,?,?,NULL,?,?,?,?,?,?,?,?,?,?)", &st, err)) != MS_OK)
+			    "ep_rank, experts, tool, argv, user, host, created_at, cwd) "
+			    "VALUES (?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?)", &st, err)) != MS_OK)
 		return rc;
 	bind_text(st, 1, x->digest);
 	bind_text(st, 2, ms_inv_kind_name(x->kind));
@@ -1807,6 +1959,7 @@ static int insert_state(struct addctx *x, int64_t *sid, struct ms_err *err)
 	bind_text(st, 11, inv->user);
 	bind_text(st, 12, inv->host);
 	bind_text(st, 13, x->now);
+	bind_text(st, 14, inv->cwd);
 	rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot record the state");
 	sqlite3_finalize(st);
 	*sid = sqlite3_last_insert_rowid(inv->db);
@@ -1851,9 +2004,8 @@ static int record(struct addctx *x, struct ms_err *err)
 	struct ms_inv *inv = x->inv;
 	sqlite3_stmt *st = NULL;
 	int64_t sid = 0, *ids = NULL;
-	char *cur_label = NULL;
 	uint32_t copy = 0, maxcopy = 0;
-	int rc, bad = 0;
+	int rc;
 	size_t nf = x->ck->nfiles;
 
 	if ((rc = tx_begin(inv, err)) != MS_OK)
@@ -1871,7 +2023,7 @@ static int record(struct addctx *x, struct ms_err *err)
 		ids[i] = x->af[i].row;
 	qsort(ids, nf, sizeof(*ids), cmp_i64);
 
-	if ((rc = prep(inv, "SELECT id, kind, ep_size, ep_rank, label, layout FROM states WHERE digest = ?",
+	if ((rc = prep(inv, "SELECT id, kind, ep_size, ep_rank, layout FROM states WHERE digest = ?",
 		       &st, err)) != MS_OK)
 		goto out;
 	bind_text(st, 1, x->digest);
@@ -1883,20 +2035,15 @@ static int record(struct addctx *x, struct ms_err *err)
 
 		sid = sqlite3_column_int64(st, 0);
 		ms_inv_kind_parse(col_str(st, 1), &k);
-		cur_label = col_dup(st, 4, &bad);
-		if (strcmp(col_str(st, 5), x->cls.layout)) {
+		if (strcmp(col_str(st, 4), x->cls.layout)) {
 			/* same tensors, other metadata: the record is what the digest names */
 			rc = ms_err_set(err, MS_EINVAL,
 					"%s is recorded with layout %s, but these files say %s (their msinv.nvfp4 metadata differs)",
-					x->digest, col_str(st, 5), x->cls.layout);
+					x->digest, col_str(st, 4), x->cls.layout);
 			goto out;
 		}
 		sqlite3_finalize(st);
 		st = NULL;
-		if (bad) {
-			rc = oom(err);
-			goto out;
-		}
 		if (x->o->kind != MS_INV_KIND_ANY && x->o->kind != k) {
 			rc = ms_err_set(err, MS_EINVAL, "%s is recorded as %s, not %s", x->digest,
 					ms_inv_kind_name(k), ms_inv_kind_name(x->o->kind));
@@ -1968,7 +2115,7 @@ static int record(struct addctx *x, struct ms_err *err)
 		goto out;
 	}
 	x->st.copy = copy;
-	if ((rc = set_label(x, sid, cur_label, err)) != MS_OK)
+	if ((rc = set_label(x, sid, err)) != MS_OK)
 		goto out;
 	for (size_t i = 0; i < x->o->nparents; i++)
 		if ((rc = add_edge(x, sid, x->parents[i], err)) != MS_OK)
@@ -1977,13 +2124,11 @@ static int record(struct addctx *x, struct ms_err *err)
 		goto out;
 	rc = tx_commit(inv, err);
 	ms_free(ids);
-	ms_free(cur_label);
 	return rc;
 out:
 	sqlite3_finalize(st);
 	tx_rollback(inv);
 	ms_free(ids);
-	ms_free(cur_label);
 	return rc;
 }
 
@@ -2157,7 +2302,8 @@ int ms_inv_add_paths(struct ms_inv *inv, const char *const *paths, size_t n,
 		}
 	}
 	t0 = ms_now();
-	if (m && (rc = ms_st_hash_files(tohash, m, opts->jobs, opts->file_digests, err)) != MS_OK)
+	if (m && (rc = ms_st_hash_files_progress(tohash, m, opts->jobs, opts->file_digests,
+						 ms_inv_progress(inv), err)) != MS_OK)
 		goto out;
 	x.st.seconds_hash = ms_now() - t0;
 	for (size_t i = 0; i < m; i++) {
@@ -2235,9 +2381,205 @@ out:
 
 /* ---- looking up ---------------------------------------------------------------------- */
 
+/* The realpaths of the .safetensors files of a path: the file itself, or
+ * those directly in a directory (links followed, as add records them). */
+static int path_files(const char *path, const struct stat *sb, char ***out, size_t *n,
+		      struct ms_err *err)
+{
+	DIR *d = NULL;
+	struct dirent *de;
+	char **v = NULL;
+	size_t cap = 0;
+	int rc = MS_OK;
+
+	*out = NULL;
+	*n = 0;
+	if (!S_ISDIR(sb->st_mode)) {
+		if (!(v = ms_calloc(1, sizeof(*v))))
+			return oom(err);
+		if (!(v[0] = realpath(path, NULL))) {
+			ms_free(v);
+			return ms_err_set(err, MS_EIO, "'%s': %s", path, strerror(errno));
+		}
+		*out = v;
+		*n = 1;
+		return MS_OK;
+	}
+	if (!(d = opendir(path)))
+		return ms_err_set(err, MS_EIO, "'%s': cannot read the directory: %s", path,
+				  strerror(errno));
+	while ((de = readdir(d))) {
+		size_t l = strlen(de->d_name);
+		char *p, *r;
+
+		if (l <= 12 || strcmp(de->d_name + l - 12, ".safetensors") || de->d_name[0] == '.')
+			continue;
+		if (!(p = ms_path_join(path, de->d_name))) {
+			rc = oom(err);
+			goto out;
+		}
+		r = realpath(p, NULL);
+		ms_free(p);
+		if (!r)
+			continue;
+		if (*n == cap) {
+			char **nv = ms_realloc(v, (cap ? cap * 2 : 8) * sizeof(*v));
+
+			if (!nv) {
+				free(r);
+				rc = oom(err);
+				goto out;
+			}
+			v = nv;
+			cap = cap ? cap * 2 : 8;
+		}
+		v[(*n)++] = r;
+	}
+out:
+	closedir(d);
+	if (rc != MS_OK) {
+		for (size_t i = 0; i < *n; i++)
+			free(v[i]);
+		ms_free(v);
+		*n = 0;
+		return rc;
+	}
+	*out = v;
+	return MS_OK;
+}
+
+/*
+ * A path names the state recorded with its files, as git's rev-parse turns
+ * a path into an object: a directory, the state with a copy made of the
+ * .safetensors files directly in it; a file, the state with a copy made of
+ * that file alone, else the one state with a copy holding it. A path's
+ * newest file record counts (an older one is bytes that were replaced).
+ * *found is 0 when ref is not a path that exists.
+ */
+static int resolve_path(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE_DIGEST_LEN],
+			int *found, struct ms_err *err)
+{
+	static const char *const q =
+		"SELECT s.digest, sf.copy, "
+		"(SELECT count(*) FROM state_files x WHERE x.state_id = sf.state_id AND x.copy = sf.copy) "
+		"FROM files f JOIN state_files sf ON sf.file_id = f.id JOIN states s ON s.id = sf.state_id "
+		"WHERE f.path = ?1 AND f.id = (SELECT max(id) FROM files WHERE path = ?1) "
+		"ORDER BY s.digest, sf.copy";
+	sqlite3_stmt *st = NULL, *in = NULL;
+	char **files = NULL, cand[6][MS_STATE_DIGEST_LEN], part[MS_STATE_DIGEST_LEN] = "";
+	struct stat sb;
+	size_t n = 0;
+	int rc, k = 0, partial = 0;
+
+	*found = 0;
+	if (stat(ref, &sb) || !(S_ISDIR(sb.st_mode) || S_ISREG(sb.st_mode)))
+		return MS_OK;
+	*found = 1;
+	if ((rc = path_files(ref, &sb, &files, &n, err)) != MS_OK)
+		return rc;
+	if (n == 0) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': no .safetensors files there", ref);
+		goto out;
+	}
+	/* candidates: the copies holding the first file; a match holds every
+	 * file of the path and nothing else */
+	if ((rc = prep(inv, q, &st, err)) != MS_OK ||
+	    (rc = prep(inv, "SELECT count(*) FROM state_files sf JOIN files f ON f.id = sf.file_id "
+			    "JOIN states s ON s.id = sf.state_id WHERE s.digest = ? AND sf.copy = ? "
+			    "AND f.path = ? AND f.id = (SELECT max(id) FROM files WHERE path = f.path)",
+			    &in, err)) != MS_OK)
+		goto out;
+	bind_text(st, 1, files[0]);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		const char *dg = col_str(st, 0);
+		int64_t copy = sqlite3_column_int64(st, 1), nf = sqlite3_column_int64(st, 2);
+		size_t have = 0;
+
+		if (sqlite3_column_bytes(st, 0) != MS_STATE_DIGEST_LEN - 1)
+			continue;
+		for (size_t i = 0; i < n; i++) {
+			sqlite3_reset(in);
+			bind_text(in, 1, dg);
+			sqlite3_bind_int64(in, 2, copy);
+			bind_text(in, 3, files[i]);
+			if (sqlite3_step(in) == SQLITE_ROW)
+				have += sqlite3_column_int64(in, 0) > 0;
+		}
+		if (have == n && (uint64_t)nf == n) {
+			if (k && !strcmp(cand[k - 1], dg))
+				continue;  /* another copy of the same state */
+			if (k < 6)
+				memcpy(cand[k++], dg, MS_STATE_DIGEST_LEN);
+		} else if (n == 1 && !S_ISDIR(sb.st_mode) && !partial) {
+			/* a file that is part of a state's copy: the state, if
+			 * no state is that file alone */
+			partial = 1;
+			memcpy(part, dg, MS_STATE_DIGEST_LEN);
+		} else if (n == 1 && !S_ISDIR(sb.st_mode) && strcmp(part, dg)) {
+			partial = 2;
+		}
+	}
+	if (rc != SQLITE_DONE) {
+		rc = db_fail(inv, err, "cannot look up a path");
+		goto out;
+	}
+	if (k == 0 && partial == 1) {
+		memcpy(digest_out, part, MS_STATE_DIGEST_LEN);
+		rc = MS_OK;
+	} else if (k == 1) {
+		memcpy(digest_out, cand[0], MS_STATE_DIGEST_LEN);
+		rc = MS_OK;
+	} else if (k > 1) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s' holds several states: %.23s..., %.23s...%s", ref,
+				cand[0], cand[1], k > 2 ? ", ..." : "");
+	} else if (partial == 2) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s' is a file of several states; name the state", ref);
+	} else if (S_ISDIR(sb.st_mode)) {
+		/* no copy is the directory's files: the states that have
+		 * files there (an EP shard set: one state per file) */
+		for (size_t i = 0; i < n && k < 6; i++) {
+			sqlite3_reset(st);
+			bind_text(st, 1, files[i]);
+			while (k < 6 && sqlite3_step(st) == SQLITE_ROW) {
+				const char *dg = col_str(st, 0);
+				int seen = 0;
+
+				for (int j = 0; j < k; j++)
+					seen |= !strcmp(cand[j], dg);
+				if (!seen && sqlite3_column_bytes(st, 0) == MS_STATE_DIGEST_LEN - 1)
+					memcpy(cand[k++], dg, MS_STATE_DIGEST_LEN);
+			}
+		}
+		if (k > 1)
+			rc = ms_err_set(err, MS_EINVAL, "'%s' holds several states: %.23s..., %.23s...%s; name one",
+					ref, cand[0], cand[1], k > 2 ? ", ..." : "");
+		else if (k == 1)
+			rc = ms_err_set(err, MS_EINVAL,
+					"'%s' holds the files of %.23s... and others; name the state", ref,
+					cand[0]);
+		else
+			rc = ms_err_set(err, MS_ENOTFOUND,
+					"'%s': no state in '%s' is stored there (add it with 'msinv add')",
+					ref, inv->path);
+	} else {
+		rc = ms_err_set(err, MS_ENOTFOUND,
+				"'%s': no state in '%s' is stored there (add it with 'msinv add')", ref,
+				inv->path);
+	}
+out:
+	sqlite3_finalize(st);
+	sqlite3_finalize(in);
+	for (size_t i = 0; i < n; i++)
+		free(files[i]);
+	ms_free(files);
+	return rc;
+}
+
 int ms_inv_resolve(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE_DIGEST_LEN],
 		   struct ms_err *err)
 {
+	int found;
+
 	sqlite3_stmt *st = NULL;
 	char pat[7 + 64 + 2], cand[6][MS_STATE_DIGEST_LEN];
 	const char *hex;
@@ -2246,7 +2588,8 @@ int ms_inv_resolve(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE
 
 	if (!ref || !*ref)
 		return ms_err_set(err, MS_EINVAL, "empty state reference");
-	if ((rc = prep(inv, "SELECT digest FROM states WHERE label = ?", &st, err)) != MS_OK)
+	if ((rc = prep(inv, "SELECT s.digest FROM labels l JOIN states s ON s.id = l.state_id "
+			    "WHERE l.name = ?", &st, err)) != MS_OK)
 		return rc;
 	bind_text(st, 1, ref);
 	rc = sqlite3_step(st);
@@ -2258,6 +2601,10 @@ int ms_inv_resolve(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE
 	sqlite3_finalize(st);
 	if (rc != SQLITE_DONE && rc != SQLITE_ROW)
 		return db_fail(inv, err, "cannot look up a label");
+	/* not a label: a path that exists names the state stored there */
+	if (strncmp(ref, "sha256:", 7) &&
+	    ((rc = resolve_path(inv, ref, digest_out, &found, err)) != MS_OK || found))
+		return rc;
 	hex = strncmp(ref, "sha256:", 7) ? ref : ref + 7;
 	n = strlen(hex);
 	if (!hex_ok(hex, n) || n > 64) {
@@ -2303,7 +2650,9 @@ int ms_inv_resolve(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE
 #define STATE_COLS                                                                   \
 	"s.id, s.digest, s.kind, s.layout, s.label, s.ntensors, s.nbytes, s.ep_size, "    \
 	"s.ep_rank, s.experts, s.tool, s.argv, s.user, s.host, s.created_at, "          \
-	"(SELECT count(DISTINCT copy) FROM state_files WHERE state_id = s.id)"
+	"(SELECT count(DISTINCT copy) FROM state_files WHERE state_id = s.id), s.cwd, " \
+	"(SELECT group_concat(name, ' ') FROM (SELECT name FROM labels "               \
+	"WHERE state_id = s.id ORDER BY created_at, name))"
 
 static int state_row(struct ms_inv *inv, sqlite3_stmt *st, struct ms_inv_state *s,
 		     struct ms_err *err)
@@ -2330,6 +2679,8 @@ static int state_row(struct ms_inv *inv, sqlite3_stmt *st, struct ms_inv_state *
 	s->host = col_dup(st, 13, &bad);
 	s->created_at = col_dup(st, 14, &bad);
 	s->ncopies = (uint32_t)sqlite3_column_int64(st, 15);
+	s->cwd = col_dup(st, 16, &bad);
+	s->labels = col_dup(st, 17, &bad);
 	return bad ? oom(err) : MS_OK;
 }
 
@@ -2343,6 +2694,8 @@ static void state_release(struct ms_inv_state *s)
 	ms_free(s->user);
 	ms_free(s->host);
 	ms_free(s->created_at);
+	ms_free(s->cwd);
+	ms_free(s->labels);
 }
 
 void ms_inv_state_free(struct ms_inv_state *s)
@@ -3164,11 +3517,12 @@ static void log_row(sqlite3_stmt *st, struct ms_inv_log_entry *e)
 	e->detail = col_str(st, 8);
 	e->prev_hash = col_str(st, 9);
 	e->hash = col_str(st, 10);
+	e->cwd = sqlite3_column_type(st, 11) == SQLITE_NULL ? NULL : col_str(st, 11);
 }
 
 #define LOG_SELECT                                                                         \
-	"SELECT seq, at, user, host, tool, argv, action, subject, detail, prev_hash, hash " \
-	"FROM log ORDER BY seq"
+	"SELECT seq, at, user, host, tool, argv, action, subject, detail, prev_hash, hash, " \
+	"cwd FROM log ORDER BY seq"
 
 int ms_inv_log_each(struct ms_inv *inv, int (*fn)(const struct ms_inv_log_entry *e, void *ctx),
 		    void *ctx, struct ms_err *err)

@@ -83,6 +83,12 @@ void ms_inv_close(struct ms_inv *inv);
  * line (/proc/self/cmdline). */
 int ms_inv_set_origin(struct ms_inv *inv, const char *tool, int argc,
 		      char *const *argv, struct ms_err *err);
+/* Progress of the long work done through this handle (hashing in
+ * ms_inv_add_paths, packing in ms_export_state, extracting in
+ * ms_import_bundle); progress is copied, NULL turns it off (the default).
+ * ms_inv_progress is the handle's, NULL when none. */
+void ms_inv_set_progress(struct ms_inv *inv, const struct ms_progress *progress);
+const struct ms_progress *ms_inv_progress(const struct ms_inv *inv);
 /* PRAGMA user_version of the open database, and the number of migrations
  * the library carries. */
 int ms_inv_schema_version(const struct ms_inv *inv);
@@ -175,6 +181,25 @@ int ms_inv_classify(const struct ms_ckpt *c, enum ms_inv_kind *kind,
 
 /* ---- looking up ---------------------------------------------------------------- */
 
+/*
+ * Labels are names for states, as tags are for commits: a state may have
+ * several, a label names one state. ms_inv_label_add gives the state digest
+ * the label (its others stay); a label that names another state is
+ * MS_EEXIST unless force, which moves it. ms_inv_label_remove forgets a
+ * label (MS_ENOTFOUND when no state has it). Each is one transaction (or
+ * part of the caller's batch) with its log entry, "label" (detail: label,
+ * and "from", the state it was moved from) or "unlabel". A relabel is an
+ * add and a remove in one batch.
+ */
+/* MS_OK when label is a valid label (the rule above), else MS_EINVAL
+ * saying which part of the rule it breaks: to refuse a bad label before
+ * the work whose output it would name. */
+int ms_inv_label_check(const char *label, struct ms_err *err);
+int ms_inv_label_add(struct ms_inv *inv, const char *digest, const char *label,
+		     int force, struct ms_err *err);
+int ms_inv_label_remove(struct ms_inv *inv, const char *label,
+			struct ms_err *err);
+
 /* Resolve a reference to the full digest. Unknown: MS_ENOTFOUND; a prefix
  * of several states: MS_EINVAL listing candidates; a malformed reference:
  * MS_EINVAL. */
@@ -192,6 +217,9 @@ struct ms_inv_state {
 	char *experts;          /* JSON array of expert ids, NULL when none */
 	char *tool, *argv, *user, *host, *created_at; /* argv: a JSON array */
 	uint32_t ncopies;
+	char *cwd;              /* where argv ran; NULL when not recorded */
+	char *labels;           /* every label, oldest first, separated by one
+				 * space; NULL when none (label is the first) */
 };
 
 /* One state by full digest (MS_ENOTFOUND when absent). */
@@ -356,6 +384,8 @@ struct ms_inv_log_entry {
 	const char *at, *user, *host, *tool, *argv;
 	const char *action, *subject, *detail;
 	const char *prev_hash, *hash;
+	const char *cwd;   /* working directory; NULL in entries made before
+			    * the inventory recorded it */
 };
 
 /* Call fn for every entry, oldest first; a non-zero return from fn stops

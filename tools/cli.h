@@ -27,6 +27,11 @@ struct cli_cmd {
 	int (*run)(int argc, char **argv);
 	const char *synopsis;  /* "inspect [--digests] [--json] PATH..." */
 	const char *summary;   /* one line */
+	/* What the command's own options do, one per line, "--opt ARG\twhat"
+	 * (the part before the tab is printed as it is). --help lists every
+	 * option of the synopsis, described from here, else from the common
+	 * descriptions of cli.c (--db, --json, --jobs, ...). */
+	const char *options;
 };
 
 struct cli_tool {
@@ -38,6 +43,10 @@ struct cli_tool {
 
 /* The program name for messages ("msinv"). */
 extern const char *cli_prog;
+/* main's arguments as typed: a subcommand's getopt_long permutes its own
+ * copy, so this is what the audit log records. */
+extern int cli_argc;
+extern char **cli_argv;
 
 /* Dispatch: handles --help/-h, --version and "help CMD"; unknown command is
  * exit 2. Checks stdout (fflush/ferror/fclose) before returning. */
@@ -63,15 +72,23 @@ const char *cli_db_path(const char *opt_db);
 
 /* Progress on stderr, only when it is a terminal. */
 int cli_progress_enabled(void);
-/* A byte-count progress line, rewritten in place: pass cli_progress_cb and
- * a struct cli_progress as the library's progress callback, then call
- * cli_progress_end to finish the line. */
+/* A byte-count progress line, rewritten in place,
+ *   "msinv: exporting 1.25 GiB / 4.00 GiB (31%), 812.40 MiB/s":
+ * pass cli_progress_cb and a struct cli_progress ({"what"}, the rest zero)
+ * as the library's progress callback, then call cli_progress_end to finish
+ * the line. Redrawn at most ten times a second; a count that starts again
+ * from below (the next pass of the work) starts a new line. */
 struct cli_progress {
 	const char *what;
 	int shown;
+	double t0, last;     /* when the pass began, when last drawn */
+	uint64_t prev;       /* the last count drawn */
 };
 void cli_progress_cb(void *arg, uint64_t done, uint64_t total);
 void cli_progress_end(struct cli_progress *p);
+/* Report the long work done through inv (hashing, packing, extracting) as
+ * progress under p when stderr is a terminal; p must outlive inv's use. */
+void cli_progress_inv(struct ms_inv *inv, struct cli_progress *p);
 
 /* Print a string as a JSON string literal (with quotes) to f. */
 void cli_json_str(FILE *f, const char *s);

@@ -89,6 +89,8 @@ static void print_plan(const struct ms_quant_plan *p)
  * derived from their input, unless --no-register. */
 static const char *reg_db;
 static int reg_off;
+/* --label: the label the registered output gets */
+static const char *reg_label;
 /* main's arguments: the provenance recorded with every registration */
 static int g_argc;
 static char **g_argv;
@@ -159,6 +161,7 @@ static int reg_outputs(struct ms_inv *inv, const char *in, const char *out,
 		a.nparents = 1;
 		a.operation = op;
 		a.params_json = params;
+		a.label = reg_label;
 		rc = ms_inv_add_paths(inv, &out, 1, &a, digest, err);
 	}
 	cJSON_free(params);
@@ -180,11 +183,15 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	struct ms_quant_plan *p = NULL;
 	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
-	struct cli_progress pr = {verb, 0};
+	struct cli_progress pr = {.what = verb};
 	char digest[MS_STATE_DIGEST_LEN];
 	enum ms_quant_device device;
 	int rc, batch = 0;
 
+	if (reg_label && !reg_wanted())
+		return cli_usage("--label names the registered output: it needs an inventory (--db or MSINV_DB)");
+	if (reg_label && (rc = ms_inv_label_check(reg_label, &err)) != MS_OK)
+		return cli_fail(rc, &err);
 	if ((rc = ms_quant_plan_new(in, out, o, &p, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	if (dry_run) {
@@ -257,6 +264,7 @@ static int cmd_quantize(int argc, char **argv)
 		{"force", no_argument, NULL, 'f'},
 		{"db", required_argument, NULL, 'B'},
 		{"no-register", no_argument, NULL, 'R'},
+		{"label", required_argument, NULL, 'L'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -309,6 +317,7 @@ static int cmd_quantize(int argc, char **argv)
 		case 'f': o.force = 1; break;
 		case 'B': reg_db = optarg; break;
 		case 'R': reg_off = 1; break;
+		case 'L': reg_label = optarg; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -329,6 +338,7 @@ static int cmd_dequantize(int argc, char **argv)
 		{"force", no_argument, NULL, 'f'},
 		{"db", required_argument, NULL, 'B'},
 		{"no-register", no_argument, NULL, 'R'},
+		{"label", required_argument, NULL, 'L'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -353,6 +363,7 @@ static int cmd_dequantize(int argc, char **argv)
 		case 'f': o.force = 1; break;
 		case 'B': reg_db = optarg; break;
 		case 'R': reg_off = 1; break;
+		case 'L': reg_label = optarg; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -373,6 +384,7 @@ static int cmd_transpose(int argc, char **argv)
 		{"force", no_argument, NULL, 'f'},
 		{"db", required_argument, NULL, 'B'},
 		{"no-register", no_argument, NULL, 'R'},
+		{"label", required_argument, NULL, 'L'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -389,6 +401,7 @@ static int cmd_transpose(int argc, char **argv)
 		case 'f': o.force = 1; break;
 		case 'B': reg_db = optarg; break;
 		case 'R': reg_off = 1; break;
+		case 'L': reg_label = optarg; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -533,14 +546,33 @@ static const struct cli_cmd cmds[] = {
 	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
 	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
-	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--db PATH | --no-register]",
-	 "quantize the linear weights of a checkpoint to NVFP4"},
-	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force] [--db PATH | --no-register]",
-	 "decode an NVFP4 checkpoint back to bf16 or f32"},
-	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force] [--db PATH | --no-register]",
-	 "turn rowwise NVFP4 into columnwise or back"},
+	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--label LABEL] [--db PATH | --no-register]",
+	 "quantize the linear weights of a checkpoint to NVFP4",
+	 "-o OUT\tthe output file or directory\n"
+	 "--recipe modelopt|compressed-tensors|te\twhose float32 arithmetic to reproduce (default modelopt)\n"
+	 "--block 1d|2d\t1x16 blocks (default) or 16x16 tiles\n"
+	 "--layout rowwise|columnwise|both\tW, W^T or both (default rowwise)\n"
+	 "--format modelopt|compressed-tensors\ttensor names and configs to write (default: the recipe's)\n"
+	 "--include RE\tquantize only the weights whose names match\n"
+	 "--exclude RE\tleave out the weights whose names match\n"
+	 "--no-fuse-scales\tgive every weight its own tensor scale\n"
+	 "--allow-nonfinite\tquantize NaN and Inf instead of refusing them\n"
+	 "--device auto|cpu|cuda\twhere to quantize (default auto: the GPU when usable)\n"
+	 "--force\treplace an existing OUT\n"
+	 "--label LABEL\tthe label of the registered output\n"},
+	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force] [--label LABEL] [--db PATH | --no-register]",
+	 "decode an NVFP4 checkpoint back to bf16 or f32",
+	 "-o OUT\tthe output file or directory\n"
+	 "--dtype bf16|f32\tthe dtype to write (default bf16)\n"
+	 "--force\treplace an existing OUT\n"},
+	{"transpose", cmd_transpose, "transpose IN -o OUT [--source ORIGINAL] [--force] [--label LABEL] [--db PATH | --no-register]",
+	 "turn rowwise NVFP4 into columnwise or back",
+	 "-o OUT\tthe output file or directory\n"
+	 "--source ORIGINAL\tthe high-precision original, for 1D blocks (requantized from it)\n"
+	 "--force\treplace an existing OUT\n"},
 	{"stats", cmd_stats, "stats QUANTIZED [--source ORIGINAL] [--json]",
-	 "quantization error and scale statistics per tensor"},
+	 "quantization error and scale statistics per tensor",
+	 "--source ORIGINAL\tthe original, to measure the error against\n"},
 };
 
 int main(int argc, char **argv)

@@ -263,18 +263,9 @@ static int print_json(cJSON *o)
 
 static void human_bytes(uint64_t n, char *buf, size_t len)
 {
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
-	double v = (double)n;
-	int u = 0;
+	char s[MS_BYTES_STR_LEN];
 
-	while (v >= 1024 && u < 5) {
-		v /= 1024;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, len, "%llu B", (unsigned long long)n);
-	else
-		snprintf(buf, len, "%.1f %s", v, unit[u]);
+	snprintf(buf, len, "%s", ms_bytes_str(n, s));
 }
 
 /* "sha256:0123456789abcdef" for text output meant for people. */
@@ -352,6 +343,7 @@ static int cmd_add(int argc, char **argv)
 	struct ms_inv *inv = NULL;
 	struct ms_err err = {0};
 	char digest[MS_STATE_DIGEST_LEN];
+	struct cli_progress pr = {.what = "hashing"};
 	int c, rc, json = 0, v;
 
 	ms_inv_add_opts_init(&o);
@@ -406,8 +398,10 @@ static int cmd_add(int argc, char **argv)
 	o.parents = parents;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind), &o,
 			      digest, &err);
+	cli_progress_end(&pr);
 	ms_inv_close(inv);
 	if (rc != MS_OK)
 		return cli_fail(rc, &err);
@@ -446,6 +440,24 @@ static int cmd_add(int argc, char **argv)
 
 /* ---- ls ------------------------------------------------------------------------------ */
 
+/* "labels": every label of the state, oldest first (the library gives
+ * them space-separated: a label has no spaces). */
+static void labels_json(cJSON *o, const char *labels)
+{
+	cJSON *a = cJSON_AddArrayToObject(o, "labels");
+
+	for (const char *p = labels; a && p && *p;) {
+		size_t n = strcspn(p, " ");
+		char *l = ms_strndup(p, n);
+
+		if (l)
+			cJSON_AddItemToArray(a, cJSON_CreateString(l));
+		ms_free(l);
+		p += n;
+		p += *p == ' ';
+	}
+}
+
 static cJSON *state_json(const struct ms_inv_state *s)
 {
 	cJSON *o = cJSON_CreateObject();
@@ -471,6 +483,11 @@ static cJSON *state_json(const struct ms_inv_state *s)
 	cJSON_AddStringToObject(o, "host", s->host);
 	cJSON_AddStringToObject(o, "tool", s->tool);
 	cJSON_AddRawToObject(o, "argv", s->argv);
+	if (s->cwd)
+		cJSON_AddStringToObject(o, "cwd", s->cwd);
+	else
+		cJSON_AddNullToObject(o, "cwd");
+	labels_json(o, s->labels);
 	return o;
 }
 
@@ -525,9 +542,13 @@ static int cmd_ls(int argc, char **argv)
 
 		if (s[i].ep_size > 0)
 			snprintf(ep, sizeof(ep), "%d/%d", s[i].ep_rank, s[i].ep_size);
+		/* several labels: comma-separated (a label has no comma) */
+		for (char *p = s[i].labels; p && *p; p++)
+			if (*p == ' ')
+				*p = ',';
 		printf("%s\t%s\t%s\t%s\t%llu\t%llu\t%s\t%s\n", s[i].digest, ms_inv_kind_name(s[i].kind),
 		       s[i].layout, ep, (unsigned long long)s[i].ntensors,
-		       (unsigned long long)s[i].nbytes, s[i].label ? s[i].label : "-", s[i].created_at);
+		       (unsigned long long)s[i].nbytes, s[i].labels ? s[i].labels : "-", s[i].created_at);
 	}
 	ms_inv_states_free(s, n);
 	return CLI_OK;
@@ -736,7 +757,7 @@ static int show_text(const struct show_data *d, int tensors)
 
 	human_bytes(s->nbytes, b, sizeof(b));
 	printf("state     %s\n", s->digest);
-	printf("label     %s\n", s->label ? s->label : "-");
+	printf("label     %s\n", s->labels ? s->labels : "-");
 	printf("kind      %s\n", ms_inv_kind_name(s->kind));
 	printf("layout    %s\n", s->layout);
 	printf("tensors   %llu\n", (unsigned long long)s->ntensors);
@@ -747,6 +768,8 @@ static int show_text(const struct show_data *d, int tensors)
 	printf("created   %s by %s@%s: ", s->created_at, s->user, s->host);
 	if (print_argv(s->argv) != MS_OK)
 		goto oom;
+	if (s->cwd)
+		printf(" (in %s)", s->cwd);
 	putchar('\n');
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
@@ -1193,6 +1216,10 @@ static int log_print(const struct ms_inv_log_entry *e, void *ctx)
 		cJSON_AddStringToObject(o, "host", e->host);
 		cJSON_AddStringToObject(o, "tool", e->tool);
 		cJSON_AddRawToObject(o, "argv", e->argv);
+		if (e->cwd)
+			cJSON_AddStringToObject(o, "cwd", e->cwd);
+		else
+			cJSON_AddNullToObject(o, "cwd");
 		cJSON_AddStringToObject(o, "action", e->action);
 		cJSON_AddStringToObject(o, "subject", e->subject);
 		cJSON_AddRawToObject(o, "detail", e->detail);
@@ -1277,6 +1304,77 @@ static int cmd_log(int argc, char **argv)
 		return print_json(a);
 	}
 	rc = ms_inv_log_each(inv, log_print, NULL, &err);
+	ms_inv_close(inv);
+	return cli_fail(rc, &err);
+}
+
+/* ---- label ------------------------------------------------------------------------------ */
+
+/* Labels are names for states: "label STATE LABEL" adds one (a state may
+ * have several), --rename OLD NEW gives OLD's state NEW and forgets OLD in
+ * one transaction, --delete LABEL forgets one. --force moves a label that
+ * names another state. Each change is in the audit log. */
+static int cmd_label(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"force", no_argument, NULL, 'f'},
+		{"rename", no_argument, NULL, 'r'},
+		{"delete", no_argument, NULL, 'd'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	char digest[MS_STATE_DIGEST_LEN];
+	int c, rc, force = 0, rename = 0, del = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'f': force = 1; break;
+		case 'r': rename = 1; break;
+		case 'd': del = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (rename && del)
+		return cli_usage("--rename and --delete exclude each other");
+	if (del && force)
+		return cli_usage("--force moves a label; --delete forgets one");
+	if (del ? optind != argc - 1 : optind != argc - 2)
+		return cli_usage(del ? "--delete takes one LABEL" :
+				 rename ? "--rename takes OLD and NEW" : "missing STATE or LABEL");
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if (del) {
+		rc = ms_inv_label_remove(inv, argv[optind], &err);
+		if (rc == MS_OK)
+			printf("unlabelled %s\n", argv[optind]);
+		ms_inv_close(inv);
+		return cli_fail(rc, &err);
+	}
+	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
+	if (rc == MS_OK && rename)
+		rc = ms_inv_batch_begin(inv, &err);
+	if (rc == MS_OK)
+		rc = ms_inv_label_add(inv, digest, argv[optind + 1], force, &err);
+	/* the old name must be a label (not a digest or a path) */
+	if (rc == MS_OK && rename)
+		rc = ms_inv_label_remove(inv, argv[optind], &err);
+	if (rename) {
+		struct ms_err e2 = {0};
+		int rc2 = ms_inv_batch_end(inv, rc == MS_OK, &e2);
+
+		if (rc == MS_OK && rc2 != MS_OK) {
+			rc = rc2;
+			err = e2;
+		}
+	}
+	if (rc == MS_OK)
+		printf("labelled %s %s\n", digest, argv[optind + 1]);
 	ms_inv_close(inv);
 	return cli_fail(rc, &err);
 }
@@ -1491,6 +1589,7 @@ static int cmd_export(int argc, char **argv)
 	int force = 0, jobs = 0, c, rc;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
+	struct cli_progress pr = {.what = "exporting (verify, then pack)"};
 	char digest[MS_STATE_DIGEST_LEN];
 
 	while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
@@ -1512,9 +1611,11 @@ static int cmd_export(int argc, char **argv)
 		return cli_usage(optind == argc ? "missing STATE" : "one STATE only");
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
 		rc = ms_export_state(inv, digest, out, force, jobs, &err);
+	cli_progress_end(&pr);
 	if (rc == MS_OK)
 		printf("exported\t%s\t%s\n", digest, out);
 	ms_inv_close(inv);
@@ -1536,6 +1637,7 @@ static int cmd_import(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *db = NULL;
+	struct cli_progress pr = {.what = "importing"};
 	int dry = 0, json = 0, c, rc;
 	struct ms_err err = {0};
 	struct ms_import_opts o;
@@ -1611,7 +1713,9 @@ static int cmd_import(int argc, char **argv)
 	o.stats = &stats;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_progress_inv(inv, &pr);
 	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	cli_progress_end(&pr);
 	/* "adopted": DIR was already there, complete, from an earlier run of
 	 * this import that stopped before registering it */
 	if (rc == MS_OK)
@@ -1833,38 +1937,82 @@ out:
 
 static const struct cli_cmd cmds[] = {
 	{"inspect", cmd_inspect, "inspect [--digests] [--file-digests] [--jobs N] [--json] PATH...",
-	 "print the tensors of safetensors files, checkpoints and adapters"},
-	{"init", cmd_init, "init [--db PATH]", "create the inventory database (or upgrade its schema)"},
+	 "print the tensors of safetensors files, checkpoints and adapters",
+	 "--digests\talso hash every tensor and header, and print the state digest\n"
+	 "--file-digests\talso the whole-file SHA-256 of every file\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"},
+	{"init", cmd_init, "init [--db PATH]", "create the inventory database (or upgrade its schema)",
+	 NULL},
 	{"add", cmd_add,
 	 "add [--db PATH] [--kind KIND] [--label LABEL] [--parent STATE]... [--op OPERATION] "
 	 "[--params JSON] [--ep-size N --ep-rank R] [--jobs N] [--rehash] [--file-digests] "
 	 "[--json] PATH...",
-	 "hash files, checkpoints or adapters and register them as a state"},
-	{"ls", cmd_ls, "ls [--db PATH] [--kind KIND] [--json]", "list the recorded states"},
+	 "hash files, checkpoints or adapters and register them as a state",
+	 "--kind KIND\tbase, quantized, adapter, adapter_shard or policy (default: what the files say)\n"
+	 "--label LABEL\ta name for the state (a state may have several)\n"
+	 "--parent STATE\tthe state it was made from (repeatable; needs --op)\n"
+	 "--op OPERATION\tquantize, dequantize, transpose, split, reshard, merge, train or compose\n"
+	 "--params JSON\tthe operation's parameters, a JSON object\n"
+	 "--ep-size N\tthe EP size of an adapter shard (with --ep-rank)\n"
+	 "--ep-rank R\tthe EP rank of an adapter shard (with --ep-size)\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--rehash\thash every file, even those recorded unchanged\n"
+	 "--file-digests\talso record the whole-file SHA-256 of every file\n"},
+	{"ls", cmd_ls, "ls [--db PATH] [--kind KIND] [--json]", "list the recorded states",
+	 "--kind KIND\tlist one kind only\n"},
 	{"show", cmd_show, "show [--db PATH] [--tensors] [--json] STATE",
-	 "everything recorded about a state"},
+	 "everything recorded about a state",
+	 "--tensors\talso every tensor of every file\n"},
 	{"lineage", cmd_lineage, "lineage [--db PATH] [--dot | --json] STATE",
-	 "the states a state was derived from and those derived from it"},
-	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states"},
+	 "the states a state was derived from and those derived from it",
+	 "--dot\tprint the graph in Graphviz dot\n"},
+	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states",
+	 NULL},
 	{"log", cmd_log, "log [--db PATH] [--check] [--json]",
-	 "the audit log of every change, and its chain check"},
-	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state"},
+	 "the audit log of every change, and its chain check",
+	 "--check\twalk the hash chain instead; exit 1 if an entry was edited, removed or reordered\n"},
+	{"rm", cmd_rm, "rm [--db PATH] [--force] STATE", "forget a state",
+	 "--force\talso when states were derived from it (their edges go)\n"},
+	{"label", cmd_label,
+	 "label [--db PATH] [--force] STATE LABEL | --rename OLD NEW | --delete LABEL",
+	 "give a state another label, rename a label, or forget one",
+	 "--force\tmove LABEL when it names another state\n"
+	 "--rename OLD NEW\tgive the state labelled OLD the label NEW and forget OLD\n"
+	 "--delete LABEL\tforget a label\n"},
 	{"gc", cmd_gc, "gc [--db PATH] [--dry-run] [DIR...]",
-	 "remove temporaries of interrupted writes and unused file records"},
+	 "remove temporaries of interrupted writes and unused file records",
+	 "--dry-run\tprint what would be removed\n"},
 	{"footprint", cmd_footprint, "footprint [--db PATH] [--json] PLAN",
-	 "the per-GPU memory of a run plan, by state and layout"},
+	 "the per-GPU memory of a run plan, by state and layout",
+	 NULL},
 	{"export", cmd_export, "export [--db PATH] [--force] [--jobs N] -o FILE.tar.zst STATE",
-	 "a state as one .tar.zst bundle"},
+	 "a state as one .tar.zst bundle",
+	 "--force\treplace an existing FILE.tar.zst\n"
+	 "--jobs N\thashing and compression threads (default: one per CPU)\n"
+	 "-o FILE.tar.zst\tthe bundle to write\n"},
 	{"import", cmd_import,
 	 "import [--db PATH] [--label LABEL] [--force] [--jobs N] [--max-bytes N] [--max-ratio N] "
 	 "[--dry-run] [--json] FILE.tar.zst DIR",
-	 "verify a bundle and register the state it holds"},
+	 "verify a bundle and register the state it holds",
+	 "--label LABEL\tthe label of the imported state (default: the bundle's)\n"
+	 "--force\treplace DIR when it holds a previous import or is empty\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--max-bytes N\trefuse a bundle declaring more bytes (default 1 TiB)\n"
+	 "--max-ratio N\trefuse more tar bytes per archive byte (default 1000)\n"
+	 "--dry-run\tcheck the manifest and print what would be extracted\n"},
 	{"launch", cmd_launch,
 	 "launch [--db PATH] [--dry-run] [--jobs N] [--trust-recent] --plan PLAN -- CMD [ARG...]",
-	 "verify every state of a plan, record the run, then run CMD"},
+	 "verify every state of a plan, record the run, then run CMD",
+	 "--dry-run\tverify and print the environment; run nothing, record nothing\n"
+	 "--jobs N\thashing threads (default: one per CPU)\n"
+	 "--trust-recent\ttrust a verification newer than the files instead of re-hashing\n"
+	 "--plan PLAN\tthe run plan: the states, their roles and the EP size\n"},
 	{"export-manifest", cmd_export_manifest,
 	 "export-manifest [--db PATH] [--force] [--sign KEY.pem] -o M.json STATE",
-	 "a state's files, tensors and digests as one JSON, optionally signed"},
+	 "a state's files, tensors and digests as one JSON, optionally signed",
+	 "--force\treplace an existing M.json\n"
+	 "--sign KEY.pem\talso sign it (M.json.sig, OpenSSF Model Signing)\n"
+	 "-o M.json\tthe manifest to write\n"},
 };
 
 int main(int argc, char **argv)

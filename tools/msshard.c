@@ -230,6 +230,8 @@ static void print_result(const char *op, const struct ms_shard_result *r, int dr
  * --no-register (see msshard(1)). */
 static const char *reg_db;
 static int reg_off;
+/* --label: the merged state gets LABEL, EP rank R's shard "LABEL/rankR" */
+static const char *reg_label;
 static int g_argc;
 static char **g_argv;
 
@@ -258,6 +260,8 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 		struct ms_inv_add_opts a;
 
 		ms_inv_add_opts_init(&a);
+		if (op == 1)
+			a.label = reg_label;
 		if ((rc = ms_inv_add_paths(inv, &input, 1, &a, parent, err)) != MS_OK || op == 1)
 			return rc;
 	} else if (op == 2) {
@@ -273,7 +277,7 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 		struct ms_inv_add_opts a;
 		uint64_t mark = ms_json_mark(); /* an addition below may fail silently */
 		cJSON *pj = cJSON_CreateObject(), *ids;
-		char *params;
+		char *params, label[MS_INV_MAX_LABEL + 32];
 		const char *path = f->path;
 
 		if (!pj)
@@ -298,6 +302,10 @@ static int reg_outputs(struct ms_inv *inv, int op, const char *input,
 			a.nparents = 1;
 			a.operation = ops[op];
 			a.params_json = params;
+		}
+		if (reg_label && f->rank != UINT32_MAX) {
+			snprintf(label, sizeof(label), "%s/rank%u", reg_label, f->rank);
+			a.label = label;
 		}
 		rc = ms_inv_add_paths(inv, &path, 1, &a, digest, err);
 		cJSON_free(params);
@@ -342,6 +350,7 @@ static int run_op(int op, int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "db", required_argument, NULL, 'D' },
 		{ "no-register", no_argument, NULL, 'R' },
+		{ "label", required_argument, NULL, 'L' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -397,6 +406,9 @@ static int run_op(int op, int argc, char **argv)
 		case 'R':
 			reg_off = 1;
 			break;
+		case 'L':
+			reg_label = optarg;
+			break;
 		case 'h':
 			return cli_help();
 		default:
@@ -410,6 +422,18 @@ static int run_op(int op, int argc, char **argv)
 		return cli_usage("-o is required");
 	if (op != OP_MERGE && o.ep_size == 0)
 		return cli_usage("--ep-size is required and must be at least 1");
+	if (reg_label && !o.dry_run && !reg_wanted())
+		return cli_usage("--label names the registered output: it needs an inventory (--db or MSINV_DB)");
+	if (reg_label) {
+		/* refused before any work: the label, and the longest rank's */
+		char longest[MS_INV_MAX_LABEL + 32];
+
+		snprintf(longest, sizeof(longest), "%s/rank%u", reg_label,
+			 o.ep_size ? o.ep_size - 1 : MS_EP_MAX_RANKS - 1);
+		if ((rc = ms_inv_label_check(reg_label, &err)) != MS_OK ||
+		    (op != OP_MERGE && (rc = ms_inv_label_check(longest, &err)) != MS_OK))
+			return cli_fail(rc, &err);
+	}
 	if (cli_progress_enabled() && !o.dry_run)
 		o.progress = progress;
 	/* open the inventory first: a missing one fails before any write */
@@ -461,16 +485,35 @@ static int cmd_reshard(int argc, char **argv)
 
 static const struct cli_cmd cmds[] = {
 	{ "plan", cmd_plan, "plan --experts E --ep-size N [--placement P] [--json]",
-	  "print the expert -> rank placement" },
+	  "print the expert -> rank placement",
+	  "--experts E\tthe number of experts\n"
+	  "--ep-size N\tthe number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n" },
 	{ "split", cmd_split,
 	  "split ADAPTER_OR_CHECKPOINT -o DIR --ep-size N [--placement P] [--dry-run] [--force] "
-	  "[--experts E] [--json] [--db PATH | --no-register]",
-	  "split an adapter or checkpoint into EP shards" },
-	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json] [--db PATH | --no-register]",
-	  "check a shard set and write the original layout back" },
+	  "[--experts E] [--json] [--label LABEL] [--db PATH | --no-register]",
+	  "split an adapter or checkpoint into EP shards",
+	  "-o DIR\tthe shard set to write\n"
+	  "--ep-size N\tthe number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n"
+	  "--dry-run\tprint the plan and write nothing\n"
+	  "--force\treplace an existing DIR\n"
+	  "--experts E\tthe number of experts, when the files do not say\n"
+	  "--label LABEL\tlabel rank R's shard LABEL/rankR\n" },
+	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json] [--label LABEL] [--db PATH | --no-register]",
+	  "check a shard set and write the original layout back",
+	  "-o OUT\tthe merged output to write\n"
+	  "--force\treplace an existing OUT\n"
+	  "--label LABEL\tthe label of the merged state\n" },
 	{ "reshard", cmd_reshard,
-	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json] [--db PATH | --no-register]",
-	  "check a shard set and re-split it for another EP size" },
+	  "reshard DIR -o OUT --ep-size M [--placement P] [--dry-run] [--force] [--json] [--label LABEL] [--db PATH | --no-register]",
+	  "check a shard set and re-split it for another EP size",
+	  "-o OUT\tthe new shard set to write\n"
+	  "--ep-size M\tthe new number of EP ranks\n"
+	  "--placement P\tcontiguous (default), round-robin or a map.json\n"
+	  "--dry-run\tprint the plan and write nothing\n"
+	  "--force\treplace an existing OUT\n"
+	  "--label LABEL\tlabel rank R's shard LABEL/rankR\n" },
 };
 
 int main(int argc, char **argv)

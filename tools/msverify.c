@@ -96,7 +96,7 @@ static int cmd_sign(int argc, char **argv)
 	const char *key = NULL, *sig = "model.sig";
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct cli_progress pr = {"hashing", 0};
+	struct cli_progress pr = {.what = "hashing"};
 	struct ms_err err = {0};
 	int json = 0, c, rc;
 
@@ -155,7 +155,7 @@ static int cmd_verify(int argc, char **argv)
 	const char *sig = NULL, *pub = NULL;
 	struct ms_oms_opts o = {0};
 	struct ms_oms_result r = {0};
-	struct cli_progress pr = {"hashing", 0};
+	struct cli_progress pr = {.what = "hashing"};
 	struct ms_err err = {0};
 	int json = 0, c, rc, status;
 
@@ -238,8 +238,10 @@ static int report_state(const struct ms_vstate *s, int rc, const struct ms_vrepo
 		return rc == MS_OK ? CLI_OK : CLI_CHECK;
 	}
 	if (rc == MS_OK) {
-		printf("ok\t%s\t%zu files\t%zu tensors\t%.1f MB\t%.2f s\n", name, r->nfiles,
-		       r->ntensors, (double)r->bytes / 1e6, r->seconds);
+		char b[MS_BYTES_STR_LEN];
+
+		printf("ok\t%s\t%zu files\t%zu tensors\t%s\t%.2f s\n", name, r->nfiles,
+		       r->ntensors, ms_bytes_str(r->bytes, b), r->seconds);
 		return CLI_OK;
 	}
 	for (size_t i = 0; i < r->nproblems; i++) {
@@ -413,7 +415,7 @@ static int cmd_files(int argc, char **argv)
 		goto done;
 	}
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
-	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK)
 		goto fail;
 	if (optind == argc) {
 		struct ms_inv_state *all = NULL;
@@ -814,7 +816,7 @@ static int cmd_policy(int argc, char **argv)
 	if (map && reg)
 		return cli_usage("--register needs the served files, not a tensor map");
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
-	    (rc = ms_inv_set_origin(inv, "msverify", argc, argv, &err)) != MS_OK)
+	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK)
 		goto out;
 	if (map) {
 		char *text = NULL;
@@ -1115,18 +1117,31 @@ fail:
 
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
-	 "re-hash states against the inventory or a manifest"},
+	 "re-hash states against the inventory or a manifest",
+	 "--manifest M.json\tcheck against an exported manifest instead of the inventory\n"
+	 "--sig SIG\tthe manifest's signature (with --pub)\n"
+	 "--pub KEY.pub\tthe public key the signature must verify with\n"},
 	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--jobs N] [--json] DIR | MANIFEST",
-	 "every expert on exactly one rank, with its own bytes"},
+	 "every expert on exactly one rank, with its own bytes",
+	 "--ep-size N\tthe EP size the set must have been made for\n"},
 	{"policy", cmd_policy,
 	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
-	 "which inventoried states a served policy is made of"},
+	 "which inventoried states a served policy is made of",
+	 "--register\trecord an identified policy as a state of kind policy\n"
+	 "--label LABEL\tthe label of the registered policy\n"},
 	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
-	 "check that an NVFP4 state decodes within bound of its source"},
+	 "check that an NVFP4 state decodes within bound of its source",
+	 "--max-rel-err X\tthe largest relative error allowed per tensor\n"
+	 "--source STATE\tthe source (a state or a path; default: the recorded parent)\n"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",
-	 "sign a model directory (OpenSSF Model Signing, EC key)"},
+	 "sign a model directory (OpenSSF Model Signing, EC key)",
+	 "--force\treplace an existing SIG\n"
+	 "-o SIG\tthe signature to write\n"
+	 "--key KEY.pem\tthe EC private key to sign with\n"},
 	{"verify", cmd_verify, "verify [--jobs N] [--json] --sig SIG --pub KEY.pub PATH",
-	 "verify a model directory against an OpenSSF Model Signing signature"},
+	 "verify a model directory against an OpenSSF Model Signing signature",
+	 "--sig SIG\tthe signature (a sigstore bundle)\n"
+	 "--pub KEY.pub\tthe public key it must verify with\n"},
 };
 
 int main(int argc, char **argv)

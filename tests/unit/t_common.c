@@ -169,7 +169,25 @@ static int test_json_parse_oom(void)
 #endif
 }
 
+/* The one size format of the tools' text output: exact bytes below 1 KiB,
+ * binary units with two decimals above, up to the largest uint64_t. */
+static int test_bytes_str(void)
+{
+	static const struct { uint64_t n; const char *want; } c[] = {
+		{0, "0 B"}, {1023, "1023 B"}, {1024, "1.00 KiB"}, {1536, "1.50 KiB"},
+		{(uint64_t)5 << 20, "5.00 MiB"}, {(uint64_t)3 << 29, "1.50 GiB"},
+		{(uint64_t)1 << 40, "1.00 TiB"}, {(uint64_t)1 << 50, "1.00 PiB"},
+		{UINT64_MAX, "16.00 EiB"},
+	};
+	char buf[MS_BYTES_STR_LEN];
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+		T_ASSERT_STR(ms_bytes_str(c[i].n, buf), c[i].want);
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_bytes_str),
 	T_CASE(test_json_parse_ok),
 	T_CASE(test_json_parse_malformed),
 	T_CASE(test_json_parse_length),

@@ -7,6 +7,7 @@
 #include "test.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,10 +17,12 @@
 #include <openssl/evp.h>
 #include <sqlite3.h>
 
+#include "fsutil.h"
 #include "inventory.h"
 
 static const char *QWEN = "hf/qwen3moe";
 static const char *QWEN_SHARDED = "hf/qwen3moe-sharded";
+#define FAKE_V1 "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 static char *fx(const char *rel)
 {
@@ -600,6 +603,180 @@ static int test_labels_refused(void)
 	return 0;
 }
 
+/* A state may have several labels (a second copy may come with its own);
+ * a label names one state, is moved only with force, and can be removed;
+ * states.label is the oldest; every change is in the audit log. */
+static int test_labels_several(void)
+{
+	struct ms_inv *inv = fresh("labels2.db");
+	struct ms_err err = {0};
+	struct ms_inv_add_opts o;
+	struct ms_inv_state *s = NULL;
+	char *one = fx(QWEN), *sh = fx(QWEN_SHARDED), *mx = fx("hf/mixtral");
+	char d[MS_STATE_DIGEST_LEN], d2[MS_STATE_DIGEST_LEN], dm[MS_STATE_DIGEST_LEN];
+	char r[MS_STATE_DIGEST_LEN];
+	int64_t n;
+
+	T_ASSERT(inv);
+	ms_inv_add_opts_init(&o);
+	o.label = "first";
+	T_ASSERT_EQ_INT(add1(inv, one, &o, d, &err), MS_OK);
+	/* the same state in other files, under another label: a second copy
+	 * and a second name (refused before) */
+	o.label = "second";
+	T_ASSERT_EQ_INT(add1(inv, sh, &o, d2, &err), MS_OK);
+	T_ASSERT_STR(d2, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "first", r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "second", r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_state_get(inv, d, &s, &err), MS_OK);
+	T_ASSERT_STR(s->label, "first");
+	T_ASSERT_STR(s->labels, "first second");
+	T_ASSERT_EQ_INT(s->ncopies, 2);
+	ms_inv_state_free(s);
+	s = NULL;
+
+	/* a label of another state: refused, then moved with force */
+	o.label = "mx";
+	T_ASSERT_EQ_INT(add1(inv, mx, &o, dm, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_label_add(inv, dm, "first", 0, &err), MS_EEXIST);
+	T_ASSERT(strstr(err.msg, "already names"));
+	T_ASSERT_EQ_INT(ms_inv_label_add(inv, dm, "has space", 0, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_inv_label_add(inv, dm, "first", 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "first", r, &err), MS_OK);
+	T_ASSERT_STR(r, dm);
+	T_ASSERT_EQ_INT(ms_inv_state_get(inv, d, &s, &err), MS_OK);
+	T_ASSERT_STR(s->label, "second");
+	T_ASSERT_STR(s->labels, "second");
+	ms_inv_state_free(s);
+	s = NULL;
+	/* again: nothing to do */
+	T_ASSERT_EQ_INT(ms_inv_label_add(inv, dm, "first", 0, &err), MS_OK);
+
+	/* a relabel: add and remove in one batch */
+	T_ASSERT_EQ_INT(ms_inv_batch_begin(inv, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_label_add(inv, d, "renamed", 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_label_remove(inv, "second", &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_batch_end(inv, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "second", r, &err), MS_ENOTFOUND);
+	T_ASSERT_EQ_INT(ms_inv_state_get(inv, d, &s, &err), MS_OK);
+	T_ASSERT_STR(s->label, "renamed");
+	ms_inv_state_free(s);
+	s = NULL;
+	T_ASSERT_EQ_INT(ms_inv_label_remove(inv, "renamed", &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_state_get(inv, d, &s, &err), MS_OK);
+	T_ASSERT(s->label == NULL && s->labels == NULL);
+	ms_inv_state_free(s);
+	T_ASSERT_EQ_INT(ms_inv_label_remove(inv, "renamed", &err), MS_ENOTFOUND);
+	T_ASSERT_EQ_INT(ms_inv_log_check(inv, &n, NULL, &err), MS_OK);
+	ms_inv_close(inv);
+	T_ASSERT_EQ_INT(raw_int("labels2.db", "SELECT count(*) FROM log WHERE action = 'unlabel'"), 2);
+	T_ASSERT_EQ_INT(raw_int("labels2.db", "SELECT count(*) FROM log WHERE action = 'label' AND "
+				"json_extract(detail, '$.from') IS NOT NULL"), 1);
+	/* left: "first" (moved) and "mx", both on the mixtral state */
+	T_ASSERT_EQ_INT(raw_int("labels2.db", "SELECT count(*) FROM labels"), 2);
+	ms_free(one);
+	ms_free(sh);
+	ms_free(mx);
+	return 0;
+}
+
+/* A path resolves to the state stored there: a directory to the state
+ * whose copy is its files, a file to the state it holds (alone or as part
+ * of one copy); a label wins over a path; an unrecorded path is not found. */
+static int test_resolve_paths(void)
+{
+	struct ms_inv *inv = fresh("paths.db");
+	struct ms_err err = {0};
+	struct ms_inv_add_opts o;
+	char *one = fx(QWEN), *sh = fx(QWEN_SHARDED), *mx = fx("hf/mixtral");
+	char *file = ms_path_join(one, "model.safetensors");
+	char *shard = ms_path_join(sh, "model-00001-of-00002.safetensors");
+	char *dots = ms_asprintf("%s/../qwen3moe/", one);
+	char d[MS_STATE_DIGEST_LEN], r[MS_STATE_DIGEST_LEN];
+
+	T_ASSERT(inv && file && shard && dots);
+	ms_inv_add_opts_init(&o);
+	T_ASSERT_EQ_INT(add1(inv, one, &o, d, &err), MS_OK);
+	T_ASSERT_EQ_INT(add1(inv, sh, &o, r, &err), MS_OK);
+	memset(r, 0, sizeof(r));
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, one, r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, dots, r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, file, r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, sh, r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	/* one file of a two-file copy */
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, shard, r, &err), MS_OK);
+	T_ASSERT_STR(r, d);
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, mx, r, &err), MS_ENOTFOUND);
+	T_ASSERT(strstr(err.msg, "no state"));
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, T_TMP, r, &err), MS_ENOTFOUND);
+	ms_inv_close(inv);
+	ms_free(one);
+	ms_free(sh);
+	ms_free(mx);
+	ms_free(file);
+	ms_free(shard);
+	ms_free(dots);
+	return 0;
+}
+
+/* An inventory of schema version 1 (labels in states.label, no working
+ * directories) is migrated: its labels resolve, its old log entries (no
+ * cwd) still check, the new ones carry the cwd. */
+static int test_migrate_from_v1(void)
+{
+	char *schema = ms_asprintf("%s/../../schema/0001-initial.sql", T_FIXTURES);
+	char *sql = NULL, *p = tmp("v1.db"), hash[65], r[MS_STATE_DIGEST_LEN], ins[1024];
+	struct ms_inv_log_entry e = {0};
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	size_t len;
+	int64_t n;
+
+	T_ASSERT_EQ_INT(ms_read_file(schema, 1 << 20, &sql, &len, &err), MS_OK);
+	unlink(p);
+	T_ASSERT_EQ_INT(raw_sql("v1.db", sql), SQLITE_OK);
+	e.seq = 1;
+	e.at = "2025-01-31T12:00:00.000000Z";
+	e.user = "u";
+	e.host = "h";
+	e.tool = "msinv";
+	e.argv = "[\"msinv\",\"init\"]";
+	e.action = "init";
+	e.subject = "v1.db";
+	e.detail = "{}";
+	e.prev_hash = "0000000000000000000000000000000000000000000000000000000000000000";
+	T_ASSERT_EQ_INT(ms_inv_log_hash(&e, hash), MS_OK);
+	snprintf(ins, sizeof(ins),
+		 "INSERT INTO log VALUES (1, '%s', 'u', 'h', 'msinv', '%s', 'init', 'v1.db', '{}', '%s', '%s');"
+		 "UPDATE log_head SET seq = 1, hash = '%s';"
+		 "INSERT INTO states (digest, kind, layout, label, ntensors, nbytes, tool, argv, user, host, created_at) "
+		 "VALUES ('" FAKE_V1 "', 'base', 'bf16', 'old-label', 0, 0, 't', '[]', 'u', 'h', 'x');"
+		 "PRAGMA application_id = %d; PRAGMA user_version = 1;",
+		 e.at, e.argv, e.prev_hash, hash, hash, MS_INV_APPLICATION_ID);
+	T_ASSERT_EQ_INT(raw_sql("v1.db", ins), SQLITE_OK);
+
+	T_ASSERT_EQ_INT(ms_inv_open(p, 0, &inv, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_schema_version(inv), ms_inv_schema_latest());
+	T_ASSERT_EQ_INT(ms_inv_resolve(inv, "old-label", r, &err), MS_OK);
+	T_ASSERT_STR(r, FAKE_V1);
+	T_ASSERT_EQ_INT(ms_inv_log_check(inv, &n, NULL, &err), MS_OK);
+	T_ASSERT_EQ_INT(n, 2);  /* init, migrate */
+	ms_inv_close(inv);
+	T_ASSERT_EQ_INT(raw_int("v1.db", "SELECT count(*) FROM log WHERE seq = 1 AND cwd IS NULL"), 1);
+	T_ASSERT_EQ_INT(raw_int("v1.db", "SELECT count(*) FROM log WHERE seq = 2 AND action = 'migrate' "
+				"AND cwd IS NOT NULL"), 1);
+	ms_free(sql);
+	ms_free(schema);
+	ms_free(p);
+	return 0;
+}
+
 /* ---- kinds and layouts ---------------------------------------------------------------------------- */
 
 static int add_kind(struct ms_inv *inv, const char *path, enum ms_inv_kind kind,
@@ -958,19 +1135,24 @@ static int test_log_chain_detects_tampering(void)
 static int oracle_entry(const struct ms_inv_log_entry *e, void *ctx)
 {
 	int *bad = ctx;
-	char seq[32], hex[65];
-	const char *f[10];
+	char seq[32], hex[65], cwd[PATH_MAX];
+	const char *f[11];
 	size_t total = 16;
 	char *buf, *p;
+	int nf = e->cwd ? 11 : 10;
 
+	/* every entry made by this build says where it ran */
+	if (!e->cwd || !getcwd(cwd, sizeof(cwd)) || strcmp(e->cwd, cwd))
+		(*bad)++;
 	snprintf(seq, sizeof(seq), "%lld", (long long)e->seq);
 	f[0] = e->prev_hash; f[1] = seq; f[2] = e->at; f[3] = e->user; f[4] = e->host;
 	f[5] = e->tool; f[6] = e->argv; f[7] = e->action; f[8] = e->subject; f[9] = e->detail;
-	for (int i = 0; i < 10; i++)
+	f[10] = e->cwd;
+	for (int i = 0; i < nf; i++)
 		total += strlen(f[i]) + 24;
 	p = buf = malloc(total);
 	p += sprintf(p, "msinv-log-v1\n");
-	for (int i = 0; i < 10; i++)
+	for (int i = 0; i < nf; i++)
 		p += sprintf(p, "%zu:%s\n", strlen(f[i]), f[i]);
 	sha256_hex(buf, (size_t)(p - buf), hex);
 	free(buf);
@@ -1349,6 +1531,9 @@ static const struct t_case cases[] = {
 	T_CASE(test_changed_file_is_rehashed_and_old_record_kept),
 	T_CASE(test_resolve_labels_and_prefixes),
 	T_CASE(test_labels_refused),
+	T_CASE(test_labels_several),
+	T_CASE(test_resolve_paths),
+	T_CASE(test_migrate_from_v1),
 	T_CASE(test_kind_and_layout_inference),
 	T_CASE(test_ep_shards),
 	T_CASE(test_lineage_edges_and_cycles),

@@ -36,8 +36,7 @@ run msinv add --label lora --parent base --op train --params '{"steps": 100}' ad
 run msinv inspect adapter | head -n 6
 
 step "2. quantize the base to NVFP4 (rowwise + columnwise, 2D blocks) and check it"
-run msconvert quantize base -o base-nvfp4 --recipe modelopt --block 2d --layout both
-run msinv add --label base-nvfp4 base-nvfp4
+run msconvert quantize base -o base-nvfp4 --recipe modelopt --block 2d --layout both --label base-nvfp4
 run msconvert stats base-nvfp4 --source base | tail -n 3
 run msverify quant base-nvfp4 --source base
 
@@ -57,9 +56,9 @@ run msinv footprint plan-ondemand.json
 
 step "4. split the adapter for EP=4, reshard to EP=2, merge back"
 run msshard plan --experts 8 --ep-size 4
-run msshard split adapter -o lora-ep4 --ep-size 4
-run msshard reshard lora-ep4 -o lora-ep2 --ep-size 2
-run msshard merge lora-ep2 -o lora-merged
+run msshard split adapter -o lora-ep4 --ep-size 4 --label lora-ep4
+run msshard reshard lora-ep4 -o lora-ep2 --ep-size 2 --label lora-ep2
+run msshard merge lora-ep2 -o lora-merged --label lora-merged
 run msverify ep lora-ep4
 orig=$(msinv inspect --digests adapter | tail -n 1)
 back=$(msinv inspect --digests lora-merged | tail -n 1)
