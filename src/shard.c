@@ -19,6 +19,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2314,6 +2315,12 @@ void ms_shard_result_free(struct ms_shard_result *r)
 	ms_free(r->files);
 	ms_free(r->manifest_path);
 	ms_ep_placement_free(r->placement);
+	for (size_t i = 0; i < r->nfaults; i++) {
+		ms_free(r->faults[i].tensor);
+		ms_free(r->faults[i].file);
+		ms_free(r->faults[i].msg);
+	}
+	ms_free(r->faults);
 	ms_free(r);
 }
 
@@ -3003,7 +3010,38 @@ struct sset {
 	char **names;                      /* [N] shard file names */
 	char (*sdig)[MS_STATE_DIGEST_LEN]; /* [N] the manifest's shard digests */
 	struct stensor **by_name;          /* src tensors sorted by name */
+	/* every fault found (a check goes on after the first) */
+	struct ms_ep_fault *faults;
+	size_t nfaults, capfaults;
+	uint64_t nfaults_more;
+	uint8_t *tbad;                     /* [src n] a fault names the tensor */
+	uint8_t *missing;                  /* [src n] an expert tensor absent
+					    * from its own rank */
+	uint32_t *rbad;                    /* [N] faults on each rank */
+	uint64_t *stray;                   /* (tensor << 32 | rank) of expert
+					    * tensors on another rank */
+	size_t nstray;
 };
+
+const char *ms_ep_fault_name(enum ms_ep_fault_kind kind)
+{
+	static const char *const names[] = {
+		"same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
+		"shape", "unknown", "replica", "digest", "state", "source",
+	};
+
+	return (size_t)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
+}
+
+static void faults_free(struct ms_ep_fault *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		ms_free(v[i].tensor);
+		ms_free(v[i].file);
+		ms_free(v[i].msg);
+	}
+	ms_free(v);
+}
 
 static void sset_release(struct sset *ss)
 {
@@ -3017,6 +3055,11 @@ static void sset_release(struct sset *ss)
 	ms_free(ss->names);
 	ms_free(ss->sdig);
 	ms_free(ss->by_name);
+	faults_free(ss->faults, ss->nfaults);
+	ms_free(ss->tbad);
+	ms_free(ss->missing);
+	ms_free(ss->rbad);
+	ms_free(ss->stray);
 	ms_ep_placement_free(ss->pl);
 	src_release(&ss->s);
 	cJSON_Delete(ss->m);
@@ -3282,7 +3325,162 @@ static const char *shard_label(const struct sset *ss, uint32_t r)
 	return ss->ck && ss->ck[r] ? ss->ck[r]->files[0]->path : ss->names[r];
 }
 
-/* One opened shard: metadata and tensor set. */
+/*
+ * Record a fault and go on checking: f gives the kind, tensor, file, ranks
+ * and experts (copied), fmt the one-line message; ti is the source tensor
+ * the fault is about (-1: none), so that checks derived from it (a state
+ * digest over that tensor, the reassembly) do not report it again.
+ */
+static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
+		     struct ms_err *err, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
+		     struct ms_err *err, const char *fmt, ...)
+{
+	const struct ms_ep_fault *f = &fv;
+	struct ms_ep_fault *x;
+	char msg[sizeof(err->msg)];
+	va_list ap;
+
+	if (ti >= 0 && ss->tbad)
+		ss->tbad[ti] = 1;
+	if (f->rank >= 0 && ss->rbad)
+		ss->rbad[f->rank]++;
+	if (f->kind == MS_EP_FAULT_MISPLACED && f->other_rank >= 0 && ss->rbad)
+		ss->rbad[f->other_rank]++;
+	if (ss->nfaults >= MS_EP_MAX_FAULTS) {
+		ss->nfaults_more++;
+		return MS_OK;
+	}
+	if (ss->nfaults == ss->capfaults) {
+		size_t cap = ss->capfaults ? 2 * ss->capfaults : 16;
+		struct ms_ep_fault *v = ms_realloc(ss->faults, cap * sizeof(*v));
+
+		if (!v)
+			return oom(err);
+		ss->faults = v;
+		ss->capfaults = cap;
+	}
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	x = &ss->faults[ss->nfaults];
+	*x = *f;
+	x->tensor = f->tensor ? ms_strdup(f->tensor) : NULL;
+	x->file = f->file ? ms_strdup(f->file) : NULL;
+	x->msg = ms_strdup(msg);
+	if ((f->tensor && !x->tensor) || (f->file && !x->file) || !x->msg) {
+		ms_free(x->tensor);
+		ms_free(x->file);
+		ms_free(x->msg);
+		return oom(err);
+	}
+	ss->nfaults++;
+	return MS_OK;
+}
+
+/* A fault template: kind, tensor, file, rank, expert, other expert, its rank. */
+static struct ms_ep_fault fault_of(enum ms_ep_fault_kind kind, const char *tensor, const char *file,
+				   int64_t rank, int64_t expert, int64_t other, int64_t orank)
+{
+	struct ms_ep_fault f = { kind, (char *)tensor, (char *)file, rank, expert, other, orank, NULL };
+
+	return f;
+}
+
+/* The verdict of a check: the first fault (and how many more) when any. */
+static int sset_verdict(const struct sset *ss, struct ms_err *err)
+{
+	uint64_t more;
+
+	if (!ss->nfaults)
+		return MS_OK;
+	more = ss->nfaults - 1 + ss->nfaults_more;
+	if (more)
+		return ms_err_set(err, MS_ECHECK, "%s (and %llu more fault%s)", ss->faults[0].msg,
+				  (unsigned long long)more, more > 1 ? "s" : "");
+	return ms_err_set(err, MS_ECHECK, "%s", ss->faults[0].msg);
+}
+
+/*
+ * The file tensor of shard r holding source tensor t, when it is there with
+ * the dtype and shape rank r should hold; NULL otherwise (a fault already
+ * recorded by sset_check_shard).
+ */
+static const struct ms_tensor *shard_tensor(const struct sset *ss, uint32_t r,
+					    const struct stensor *t)
+{
+	const struct ms_tensor *y;
+	uint64_t shape[MS_ST_MAX_RANK];
+
+	if (!ss->ck[r] || !(y = ms_st_find(ss->ck[r]->files[0], t->name)))
+		return NULL;
+	local_shape(t, ss->pl->first[r + 1] - ss->pl->first[r], shape);
+	if (y->dtype != t->dtype || y->ndim != t->ndim ||
+	    memcmp(y->shape, shape, t->ndim * sizeof(uint64_t)))
+		return NULL;
+	return y;
+}
+
+/*
+ * Expert tensors found on another rank than their own (stray) and missing
+ * from their own, once every shard that is opened was read: an expert that
+ * moved is misplaced, one on two ranks duplicated, one nowhere missing.
+ * With one rank opened (only >= 0) a stray one is only known to be loaded
+ * twice, and a missing one missing.
+ */
+static int sset_resolve_strays(struct sset *ss, int64_t only, struct ms_err *err)
+{
+	const struct ms_ep_placement *pl = ss->pl;
+	int rc;
+
+	for (size_t k = 0; k < ss->nstray; k++) {
+		uint32_t i = (uint32_t)(ss->stray[k] >> 32), r = (uint32_t)ss->stray[k];
+		const struct stensor *t = &ss->s.t[i];
+		uint32_t h = pl->rank_of[t->expert];
+		const char *f = shard_label(ss, r);
+
+		if (only < 0 && ss->missing[i] == 1) {
+			ss->missing[i] = 2;
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_MISPLACED, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d is misplaced: it is on rank %u, "
+				       "but the placement puts it on rank %u ('%s'), which lacks it",
+				       t->name, f, t->expert, r, h, shard_label(ss, h));
+		} else if (only < 0) {
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_DUPLICATE, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d is duplicated: rank %u holds it "
+				       "besides its own rank %u ('%s'): it would be loaded twice",
+				       t->name, f, t->expert, r, h, shard_label(ss, h));
+		} else {
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_DUPLICATE, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d belongs on rank %u, not %u: it "
+				       "would be loaded twice", t->name, f, t->expert, h, r);
+		}
+		if (rc != MS_OK)
+			return rc;
+	}
+	for (size_t i = 0; i < ss->s.n; i++) {
+		const struct stensor *t = &ss->s.t[i];
+		uint32_t h;
+
+		if (ss->missing[i] != 1)
+			continue;
+		h = pl->rank_of[t->expert];
+		if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_MISSING, t->name,
+								      shard_label(ss, h), h, t->expert,
+								      -1, -1),
+				    (int64_t)i, err, "tensor '%s' in '%s': missing: expert %d is placed "
+				    "on rank %u", t->name, shard_label(ss, h), t->expert, h)) != MS_OK)
+			return rc;
+	}
+	return MS_OK;
+}
+
+/* One opened shard: metadata (a difference is bad input, MS_EINVAL) and
+ * tensor set (each difference a fault; expert tensors on the wrong rank are
+ * noted for sset_resolve_strays). */
 static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 {
 	const struct ms_st_file *f = ss->ck[r]->files[0];
@@ -3290,7 +3488,6 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 	const char *v;
 	uint64_t x;
 	uint32_t l = pl->first[r + 1] - pl->first[r];
-	size_t want = 0;
 	struct ms_buf b;
 	int same;
 
@@ -3337,17 +3534,22 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 		const struct stensor *t = &ss->s.t[i];
 		const struct ms_tensor *y;
 		uint64_t shape[MS_ST_MAX_RANK];
+		int rc;
 
 		if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r)
 			continue;
-		want++;
 		y = ms_st_find(f, t->name);
 		if (!y) {
-			if (t->kind == TK_EXPERT)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': missing: expert %d "
-						  "is placed on rank %u", t->name, f->path, t->expert, r);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': missing", t->name,
-					  f->path);
+			if (t->kind == TK_EXPERT) {
+				ss->missing[i] = 1;
+				continue;
+			}
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_MISSING, t->name,
+									      f->path, r, -1, -1, -1),
+					    (int64_t)i, err, "tensor '%s' in '%s': missing", t->name,
+					    f->path)) != MS_OK)
+				return rc;
+			continue;
 		}
 		local_shape(t, l, shape);
 		if (y->dtype != t->dtype || y->ndim != t->ndim ||
@@ -3356,24 +3558,32 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 
 			shape_text(t->ndim, shape, want_s, sizeof(want_s));
 			ms_shape_str(y, got_s, sizeof(got_s));
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': %s %s, but rank %u should "
-					  "hold %s %s", t->name, f->path, ms_dtype_name(y->dtype),
-					  got_s, r, ms_dtype_name(t->dtype), want_s);
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_SHAPE, t->name,
+									      f->path, r, t->expert, -1, -1),
+					    (int64_t)i, err, "tensor '%s' in '%s': %s %s, but rank %u "
+					    "should hold %s %s", t->name, f->path, ms_dtype_name(y->dtype),
+					    got_s, r, ms_dtype_name(t->dtype), want_s)) != MS_OK)
+				return rc;
 		}
 	}
-	if (f->ntensors != want) {
-		for (size_t i = 0; i < f->ntensors; i++) {
-			const struct ms_tensor *y = &f->tensors[i];
-			const struct stensor *t = sset_find(ss, y->name);
+	for (size_t i = 0; i < f->ntensors; i++) {
+		const struct ms_tensor *y = &f->tensors[i];
+		const struct stensor *t = sset_find(ss, y->name);
+		int rc;
 
-			if (!t)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': not part of the "
-						  "source this set was split from", y->name, f->path);
-			if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': expert %d belongs "
-						  "on rank %u, not %u: it would be loaded twice",
-						  y->name, f->path, t->expert,
-						  pl->rank_of[t->expert], r);
+		if (!t) {
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_UNKNOWN, y->name,
+									      f->path, r, -1, -1, -1),
+					    -1, err, "tensor '%s' in '%s': not part of the source this "
+					    "set was split from", y->name, f->path)) != MS_OK)
+				return rc;
+		} else if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r) {
+			uint64_t *nv = ms_realloc(ss->stray, (ss->nstray + 1) * sizeof(*nv));
+
+			if (!nv)
+				return oom(err);
+			ss->stray = nv;
+			ss->stray[ss->nstray++] = (uint64_t)(t - ss->s.t) << 32 | r;
 		}
 	}
 	return MS_OK;
@@ -3388,19 +3598,17 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 	for (size_t i = 0; i < s->n; i++) {
 		struct stensor *t = &s->t[i];
 
+		/* a tensor missing or of the wrong shape (a fault already)
+		 * stays without bytes: what is there is still checked */
 		if (t->kind == TK_REPLICATED) {
 			for (uint32_t r = 0; r < pl->ep_size && !t->data; r++)
-				if (ss->ck[r]) {
-					t->st = ms_st_find(ss->ck[r]->files[0], t->name);
+				if ((t->st = shard_tensor(ss, r, t)))
 					t->data = t->st->data;
-				}
 		} else if (t->kind == TK_EXPERT) {
 			uint32_t r = pl->rank_of[t->expert];
 
-			if (ss->ck[r]) {
-				t->st = ms_st_find(ss->ck[r]->files[0], t->name);
+			if ((t->st = shard_tensor(ss, r, t)))
 				t->data = t->st->data;
-			}
 		} else {
 			t->edata = ms_calloc(s->E, sizeof(*t->edata));
 			t->epos = ms_calloc(s->E, sizeof(*t->epos));
@@ -3409,11 +3617,12 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 				return oom(err);
 			for (uint32_t e = 0; e < s->E; e++) {
 				uint32_t r = pl->rank_of[e];
+				const struct ms_tensor *y;
 
 				t->epos[e] = pl->local_of[e];
 				t->en[e] = pl->first[r + 1] - pl->first[r];
-				if (ss->ck[r])
-					t->edata[e] = ms_st_find(ss->ck[r]->files[0], t->name)->data;
+				if ((y = shard_tensor(ss, r, t)))
+					t->edata[e] = y->data;
 			}
 		}
 	}
@@ -3424,28 +3633,103 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 #define V_SHARDS 1u     /* each shard's state digest: whole sliced tensors hashed */
 #define V_REASSEMBLE 2u /* sliced tensors put back together: the source's digests */
 
-/* Expert `held` on its rank carries the canonical bytes of expert `src`:
- * the same expert block under two global ids, the signature of a warm start
- * that ignored expert parallelism. */
-static int dup_block(const struct sset *ss, const char *tensor, uint32_t held, uint32_t src,
-		     struct ms_err *err)
+/* Record indices ordered by the digest the manifest gives each slice. */
+static int cmp_rec_want(const void *a, const void *b, void *ctx)
 {
-	const struct ms_ep_placement *pl = ss->pl;
-	uint32_t r = pl->rank_of[held], rs = pl->rank_of[src];
+	const struct srec *rec = ctx;
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	int c = memcmp(rec[x].want, rec[y].want, MS_SHA256_LEN);
 
-	return ms_err_set(err, MS_ECHECK,
-			  "tensor '%s': the same expert block appears under different global expert "
-			  "ids: rank %u ('%s') holds the bytes of global expert %u (rank %u) as expert %u: "
-			  "every rank loaded the same block instead of its own experts",
-			  tensor, r, shard_label(ss, r), src, rs, held);
+	return c ? c : (x > y) - (x < y);
+}
+
+/* The slice of another expert of the same layer, parameter and part as r
+ * whose manifest digest is d (idx: cmp_rec_want order); NULL if none. */
+static const struct srec *rec_by_want(const struct src *s, const uint32_t *idx,
+				      const struct srec *r, const uint8_t *d)
+{
+	const struct stensor *tr = &s->t[r->tensor];
+	size_t lo = 0, hi = s->nrec;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (memcmp(s->rec[idx[mid]].want, d, MS_SHA256_LEN) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < s->nrec && !memcmp(s->rec[idx[lo]].want, d, MS_SHA256_LEN); lo++) {
+		const struct srec *q = &s->rec[idx[lo]];
+		const struct stensor *tq = &s->t[q->tensor];
+
+		if (q->expert != r->expert && tq->layer == tr->layer && !strcmp(tq->param, tr->param) &&
+		    !strcmp(tq->part, tr->part))
+			return q;
+	}
+	return NULL;
 }
 
 /*
- * Bytes against digests, most precise complaint first, once the jobs of
- * sset_jobs ran. Every byte of the opened shards is checked: replicated
- * and per-expert tensors by their digests, sliced tensors through every
- * expert's canonical slices. With V_SHARDS also the shards' state digests,
- * with V_REASSEMBLE the source digests of the sliced tensors.
+ * An expert slice whose bytes are not the manifest's, described by whose
+ * they are: the bytes of an expert placed on another rank (the same block
+ * loaded under two global ids, the signature of a warm start that ignored
+ * expert parallelism), of a partner on the same rank holding this one's
+ * (a swap, reported once per pair), of another expert of the same rank,
+ * or of no expert at all (a plain digest mismatch).
+ */
+static int slice_fault(struct sset *ss, const uint32_t *idx, const struct srec *r,
+		       struct ms_err *err)
+{
+	const struct src *s = &ss->s;
+	const struct ms_ep_placement *pl = ss->pl;
+	const struct stensor *t = &s->t[r->tensor];
+	const struct srec *q = rec_by_want(s, idx, r, r->got);
+	uint32_t rank = pl->rank_of[r->expert], qrank;
+	const char *f = shard_label(ss, rank);
+	struct ms_ep_fault tf;
+
+	if (!q) {
+		tf = fault_of(MS_EP_FAULT_DIGEST, t->name, f, rank, r->expert, -1, -1);
+		return fault_add(ss, tf, r->tensor, err, "tensor '%s' in '%s': expert %u of '%s' (%s): "
+				 "digest does not match the manifest", t->name, f, r->expert, t->param,
+				 t->part);
+	}
+	qrank = pl->rank_of[q->expert];
+	if (qrank != rank) {
+		tf = fault_of(MS_EP_FAULT_SAME_BLOCK, t->name, f, rank, r->expert, q->expert, qrank);
+		return fault_add(ss, tf, r->tensor, err,
+				 "tensor '%s': the same expert block appears under different global "
+				 "expert ids: rank %u ('%s') holds the bytes of global expert %u (rank %u) "
+				 "as expert %u: every rank loaded the same block instead of its own "
+				 "experts", t->name, rank, f, q->expert, qrank, r->expert);
+	}
+	if (q->has_got && !memcmp(q->got, r->want, MS_SHA256_LEN)) {
+		/* the partner reports the pair when its expert id is lower */
+		if (q->expert < r->expert) {
+			ss->tbad[r->tensor] = 1;
+			ss->rbad[rank]++;
+			return MS_OK;
+		}
+		tf = fault_of(MS_EP_FAULT_SWAP, t->name, f, rank, r->expert, q->expert, rank);
+		return fault_add(ss, tf, r->tensor, err,
+				 "tensor '%s' in '%s': experts %u and %u of rank %u are swapped: each "
+				 "holds the other's bytes", t->name, f, r->expert, q->expert, rank);
+	}
+	tf = fault_of(MS_EP_FAULT_WRONG_EXPERT, t->name, f, rank, r->expert, q->expert, rank);
+	return fault_add(ss, tf, r->tensor, err,
+			 "tensor '%s' in '%s': expert %u holds the bytes of expert %u, which rank %u "
+			 "also holds", t->name, f, r->expert, q->expert, rank);
+}
+
+/*
+ * Bytes against digests, once the jobs of sset_jobs ran; every fault is
+ * recorded (fault_add) and the check goes on. Every byte of the opened
+ * shards is checked: replicated tensors by their digests, routed experts
+ * through every expert's canonical slices (a per-expert tensor's is its
+ * digest). With V_SHARDS also the state digest of each shard without a
+ * fault of its own, with V_REASSEMBLE (when nothing else failed) the
+ * source digests of the sliced tensors.
  */
 static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 {
@@ -3453,100 +3737,108 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 	const struct ms_ep_placement *pl = ss->pl;
 	char hex1[65], hex2[65];
 	uint8_t *buf = NULL;
-	uint32_t *all = NULL;
+	uint32_t *all = NULL, *idx = NULL;
+	struct ms_ep_fault tf;
 	int rc = MS_OK;
 
 	for (size_t i = 0; i < s->n; i++) {
 		const struct stensor *t = &s->t[i];
-		const struct ms_tensor *ref = NULL;
-		uint32_t rref = 0;
+		const struct ms_tensor *ref = NULL, *good = NULL;
+		uint32_t rref = 0, rgood = 0;
 
 		if (t->kind != TK_REPLICATED)
 			continue;
 		for (uint32_t r = 0; r < pl->ep_size; r++) {
-			const struct ms_tensor *y;
+			const struct ms_tensor *y = shard_tensor(ss, r, t);
 
-			if (!ss->ck[r])
-				continue;
-			y = ms_st_find(ss->ck[r]->files[0], t->name);
-			if (!ref) {
+			if (y && !ref) {
 				ref = y;
 				rref = r;
-			} else if (memcmp(y->digest, ref->digest, MS_SHA256_LEN)) {
-				return ms_err_set(err, MS_ECHECK, "tensor '%s': replicas differ between rank "
-						  "%u ('%s') and rank %u ('%s')", t->name, rref,
-						  shard_label(ss, rref), r, shard_label(ss, r));
+			}
+			if (y && !good && !memcmp(y->digest, t->digest, MS_SHA256_LEN)) {
+				good = y;
+				rgood = r;
 			}
 		}
-		if (ref && memcmp(ref->digest, t->digest, MS_SHA256_LEN)) {
-			ms_hex(ref->digest, MS_SHA256_LEN, hex1);
-			ms_hex(t->digest, MS_SHA256_LEN, hex2);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': digest %s, but the manifest "
-					  "says %s", t->name, shard_label(ss, rref), hex1, hex2);
-		}
-	}
-	for (size_t i = 0; i < s->n; i++) {
-		const struct stensor *t = &s->t[i];
+		for (uint32_t r = 0; r < pl->ep_size; r++) {
+			const struct ms_tensor *y = shard_tensor(ss, r, t);
 
-		if (t->kind == TK_EXPERT && t->st && memcmp(t->st->digest, t->digest, MS_SHA256_LEN)) {
-			/* the bytes of another expert of the same parameter: the
-			 * failure this checker exists for, named as such */
-			for (size_t j = 0; j < s->n; j++) {
-				const struct stensor *u = &s->t[j];
-
-				if (j == i || u->kind != TK_EXPERT || u->layer != t->layer ||
-				    u->expert == t->expert || strcmp(u->param, t->param) ||
-				    strcmp(u->part, t->part) || memcmp(u->digest, t->st->digest, MS_SHA256_LEN))
-					continue;
-				return dup_block(ss, t->name, (uint32_t)t->expert, (uint32_t)u->expert, err);
+			if (!y || !memcmp(y->digest, t->digest, MS_SHA256_LEN))
+				continue;
+			if (good) {
+				tf = fault_of(MS_EP_FAULT_REPLICA, t->name, shard_label(ss, r), r, -1, -1,
+					      rgood);
+				rc = fault_add(ss, tf, (int64_t)i, err, "tensor '%s': replicas differ "
+					       "between rank %u ('%s') and rank %u ('%s'): rank %u's are "
+					       "not the manifest's", t->name, rgood, shard_label(ss, rgood),
+					       r, shard_label(ss, r), r);
+			} else if (r == rref || memcmp(y->digest, ref->digest, MS_SHA256_LEN)) {
+				/* no rank has the manifest's bytes: one fault per
+				 * distinct wrong copy */
+				ms_hex(y->digest, MS_SHA256_LEN, hex1);
+				ms_hex(t->digest, MS_SHA256_LEN, hex2);
+				tf = fault_of(r == rref ? MS_EP_FAULT_DIGEST : MS_EP_FAULT_REPLICA, t->name,
+					      shard_label(ss, r), r, -1, -1, -1);
+				rc = r == rref ? fault_add(ss, tf, (int64_t)i, err, "tensor '%s' in '%s': "
+							   "digest %s, but the manifest says %s", t->name,
+							   shard_label(ss, r), hex1, hex2)
+					       : fault_add(ss, tf, (int64_t)i, err, "tensor '%s': replicas "
+							   "differ between rank %u ('%s') and rank %u "
+							   "('%s')", t->name, rref,
+							   shard_label(ss, rref), r, shard_label(ss, r));
 			}
-			ms_hex(t->st->digest, MS_SHA256_LEN, hex1);
-			ms_hex(t->digest, MS_SHA256_LEN, hex2);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': digest %s, but the manifest "
-					  "says %s", t->name, t->st->file->path, hex1, hex2);
+			if (rc != MS_OK)
+				return rc;
 		}
 	}
 	for (size_t i = 0; i < s->nrec; i++) {
 		const struct srec *r = &s->rec[i];
-		const struct stensor *t = &s->t[r->tensor];
-		uint32_t rank = pl->rank_of[r->expert];
 
-		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN)) {
-			for (size_t j = 0; j < s->nrec; j++) {
-				const struct srec *q = &s->rec[j];
-
-				if (q->tensor == r->tensor && q->expert != r->expert && q->has_want &&
-				    !memcmp(q->want, r->got, MS_SHA256_LEN))
-					return dup_block(ss, t->name, r->expert, q->expert, err);
+		if (!r->has_got || !r->has_want || !memcmp(r->got, r->want, MS_SHA256_LEN))
+			continue;
+		if (!idx) {
+			if (!(idx = ms_malloc(s->nrec * sizeof(*idx)))) {
+				rc = oom(err);
+				goto out;
 			}
+			for (size_t k = 0; k < s->nrec; k++)
+				idx[k] = (uint32_t)k;
+			qsort_r(idx, s->nrec, sizeof(*idx), cmp_rec_want, s->rec);
 		}
-		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN))
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': expert %u of '%s' (%s): "
-					  "digest does not match the manifest", t->name,
-					  shard_label(ss, rank), r->expert, t->param, t->part);
+		if ((rc = slice_fault(ss, idx, r, err)) != MS_OK)
+			goto out;
 	}
 	for (uint32_t r = 0; (what & V_SHARDS) && r < pl->ep_size; r++) {
 		char d[MS_STATE_DIGEST_LEN];
 
-		if (!ss->ck[r])
+		if (!ss->ck[r] || ss->rbad[r])
 			continue;
 		if ((rc = ms_state_digest(ss->ck[r]->tensors, ss->ck[r]->ntensors, d, err)) != MS_OK)
-			return rc;
-		if (strcmp(d, ss->sdig[r]))
-			return ms_err_set(err, MS_ECHECK, "'%s': state digest %s, but the manifest says %s",
-					  shard_label(ss, r), d, ss->sdig[r]);
+			goto out;
+		tf = fault_of(MS_EP_FAULT_STATE, NULL, shard_label(ss, r), r, -1, -1, -1);
+		if (strcmp(d, ss->sdig[r]) &&
+		    (rc = fault_add(ss, tf, -1, err, "'%s': state digest %s, but the manifest says %s",
+				    shard_label(ss, r), d, ss->sdig[r])) != MS_OK)
+			goto out;
 	}
 	{
 		char d[MS_STATE_DIGEST_LEN];
 
 		if ((rc = src_state_digest(s, d, err)) != MS_OK)
-			return rc;
-		if (strcmp(d, s->digest))
-			return ms_err_set(err, MS_ECHECK, "'%s': its tensors make state %s, but it says the "
-					  "source is %s", ss->mpath, d, s->digest);
+			goto out;
+		tf = fault_of(MS_EP_FAULT_SOURCE, NULL, ss->mpath, -1, -1, -1, -1);
+		if (strcmp(d, s->digest) &&
+		    (rc = fault_add(ss, tf, -1, err, "'%s': its tensors make state %s, but it says the "
+				    "source is %s", ss->mpath, d, s->digest)) != MS_OK)
+			goto out;
+	}
+	/* bytes missing or already found wrong: nothing to put back together */
+	if (ss->nfaults || ss->nfaults_more) {
+		rc = sset_verdict(ss, err);
+		goto out;
 	}
 	if (!(what & V_REASSEMBLE))
-		return MS_OK;
+		goto out;
 	/* The sliced tensors put back together must be the source's. */
 	buf = ms_malloc(CHUNK);
 	all = ms_malloc((size_t)s->E * sizeof(*all));
@@ -3573,15 +3865,17 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 		ms_sha256_free(c);
 		if (rc != MS_OK)
 			goto out;
-		if (memcmp(d, t->digest, MS_SHA256_LEN)) {
-			rc = ms_err_set(err, MS_ECHECK, "tensor '%s': the shards put back together differ "
-					"from the manifest's digest", t->name);
+		tf = fault_of(MS_EP_FAULT_SOURCE, t->name, ss->mpath, -1, -1, -1, -1);
+		if (memcmp(d, t->digest, MS_SHA256_LEN) &&
+		    (rc = fault_add(ss, tf, (int64_t)i, err, "tensor '%s': the shards put back together "
+				    "differ from the manifest's digest", t->name)) != MS_OK)
 			goto out;
-		}
 	}
+	rc = sset_verdict(ss, err);
 out:
 	ms_free(buf);
 	ms_free(all);
+	ms_free(idx);
 	return rc;
 }
 
@@ -3799,7 +4093,10 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	ss->ck = ms_calloc(n, sizeof(*ss->ck));
 	ss->names = ms_calloc(n, sizeof(*ss->names));
 	ss->sdig = ms_calloc(n, sizeof(*ss->sdig));
-	if (!ss->ck || !ss->names || !ss->sdig)
+	ss->rbad = ms_calloc(n, sizeof(*ss->rbad));
+	ss->tbad = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
+	ss->missing = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
+	if (!ss->ck || !ss->names || !ss->sdig || !ss->rbad || !ss->tbad || !ss->missing)
 		return oom(err);
 	v = 0;
 	cJSON_ArrayForEach(x, shards) {
@@ -3848,9 +4145,10 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		if ((rc = sset_check_shard(ss, r, err)) != MS_OK)
 			return rc;
 	}
-	if ((rc = sset_point(ss, err)) != MS_OK)
+	if ((rc = sset_resolve_strays(ss, only, err)) != MS_OK ||
+	    (rc = sset_point(ss, err)) != MS_OK)
 		return rc;
-	return hash ? sset_hash_verify(ss, nthreads, what, err) : MS_OK;
+	return hash ? sset_hash_verify(ss, nthreads, what, err) : sset_verdict(ss, err);
 }
 
 static int sset_result(const struct sset *ss, struct ms_shard_result **out, struct ms_err *err)
@@ -3898,8 +4196,23 @@ int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 	if (out)
 		*out = NULL;
 	rc = sset_open(dir, -1, 0, 1, V_SHARDS | V_REASSEMBLE, o ? o->nthreads : 0, &ss, err);
-	if (rc == MS_OK && out)
-		rc = sset_result(&ss, out, err);
+	if ((rc == MS_OK || (rc == MS_ECHECK && ss.nfaults)) && out) {
+		struct ms_err e2 = { 0 };
+		int r2 = sset_result(&ss, out, rc == MS_OK ? err : &e2);
+
+		if (r2 != MS_OK) {
+			if (rc != MS_OK)
+				*err = e2;
+			rc = r2;
+		} else if (rc == MS_ECHECK) {
+			/* the faults go with the result */
+			(*out)->faults = ss.faults;
+			(*out)->nfaults = ss.nfaults;
+			(*out)->nfaults_more = ss.nfaults_more;
+			ss.faults = NULL;
+			ss.nfaults = 0;
+		}
+	}
 	sset_release(&ss);
 	return rc;
 }

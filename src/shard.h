@@ -172,6 +172,62 @@ struct ms_shard_out_file {
 };
 
 /*
+ * One fault a check of a shard set found (ms_shard_check reports them all).
+ * Kinds, from the most telling:
+ *   SAME_BLOCK  an expert holds the bytes of an expert placed on another
+ *               rank: a warm start that ignored EP loaded one block everywhere
+ *   SWAP        two experts of one rank hold each other's bytes
+ *   WRONG_EXPERT an expert holds the bytes of another expert of its own rank
+ *               (not a swap: a shift or a copy within the rank)
+ *   MISSING     a tensor the rank should hold is not there
+ *   DUPLICATE   an expert's tensor is on its own rank and on another one:
+ *               it would be loaded twice
+ *   MISPLACED   an expert's tensor is on another rank than the placement's,
+ *               and not on its own
+ *   SHAPE       a tensor with another dtype or shape than the rank's
+ *   UNKNOWN     a tensor that is not part of the source
+ *   REPLICA     a replicated tensor differs between ranks
+ *   DIGEST      bytes that match neither the manifest nor any other expert
+ *   STATE       a shard's state digest is not the manifest's
+ *   SOURCE      the manifest's tensors are not its source state, or the
+ *               shards put back together are not the source's tensors
+ */
+enum ms_ep_fault_kind {
+	MS_EP_FAULT_SAME_BLOCK,
+	MS_EP_FAULT_SWAP,
+	MS_EP_FAULT_WRONG_EXPERT,
+	MS_EP_FAULT_MISSING,
+	MS_EP_FAULT_DUPLICATE,
+	MS_EP_FAULT_MISPLACED,
+	MS_EP_FAULT_SHAPE,
+	MS_EP_FAULT_UNKNOWN,
+	MS_EP_FAULT_REPLICA,
+	MS_EP_FAULT_DIGEST,
+	MS_EP_FAULT_STATE,
+	MS_EP_FAULT_SOURCE,
+};
+
+/* "same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
+ * "shape", "unknown", "replica", "digest", "state", "source". */
+const char *ms_ep_fault_name(enum ms_ep_fault_kind kind);
+
+struct ms_ep_fault {
+	enum ms_ep_fault_kind kind;
+	char *tensor;           /* NULL for a fault of a whole shard or set */
+	char *file;             /* the shard (or manifest) it is in */
+	int64_t rank;           /* the rank it is on; -1 when not one rank */
+	int64_t expert;         /* the global expert concerned; -1 if none */
+	int64_t other_expert;   /* the expert whose bytes it holds, the swap
+				 * partner; -1 if none */
+	int64_t other_rank;     /* the rank of other_expert, or where the
+				 * placement puts a misplaced expert; -1 */
+	char *msg;              /* the one-line description */
+};
+
+/* At most this many faults are kept; nfaults_more counts the rest. */
+#define MS_EP_MAX_FAULTS 100000u
+
+/*
  * What an operation produced: everything an inventory needs to register
  * the outputs (kind, source digest, placement, one entry per shard with
  * its rank, experts and state digest), in one place.
@@ -188,6 +244,11 @@ struct ms_shard_result {
 	char *manifest_path;  /* written manifest; NULL for merge and dry runs */
 	size_t nfiles;
 	struct ms_shard_out_file *files;
+	/* ms_shard_check that failed a check (MS_ECHECK): every fault, in
+	 * the order found (the first is also the error's message) */
+	size_t nfaults;
+	struct ms_ep_fault *faults;
+	uint64_t nfaults_more;
 };
 
 void ms_shard_result_free(struct ms_shard_result *r);
@@ -232,8 +293,11 @@ int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard
  * tensors with the manifest's digests, whose state digest is the source's.
  * Returns MS_EINVAL for a malformed or incomplete set (missing shard, one
  * from another EP size, a rank given twice), MS_ECHECK when bytes differ
- * (a replica that differs, a digest the manifest gets wrong).
- * o may be NULL; out (may be NULL) describes the set.
+ * (a replica that differs, a digest the manifest gets wrong) or a shard
+ * holds the wrong tensors. A check does not stop at the first fault: every
+ * rank and every tensor is checked, and on MS_ECHECK *out (when out is
+ * given) describes the set with every fault found (faults above; err holds
+ * the first). o may be NULL; out (may be NULL) describes the set.
  */
 int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err);

@@ -970,6 +970,75 @@ out:
 
 /* ---- ep ----------------------------------------------------------------- */
 
+/* One fault of a shard set as a JSON object in arr; nonzero when out of memory. */
+static int ep_json_fault(cJSON *arr, const struct ms_ep_fault *f)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (!o || !cJSON_AddItemToArray(arr, o))
+		return cJSON_Delete(o), -1;
+	if (!cJSON_AddStringToObject(o, "kind", ms_ep_fault_name(f->kind)) ||
+	    !cJSON_AddStringToObject(o, "message", f->msg) ||
+	    (f->tensor && !cJSON_AddStringToObject(o, "tensor", f->tensor)) ||
+	    (f->file && !cJSON_AddStringToObject(o, "file", f->file)) ||
+	    (f->rank >= 0 && !cJSON_AddNumberToObject(o, "rank", (double)f->rank)) ||
+	    (f->expert >= 0 && !cJSON_AddNumberToObject(o, "expert", (double)f->expert)) ||
+	    (f->other_expert >= 0 && !cJSON_AddNumberToObject(o, "other_expert", (double)f->other_expert)) ||
+	    (f->other_rank >= 0 && !cJSON_AddNumberToObject(o, "other_rank", (double)f->other_rank)))
+		return -1;
+	return 0;
+}
+
+/* A fault found by the tool (EP size, inventory) rather than the library. */
+static int ep_json_other(cJSON *arr, const char *kind, const char *file, int64_t rank, const char *msg)
+{
+	struct ms_ep_fault f = { MS_EP_FAULT_DIGEST, NULL, (char *)file, rank, -1, -1, -1, (char *)msg };
+	cJSON *o;
+
+	if (ep_json_fault(arr, &f))
+		return -1;
+	o = cJSON_GetArrayItem(arr, cJSON_GetArraySize(arr) - 1);
+	return cJSON_ReplaceItemInObjectCaseSensitive(o, "kind", cJSON_CreateString(kind)) ? 0 : -1;
+}
+
+/* The document --json prints when the check could not run (bad input, I/O):
+ * the result, the exit status and the message stderr has too. */
+static void ep_json_error(const char *dir, int rc, const struct ms_err *err)
+{
+	cJSON *o = cJSON_CreateObject();
+	char *t;
+
+	if (!o)
+		return;
+	cJSON_AddStringToObject(o, "result", "error");
+	cJSON_AddStringToObject(o, "path", dir ? dir : "");
+	cJSON_AddNumberToObject(o, "exit", ms_exit_code(rc));
+	cJSON_AddStringToObject(o, "error", err->msg);
+	if ((t = cJSON_Print(o)))
+		puts(t);
+	cJSON_free(t);
+	cJSON_Delete(o);
+}
+
+/* The document --json prints for a failed check that names one fault only. */
+static int ep_json_fault_only(const char *dir, const struct ms_err *err)
+{
+	cJSON *o = cJSON_CreateObject(), *arr = o ? cJSON_AddArrayToObject(o, "faults") : NULL;
+	char *t = NULL;
+
+	if (arr && cJSON_AddStringToObject(o, "result", "fail") && cJSON_AddStringToObject(o, "path", dir) &&
+	    !ep_json_other(arr, "check", NULL, -1, err->msg))
+		t = cJSON_Print(o);
+	cJSON_Delete(o);
+	if (!t) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	puts(t);
+	cJSON_free(t);
+	return CLI_OK;
+}
+
 static int cmd_ep(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -988,7 +1057,7 @@ static int cmd_ep(int argc, char **argv)
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	char *dir = NULL;
-	cJSON *root = NULL;
+	cJSON *root = NULL, *faults = NULL;
 
 	memset(&o, 0, sizeof(o));
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -1024,16 +1093,33 @@ static int cmd_ep(int argc, char **argv)
 	}
 	rc = ms_shard_check(dir, &o, &res, &err);
 	if (rc == MS_ECHECK) {
-		/* bytes differ: a check result, one line naming what */
-		cli_errorf("'%s': %s", dir, err.msg);
-		free(dir);
-		return CLI_CHECK;
-	}
-	if (rc != MS_OK)
+		/* bytes or tensors differ: a check result, one line per fault */
+		status = CLI_CHECK;
+		if (!res) {
+			cli_errorf("'%s': %s", dir, err.msg);
+			if (json && ep_json_fault_only(dir, &err) != CLI_OK)
+				status = CLI_IO;
+			free(dir);
+			return status;
+		}
+		for (size_t i = 0; i < res->nfaults; i++)
+			cli_errorf("'%s': %s", dir, res->faults[i].msg);
+		if (res->nfaults_more)
+			cli_errorf("'%s': %llu more faults not listed", dir,
+				   (unsigned long long)res->nfaults_more);
+	} else if (rc != MS_OK) {
 		goto fail;
+	}
+	if (!(root = cJSON_CreateObject()) || !(faults = cJSON_CreateArray()))
+		goto nomem;
+	for (size_t i = 0; i < res->nfaults; i++)
+		if (ep_json_fault(faults, &res->faults[i]))
+			goto nomem;
 	if (want_n && res->ep_size != want_n) {
 		cli_errorf("'%s': shards for EP=%u, the run uses EP=%llu: run 'msshard reshard --ep-size %llu'",
 			   dir, res->ep_size, (unsigned long long)want_n, (unsigned long long)want_n);
+		if (ep_json_other(faults, "ep-size", NULL, -1, "the shards are for another EP size"))
+			goto nomem;
 		status = CLI_CHECK;
 	}
 	/* with an inventory, each shard must be the state recorded for it */
@@ -1048,9 +1134,13 @@ static int cmd_ep(int argc, char **argv)
 			if (r2 == MS_ENOTFOUND) {
 				cli_errorf("'%s': rank %u: state %s is not in the inventory", res->files[i].path,
 					   res->files[i].rank, res->files[i].state_digest);
+				if (ep_json_other(faults, "inventory", res->files[i].path, res->files[i].rank,
+						  "its state is not in the inventory"))
+					goto nomem;
 				status = CLI_CHECK;
 			} else if (r2 != MS_OK) {
 				ms_inv_close(inv);
+				inv = NULL;
 				rc = r2;
 				err = lerr;
 				goto fail;
@@ -1059,23 +1149,27 @@ static int cmd_ep(int argc, char **argv)
 				cli_errorf("'%s': the inventory records it as rank %d of %d, the shard says rank %u of %u",
 					   res->files[i].path, st->ep_rank, st->ep_size, res->files[i].rank,
 					   res->ep_size);
+				if (ep_json_other(faults, "inventory", res->files[i].path, res->files[i].rank,
+						  "the inventory records it as another rank"))
+					goto nomem;
 				status = CLI_CHECK;
 			}
 			ms_inv_state_free(st);
 		}
 		ms_inv_close(inv);
+		inv = NULL;
 	}
 	if (json) {
 		cJSON *ranks;
+		char *t;
 
-		root = cJSON_CreateObject();
 		cJSON_AddStringToObject(root, "result", status == CLI_OK ? "ok" : "fail");
 		cJSON_AddStringToObject(root, "source", res->source_digest);
 		cJSON_AddNumberToObject(root, "experts", res->num_experts);
 		cJSON_AddNumberToObject(root, "ep_size", res->ep_size);
 		cJSON_AddStringToObject(root, "placement", ms_ep_placement_name(res->placement->kind));
 		ranks = cJSON_AddArrayToObject(root, "ranks");
-		for (size_t i = 0; i < res->nfiles; i++) {
+		for (size_t i = 0; ranks && i < res->nfiles; i++) {
 			cJSON *r = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(r, "experts");
 
 			cJSON_AddItemToArray(ranks, r);
@@ -1085,18 +1179,22 @@ static int cmd_ep(int argc, char **argv)
 			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
 				cJSON_AddItemToArray(ids, cJSON_CreateNumber(res->files[i].experts[k]));
 		}
-		{
-			char *t = cJSON_Print(root);
-
-			if (t)
-				puts(t);
-			cJSON_free(t);
-		}
-		cJSON_Delete(root);
+		cJSON_AddItemToObject(root, "faults", faults);
+		faults = NULL;
+		if (res->nfaults_more)
+			cJSON_AddNumberToObject(root, "faults_not_listed", (double)res->nfaults_more);
+		if (!(t = cJSON_Print(root)))
+			goto nomem;
+		puts(t);
+		cJSON_free(t);
 	} else {
-		printf("%s\t%s\t%u experts on %u ranks, %s, %s\n", status == CLI_OK ? "ok" : "FAIL", dir,
+		printf("%s\t%s\t%u experts on %u ranks, %s, %s", status == CLI_OK ? "ok" : "FAIL", dir,
 		       res->num_experts, res->ep_size, ms_ep_placement_name(res->placement->kind),
 		       res->packing);
+		if (res->nfaults || res->nfaults_more)
+			printf(", %llu fault%s", (unsigned long long)(res->nfaults + res->nfaults_more),
+			       res->nfaults + res->nfaults_more > 1 ? "s" : "");
+		putchar('\n');
 		for (size_t i = 0; i < res->nfiles; i++) {
 			printf("rank %u\t%s\texperts", res->files[i].rank, res->files[i].state_digest);
 			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
@@ -1104,10 +1202,19 @@ static int cmd_ep(int argc, char **argv)
 			putchar('\n');
 		}
 	}
+	cJSON_Delete(root);
+	cJSON_Delete(faults);
 	ms_shard_result_free(res);
 	free(dir);
 	return status;
+nomem:
+	rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
 fail:
+	if (json)
+		ep_json_error(dir, rc, &err);
+	ms_inv_close(inv);
+	cJSON_Delete(root);
+	cJSON_Delete(faults);
 	ms_shard_result_free(res);
 	free(dir);
 	return cli_fail(rc, &err);
