@@ -34,6 +34,7 @@
 
 #include "fsutil.h"
 #include "hash.h"
+#include "inventory.h"
 #include "names.h"
 #include "safetensors.h"
 
@@ -363,6 +364,10 @@ struct src {
 	size_t nrec;
 	struct srec *rec;       /* sorted by layer, expert, param, part */
 	char digest[MS_STATE_DIGEST_LEN];
+	const struct stensor *e_from; /* the fused LoRA A that gave E, if one did */
+	int rank_code;          /* the code of a LoRA shape that contradicts r:
+				 * MS_EINVAL (0 means it) for an input, MS_ECHECK
+				 * for a shard set being verified */
 };
 
 static void src_release(struct src *s)
@@ -857,9 +862,10 @@ static int parse_config(const struct src *s, const char *name, cJSON **out,
 	return MS_OK;
 }
 
-/* The number of routed experts config.json declares (0 when it does not). */
-static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
-			  struct ms_err *err)
+/* The number of routed experts a parsed config.json declares (0 when it
+ * does not); label names the model in errors. */
+static int config_experts_json(const char *label, const cJSON *mcfg, uint32_t *e,
+			       struct ms_err *err)
 {
 	static const char *const keys[] = {
 		"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
@@ -874,11 +880,205 @@ static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
 			continue;
 		if (json_u64(j, MS_EP_MAX_EXPERTS, &v) || v == 0)
 			return ms_err_set(err, MS_EINVAL, "'%s': config.json \"%s\" is not an expert "
-					  "count in 1..%u", s->label, keys[i], MS_EP_MAX_EXPERTS);
+					  "count in 1..%u", label, keys[i], MS_EP_MAX_EXPERTS);
 		*e = (uint32_t)v;
 		return MS_OK;
 	}
 	return MS_OK;
+}
+
+static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
+			  struct ms_err *err)
+{
+	return config_experts_json(s->label, mcfg, e, err);
+}
+
+int ms_ep_config_experts(const char *text, size_t len, const char *label, uint32_t *e,
+			 struct ms_err *err)
+{
+	int nomem, rc;
+	cJSON *j = ms_json_parse(text, len, &nomem);
+
+	*e = 0;
+	if (nomem)
+		return oom(err);
+	if (!j || !cJSON_IsObject(j))
+		rc = ms_err_set(err, MS_EINVAL, "'%s': config.json is not a JSON object", label);
+	else
+		rc = config_experts_json(label, j, e, err);
+	cJSON_Delete(j);
+	return rc;
+}
+
+/* The expert count in the recorded config.json of state digest (0: none
+ * recorded, or it declares none). */
+static int inv_state_experts(struct ms_inv *inv, const char *digest, const char *label,
+			     uint32_t *e, struct ms_err *err)
+{
+	struct ms_inv_config *c = NULL;
+	size_t n = 0;
+	int rc;
+
+	*e = 0;
+	if ((rc = ms_inv_state_configs(inv, digest, &c, &n, err)) != MS_OK)
+		return rc;
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(c[i].name, "config.json")) {
+			rc = ms_ep_config_experts(c[i].text, c[i].len, label, e, err);
+			break;
+		}
+	ms_inv_configs_free(c, n);
+	return rc;
+}
+
+int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_digest,
+		       uint32_t *e, char **label, struct ms_err *err)
+{
+	char (*level)[MS_STATE_DIGEST_LEN] = NULL, (*next)[MS_STATE_DIGEST_LEN] = NULL;
+	size_t nlevel = 0, nnext = 0;
+	struct stat st;
+	int rc = MS_OK;
+
+	*e = 0;
+	*label = NULL;
+	if (base && stat(base, &st) == 0) {
+		char *dir = S_ISDIR(st.st_mode) ? ms_strdup(base) : NULL, *cfg, *text = NULL;
+		size_t len;
+
+		if (!S_ISDIR(st.st_mode)) {
+			const char *slash = strrchr(base, '/');
+
+			dir = slash ? ms_strndup(base, (size_t)(slash - base) + (slash == base))
+				    : ms_strdup(".");
+		}
+		cfg = dir ? ms_path_join(dir, "config.json") : NULL;
+		ms_free(dir);
+		if (!cfg)
+			return oom(err);
+		rc = ms_read_file(cfg, MAX_MAP_FILE, &text, &len, err);
+		if (rc == MS_ENOTFOUND)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': no config.json beside the base: its "
+					"expert count is unknown", base);
+		if (rc == MS_OK)
+			rc = ms_ep_config_experts(text, len, base, e, err);
+		ms_free(text);
+		ms_free(cfg);
+		if (rc == MS_OK && !*e)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': its config.json declares no expert count",
+					base);
+		if (rc == MS_OK && !(*label = ms_strdup(base)))
+			rc = oom(err);
+		return rc;
+	}
+	if (base) {
+		char d[MS_STATE_DIGEST_LEN];
+
+		if (!inv)
+			return ms_err_set(err, MS_ENOTFOUND, "'%s': no such file, and no inventory to "
+					  "look a state up in", base);
+		if ((rc = ms_inv_resolve(inv, base, d, err)) != MS_OK ||
+		    (rc = inv_state_experts(inv, d, base, e, err)) != MS_OK)
+			return rc;
+		if (!*e)
+			return ms_err_set(err, MS_EINVAL, "state '%s': no recorded config.json declares "
+					  "its expert count", base);
+		return (*label = ms_strdup(base)) ? MS_OK : oom(err);
+	}
+	if (!inv || !source_digest || !*source_digest)
+		return MS_OK;
+	/* the nearest ancestor that declares an expert count, level by level */
+	if (!(level = ms_malloc(sizeof(*level))))
+		return oom(err);
+	memcpy(level[0], source_digest, MS_STATE_DIGEST_LEN);
+	nlevel = 1;
+	for (int depth = 0; depth < 64 && nlevel && !*e; depth++) {
+		nnext = 0;
+		for (size_t i = 0; i < nlevel && !*e; i++) {
+			struct ms_inv_edge *ed = NULL;
+			size_t ne = 0;
+
+			rc = ms_inv_edges(inv, level[i], MS_INV_EDGES_PARENTS, &ed, &ne, err);
+			if (rc == MS_ENOTFOUND) {
+				rc = MS_OK;
+				continue;
+			}
+			if (rc != MS_OK)
+				goto out;
+			for (size_t k = 0; k < ne && !*e && rc == MS_OK; k++) {
+				void *g;
+
+				rc = inv_state_experts(inv, ed[k].parent, ed[k].parent, e, err);
+				if (rc == MS_OK && *e) {
+					*label = ed[k].parent_label ? ms_strdup(ed[k].parent_label)
+								    : ms_strdup(ed[k].parent);
+					if (!*label)
+						rc = oom(err);
+				} else if (rc == MS_OK) {
+					if (!(g = ms_realloc(next, (nnext + 1) * sizeof(*next)))) {
+						rc = oom(err);
+					} else {
+						next = g;
+						memcpy(next[nnext++], ed[k].parent, MS_STATE_DIGEST_LEN);
+					}
+				}
+			}
+			ms_inv_edges_free(ed, ne);
+			if (rc != MS_OK)
+				goto out;
+		}
+		ms_free(level);
+		level = next;
+		nlevel = nnext;
+		next = NULL;
+	}
+out:
+	ms_free(level);
+	ms_free(next);
+	if (rc != MS_OK) {
+		*e = 0;
+		ms_free(*label);
+		*label = NULL;
+	}
+	return rc;
+}
+
+/*
+ * A per-module LoRA factor (attention, a per-expert LoRA) against r:
+ * lora_A is [r, in] and lora_B [out, r], with r from adapter_config.json
+ * or its rank_pattern (PEFT's key: the module path). The fused LoRA of the
+ * experts is E*r rows, which any r dividing it fits: these factors are
+ * what shows a wrong r when the adapter has them.
+ */
+static int lora_rank_check(const struct src *s, const cJSON *acfg, const struct stensor *t,
+			   const struct ms_name_info *in, struct ms_err *err)
+{
+	const cJSON *hit;
+	uint32_t r;
+	uint64_t v, got;
+	char *mod;
+	int rc;
+
+	if (!acfg || t->ndim != 2 || cfg_u32(acfg, "r", MAX_LORA_RANK, &r) || r == 0)
+		return MS_OK;
+	if (!(mod = canon_path(t->name, in->module_len, 0)))
+		return oom(err);
+	rc = pattern_lookup(cJSON_GetObjectItemCaseSensitive(acfg, "rank_pattern"), mod, s->label,
+			    &hit, err);
+	if (rc == MS_OK && hit) {
+		if (json_u64(hit, MAX_LORA_RANK, &v) || v == 0)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': rank_pattern '%s' is not a rank in 1..%u",
+					s->label, hit->string, MAX_LORA_RANK);
+		else
+			r = (uint32_t)v;
+	}
+	got = in->role == MS_NAME_ROLE_LORA_A ? t->shape[0] : t->shape[1];
+	if (rc == MS_OK && got != r)
+		rc = ms_err_set(err, s->rank_code ? s->rank_code : MS_EINVAL,
+				"tensor '%s' in '%s': %s has rank %llu, but adapter_config.json gives "
+				"r=%u for '%s' (lora_A is [r, in], lora_B [out, r])", t->name, s->label,
+				ms_name_role_str(in->role), (unsigned long long)got, r, mod);
+	ms_free(mod);
+	return rc;
 }
 
 /*
@@ -899,6 +1099,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 
 	s->packing = 0;
 	s->r = 0;
+	s->e_from = NULL;
 	if ((rc = parse_config(s, "adapter_config.json", &acfg, err)) != MS_OK ||
 	    (rc = parse_config(s, "config.json", &mcfg, err)) != MS_OK)
 		goto out;
@@ -932,6 +1133,10 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 			goto out;
 		}
 		t->layer = in.layer;
+		if ((in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B) &&
+		    in.part != MS_NAME_PART_EXPERTS_FUSED &&
+		    (rc = lora_rank_check(s, acfg, t, &in, err)) != MS_OK)
+			goto out;
 		if (in.part == MS_NAME_PART_EXPERT && in.expert >= 0) {
 			t->kind = TK_EXPERT;
 			t->expert = in.expert;
@@ -1045,6 +1250,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 		if (!e_fused) {
 			e_fused = ew;
 			fused_from = a->name;
+			s->e_from = a;
 		} else if (ew != e_fused) {
 			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': %u experts at r=%u, but "
 					"'%s' has %u", a->name, s->label, ew, w[j].r, fused_from,
@@ -2943,6 +3149,30 @@ static int same_parent(const char *path, const char *dir)
 	return same;
 }
 
+/*
+ * The expert count the tensors were read with against the base model's
+ * (o->base_experts; 0: unknown). A fused LoRA's rows are E*r: r in
+ * adapter_config.json is what turns them into experts, so a wrong r splits
+ * 16 experts into "12" with every shape consistent; only the base can tell.
+ * Returns MS_OK, or code with the tensor, the rule and both counts.
+ */
+static int check_base(const struct src *s, const struct ms_shard_opts *o, int code,
+		      struct ms_err *err)
+{
+	const char *bl = o && o->base_label ? o->base_label : "the base";
+
+	if (!o || !o->base_experts || s->E == o->base_experts)
+		return MS_OK;
+	if (s->e_from)
+		return ms_err_set(err, code, "tensor '%s' in '%s': %llu rows at r=%u "
+				  "(adapter_config.json) make %u experts, but the base '%s' has %u: "
+				  "\"r\" does not fit the fused LoRA's shapes", s->e_from->name, s->label,
+				  (unsigned long long)s->e_from->shape[0], s->e_from->r, s->E, bl,
+				  o->base_experts);
+	return ms_err_set(err, code, "'%s': %u experts, but the base '%s' has %u", s->label, s->E,
+			  bl, o->base_experts);
+}
+
 int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err)
 {
@@ -2965,7 +3195,8 @@ int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts 
 		goto out;
 	if ((rc = src_from_ckpt(&s, c, err)) != MS_OK)
 		goto out;
-	if ((rc = analyze(&s, o->num_experts, "--experts", err)) != MS_OK)
+	if ((rc = analyze(&s, o->num_experts, "--experts", err)) != MS_OK ||
+	    (rc = check_base(&s, o, MS_EINVAL, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_ep_placement_new(o->placement, s.E, o->ep_size, &pl, err)) != MS_OK)
 		goto out;
@@ -3027,7 +3258,7 @@ const char *ms_ep_fault_name(enum ms_ep_fault_kind kind)
 {
 	static const char *const names[] = {
 		"same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
-		"shape", "unknown", "replica", "digest", "state", "source",
+		"shape", "unknown", "replica", "digest", "state", "source", "experts",
 	};
 
 	return (size_t)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
@@ -3988,7 +4219,8 @@ static int sset_hash_verify(struct sset *ss, int nthreads, unsigned what, struct
  * hash: hash the shards and verify them, with the extra checks in what.
  */
 static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
-		     unsigned what, int nthreads, struct sset *ss, struct ms_err *err)
+		     unsigned what, int nthreads, const struct ms_shard_opts *o, struct sset *ss,
+		     struct ms_err *err)
 {
 	struct stat st;
 	char *text = NULL, *foreign = NULL;
@@ -4016,6 +4248,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	if (!ss->dir || !ss->mpath)
 		return oom(err);
 	ss->s.label = ss->mpath;
+	ss->s.rank_code = MS_ECHECK;
 	rc = ms_read_file(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
 	if (rc == MS_ENOTFOUND)
 		return ms_err_set(err, MS_EINVAL, "'%s': no %s: not an EP shard set (or an unfinished "
@@ -4084,6 +4317,12 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		return bad(ss, err, "\"kind\" does not match the config files (adapter_config.json)");
 	if ((rc = analyze(&ss->s, (uint32_t)e, "the manifest", err)) != MS_OK ||
 	    (rc = sset_check_classes(ss, err)) != MS_OK)
+		return rc;
+	/* a set split with a wrong r is self-consistent: only the base's
+	 * expert count shows it (a fault; the rest is still checked) */
+	if (check_base(&ss->s, o, MS_ECHECK, err) != MS_OK &&
+	    (rc = fault_add(ss, fault_of(MS_EP_FAULT_EXPERTS, ss->s.e_from ? ss->s.e_from->name : NULL,
+					 ss->mpath, -1, -1, -1, -1), -1, err, "%s", err->msg)) != MS_OK)
 		return rc;
 
 	shards = cJSON_GetObjectItemCaseSensitive(ss->m, "shards");
@@ -4195,7 +4434,7 @@ int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 
 	if (out)
 		*out = NULL;
-	rc = sset_open(dir, -1, 0, 1, V_SHARDS | V_REASSEMBLE, o ? o->nthreads : 0, &ss, err);
+	rc = sset_open(dir, -1, 0, 1, V_SHARDS | V_REASSEMBLE, o ? o->nthreads : 0, o, &ss, err);
 	if ((rc == MS_OK || (rc == MS_ECHECK && ss.nfaults)) && out) {
 		struct ms_err e2 = { 0 };
 		int r2 = sset_result(&ss, out, rc == MS_OK ? err : &e2);
@@ -4238,7 +4477,7 @@ int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard
 
 	*out = NULL;
 	stage_init(&st);
-	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
+	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	if (same_dir(ss.dir, out_dir)) {
@@ -4451,7 +4690,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 
 	*out = NULL;
 	stage_init(&st);
-	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
+	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	if (same_dir(ss.dir, out_dir)) {
@@ -4568,7 +4807,7 @@ int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank
 		return ms_err_set(err, MS_EINVAL, "ep size must be at least 1");
 	if (rank >= ep_size)
 		return ms_err_set(err, MS_EINVAL, "rank %u is not in 0..%u", rank, ep_size - 1);
-	rc = sset_open(manifest_or_dir, rank, ep_size, 1, V_SHARDS, 0, &ss, err);
+	rc = sset_open(manifest_or_dir, rank, ep_size, 1, V_SHARDS, 0, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	r = ms_calloc(1, sizeof(*r));

@@ -87,6 +87,7 @@
 #ifndef MS_SHARD_H
 #define MS_SHARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "checkpoint.h"
@@ -139,6 +140,14 @@ struct ms_shard_opts {
 	uint32_t num_experts;   /* split: E; 0 infers it from the tensors and
 				 * config.json (an adapter that adapts only
 				 * some experts needs it) */
+	/* split, check: the routed expert count of the base model the
+	 * adapter was trained on (0: unknown), and what names it in messages
+	 * (ms_ep_base_experts finds both). A fused LoRA's E is rows / r, so a
+	 * wrong r in adapter_config.json gives another E with every shape
+	 * consistent: split refuses a difference (MS_EINVAL), check reports
+	 * it as a fault (MS_ECHECK). */
+	uint32_t base_experts;
+	const char *base_label;
 	int force;              /* overwrite existing outputs */
 	int dry_run;            /* plan only: classify and place, write nothing
 				 * (no hashing; a reshard still opens and checks
@@ -191,6 +200,9 @@ struct ms_shard_out_file {
  *   STATE       a shard's state digest is not the manifest's
  *   SOURCE      the manifest's tensors are not its source state, or the
  *               shards put back together are not the source's tensors
+ *   EXPERTS     the set's expert count is not the base model's
+ *               (ms_shard_opts.base_experts): a fused LoRA read with a
+ *               wrong r in adapter_config.json
  */
 enum ms_ep_fault_kind {
 	MS_EP_FAULT_SAME_BLOCK,
@@ -205,10 +217,11 @@ enum ms_ep_fault_kind {
 	MS_EP_FAULT_DIGEST,
 	MS_EP_FAULT_STATE,
 	MS_EP_FAULT_SOURCE,
+	MS_EP_FAULT_EXPERTS,
 };
 
 /* "same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
- * "shape", "unknown", "replica", "digest", "state", "source". */
+ * "shape", "unknown", "replica", "digest", "state", "source", "experts". */
 const char *ms_ep_fault_name(enum ms_ep_fault_kind kind);
 
 struct ms_ep_fault {
@@ -328,6 +341,28 @@ struct ms_ep_rank {
 	int is_adapter;
 	struct ms_ckpt *ckpt;   /* the shard, hashed; owned */
 };
+
+/* The routed expert count a config.json text declares ("num_experts",
+ * "num_local_experts", "n_routed_experts", "moe_num_experts"); 0 when it
+ * declares none. label names it in errors. */
+int ms_ep_config_experts(const char *text, size_t len, const char *label, uint32_t *e,
+			 struct ms_err *err);
+
+struct ms_inv;
+
+/*
+ * The routed expert count of the base model of an adapter, for
+ * ms_shard_opts.base_experts. base (may be NULL) is a checkpoint directory,
+ * or a file in one, whose config.json is read, or else a state reference
+ * (label, digest) whose recorded config.json is read (inv needed). With
+ * base NULL and inv given: the nearest ancestor of the state source_digest
+ * whose recorded config.json declares an expert count; *e = 0 when there
+ * is none (or the state is not recorded). *label (owned, NULL when *e is
+ * 0) names where the count came from. A base that declares no count is
+ * MS_EINVAL.
+ */
+int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_digest,
+		       uint32_t *e, char **label, struct ms_err *err);
 
 int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank,
 		    struct ms_ep_rank **out, struct ms_err *err);

@@ -1043,15 +1043,17 @@ static int cmd_ep(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"ep-size", required_argument, NULL, 'n'},
+		{"base", required_argument, NULL, 'B'},
 		{"jobs", required_argument, NULL, 'j'},
 		{"json", no_argument, NULL, 'J'},
 		{"db", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *db = NULL, *env = getenv("MSINV_DB");
+	const char *db = NULL, *env = getenv("MSINV_DB"), *base = NULL;
 	int json = 0, c, rc, status = CLI_OK;
 	uint64_t want_n = 0;
+	char *blabel = NULL;
 	struct ms_shard_opts o;
 	struct ms_shard_result *res = NULL;
 	struct ms_err err = {0};
@@ -1072,6 +1074,7 @@ static int cmd_ep(int argc, char **argv)
 			if (cli_int("--jobs", optarg, 4096, &o.nthreads))
 				return CLI_USAGE;
 			break;
+		case 'B': base = optarg; break;
 		case 'J': json = 1; break;
 		case 'D': db = optarg; break;
 		case 'h': return cli_help();
@@ -1080,9 +1083,20 @@ static int cmd_ep(int argc, char **argv)
 	}
 	if (optind + 1 != argc)
 		return cli_usage(optind == argc ? "missing DIR or MANIFEST" : "one DIR or MANIFEST only");
+	/* the inventory, when there is one, is opened first: the base may be a
+	 * state, and the shards must be recorded ones */
+	if ((db || (env && *env)) && (rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
+		goto fail;
+	if (base) {
+		if ((rc = ms_ep_base_experts(inv, base, NULL, &o.base_experts, &blabel, &err)) != MS_OK)
+			goto fail;
+		o.base_label = blabel;
+	}
 	dir = strdup(argv[optind]);
-	if (!dir)
-		return cli_fail(ms_err_set(&err, MS_ENOMEM, "out of memory"), &err);
+	if (!dir) {
+		rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
 	{
 		size_t n = strlen(dir), m = strlen(MS_EP_MANIFEST);
 
@@ -1099,6 +1113,8 @@ static int cmd_ep(int argc, char **argv)
 			cli_errorf("'%s': %s", dir, err.msg);
 			if (json && ep_json_fault_only(dir, &err) != CLI_OK)
 				status = CLI_IO;
+			ms_inv_close(inv);
+			ms_free(blabel);
 			free(dir);
 			return status;
 		}
@@ -1122,10 +1138,32 @@ static int cmd_ep(int argc, char **argv)
 			goto nomem;
 		status = CLI_CHECK;
 	}
-	/* with an inventory, each shard must be the state recorded for it */
-	if (db || (env && *env)) {
-		if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
+	/* without --base, the base is the source adapter's nearest ancestor in
+	 * the inventory that declares an expert count */
+	if (inv && !base) {
+		uint32_t be = 0;
+
+		if ((rc = ms_ep_base_experts(inv, NULL, res->source_digest, &be, &blabel, &err)) != MS_OK)
 			goto fail;
+		if (be && be != res->num_experts) {
+			char msg[512];
+
+			int fused = strstr(res->packing, "fused") != NULL;
+			char at[48] = "";
+
+			if (fused)
+				snprintf(at, sizeof(at), " at r=%u (adapter_config.json)", res->r);
+			snprintf(msg, sizeof(msg), "%u experts%s, but the base '%s' (an ancestor of its "
+				 "source in the inventory) has %u%s", res->num_experts, at, blabel, be,
+				 fused ? ": \"r\" does not fit the fused LoRA's shapes" : "");
+			cli_errorf("'%s': %s", dir, msg);
+			if (ep_json_other(faults, "experts", res->manifest_path, -1, msg))
+				goto nomem;
+			status = CLI_CHECK;
+		}
+	}
+	/* with an inventory, each shard must be the state recorded for it */
+	if (inv) {
 		for (size_t i = 0; i < res->nfiles; i++) {
 			struct ms_inv_state *st = NULL;
 			struct ms_err lerr = {0};
@@ -1205,6 +1243,8 @@ static int cmd_ep(int argc, char **argv)
 	cJSON_Delete(root);
 	cJSON_Delete(faults);
 	ms_shard_result_free(res);
+	ms_inv_close(inv);
+	ms_free(blabel);
 	free(dir);
 	return status;
 nomem:
@@ -1216,6 +1256,7 @@ fail:
 	cJSON_Delete(root);
 	cJSON_Delete(faults);
 	ms_shard_result_free(res);
+	ms_free(blabel);
 	free(dir);
 	return cli_fail(rc, &err);
 }
@@ -1223,7 +1264,7 @@ fail:
 static const struct cli_cmd cmds[] = {
 	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest"},
-	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--jobs N] [--json] DIR | MANIFEST",
+	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--base PATH | STATE] [--jobs N] [--json] DIR | MANIFEST",
 	 "every expert on exactly one rank, with its own bytes"},
 	{"policy", cmd_policy,
 	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
