@@ -831,6 +831,9 @@ static int cmd_policy(int argc, char **argv)
 			rc = ms_ckpt_hash(ck, jobs, 0, &err);
 		if (rc == MS_OK)
 			rc = ms_policy_from_ckpt(ck, &r, &err);
+		/* an engine's fused parameters, sliced into what checkpoints hold */
+		if (rc == MS_OK)
+			rc = ms_policy_unfuse(inv, ck, r, &err);
 	}
 	if (rc != MS_OK)
 		goto out;
@@ -858,6 +861,21 @@ static int cmd_policy(int argc, char **argv)
 			cJSON_AddNumberToObject(p, "served", (double)r->parts[i].served);
 			cJSON_AddNumberToObject(p, "state_tensors", (double)r->parts[i].state_tensors);
 		}
+		parts = cJSON_AddArrayToObject(o, "resembles");
+		for (size_t i = 0; i < r->npolicies; i++) {
+			cJSON *p = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(parts, p);
+			cJSON_AddStringToObject(p, "state", r->policies[i].state);
+			if (r->policies[i].label)
+				cJSON_AddStringToObject(p, "label", r->policies[i].label);
+			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->policies[i].kind));
+			cJSON_AddNumberToObject(p, "served", (double)r->policies[i].served);
+			cJSON_AddNumberToObject(p, "state_tensors", (double)r->policies[i].state_tensors);
+		}
+		parts = cJSON_AddArrayToObject(o, "unfused");
+		for (size_t i = 0; i < r->nsources; i++)
+			cJSON_AddItemToArray(parts, cJSON_CreateString(r->sources[i]));
 		bad = cJSON_AddArrayToObject(o, "unaccounted");
 		for (size_t i = 0; i < r->ntensors; i++) {
 			const struct ms_policy_tensor *t = &r->tensors[i];
@@ -873,6 +891,8 @@ static int cmd_policy(int argc, char **argv)
 			cJSON_AddStringToObject(p, "sha256", hex);
 			if (t->other)
 				cJSON_AddStringToObject(p, "recorded_as", t->other);
+			if (t->src >= 0)
+				cJSON_AddStringToObject(p, "slice_of", r->sources[t->src]);
 		}
 		text = cJSON_Print(o);
 		if (text)
@@ -889,18 +909,31 @@ static int cmd_policy(int argc, char **argv)
 			       (unsigned long long)p->state_tensors,
 			       p->served < p->state_tensors ? " (partial)" : "");
 		}
+		for (size_t i = 0; i < r->npolicies; i++) {
+			const struct ms_policy_part *p = &r->policies[i];
+
+			printf("resembles\t%s\t%s\t%s\t%s\t%llu of %llu tensors\n", p->state,
+			       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
+			       p->layout ? p->layout : "-", (unsigned long long)p->served,
+			       (unsigned long long)p->state_tensors);
+		}
+		for (size_t i = 0; i < r->nsources; i++)
+			printf("unfused\t%s\tsliced into the tensors checkpoints hold\n", r->sources[i]);
 		for (size_t i = 0; i < r->ntensors; i++) {
 			const struct ms_policy_tensor *t = &r->tensors[i];
+			char from[600] = "";
 
+			if (t->src >= 0)
+				snprintf(from, sizeof(from), " (slice of '%s')", r->sources[t->src]);
 			if (t->status == MS_POLICY_MISMATCH)
-				printf("mismatch\t%s\tpart %s records other bytes under this name\n", t->name,
+				printf("mismatch\t%s\tpart %s records other bytes under this name%s\n", t->name,
 				       r->parts[t->part].label ? r->parts[t->part].label
-							       : r->parts[t->part].state);
+							       : r->parts[t->part].state, from);
 			else if (t->status == MS_POLICY_RENAMED)
-				printf("renamed\t%s\tthe bytes of '%s' in %.23s...\n", t->name, t->other,
-				       t->other_state);
+				printf("renamed\t%s\tthe bytes of '%s' in %.23s...%s\n", t->name, t->other,
+				       t->other_state, from);
 			else if (t->status == MS_POLICY_UNKNOWN)
-				printf("unknown\t%s\tno recorded state holds these bytes\n", t->name);
+				printf("unknown\t%s\tno recorded state holds these bytes%s\n", t->name, from);
 		}
 		printf("%s\t%zu tensors\t%zu parts\t%zu matched, %zu mismatch, %zu renamed, %zu unknown\n",
 		       rc == MS_OK ? "identified" : "NOT IDENTIFIED", r->ntensors, r->nparts,
