@@ -5,9 +5,10 @@
 # resembles, not as its part); and a served directory in vLLM's fused
 # parameter names (experts.w13_weight [E, 2I, H] = gate_proj then up_proj
 # of each expert, experts.w2_weight [E, H, I] = down_proj, qkv_proj =
-# q_proj, k_proj, v_proj stacked), written from the fixture's bytes, is
-# matched slice by slice against the inventoried per-expert tensors
-# instead of showing as unknown; a changed slice is named.
+# q_proj, k_proj, v_proj stacked; Mixtral's w1/w3/w2; a dense MLP's
+# gate_up_proj), written from the fixtures' bytes, is matched slice by
+# slice against the inventoried tensors instead of showing as unknown; a
+# changed slice is named.
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 pass=0; fail=0
@@ -62,34 +63,44 @@ assert [u["tensor"] for u in d["unaccounted"]] == ["model.layers.1.self_attn.o_p
 EOF
 
 # ---- vLLM's fused parameter names, from the fixture's bytes ----
-mkdir vllm && cp "$P/base/config.json" vllm/
-python3 - "$P/base/model.safetensors" vllm/model.safetensors <<'EOF'
-import json, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
+# fuse.py SRC DST GATE UP DOWN: write SRC's tensors as vLLM holds them:
+# FusedMoE w13 [E, 2I, H] (expert e = GATE then UP), w2 [E, H, I] (DOWN);
+# QKVParallelLinear qkv_proj (q, k, v stacked); MergedColumnParallelLinear
+# gate_up_proj (a dense MLP's gate_proj then up_proj)
+cat >fuse.py <<'EOF'
+import json, re, struct, sys
+src, dst, gate, up, down = sys.argv[1:6]
 d = open(src, "rb").read()
 n = struct.unpack("<Q", d[:8])[0]
 h = json.loads(d[8:8 + n]); h.pop("__metadata__", None)
 b = lambda k: d[8 + n + h[k]["data_offsets"][0]:8 + n + h[k]["data_offsets"][1]]
-out = {}
-layers = sorted({int(k.split(".")[2]) for k in h if k.startswith("model.layers.")})
+out, used = {}, set()
+moes = sorted({m.group(1) for k in h for m in [re.match(r"(.*)\.experts\.\d+\.", k)] if m})
+for p in moes:
+    E = len({k for k in h if re.match(re.escape(p) + r"\.experts\.\d+\.%s\.weight$" % gate, k)})
+    g = h["%s.experts.0.%s.weight" % (p, gate)]["shape"]
+    dn = h["%s.experts.0.%s.weight" % (p, down)]["shape"]
+    w13 = ["%s.experts.%d.%s.weight" % (p, e, x) for e in range(E) for x in (gate, up)]
+    w2 = ["%s.experts.%d.%s.weight" % (p, e, down) for e in range(E)]
+    out[p + ".experts.w13_weight"] = (h[w13[0]]["dtype"], [E, 2 * g[0], g[1]], b"".join(map(b, w13)))
+    out[p + ".experts.w2_weight"] = (h[w2[0]]["dtype"], [E] + dn, b"".join(map(b, w2)))
+    used |= set(w13) | set(w2)
+for k in list(h):
+    m = re.match(r"(.*)\.q_proj\.weight$", k)
+    if m:
+        qkv = [m.group(1) + ".%s_proj.weight" % x for x in "qkv"]
+        out[m.group(1) + ".qkv_proj.weight"] = (h[k]["dtype"], [sum(h[x]["shape"][0] for x in qkv),
+                                                 h[k]["shape"][1]], b"".join(map(b, qkv)))
+        used |= set(qkv)
+    m = re.match(r"(.*)\.gate_proj\.weight$", k)
+    if m and k not in used:
+        gu = [m.group(1) + ".gate_proj.weight", m.group(1) + ".up_proj.weight"]
+        out[m.group(1) + ".gate_up_proj.weight"] = (h[k]["dtype"], [2 * h[k]["shape"][0], h[k]["shape"][1]],
+                                                    b"".join(map(b, gu)))
+        used |= set(gu)
 for k in h:
-    if ".mlp.experts." in k or ".self_attn.q_proj." in k or ".self_attn.k_proj." in k or ".self_attn.v_proj." in k:
-        continue
-    out[k] = (h[k]["dtype"], h[k]["shape"], b(k))
-for L in layers:
-    p = "model.layers.%d." % L
-    E = len({k.split(".")[5] for k in h if k.startswith(p + "mlp.experts.")})
-    g = h[p + "mlp.experts.0.gate_proj.weight"]["shape"]
-    dn = h[p + "mlp.experts.0.down_proj.weight"]["shape"]
-    # FusedMoE: w13 [E, 2I, H], expert e = gate_proj (w1) then up_proj (w3); w2 [E, H, I]
-    out[p + "mlp.experts.w13_weight"] = ("BF16", [E, 2 * g[0], g[1]], b"".join(
-        b(p + "mlp.experts.%d.gate_proj.weight" % e) + b(p + "mlp.experts.%d.up_proj.weight" % e) for e in range(E)))
-    out[p + "mlp.experts.w2_weight"] = ("BF16", [E] + dn, b"".join(
-        b(p + "mlp.experts.%d.down_proj.weight" % e) for e in range(E)))
-    # QKVParallelLinear: q, k, v stacked along the output dimension
-    q, kk, v = (h[p + "self_attn.%s_proj.weight" % x]["shape"] for x in "qkv")
-    out[p + "self_attn.qkv_proj.weight"] = ("BF16", [q[0] + kk[0] + v[0], q[1]], b"".join(
-        b(p + "self_attn.%s_proj.weight" % x) for x in "qkv"))
+    if k not in used:
+        out[k] = (h[k]["dtype"], h[k]["shape"], b(k))
 hd, off, body = {}, 0, []
 for k in sorted(out):
     dt, sh, by = out[k]
@@ -98,6 +109,8 @@ for k in sorted(out):
 hb = json.dumps(hd, separators=(",", ":")).encode(); hb += b" " * (-len(hb) % 8)
 open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(body))
 EOF
+mkdir vllm && cp "$P/base/config.json" vllm/
+python3 fuse.py "$P/base/model.safetensors" vllm/model.safetensors gate_proj up_proj down_proj || bad "fuse.py"
 expect 0 "$B/msverify" policy vllm
 has "^part.*	base	base	.*	[0-9]* of [0-9]* tensors$" "$W/out" "the fused copy is the whole base"
 has "^unfused	model.layers.0.mlp.experts.w13_weight" "$W/out" "w13 sliced"
@@ -118,6 +131,35 @@ cp -r vllm vllm2 && flip vllm2/model.safetensors model.layers.0.mlp.experts.w13_
 expect 0 "$B/msinv" add --label served-fused vllm2
 expect 0 "$B/msverify" policy vllm2
 hasnt "^unfused" "$W/out" "an inventoried fused layout is not sliced"
+
+# Mixtral: w1 (gate) and w3 (up) in w13, w2 in w2_weight, under block_sparse_moe
+expect 0 "$B/msinv" add --label mixtral "$FX/hf/mixtral"
+mkdir mixtral && cp "$FX/hf/mixtral/config.json" mixtral/
+python3 fuse.py "$FX/hf/mixtral/model.safetensors" mixtral/model.safetensors w1 w3 w2 || bad "fuse.py mixtral"
+expect 0 "$B/msverify" policy mixtral
+has "^unfused	model.layers.1.block_sparse_moe.experts.w13_weight" "$W/out" "mixtral w13 sliced"
+has "^part.*	mixtral	base	.*	[0-9]* of [0-9]* tensors$" "$W/out" "the fused Mixtral copy is the whole checkpoint"
+has "^identified" "$W/out" "mixtral identified"
+
+# a dense MLP's gate_up_proj (gate_proj rows first, then up_proj)
+mkdir dense && python3 - dense/model.safetensors <<'EOF'
+import json, random, struct, sys
+rng = random.Random(7)
+t = {"model.layers.0.mlp.gate_proj.weight": [24, 16], "model.layers.0.mlp.up_proj.weight": [24, 16],
+     "model.layers.0.mlp.down_proj.weight": [16, 24]}
+hd, off, body = {}, 0, []
+for k in sorted(t):
+    by = bytes(rng.randrange(256) for _ in range(t[k][0] * t[k][1] * 2))
+    hd[k] = {"dtype": "BF16", "shape": t[k], "data_offsets": [off, off + len(by)]}
+    off += len(by); body.append(by)
+hb = json.dumps(hd, separators=(",", ":")).encode(); hb += b" " * (-len(hb) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(body))
+EOF
+expect 0 "$B/msinv" add --label dense dense
+mkdir dense-served && python3 fuse.py dense/model.safetensors dense-served/model.safetensors gate_proj up_proj down_proj || bad "fuse.py dense"
+expect 0 "$B/msverify" policy dense-served
+has "^unfused	model.layers.0.mlp.gate_up_proj.weight" "$W/out" "gate_up_proj sliced"
+has "^identified" "$W/out" "dense identified"
 
 echo "policy_fused: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
