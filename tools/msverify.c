@@ -1022,6 +1022,16 @@ static int ep_json_fault(cJSON *arr, const struct ms_ep_fault *f)
 	return 0;
 }
 
+/* One stderr line per fault the library found. */
+static void ep_print_faults(const char *dir, const struct ms_shard_result *res)
+{
+	for (size_t i = 0; i < res->nfaults; i++)
+		cli_errorf("'%s': %s", dir, res->faults[i].msg);
+	if (res->nfaults_more)
+		cli_errorf("'%s': %llu more faults not listed", dir,
+			   (unsigned long long)res->nfaults_more);
+}
+
 /* A fault found by the tool (EP size, inventory) rather than the library. */
 static int ep_json_other(cJSON *arr, const char *kind, const char *file, int64_t rank, const char *msg)
 {
@@ -1151,11 +1161,9 @@ static int cmd_ep(int argc, char **argv)
 			free(dir);
 			return status;
 		}
-		for (size_t i = 0; i < res->nfaults; i++)
-			cli_errorf("'%s': %s", dir, res->faults[i].msg);
-		if (res->nfaults_more)
-			cli_errorf("'%s': %llu more faults not listed", dir,
-				   (unsigned long long)res->nfaults_more);
+		/* the lines go out once nothing is left that could fail (with
+		 * --json: once the document is built), so that running out of
+		 * memory is one line, not a report cut short */
 	} else if (rc != MS_OK) {
 		goto fail;
 	}
@@ -1256,9 +1264,11 @@ static int cmd_ep(int argc, char **argv)
 			cJSON_AddNumberToObject(root, "faults_not_listed", (double)res->nfaults_more);
 		if (!(t = cJSON_Print(root)))
 			goto nomem;
+		ep_print_faults(dir, res);
 		puts(t);
 		cJSON_free(t);
 	} else {
+		ep_print_faults(dir, res);
 		printf("%s\t%s\t%u experts on %u ranks, %s, %s", status == CLI_OK ? "ok" : "FAIL", dir,
 		       res->num_experts, res->ep_size, ms_ep_placement_name(res->placement->kind),
 		       res->packing);

@@ -144,5 +144,45 @@ rm "$W/fu/adapter_model-ep00002-of-00004.safetensors"
 expect 2 "$B/msverify" ep --json "$W/fu"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["result"]=="error" and d["exit"]==2 and "missing" in d["error"]' "$W/out" && ok || bad "--json on bad input"
 
+# ---- running out of memory part way (fault-injection build) ----
+# every allocation in turn (sampled): the report is whole (exit 1, every
+# fault) or one line (exit 3), never a report cut short or a crash
+fault_build() { # DIR: a fault build? (it logs the failures it injects)
+	[ -x "$1/msverify" ] || return 1
+	MS_FAULT_ALLOC=1 MS_FAULT_LOG="$W/probe.log" "$1/msshard" plan --experts 2 --ep-size 1 >/dev/null 2>&1
+	[ -s "$W/probe.log" ]
+}
+ROOT=${MS_ROOT:-.}
+FB=""
+if fault_build "$B"; then FB=$B
+elif fault_build "$ROOT/build-fault" &&
+	[ -z "$(cd "$ROOT" && find src/shard.c tools/msverify.c -newer build-fault/msverify 2>/dev/null)" ]; then
+	FB="$ROOT/build-fault"
+fi
+if [ -n "$FB" ]; then
+	expect 0 "$B/msshard" split "$FX/hf/qwen3moe" -o "$W/oom" --ep-size 4
+	python3 "$ROOT/tools/scripts/plant_same_block.py" "$W/oom" >/dev/null
+	for mode in text json; do
+		opt=""; [ $mode = json ] && opt=--json
+		n=1; reached=0
+		while [ $n -lt 1000000 ]; do
+			rm -f "$W/fault.log"
+			MS_FAULT_ALLOC=$n MS_FAULT_LOG="$W/fault.log" "$FB/msverify" ep $opt "$W/oom" >"$W/out" 2>"$W/err"
+			rc=$?
+			[ -s "$W/fault.log" ] || break
+			reached=$n
+			case $rc in
+			3) [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "$mode MS_FAULT_ALLOC=$n: exit 3 with $(wc -l <"$W/err") lines"; tail -2 "$W/err"; };;
+			1) [ "$(wc -l <"$W/err")" -eq 12 ] && ok || bad "$mode MS_FAULT_ALLOC=$n: exit 1 with $(wc -l <"$W/err") lines, want 12";;
+			*) bad "$mode MS_FAULT_ALLOC=$n: exit $rc";;
+			esac
+			n=$((n + 1 + n / 8))
+		done
+		[ "$reached" -ge 1 ] && ok || bad "$mode: MS_FAULT_ALLOC never reached"
+	done
+else
+	echo "verify_ep_faults: no fault-injection build (make fault): the out-of-memory cases were skipped"
+fi
+
 echo "verify_ep_faults: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
