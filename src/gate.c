@@ -15,6 +15,7 @@
 
 #include "fsutil.h"
 #include "hash.h"
+#include "shard.h"
 #include "verify.h"
 
 void ms_gate_free(struct ms_gate *g)
@@ -26,6 +27,7 @@ void ms_gate_free(struct ms_gate *g)
 		ms_free(g->inputs[i].role);
 		ms_free(g->inputs[i].label);
 		ms_free(g->inputs[i].path);
+		ms_free(g->inputs[i].shards);
 	}
 	ms_free(g->inputs);
 	for (size_t i = 0; i < g->nenv; i++)
@@ -123,6 +125,140 @@ static int refuse(struct ms_gate *g, const char *fmt, ...)
 	return MS_ECHECK;
 }
 
+/* A plan path that names an EP shard set: a directory holding its
+ * manifest, or the manifest itself. */
+static int is_shard_set(const char *path)
+{
+	struct stat st;
+	const char *base = ms_path_base(path);
+	char *m;
+	int yes;
+
+	if (stat(path, &st))
+		return 0;
+	if (!S_ISDIR(st.st_mode))
+		return !strcmp(base, MS_EP_MANIFEST);
+	if (!(m = ms_path_join(path, MS_EP_MANIFEST)))
+		return 0;
+	yes = stat(m, &st) == 0 && S_ISREG(st.st_mode);
+	ms_free(m);
+	return yes;
+}
+
+/*
+ * A shard set entry: the whole set is checked (every shard and expert, the
+ * manifest); it must be an EP split of the plan's size, and each shard an
+ * inventoried state recorded with its rank (a set of unrecorded shards is
+ * refused like an unrecorded path). The input's state is the set's source,
+ * its path the set's directory, its shards every shard's digest.
+ */
+static int check_shard_set(struct ms_inv *inv, struct ms_gate *g, struct ms_gate_input *in,
+			   const char *where, unsigned flags, int nthreads, struct ms_err *err)
+{
+	struct ms_shard_opts o;
+	struct ms_shard_result *res = NULL;
+	struct ms_inv_state *st = NULL;
+	struct ms_err lerr = {0};
+	const char *role = in->role;
+	char *dir = NULL, *real = NULL;
+	struct timespec t0, t1;
+	int rc;
+
+	memset(&o, 0, sizeof(o));
+	o.nthreads = nthreads;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = ms_shard_check(where, &o, &res, &lerr);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (rc == MS_ECHECK || rc == MS_EINVAL || rc == MS_ENOTFOUND) {
+		rc = refuse(g, "role '%s': shard set '%s': %s", role, where, lerr.msg);
+		goto out;
+	}
+	if (rc != MS_OK) {
+		rc = ms_err_set(err, rc, "role '%s': shard set '%s': %s", role, where, lerr.msg);
+		goto out;
+	}
+	in->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	for (size_t k = 0; k < res->nfiles; k++)
+		in->bytes += res->files[k].nbytes;
+	if (res->ep_size != g->plan->ep_size) {
+		rc = refuse(g, "role '%s': shard set '%s' is an EP=%u split, the plan runs EP=%u: run "
+			    "'msshard reshard %s -o DIR --ep-size %u' and name DIR", role, where,
+			    res->ep_size, g->plan->ep_size, where, g->plan->ep_size);
+		goto out;
+	}
+	if (!(in->shards = ms_calloc(res->nfiles ? res->nfiles : 1, sizeof(*in->shards)))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t k = 0; k < res->nfiles; k++) {
+		const struct ms_shard_out_file *f = &res->files[k];
+
+		rc = ms_inv_state_get(inv, f->state_digest, &st, &lerr);
+		if (rc == MS_ENOTFOUND) {
+			rc = refuse(g, "role '%s': '%s' (rank %u of shard set '%s') is state %s, which is "
+				    "not in the inventory (add it with msinv add)", role, f->path, f->rank,
+				    where, f->state_digest);
+			goto out;
+		}
+		if (rc != MS_OK) {
+			rc = ms_err_set(err, rc, "%s", lerr.msg);
+			goto out;
+		}
+		if (st->ep_size >= 0 &&
+		    ((uint32_t)st->ep_size != res->ep_size || (uint32_t)st->ep_rank != f->rank)) {
+			rc = refuse(g, "role '%s': '%s': the inventory records it as rank %d of %d, the "
+				    "shard set says rank %u of %u", role, f->path, st->ep_rank,
+				    st->ep_size, f->rank, res->ep_size);
+			goto out;
+		}
+		ms_inv_state_free(st);
+		st = NULL;
+		memcpy(in->shards[in->nshards++], f->state_digest, MS_STATE_DIGEST_LEN);
+	}
+	/* the role's state is what the set was split from (recorded or not:
+	 * the shards are, and every byte of the set was checked against it) */
+	memcpy(in->digest, res->source_digest, MS_STATE_DIGEST_LEN);
+	in->kind = res->is_adapter ? MS_INV_KIND_ADAPTER : MS_INV_KIND_BASE;
+	in->ep_size = (int32_t)res->ep_size;
+	rc = ms_inv_state_get(inv, in->digest, &st, &lerr);
+	if (rc == MS_OK) {
+		in->kind = st->kind;
+		if (st->label && !(in->label = ms_strdup(st->label))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+	} else if (rc != MS_ENOTFOUND) {
+		rc = ms_err_set(err, rc, "%s", lerr.msg);
+		goto out;
+	}
+	ms_inv_state_free(st);
+	st = NULL;
+	dir = ms_strdup(res->manifest_path);
+	if (dir) {
+		char *slash = strrchr(dir, '/');
+
+		if (slash)
+			*(slash == dir ? slash + 1 : slash) = 0;
+		else
+			strcpy(dir, ".");
+	}
+	if (!dir || !(real = realpath(dir, NULL)) || !(in->path = ms_strdup(real))) {
+		rc = !dir || real ? ms_err_set(err, MS_ENOMEM, "out of memory")
+				  : ms_err_set(err, MS_EIO, "'%s': %s", dir, strerror(errno));
+		goto out;
+	}
+	rc = MS_OK;
+	for (size_t k = 0; k < in->nshards && !(flags & MS_GATE_DRY_RUN) && rc == MS_OK; k++)
+		rc = ms_inv_record_verification(inv, in->shards[k], MS_INV_RESULT_OK, res->files[k].nbytes,
+						in->seconds, NULL, err);
+out:
+	free(real);
+	ms_free(dir);
+	ms_inv_state_free(st);
+	ms_shard_result_free(res);
+	return rc;
+}
+
 /* Verify one plan entry into g->inputs[i]; refusals go to g, failures of
  * the check itself to err. */
 static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned flags,
@@ -157,6 +293,11 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 
 		if (!where)
 			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		if (is_shard_set(where)) {
+			rc = check_shard_set(inv, g, in, where, flags, nthreads, err);
+			ms_free(where);
+			return rc;
+		}
 		rc = ms_ckpt_open(where, &ck, &lerr);
 		if (rc == MS_OK)
 			rc = ms_ckpt_hash(ck, nthreads, 0, &lerr);
@@ -297,33 +438,65 @@ static int build_env(struct ms_inv *inv, struct ms_gate *g)
 	return rc ? MS_ENOMEM : MS_OK;
 }
 
-/* The run of a refused or failed launch: recorded as failed (126, the
- * shell's "found but not executable": the command never ran) with an event
- * saying why, naming the states the plan could name; one batch, so the run,
- * its event and its end are recorded together or not at all. */
-static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind,
-			 const char *why, struct ms_err *err)
+/* The states a run consumes: every input's, and every shard of a shard
+ * set input (with known only those in the inventory: a refused run may
+ * name what is not, and a shard set's source need not be recorded, its
+ * shards are). *ins is owned by the caller; its strings are g's. */
+static int run_inputs(struct ms_inv *inv, const struct ms_gate *g, int known,
+		      struct ms_inv_run_input **ins, size_t *n)
 {
-	struct ms_inv_run_input *ins = ms_calloc(g->ninputs + 1, sizeof(*ins));
+	size_t cap = 1, k = 0;
+
+	for (size_t i = 0; i < g->ninputs; i++)
+		cap += 1 + g->inputs[i].nshards;
+	if (!(*ins = ms_calloc(cap, sizeof(**ins))))
+		return MS_ENOMEM;
+	for (size_t i = 0; i < g->ninputs; i++) {
+		const struct ms_gate_input *in = &g->inputs[i];
+
+		for (size_t s = 0; s <= in->nshards; s++) {
+			const char *d = s ? in->shards[s - 1] : in->digest;
+			struct ms_inv_state *st = NULL;
+			struct ms_err lerr = {0};
+			int dup = 0;
+
+			if (!d[0])
+				continue;
+			if (known) {
+				if (ms_inv_state_get(inv, d, &st, &lerr) != MS_OK)
+					continue;
+				ms_inv_state_free(st);
+			}
+			/* one row per digest: two roles may name one state */
+			for (size_t j = 0; j < k && !dup; j++)
+				dup = !strcmp((*ins)[j].digest, d);
+			if (dup)
+				continue;
+			(*ins)[k].digest = d;
+			(*ins)[k++].role = in->role;
+		}
+	}
+	*n = k;
+	return MS_OK;
+}
+
+/* The run of a refused or failed launch: recorded as failed with the exit
+ * status the launcher exits with (exit_code: 1 refused, 2 or 3 for a check
+ * that could not be made; the command never ran) and an event saying why,
+ * naming the states the plan could name; one batch, so the run, its event
+ * and its end are recorded together or not at all. */
+static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind,
+			 const char *why, int exit_code, struct ms_err *err)
+{
+	struct ms_inv_run_input *ins = NULL;
 	cJSON *ev = NULL;
 	char *js = NULL;
 	size_t k = 0;
 	int rc, batch = 0;
 
-	if (!ins) {
+	if (run_inputs(inv, g, 1, &ins, &k) != MS_OK) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
-	}
-	for (size_t i = 0; i < g->ninputs; i++) {
-		struct ms_inv_state *st = NULL;
-		struct ms_err lerr = {0};
-
-		if (!g->inputs[i].digest[0] ||
-		    ms_inv_state_get(inv, g->inputs[i].digest, &st, &lerr) != MS_OK)
-			continue;
-		ms_inv_state_free(st);
-		ins[k].digest = g->inputs[i].digest;
-		ins[k++].role = g->inputs[i].role;
 	}
 	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
 		goto out;
@@ -338,7 +511,7 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 		goto out;
 	}
 	if ((rc = ms_inv_event_add(inv, g->run_id, kind, js, NULL, err)) == MS_OK)
-		rc = ms_inv_run_end(inv, g->run_id, 126, err);
+		rc = ms_inv_run_end(inv, g->run_id, exit_code, err);
 out:
 	if (batch) {
 		int brc = ms_inv_batch_end(inv, rc == MS_OK, rc == MS_OK ? err : NULL);
@@ -360,7 +533,7 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 	struct ms_gate *g = ms_calloc(1, sizeof(*g));
 	struct ms_inv_run_input *ins = NULL;
 	char *text = NULL;
-	size_t len;
+	size_t len, nins = 0;
 	uint8_t d[32];
 	int rc, failed = MS_OK;
 
@@ -407,7 +580,8 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 	}
 	if (g->refused) {
 		/* a difference found is the verdict, whatever failed after it */
-		if ((rc = record_no_run(inv, g, "launch_refused", g->why, err)) != MS_OK)
+		if ((rc = record_no_run(inv, g, "launch_refused", g->why, ms_exit_code(MS_ECHECK),
+					err)) != MS_OK)
 			goto fail;
 		ms_free(text);
 		*out = g;
@@ -419,21 +593,16 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 		struct ms_err lerr = {0};
 
 		(void)record_no_run(inv, g, "launch_failed", err ? err->msg : ms_rc_str(failed),
-				    &lerr);
+				    ms_exit_code(failed), &lerr);
 		rc = failed;
 		goto fail;
 	}
 	/* record the run, with the states it consumes */
-	ins = ms_calloc(g->ninputs + 1, sizeof(*ins));
-	if (!ins) {
+	if (run_inputs(inv, g, 1, &ins, &nins) != MS_OK) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto fail;
 	}
-	for (size_t i = 0; i < g->ninputs; i++) {
-		ins[i].digest = g->inputs[i].digest;
-		ins[i].role = g->inputs[i].role;
-	}
-	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, g->ninputs, &g->run_id, err)) != MS_OK)
+	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, nins, &g->run_id, err)) != MS_OK)
 		goto fail;
 	if (build_env(inv, g) != MS_OK) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");

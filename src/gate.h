@@ -10,7 +10,13 @@
  *
  * The plan is the JSON of footprint.h (keys "states" with role and state or
  * path, "ep_size", "outputs"). A "path" entry is hashed and must be an
- * inventoried state; a "state" entry is a digest, prefix or label.
+ * inventoried state; a "state" entry is a digest, prefix or label. A "path"
+ * entry may also be an EP shard set (a directory holding ep_manifest.json,
+ * or that file): the whole set is checked (ms_shard_check: every shard,
+ * every expert, the manifest), it must be split for the plan's EP size, and
+ * every shard must be an inventoried state recorded with its rank; the
+ * role's state is then the set's source (the unsharded state), and every
+ * shard is recorded as consumed by the run.
  *
  * Environment given to the command (ROLE upper-cased, every character not
  * in [A-Z0-9] turned into '_'):
@@ -21,6 +27,12 @@
  *   MSINV_OUTPUTS      the plan's "outputs" (when given)
  *   MSINV_STATE_<ROLE> the verified state digest
  *   MSINV_PATH_<ROLE>  the directory (or file) holding that state's files
+ *                      (for a shard set: the set's directory)
+ *
+ * A run that is refused or cannot be checked never starts its command: it
+ * is recorded as failed with the exit status the launcher itself exits with
+ * (ms_exit_code of the verdict: 1 refused, 2 or 3 for a check that could
+ * not be made), so the record and the shell agree.
  */
 #ifndef MS_GATE_H
 #define MS_GATE_H
@@ -45,6 +57,10 @@ struct ms_gate_input {
 	int trusted;           /* accepted through a recent verification */
 	uint64_t bytes;        /* bytes re-hashed */
 	double seconds;
+	/* a shard set entry: the state digest of every shard, rank order
+	 * (digest is then the set's source state); 0 and NULL otherwise */
+	size_t nshards;
+	char (*shards)[MS_STATE_DIGEST_LEN];
 };
 
 struct ms_gate {

@@ -4,10 +4,14 @@
  */
 #include "policy.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "hash.h"
 
 void ms_policy_report_free(struct ms_policy_report *r)
 {
@@ -23,6 +27,14 @@ void ms_policy_report_free(struct ms_policy_report *r)
 		ms_free(r->parts[i].layout);
 	}
 	ms_free(r->parts);
+	for (size_t i = 0; i < r->npolicies; i++) {
+		ms_free(r->policies[i].label);
+		ms_free(r->policies[i].layout);
+	}
+	ms_free(r->policies);
+	for (size_t i = 0; i < r->nsources; i++)
+		ms_free(r->sources[i]);
+	ms_free(r->sources);
 	ms_free(r);
 }
 
@@ -53,6 +65,8 @@ static int finish_list(struct ms_policy_report *r, const char *label, struct ms_
 					  r->tensors[i].name);
 	for (size_t i = 0; i < r->ntensors; i++)
 		r->tensors[i].part = -1;
+	for (size_t i = 0; i < r->ntensors; i++)
+		r->tensors[i].src = -1;
 	return MS_OK;
 }
 
@@ -149,12 +163,232 @@ fail:
 	return rc;
 }
 
+/* ---- fused names of serving engines ---------------------------------------- */
+
+static int ends_with(const char *s, const char *suffix, size_t *stem)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	if (n < m || strcmp(s + n - m, suffix))
+		return 0;
+	*stem = n - m;
+	return 1;
+}
+
+/* Sizes of q, k and v in a fused qkv_proj of `rows` rows, from config.json;
+ * 0 when it does not say or does not fit. */
+static void qkv_sizes(const struct ms_ckpt *c, uint64_t rows, uint64_t sz[3])
+{
+	const struct ms_ckpt_config *cf = ms_ckpt_config(c, "config.json");
+	cJSON *j = NULL, *x;
+	double nh = 0, nkv = 0, hd = 0, hs = 0;
+	int nomem;
+
+	sz[0] = sz[1] = sz[2] = 0;
+	if (!cf || !(j = ms_json_parse(cf->text, cf->len, &nomem)))
+		return;
+	if (cJSON_IsNumber(x = cJSON_GetObjectItemCaseSensitive(j, "num_attention_heads")))
+		nh = x->valuedouble;
+	nkv = nh;
+	if (cJSON_IsNumber(x = cJSON_GetObjectItemCaseSensitive(j, "num_key_value_heads")))
+		nkv = x->valuedouble;
+	if (cJSON_IsNumber(x = cJSON_GetObjectItemCaseSensitive(j, "hidden_size")))
+		hs = x->valuedouble;
+	if (cJSON_IsNumber(x = cJSON_GetObjectItemCaseSensitive(j, "head_dim")))
+		hd = x->valuedouble;
+	else if (nh > 0)
+		hd = hs / nh;
+	cJSON_Delete(j);
+	if (nh < 1 || nkv < 1 || hd < 1 || nh > 1e6 || nkv > 1e6 || hd > 1e6 ||
+	    (double)(uint64_t)(nh * hd) != nh * hd || (double)(uint64_t)(nkv * hd) != nkv * hd ||
+	    (uint64_t)(nh * hd) + 2 * (uint64_t)(nkv * hd) != rows)
+		return;
+	sz[0] = (uint64_t)(nh * hd);
+	sz[1] = sz[2] = (uint64_t)(nkv * hd);
+}
+
+/* Append a slice (its name from a printf format, its bytes hashed) of the
+ * served tensor sources[src] to r. */
+static int slice_add(struct ms_policy_report *r, size_t *cap, int src, const uint8_t *p,
+		     uint64_t n, struct ms_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+static int slice_add(struct ms_policy_report *r, size_t *cap, int src, const uint8_t *p,
+		     uint64_t n, struct ms_err *err, const char *fmt, ...)
+{
+	struct ms_policy_tensor *t;
+	char name[1024];
+	va_list ap;
+	int rc;
+
+	if (r->ntensors == *cap) {
+		size_t nc = *cap * 2 + 16;
+		struct ms_policy_tensor *nt = ms_realloc(r->tensors, nc * sizeof(*nt));
+
+		if (!nt)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		r->tensors = nt;
+		*cap = nc;
+	}
+	t = &r->tensors[r->ntensors];
+	memset(t, 0, sizeof(*t));
+	va_start(ap, fmt);
+	vsnprintf(name, sizeof(name), fmt, ap);
+	va_end(ap);
+	if ((rc = ms_sha256(p, (size_t)n, t->digest)) != MS_OK)
+		return ms_err_set(err, rc, rc == MS_ENOMEM ? "out of memory" : "sha256 failed");
+	if (!(t->name = ms_strdup(name)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	t->src = src;
+	t->part = -1;
+	r->ntensors++;
+	return MS_OK;
+}
+
+int ms_policy_unfuse(struct ms_inv *inv, const struct ms_ckpt *c, struct ms_policy_report *r,
+		     struct ms_err *err)
+{
+	size_t cap = r->ntensors, n0 = r->ntensors, keep = 0;
+	int rc = MS_OK;
+
+	for (size_t i = 0; i < n0; i++) {
+		struct ms_policy_tensor *t = &r->tensors[i];
+		const struct ms_tensor *y = ms_ckpt_find(c, t->name);
+		struct ms_inv_owner *o = NULL;
+		size_t no = 0, stem;
+		enum { F_NONE, F_W13, F_W2, F_QKV, F_GATE_UP } kind = F_NONE;
+		const char *pre;
+		int mixtral, src;
+		uint64_t es, row;
+		char **ns;
+
+		if (ends_with(t->name, ".experts.w13_weight", &stem))
+			kind = F_W13;
+		else if (ends_with(t->name, ".experts.w2_weight", &stem))
+			kind = F_W2;
+		else if (ends_with(t->name, ".qkv_proj.weight", &stem))
+			kind = F_QKV;
+		else if (ends_with(t->name, ".gate_up_proj.weight", &stem))
+			kind = F_GATE_UP;
+		if (kind == F_NONE || !y || ms_dtype_bits(y->dtype) % 8 ||
+		    y->ndim != (kind == F_W13 || kind == F_W2 ? 3u : 2u) || !y->nbytes)
+			continue;
+		/* an inventoried state in the engine's own layout matches as is */
+		if ((rc = ms_inv_tensor_owners(inv, t->digest, &o, &no, err)) != MS_OK)
+			return rc;
+		ms_inv_owners_free(o, no);
+		if (no)
+			continue;
+		es = ms_dtype_bits(y->dtype) / 8;
+		row = y->shape[y->ndim - 1] * es;
+		if ((kind == F_W13 || kind == F_GATE_UP) && y->shape[y->ndim - 2] % 2)
+			continue;
+		if (kind == F_QKV) {
+			uint64_t sz[3];
+
+			qkv_sizes(c, y->shape[0], sz);
+			if (!sz[0])
+				continue;
+		}
+		if (!(ns = ms_realloc(r->sources, (r->nsources + 1) * sizeof(*ns))))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		r->sources = ns;
+		if (!(ns[r->nsources] = ms_strdup(t->name)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		src = (int)r->nsources++;
+		pre = t->name;
+		mixtral = strstr(t->name, "block_sparse_moe.") != NULL;
+		if (kind == F_W13 || kind == F_W2) {
+			/* stem ends before ".experts.": the per-expert names
+			 * go under "<stem>.experts.<e>." */
+			uint64_t e_bytes = y->nbytes / y->shape[0];
+
+			for (uint64_t e = 0; e < y->shape[0] && rc == MS_OK; e++) {
+				const uint8_t *p = y->data + e * e_bytes;
+
+				if (kind == F_W2) {
+					rc = slice_add(r, &cap, src, p, e_bytes, err, "%.*s.experts.%llu.%s.weight",
+						       (int)stem, pre, (unsigned long long)e,
+						       mixtral ? "w2" : "down_proj");
+					continue;
+				}
+				rc = slice_add(r, &cap, src, p, e_bytes / 2, err, "%.*s.experts.%llu.%s.weight",
+					       (int)stem, pre, (unsigned long long)e,
+					       mixtral ? "w1" : "gate_proj");
+				if (rc == MS_OK)
+					rc = slice_add(r, &cap, src, p + e_bytes / 2, e_bytes / 2, err,
+						       "%.*s.experts.%llu.%s.weight", (int)stem, pre,
+						       (unsigned long long)e, mixtral ? "w3" : "up_proj");
+			}
+		} else if (kind == F_GATE_UP) {
+			rc = slice_add(r, &cap, src, y->data, y->nbytes / 2, err, "%.*s.gate_proj.weight",
+				       (int)stem, pre);
+			if (rc == MS_OK)
+				rc = slice_add(r, &cap, src, y->data + y->nbytes / 2, y->nbytes / 2, err,
+					       "%.*s.up_proj.weight", (int)stem, pre);
+		} else {
+			static const char *const qkv[] = {"q_proj", "k_proj", "v_proj"};
+			uint64_t sz[3], at = 0;
+
+			qkv_sizes(c, y->shape[0], sz);
+			for (int k = 0; k < 3 && rc == MS_OK; k++) {
+				rc = slice_add(r, &cap, src, y->data + at * row, sz[k] * row, err,
+					       "%.*s.%s.weight", (int)stem, pre, qkv[k]);
+				at += sz[k];
+			}
+		}
+		if (rc != MS_OK)
+			return rc;
+		/* r->tensors may have moved: the fused one is dropped below */
+		r->tensors[i].src = -2;
+	}
+	/* drop the tensors that were replaced by their slices */
+	for (size_t i = 0; i < r->ntensors; i++) {
+		if (r->tensors[i].src == -2) {
+			ms_free(r->tensors[i].name);
+			ms_free(r->tensors[i].other);
+			continue;
+		}
+		r->tensors[keep++] = r->tensors[i];
+	}
+	r->ntensors = keep;
+	qsort(r->tensors, r->ntensors, sizeof(*r->tensors), cmp_tensor);
+	for (size_t i = 1; i < r->ntensors; i++)
+		if (!strcmp(r->tensors[i].name, r->tensors[i - 1].name))
+			return ms_err_set(err, MS_EINVAL, "served checkpoint: tensor '%s' is served both "
+					  "fused and on its own", r->tensors[i].name);
+	return MS_OK;
+}
+
 /* A candidate state and the served tensors it holds under their names. */
 struct cand {
 	char state[MS_STATE_DIGEST_LEN];
 	size_t left;      /* of them, not yet given to a part */
+	size_t held;      /* all of them */
 	int part;         /* -1 until chosen */
+	int is_policy;    /* a policy state: a composition, not a constituent */
 };
+
+/* A part (or a policy the served tensors resemble) from its state. */
+static int part_fill(struct ms_inv *inv, struct ms_policy_part *p, const char *state,
+		     struct ms_err *err)
+{
+	struct ms_inv_state *st = NULL;
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	memcpy(p->state, state, MS_STATE_DIGEST_LEN);
+	if ((rc = ms_inv_state_get(inv, p->state, &st, err)) != MS_OK)
+		return rc;
+	p->kind = st->kind;
+	p->state_tensors = st->ntensors;
+	p->label = st->label ? ms_strdup(st->label) : NULL;
+	p->layout = st->layout ? ms_strdup(st->layout) : NULL;
+	rc = (st->label && !p->label) || (st->layout && !p->layout)
+		     ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		     : MS_OK;
+	ms_inv_state_free(st);
+	return rc;
+}
 
 static int cand_index(struct cand **c, size_t *n, size_t *cap, const char *state)
 {
@@ -235,17 +469,32 @@ oom_owners:
 		ms_inv_owners_free(o, n);
 		goto oom;
 	}
+	for (size_t k = 0; k < nc; k++) {
+		struct ms_inv_state *st = NULL;
+
+		if ((rc = ms_inv_state_get(inv, c[k].state, &st, err)) != MS_OK)
+			goto out;
+		c[k].is_policy = st->kind == MS_INV_KIND_POLICY;
+		c[k].held = c[k].left;
+		ms_inv_state_free(st);
+	}
 	/* Greedy cover: the state holding most of what is left becomes the
 	 * next part, until every name-matched tensor has one. A base and a
-	 * quantized copy share norms and embeddings; the larger wins them. */
+	 * quantized copy share norms and embeddings; the larger wins them.
+	 * Constituent states (base, adapter, quantized, shards) go first: a
+	 * policy registered from these very files holds all of them, and
+	 * matching a changed copy against it would say "132 of 133 of the
+	 * policy" and never name the base or adapter the bytes came from. A
+	 * policy is a part only for tensors no constituent holds. */
 	for (;;) {
 		size_t best = SIZE_MAX;
 		struct ms_policy_part *np, *p;
-		struct ms_inv_state *st = NULL;
 
-		for (size_t k = 0; k < nc; k++)
-			if (c[k].part < 0 && c[k].left && (best == SIZE_MAX || c[k].left > c[best].left))
-				best = k;
+		for (int pass = 0; pass < 2 && best == SIZE_MAX; pass++)
+			for (size_t k = 0; k < nc; k++)
+				if (c[k].part < 0 && c[k].left && c[k].is_policy == pass &&
+				    (best == SIZE_MAX || c[k].left > c[best].left))
+					best = k;
 		if (best == SIZE_MAX)
 			break;
 		np = ms_realloc(r->parts, (r->nparts + 1) * sizeof(*np));
@@ -253,16 +502,9 @@ oom_owners:
 			goto oom;
 		r->parts = np;
 		p = &np[r->nparts];
-		memset(p, 0, sizeof(*p));
-		memcpy(p->state, c[best].state, MS_STATE_DIGEST_LEN);
 		c[best].part = (int)r->nparts++;
-		if ((rc = ms_inv_state_get(inv, p->state, &st, err)) != MS_OK)
+		if ((rc = part_fill(inv, p, c[best].state, err)) != MS_OK)
 			goto out;
-		p->kind = st->kind;
-		p->state_tensors = st->ntensors;
-		p->label = st->label ? ms_strdup(st->label) : NULL;
-		p->layout = st->layout ? ms_strdup(st->layout) : NULL;
-		ms_inv_state_free(st);
 		for (size_t i = 0; i < r->ntensors; i++) {
 			int has = 0;
 
@@ -278,6 +520,23 @@ oom_owners:
 			for (size_t k = 0; k < count[i]; k++)
 				c[idx[first[i] + k]].left--;
 		}
+	}
+	/* the registered policies the served tensors resemble, named beside
+	 * the parts (a changed copy of a policy: most of its tensors) */
+	for (size_t k = 0; k < nc; k++) {
+		struct ms_policy_part *np;
+
+		if (!c[k].is_policy || c[k].part >= 0 || !c[k].held)
+			continue;
+		np = ms_realloc(r->policies, (r->npolicies + 1) * sizeof(*np));
+		if (!np)
+			goto oom;
+		r->policies = np;
+		if ((rc = part_fill(inv, &np[r->npolicies], c[k].state, err)) != MS_OK) {
+			r->npolicies++;
+			goto out;
+		}
+		np[r->npolicies++].served = c[k].held;
 	}
 	/* bytes nobody recorded under a name a part has: a mismatch */
 	for (size_t pi = 0; pi < r->nparts; pi++) {

@@ -41,6 +41,8 @@ struct ms_policy_tensor {
 	int part;              /* index into parts, or -1 */
 	char *other;           /* renamed: the recorded name; NULL otherwise */
 	char other_state[MS_STATE_DIGEST_LEN]; /* renamed: the state */
+	int src;               /* a slice of the served fused tensor
+				* sources[src] (ms_policy_unfuse), or -1 */
 };
 
 struct ms_policy_part {
@@ -56,8 +58,19 @@ struct ms_policy_report {
 	size_t ntensors;
 	struct ms_policy_tensor *tensors;   /* sorted by name */
 	size_t nparts;
-	struct ms_policy_part *parts;       /* most tensors first */
+	struct ms_policy_part *parts;       /* constituents first (base,
+					     * adapter, quantized: not policy
+					     * states), most tensors first */
+	/* policy states that hold some of the served tensors under their
+	 * names but are not parts (served: how many): what a served copy
+	 * of a registered policy resembles, beside what it is made of */
+	size_t npolicies;
+	struct ms_policy_part *policies;
 	size_t nmatched, nrenamed, nmismatch, nunknown;
+	/* for tensors unfused by ms_policy_unfuse: the served fused names
+	 * (sources[src] of struct ms_policy_tensor) */
+	size_t nsources;
+	char **sources;
 };
 
 /* The served tensors: from checkpoints at paths (hashed with nthreads) or
@@ -66,6 +79,26 @@ int ms_policy_from_ckpt(const struct ms_ckpt *c, struct ms_policy_report **out,
 			struct ms_err *err);
 int ms_policy_from_map(const char *json, size_t len, const char *label,
 		       struct ms_policy_report **out, struct ms_err *err);
+
+/*
+ * Serving engines hold some parameters fused, under names no checkpoint
+ * has. vLLM's FusedMoE keeps every expert of a layer in
+ * "...experts.w13_weight" [E, 2I, H] (expert e's rows [0, I) are w1, the
+ * gate_proj, and [I, 2I) w3, the up_proj) and "...experts.w2_weight"
+ * [E, H, I] (down_proj); its merged linears stack their inputs along the
+ * first dimension: "qkv_proj.weight" = q_proj, k_proj, v_proj (sizes from
+ * config.json: num_attention_heads, num_key_value_heads, head_dim or
+ * hidden_size / heads) and "gate_up_proj.weight" = gate_proj, up_proj.
+ * Every served tensor of c with such a name whose bytes no recorded state
+ * holds is replaced in r by its slices, each hashed and named as
+ * checkpoints name it ("experts.<e>.gate_proj.weight"; Mixtral's
+ * "experts.<e>.w1.weight" / w3 / w2 under "block_sparse_moe"), so that
+ * ms_policy_identify matches them against the inventoried tensors. Call
+ * between ms_policy_from_ckpt and ms_policy_identify. A tensor map (digests
+ * only) cannot be sliced.
+ */
+int ms_policy_unfuse(struct ms_inv *inv, const struct ms_ckpt *c, struct ms_policy_report *r,
+		     struct ms_err *err);
 
 /* Look every tensor up in inv and choose the parts. Returns MS_OK when
  * every tensor matched, MS_ECHECK when some did not (the report says which),

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 
 #include "fsutil.h"
 #include "hash.h"
+#include "inventory.h"
 #include "names.h"
 #include "safetensors.h"
 
@@ -362,6 +364,10 @@ struct src {
 	size_t nrec;
 	struct srec *rec;       /* sorted by layer, expert, param, part */
 	char digest[MS_STATE_DIGEST_LEN];
+	const struct stensor *e_from; /* the fused LoRA A that gave E, if one did */
+	int rank_code;          /* the code of a LoRA shape that contradicts r:
+				 * MS_EINVAL (0 means it) for an input, MS_ECHECK
+				 * for a shard set being verified */
 };
 
 static void src_release(struct src *s)
@@ -856,9 +862,10 @@ static int parse_config(const struct src *s, const char *name, cJSON **out,
 	return MS_OK;
 }
 
-/* The number of routed experts config.json declares (0 when it does not). */
-static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
-			  struct ms_err *err)
+/* The number of routed experts a parsed config.json declares (0 when it
+ * does not); label names the model in errors. */
+static int config_experts_json(const char *label, const cJSON *mcfg, uint32_t *e,
+			       struct ms_err *err)
 {
 	static const char *const keys[] = {
 		"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
@@ -873,11 +880,205 @@ static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
 			continue;
 		if (json_u64(j, MS_EP_MAX_EXPERTS, &v) || v == 0)
 			return ms_err_set(err, MS_EINVAL, "'%s': config.json \"%s\" is not an expert "
-					  "count in 1..%u", s->label, keys[i], MS_EP_MAX_EXPERTS);
+					  "count in 1..%u", label, keys[i], MS_EP_MAX_EXPERTS);
 		*e = (uint32_t)v;
 		return MS_OK;
 	}
 	return MS_OK;
+}
+
+static int config_experts(const struct src *s, const cJSON *mcfg, uint32_t *e,
+			  struct ms_err *err)
+{
+	return config_experts_json(s->label, mcfg, e, err);
+}
+
+int ms_ep_config_experts(const char *text, size_t len, const char *label, uint32_t *e,
+			 struct ms_err *err)
+{
+	int nomem, rc;
+	cJSON *j = ms_json_parse(text, len, &nomem);
+
+	*e = 0;
+	if (nomem)
+		return oom(err);
+	if (!j || !cJSON_IsObject(j))
+		rc = ms_err_set(err, MS_EINVAL, "'%s': config.json is not a JSON object", label);
+	else
+		rc = config_experts_json(label, j, e, err);
+	cJSON_Delete(j);
+	return rc;
+}
+
+/* The expert count in the recorded config.json of state digest (0: none
+ * recorded, or it declares none). */
+static int inv_state_experts(struct ms_inv *inv, const char *digest, const char *label,
+			     uint32_t *e, struct ms_err *err)
+{
+	struct ms_inv_config *c = NULL;
+	size_t n = 0;
+	int rc;
+
+	*e = 0;
+	if ((rc = ms_inv_state_configs(inv, digest, &c, &n, err)) != MS_OK)
+		return rc;
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(c[i].name, "config.json")) {
+			rc = ms_ep_config_experts(c[i].text, c[i].len, label, e, err);
+			break;
+		}
+	ms_inv_configs_free(c, n);
+	return rc;
+}
+
+int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_digest,
+		       uint32_t *e, char **label, struct ms_err *err)
+{
+	char (*level)[MS_STATE_DIGEST_LEN] = NULL, (*next)[MS_STATE_DIGEST_LEN] = NULL;
+	size_t nlevel = 0, nnext = 0;
+	struct stat st;
+	int rc = MS_OK;
+
+	*e = 0;
+	*label = NULL;
+	if (base && stat(base, &st) == 0) {
+		char *dir = S_ISDIR(st.st_mode) ? ms_strdup(base) : NULL, *cfg, *text = NULL;
+		size_t len;
+
+		if (!S_ISDIR(st.st_mode)) {
+			const char *slash = strrchr(base, '/');
+
+			dir = slash ? ms_strndup(base, (size_t)(slash - base) + (slash == base))
+				    : ms_strdup(".");
+		}
+		cfg = dir ? ms_path_join(dir, "config.json") : NULL;
+		ms_free(dir);
+		if (!cfg)
+			return oom(err);
+		rc = ms_read_file(cfg, MAX_MAP_FILE, &text, &len, err);
+		if (rc == MS_ENOTFOUND)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': no config.json beside the base: its "
+					"expert count is unknown", base);
+		if (rc == MS_OK)
+			rc = ms_ep_config_experts(text, len, base, e, err);
+		ms_free(text);
+		ms_free(cfg);
+		if (rc == MS_OK && !*e)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': its config.json declares no expert count",
+					base);
+		if (rc == MS_OK && !(*label = ms_strdup(base)))
+			rc = oom(err);
+		return rc;
+	}
+	if (base) {
+		char d[MS_STATE_DIGEST_LEN];
+
+		if (!inv)
+			return ms_err_set(err, MS_ENOTFOUND, "'%s': no such file, and no inventory to "
+					  "look a state up in", base);
+		if ((rc = ms_inv_resolve(inv, base, d, err)) != MS_OK ||
+		    (rc = inv_state_experts(inv, d, base, e, err)) != MS_OK)
+			return rc;
+		if (!*e)
+			return ms_err_set(err, MS_EINVAL, "state '%s': no recorded config.json declares "
+					  "its expert count", base);
+		return (*label = ms_strdup(base)) ? MS_OK : oom(err);
+	}
+	if (!inv || !source_digest || !*source_digest)
+		return MS_OK;
+	/* the nearest ancestor that declares an expert count, level by level */
+	if (!(level = ms_malloc(sizeof(*level))))
+		return oom(err);
+	memcpy(level[0], source_digest, MS_STATE_DIGEST_LEN);
+	nlevel = 1;
+	for (int depth = 0; depth < 64 && nlevel && !*e; depth++) {
+		nnext = 0;
+		for (size_t i = 0; i < nlevel && !*e; i++) {
+			struct ms_inv_edge *ed = NULL;
+			size_t ne = 0;
+
+			rc = ms_inv_edges(inv, level[i], MS_INV_EDGES_PARENTS, &ed, &ne, err);
+			if (rc == MS_ENOTFOUND) {
+				rc = MS_OK;
+				continue;
+			}
+			if (rc != MS_OK)
+				goto out;
+			for (size_t k = 0; k < ne && !*e && rc == MS_OK; k++) {
+				void *g;
+
+				rc = inv_state_experts(inv, ed[k].parent, ed[k].parent, e, err);
+				if (rc == MS_OK && *e) {
+					*label = ed[k].parent_label ? ms_strdup(ed[k].parent_label)
+								    : ms_strdup(ed[k].parent);
+					if (!*label)
+						rc = oom(err);
+				} else if (rc == MS_OK) {
+					if (!(g = ms_realloc(next, (nnext + 1) * sizeof(*next)))) {
+						rc = oom(err);
+					} else {
+						next = g;
+						memcpy(next[nnext++], ed[k].parent, MS_STATE_DIGEST_LEN);
+					}
+				}
+			}
+			ms_inv_edges_free(ed, ne);
+			if (rc != MS_OK)
+				goto out;
+		}
+		ms_free(level);
+		level = next;
+		nlevel = nnext;
+		next = NULL;
+	}
+out:
+	ms_free(level);
+	ms_free(next);
+	if (rc != MS_OK) {
+		*e = 0;
+		ms_free(*label);
+		*label = NULL;
+	}
+	return rc;
+}
+
+/*
+ * A per-module LoRA factor (attention, a per-expert LoRA) against r:
+ * lora_A is [r, in] and lora_B [out, r], with r from adapter_config.json
+ * or its rank_pattern (PEFT's key: the module path). The fused LoRA of the
+ * experts is E*r rows, which any r dividing it fits: these factors are
+ * what shows a wrong r when the adapter has them.
+ */
+static int lora_rank_check(const struct src *s, const cJSON *acfg, const struct stensor *t,
+			   const struct ms_name_info *in, struct ms_err *err)
+{
+	const cJSON *hit;
+	uint32_t r;
+	uint64_t v, got;
+	char *mod;
+	int rc;
+
+	if (!acfg || t->ndim != 2 || cfg_u32(acfg, "r", MAX_LORA_RANK, &r) || r == 0)
+		return MS_OK;
+	if (!(mod = canon_path(t->name, in->module_len, 0)))
+		return oom(err);
+	rc = pattern_lookup(cJSON_GetObjectItemCaseSensitive(acfg, "rank_pattern"), mod, s->label,
+			    &hit, err);
+	if (rc == MS_OK && hit) {
+		if (json_u64(hit, MAX_LORA_RANK, &v) || v == 0)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': rank_pattern '%s' is not a rank in 1..%u",
+					s->label, hit->string, MAX_LORA_RANK);
+		else
+			r = (uint32_t)v;
+	}
+	got = in->role == MS_NAME_ROLE_LORA_A ? t->shape[0] : t->shape[1];
+	if (rc == MS_OK && got != r)
+		rc = ms_err_set(err, s->rank_code ? s->rank_code : MS_EINVAL,
+				"tensor '%s' in '%s': %s has rank %llu, but adapter_config.json gives "
+				"r=%u for '%s' (lora_A is [r, in], lora_B [out, r])", t->name, s->label,
+				ms_name_role_str(in->role), (unsigned long long)got, r, mod);
+	ms_free(mod);
+	return rc;
 }
 
 /*
@@ -898,6 +1099,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 
 	s->packing = 0;
 	s->r = 0;
+	s->e_from = NULL;
 	if ((rc = parse_config(s, "adapter_config.json", &acfg, err)) != MS_OK ||
 	    (rc = parse_config(s, "config.json", &mcfg, err)) != MS_OK)
 		goto out;
@@ -931,6 +1133,10 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 			goto out;
 		}
 		t->layer = in.layer;
+		if ((in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B) &&
+		    in.part != MS_NAME_PART_EXPERTS_FUSED &&
+		    (rc = lora_rank_check(s, acfg, t, &in, err)) != MS_OK)
+			goto out;
 		if (in.part == MS_NAME_PART_EXPERT && in.expert >= 0) {
 			t->kind = TK_EXPERT;
 			t->expert = in.expert;
@@ -1044,6 +1250,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 		if (!e_fused) {
 			e_fused = ew;
 			fused_from = a->name;
+			s->e_from = a;
 		} else if (ew != e_fused) {
 			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': %u experts at r=%u, but "
 					"'%s' has %u", a->name, s->label, ew, w[j].r, fused_from,
@@ -2314,6 +2521,12 @@ void ms_shard_result_free(struct ms_shard_result *r)
 	ms_free(r->files);
 	ms_free(r->manifest_path);
 	ms_ep_placement_free(r->placement);
+	for (size_t i = 0; i < r->nfaults; i++) {
+		ms_free(r->faults[i].tensor);
+		ms_free(r->faults[i].file);
+		ms_free(r->faults[i].msg);
+	}
+	ms_free(r->faults);
 	ms_free(r);
 }
 
@@ -2936,6 +3149,30 @@ static int same_parent(const char *path, const char *dir)
 	return same;
 }
 
+/*
+ * The expert count the tensors were read with against the base model's
+ * (o->base_experts; 0: unknown). A fused LoRA's rows are E*r: r in
+ * adapter_config.json is what turns them into experts, so a wrong r splits
+ * 16 experts into "12" with every shape consistent; only the base can tell.
+ * Returns MS_OK, or code with the tensor, the rule and both counts.
+ */
+static int check_base(const struct src *s, const struct ms_shard_opts *o, int code,
+		      struct ms_err *err)
+{
+	const char *bl = o && o->base_label ? o->base_label : "the base";
+
+	if (!o || !o->base_experts || s->E == o->base_experts)
+		return MS_OK;
+	if (s->e_from)
+		return ms_err_set(err, code, "tensor '%s' in '%s': %llu rows at r=%u "
+				  "(adapter_config.json) make %u experts, but the base '%s' has %u: "
+				  "\"r\" does not fit the fused LoRA's shapes", s->e_from->name, s->label,
+				  (unsigned long long)s->e_from->shape[0], s->e_from->r, s->E, bl,
+				  o->base_experts);
+	return ms_err_set(err, code, "'%s': %u experts, but the base '%s' has %u", s->label, s->E,
+			  bl, o->base_experts);
+}
+
 int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err)
 {
@@ -2958,7 +3195,8 @@ int ms_shard_split(const char *src, const char *dir, const struct ms_shard_opts 
 		goto out;
 	if ((rc = src_from_ckpt(&s, c, err)) != MS_OK)
 		goto out;
-	if ((rc = analyze(&s, o->num_experts, "--experts", err)) != MS_OK)
+	if ((rc = analyze(&s, o->num_experts, "--experts", err)) != MS_OK ||
+	    (rc = check_base(&s, o, MS_EINVAL, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_ep_placement_new(o->placement, s.E, o->ep_size, &pl, err)) != MS_OK)
 		goto out;
@@ -3003,7 +3241,38 @@ struct sset {
 	char **names;                      /* [N] shard file names */
 	char (*sdig)[MS_STATE_DIGEST_LEN]; /* [N] the manifest's shard digests */
 	struct stensor **by_name;          /* src tensors sorted by name */
+	/* every fault found (a check goes on after the first) */
+	struct ms_ep_fault *faults;
+	size_t nfaults, capfaults;
+	uint64_t nfaults_more;
+	uint8_t *tbad;                     /* [src n] a fault names the tensor */
+	uint8_t *missing;                  /* [src n] an expert tensor absent
+					    * from its own rank */
+	uint32_t *rbad;                    /* [N] faults on each rank */
+	uint64_t *stray;                   /* (tensor << 32 | rank) of expert
+					    * tensors on another rank */
+	size_t nstray;
 };
+
+const char *ms_ep_fault_name(enum ms_ep_fault_kind kind)
+{
+	static const char *const names[] = {
+		"same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
+		"shape", "unknown", "replica", "digest", "state", "source", "experts",
+	};
+
+	return (size_t)kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
+}
+
+static void faults_free(struct ms_ep_fault *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		ms_free(v[i].tensor);
+		ms_free(v[i].file);
+		ms_free(v[i].msg);
+	}
+	ms_free(v);
+}
 
 static void sset_release(struct sset *ss)
 {
@@ -3017,6 +3286,11 @@ static void sset_release(struct sset *ss)
 	ms_free(ss->names);
 	ms_free(ss->sdig);
 	ms_free(ss->by_name);
+	faults_free(ss->faults, ss->nfaults);
+	ms_free(ss->tbad);
+	ms_free(ss->missing);
+	ms_free(ss->rbad);
+	ms_free(ss->stray);
 	ms_ep_placement_free(ss->pl);
 	src_release(&ss->s);
 	cJSON_Delete(ss->m);
@@ -3282,7 +3556,162 @@ static const char *shard_label(const struct sset *ss, uint32_t r)
 	return ss->ck && ss->ck[r] ? ss->ck[r]->files[0]->path : ss->names[r];
 }
 
-/* One opened shard: metadata and tensor set. */
+/*
+ * Record a fault and go on checking: f gives the kind, tensor, file, ranks
+ * and experts (copied), fmt the one-line message; ti is the source tensor
+ * the fault is about (-1: none), so that checks derived from it (a state
+ * digest over that tensor, the reassembly) do not report it again.
+ */
+static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
+		     struct ms_err *err, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
+		     struct ms_err *err, const char *fmt, ...)
+{
+	const struct ms_ep_fault *f = &fv;
+	struct ms_ep_fault *x;
+	char msg[sizeof(err->msg)];
+	va_list ap;
+
+	if (ti >= 0 && ss->tbad)
+		ss->tbad[ti] = 1;
+	if (f->rank >= 0 && ss->rbad)
+		ss->rbad[f->rank]++;
+	if (f->kind == MS_EP_FAULT_MISPLACED && f->other_rank >= 0 && ss->rbad)
+		ss->rbad[f->other_rank]++;
+	if (ss->nfaults >= MS_EP_MAX_FAULTS) {
+		ss->nfaults_more++;
+		return MS_OK;
+	}
+	if (ss->nfaults == ss->capfaults) {
+		size_t cap = ss->capfaults ? 2 * ss->capfaults : 16;
+		struct ms_ep_fault *v = ms_realloc(ss->faults, cap * sizeof(*v));
+
+		if (!v)
+			return oom(err);
+		ss->faults = v;
+		ss->capfaults = cap;
+	}
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	x = &ss->faults[ss->nfaults];
+	*x = *f;
+	x->tensor = f->tensor ? ms_strdup(f->tensor) : NULL;
+	x->file = f->file ? ms_strdup(f->file) : NULL;
+	x->msg = ms_strdup(msg);
+	if ((f->tensor && !x->tensor) || (f->file && !x->file) || !x->msg) {
+		ms_free(x->tensor);
+		ms_free(x->file);
+		ms_free(x->msg);
+		return oom(err);
+	}
+	ss->nfaults++;
+	return MS_OK;
+}
+
+/* A fault template: kind, tensor, file, rank, expert, other expert, its rank. */
+static struct ms_ep_fault fault_of(enum ms_ep_fault_kind kind, const char *tensor, const char *file,
+				   int64_t rank, int64_t expert, int64_t other, int64_t orank)
+{
+	struct ms_ep_fault f = { kind, (char *)tensor, (char *)file, rank, expert, other, orank, NULL };
+
+	return f;
+}
+
+/* The verdict of a check: the first fault (and how many more) when any. */
+static int sset_verdict(const struct sset *ss, struct ms_err *err)
+{
+	uint64_t more;
+
+	if (!ss->nfaults)
+		return MS_OK;
+	more = ss->nfaults - 1 + ss->nfaults_more;
+	if (more)
+		return ms_err_set(err, MS_ECHECK, "%s (and %llu more fault%s)", ss->faults[0].msg,
+				  (unsigned long long)more, more > 1 ? "s" : "");
+	return ms_err_set(err, MS_ECHECK, "%s", ss->faults[0].msg);
+}
+
+/*
+ * The file tensor of shard r holding source tensor t, when it is there with
+ * the dtype and shape rank r should hold; NULL otherwise (a fault already
+ * recorded by sset_check_shard).
+ */
+static const struct ms_tensor *shard_tensor(const struct sset *ss, uint32_t r,
+					    const struct stensor *t)
+{
+	const struct ms_tensor *y;
+	uint64_t shape[MS_ST_MAX_RANK];
+
+	if (!ss->ck[r] || !(y = ms_st_find(ss->ck[r]->files[0], t->name)))
+		return NULL;
+	local_shape(t, ss->pl->first[r + 1] - ss->pl->first[r], shape);
+	if (y->dtype != t->dtype || y->ndim != t->ndim ||
+	    memcmp(y->shape, shape, t->ndim * sizeof(uint64_t)))
+		return NULL;
+	return y;
+}
+
+/*
+ * Expert tensors found on another rank than their own (stray) and missing
+ * from their own, once every shard that is opened was read: an expert that
+ * moved is misplaced, one on two ranks duplicated, one nowhere missing.
+ * With one rank opened (only >= 0) a stray one is only known to be loaded
+ * twice, and a missing one missing.
+ */
+static int sset_resolve_strays(struct sset *ss, int64_t only, struct ms_err *err)
+{
+	const struct ms_ep_placement *pl = ss->pl;
+	int rc;
+
+	for (size_t k = 0; k < ss->nstray; k++) {
+		uint32_t i = (uint32_t)(ss->stray[k] >> 32), r = (uint32_t)ss->stray[k];
+		const struct stensor *t = &ss->s.t[i];
+		uint32_t h = pl->rank_of[t->expert];
+		const char *f = shard_label(ss, r);
+
+		if (only < 0 && ss->missing[i] == 1) {
+			ss->missing[i] = 2;
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_MISPLACED, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d is misplaced: it is on rank %u, "
+				       "but the placement puts it on rank %u ('%s'), which lacks it",
+				       t->name, f, t->expert, r, h, shard_label(ss, h));
+		} else if (only < 0) {
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_DUPLICATE, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d is duplicated: rank %u holds it "
+				       "besides its own rank %u ('%s'): it would be loaded twice",
+				       t->name, f, t->expert, r, h, shard_label(ss, h));
+		} else {
+			rc = fault_add(ss, fault_of(MS_EP_FAULT_DUPLICATE, t->name, f, r,
+									 t->expert, -1, h), i, err,
+				       "tensor '%s' in '%s': expert %d belongs on rank %u, not %u: it "
+				       "would be loaded twice", t->name, f, t->expert, h, r);
+		}
+		if (rc != MS_OK)
+			return rc;
+	}
+	for (size_t i = 0; i < ss->s.n; i++) {
+		const struct stensor *t = &ss->s.t[i];
+		uint32_t h;
+
+		if (ss->missing[i] != 1)
+			continue;
+		h = pl->rank_of[t->expert];
+		if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_MISSING, t->name,
+								      shard_label(ss, h), h, t->expert,
+								      -1, -1),
+				    (int64_t)i, err, "tensor '%s' in '%s': missing: expert %d is placed "
+				    "on rank %u", t->name, shard_label(ss, h), t->expert, h)) != MS_OK)
+			return rc;
+	}
+	return MS_OK;
+}
+
+/* One opened shard: metadata (a difference is bad input, MS_EINVAL) and
+ * tensor set (each difference a fault; expert tensors on the wrong rank are
+ * noted for sset_resolve_strays). */
 static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 {
 	const struct ms_st_file *f = ss->ck[r]->files[0];
@@ -3290,7 +3719,6 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 	const char *v;
 	uint64_t x;
 	uint32_t l = pl->first[r + 1] - pl->first[r];
-	size_t want = 0;
 	struct ms_buf b;
 	int same;
 
@@ -3337,17 +3765,22 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 		const struct stensor *t = &ss->s.t[i];
 		const struct ms_tensor *y;
 		uint64_t shape[MS_ST_MAX_RANK];
+		int rc;
 
 		if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r)
 			continue;
-		want++;
 		y = ms_st_find(f, t->name);
 		if (!y) {
-			if (t->kind == TK_EXPERT)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': missing: expert %d "
-						  "is placed on rank %u", t->name, f->path, t->expert, r);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': missing", t->name,
-					  f->path);
+			if (t->kind == TK_EXPERT) {
+				ss->missing[i] = 1;
+				continue;
+			}
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_MISSING, t->name,
+									      f->path, r, -1, -1, -1),
+					    (int64_t)i, err, "tensor '%s' in '%s': missing", t->name,
+					    f->path)) != MS_OK)
+				return rc;
+			continue;
 		}
 		local_shape(t, l, shape);
 		if (y->dtype != t->dtype || y->ndim != t->ndim ||
@@ -3356,24 +3789,32 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 
 			shape_text(t->ndim, shape, want_s, sizeof(want_s));
 			ms_shape_str(y, got_s, sizeof(got_s));
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': %s %s, but rank %u should "
-					  "hold %s %s", t->name, f->path, ms_dtype_name(y->dtype),
-					  got_s, r, ms_dtype_name(t->dtype), want_s);
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_SHAPE, t->name,
+									      f->path, r, t->expert, -1, -1),
+					    (int64_t)i, err, "tensor '%s' in '%s': %s %s, but rank %u "
+					    "should hold %s %s", t->name, f->path, ms_dtype_name(y->dtype),
+					    got_s, r, ms_dtype_name(t->dtype), want_s)) != MS_OK)
+				return rc;
 		}
 	}
-	if (f->ntensors != want) {
-		for (size_t i = 0; i < f->ntensors; i++) {
-			const struct ms_tensor *y = &f->tensors[i];
-			const struct stensor *t = sset_find(ss, y->name);
+	for (size_t i = 0; i < f->ntensors; i++) {
+		const struct ms_tensor *y = &f->tensors[i];
+		const struct stensor *t = sset_find(ss, y->name);
+		int rc;
 
-			if (!t)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': not part of the "
-						  "source this set was split from", y->name, f->path);
-			if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r)
-				return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': expert %d belongs "
-						  "on rank %u, not %u: it would be loaded twice",
-						  y->name, f->path, t->expert,
-						  pl->rank_of[t->expert], r);
+		if (!t) {
+			if ((rc = fault_add(ss, fault_of(MS_EP_FAULT_UNKNOWN, y->name,
+									      f->path, r, -1, -1, -1),
+					    -1, err, "tensor '%s' in '%s': not part of the source this "
+					    "set was split from", y->name, f->path)) != MS_OK)
+				return rc;
+		} else if (t->kind == TK_EXPERT && pl->rank_of[t->expert] != r) {
+			uint64_t *nv = ms_realloc(ss->stray, (ss->nstray + 1) * sizeof(*nv));
+
+			if (!nv)
+				return oom(err);
+			ss->stray = nv;
+			ss->stray[ss->nstray++] = (uint64_t)(t - ss->s.t) << 32 | r;
 		}
 	}
 	return MS_OK;
@@ -3388,19 +3829,17 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 	for (size_t i = 0; i < s->n; i++) {
 		struct stensor *t = &s->t[i];
 
+		/* a tensor missing or of the wrong shape (a fault already)
+		 * stays without bytes: what is there is still checked */
 		if (t->kind == TK_REPLICATED) {
 			for (uint32_t r = 0; r < pl->ep_size && !t->data; r++)
-				if (ss->ck[r]) {
-					t->st = ms_st_find(ss->ck[r]->files[0], t->name);
+				if ((t->st = shard_tensor(ss, r, t)))
 					t->data = t->st->data;
-				}
 		} else if (t->kind == TK_EXPERT) {
 			uint32_t r = pl->rank_of[t->expert];
 
-			if (ss->ck[r]) {
-				t->st = ms_st_find(ss->ck[r]->files[0], t->name);
+			if ((t->st = shard_tensor(ss, r, t)))
 				t->data = t->st->data;
-			}
 		} else {
 			t->edata = ms_calloc(s->E, sizeof(*t->edata));
 			t->epos = ms_calloc(s->E, sizeof(*t->epos));
@@ -3409,11 +3848,12 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 				return oom(err);
 			for (uint32_t e = 0; e < s->E; e++) {
 				uint32_t r = pl->rank_of[e];
+				const struct ms_tensor *y;
 
 				t->epos[e] = pl->local_of[e];
 				t->en[e] = pl->first[r + 1] - pl->first[r];
-				if (ss->ck[r])
-					t->edata[e] = ms_st_find(ss->ck[r]->files[0], t->name)->data;
+				if ((y = shard_tensor(ss, r, t)))
+					t->edata[e] = y->data;
 			}
 		}
 	}
@@ -3424,28 +3864,103 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 #define V_SHARDS 1u     /* each shard's state digest: whole sliced tensors hashed */
 #define V_REASSEMBLE 2u /* sliced tensors put back together: the source's digests */
 
-/* Expert `held` on its rank carries the canonical bytes of expert `src`:
- * the same expert block under two global ids, the signature of a warm start
- * that ignored expert parallelism. */
-static int dup_block(const struct sset *ss, const char *tensor, uint32_t held, uint32_t src,
-		     struct ms_err *err)
+/* Record indices ordered by the digest the manifest gives each slice. */
+static int cmp_rec_want(const void *a, const void *b, void *ctx)
 {
-	const struct ms_ep_placement *pl = ss->pl;
-	uint32_t r = pl->rank_of[held], rs = pl->rank_of[src];
+	const struct srec *rec = ctx;
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	int c = memcmp(rec[x].want, rec[y].want, MS_SHA256_LEN);
 
-	return ms_err_set(err, MS_ECHECK,
-			  "tensor '%s': the same expert block appears under different global expert "
-			  "ids: rank %u ('%s') holds the bytes of global expert %u (rank %u) as expert %u: "
-			  "every rank loaded the same block instead of its own experts",
-			  tensor, r, shard_label(ss, r), src, rs, held);
+	return c ? c : (x > y) - (x < y);
+}
+
+/* The slice of another expert of the same layer, parameter and part as r
+ * whose manifest digest is d (idx: cmp_rec_want order); NULL if none. */
+static const struct srec *rec_by_want(const struct src *s, const uint32_t *idx,
+				      const struct srec *r, const uint8_t *d)
+{
+	const struct stensor *tr = &s->t[r->tensor];
+	size_t lo = 0, hi = s->nrec;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (memcmp(s->rec[idx[mid]].want, d, MS_SHA256_LEN) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < s->nrec && !memcmp(s->rec[idx[lo]].want, d, MS_SHA256_LEN); lo++) {
+		const struct srec *q = &s->rec[idx[lo]];
+		const struct stensor *tq = &s->t[q->tensor];
+
+		if (q->expert != r->expert && tq->layer == tr->layer && !strcmp(tq->param, tr->param) &&
+		    !strcmp(tq->part, tr->part))
+			return q;
+	}
+	return NULL;
 }
 
 /*
- * Bytes against digests, most precise complaint first, once the jobs of
- * sset_jobs ran. Every byte of the opened shards is checked: replicated
- * and per-expert tensors by their digests, sliced tensors through every
- * expert's canonical slices. With V_SHARDS also the shards' state digests,
- * with V_REASSEMBLE the source digests of the sliced tensors.
+ * An expert slice whose bytes are not the manifest's, described by whose
+ * they are: the bytes of an expert placed on another rank (the same block
+ * loaded under two global ids, the signature of a warm start that ignored
+ * expert parallelism), of a partner on the same rank holding this one's
+ * (a swap, reported once per pair), of another expert of the same rank,
+ * or of no expert at all (a plain digest mismatch).
+ */
+static int slice_fault(struct sset *ss, const uint32_t *idx, const struct srec *r,
+		       struct ms_err *err)
+{
+	const struct src *s = &ss->s;
+	const struct ms_ep_placement *pl = ss->pl;
+	const struct stensor *t = &s->t[r->tensor];
+	const struct srec *q = rec_by_want(s, idx, r, r->got);
+	uint32_t rank = pl->rank_of[r->expert], qrank;
+	const char *f = shard_label(ss, rank);
+	struct ms_ep_fault tf;
+
+	if (!q) {
+		tf = fault_of(MS_EP_FAULT_DIGEST, t->name, f, rank, r->expert, -1, -1);
+		return fault_add(ss, tf, r->tensor, err, "tensor '%s' in '%s': expert %u of '%s' (%s): "
+				 "digest does not match the manifest", t->name, f, r->expert, t->param,
+				 t->part);
+	}
+	qrank = pl->rank_of[q->expert];
+	if (qrank != rank) {
+		tf = fault_of(MS_EP_FAULT_SAME_BLOCK, t->name, f, rank, r->expert, q->expert, qrank);
+		return fault_add(ss, tf, r->tensor, err,
+				 "tensor '%s': the same expert block appears under different global "
+				 "expert ids: rank %u ('%s') holds the bytes of global expert %u (rank %u) "
+				 "as expert %u: every rank loaded the same block instead of its own "
+				 "experts", t->name, rank, f, q->expert, qrank, r->expert);
+	}
+	if (q->has_got && !memcmp(q->got, r->want, MS_SHA256_LEN)) {
+		/* the partner reports the pair when its expert id is lower */
+		if (q->expert < r->expert) {
+			ss->tbad[r->tensor] = 1;
+			ss->rbad[rank]++;
+			return MS_OK;
+		}
+		tf = fault_of(MS_EP_FAULT_SWAP, t->name, f, rank, r->expert, q->expert, rank);
+		return fault_add(ss, tf, r->tensor, err,
+				 "tensor '%s' in '%s': experts %u and %u of rank %u are swapped: each "
+				 "holds the other's bytes", t->name, f, r->expert, q->expert, rank);
+	}
+	tf = fault_of(MS_EP_FAULT_WRONG_EXPERT, t->name, f, rank, r->expert, q->expert, rank);
+	return fault_add(ss, tf, r->tensor, err,
+			 "tensor '%s' in '%s': expert %u holds the bytes of expert %u, which rank %u "
+			 "also holds", t->name, f, r->expert, q->expert, rank);
+}
+
+/*
+ * Bytes against digests, once the jobs of sset_jobs ran; every fault is
+ * recorded (fault_add) and the check goes on. Every byte of the opened
+ * shards is checked: replicated tensors by their digests, routed experts
+ * through every expert's canonical slices (a per-expert tensor's is its
+ * digest). With V_SHARDS also the state digest of each shard without a
+ * fault of its own, with V_REASSEMBLE (when nothing else failed) the
+ * source digests of the sliced tensors.
  */
 static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 {
@@ -3453,100 +3968,108 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 	const struct ms_ep_placement *pl = ss->pl;
 	char hex1[65], hex2[65];
 	uint8_t *buf = NULL;
-	uint32_t *all = NULL;
+	uint32_t *all = NULL, *idx = NULL;
+	struct ms_ep_fault tf;
 	int rc = MS_OK;
 
 	for (size_t i = 0; i < s->n; i++) {
 		const struct stensor *t = &s->t[i];
-		const struct ms_tensor *ref = NULL;
-		uint32_t rref = 0;
+		const struct ms_tensor *ref = NULL, *good = NULL;
+		uint32_t rref = 0, rgood = 0;
 
 		if (t->kind != TK_REPLICATED)
 			continue;
 		for (uint32_t r = 0; r < pl->ep_size; r++) {
-			const struct ms_tensor *y;
+			const struct ms_tensor *y = shard_tensor(ss, r, t);
 
-			if (!ss->ck[r])
-				continue;
-			y = ms_st_find(ss->ck[r]->files[0], t->name);
-			if (!ref) {
+			if (y && !ref) {
 				ref = y;
 				rref = r;
-			} else if (memcmp(y->digest, ref->digest, MS_SHA256_LEN)) {
-				return ms_err_set(err, MS_ECHECK, "tensor '%s': replicas differ between rank "
-						  "%u ('%s') and rank %u ('%s')", t->name, rref,
-						  shard_label(ss, rref), r, shard_label(ss, r));
+			}
+			if (y && !good && !memcmp(y->digest, t->digest, MS_SHA256_LEN)) {
+				good = y;
+				rgood = r;
 			}
 		}
-		if (ref && memcmp(ref->digest, t->digest, MS_SHA256_LEN)) {
-			ms_hex(ref->digest, MS_SHA256_LEN, hex1);
-			ms_hex(t->digest, MS_SHA256_LEN, hex2);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': digest %s, but the manifest "
-					  "says %s", t->name, shard_label(ss, rref), hex1, hex2);
-		}
-	}
-	for (size_t i = 0; i < s->n; i++) {
-		const struct stensor *t = &s->t[i];
+		for (uint32_t r = 0; r < pl->ep_size; r++) {
+			const struct ms_tensor *y = shard_tensor(ss, r, t);
 
-		if (t->kind == TK_EXPERT && t->st && memcmp(t->st->digest, t->digest, MS_SHA256_LEN)) {
-			/* the bytes of another expert of the same parameter: the
-			 * failure this checker exists for, named as such */
-			for (size_t j = 0; j < s->n; j++) {
-				const struct stensor *u = &s->t[j];
-
-				if (j == i || u->kind != TK_EXPERT || u->layer != t->layer ||
-				    u->expert == t->expert || strcmp(u->param, t->param) ||
-				    strcmp(u->part, t->part) || memcmp(u->digest, t->st->digest, MS_SHA256_LEN))
-					continue;
-				return dup_block(ss, t->name, (uint32_t)t->expert, (uint32_t)u->expert, err);
+			if (!y || !memcmp(y->digest, t->digest, MS_SHA256_LEN))
+				continue;
+			if (good) {
+				tf = fault_of(MS_EP_FAULT_REPLICA, t->name, shard_label(ss, r), r, -1, -1,
+					      rgood);
+				rc = fault_add(ss, tf, (int64_t)i, err, "tensor '%s': replicas differ "
+					       "between rank %u ('%s') and rank %u ('%s'): rank %u's are "
+					       "not the manifest's", t->name, rgood, shard_label(ss, rgood),
+					       r, shard_label(ss, r), r);
+			} else if (r == rref || memcmp(y->digest, ref->digest, MS_SHA256_LEN)) {
+				/* no rank has the manifest's bytes: one fault per
+				 * distinct wrong copy */
+				ms_hex(y->digest, MS_SHA256_LEN, hex1);
+				ms_hex(t->digest, MS_SHA256_LEN, hex2);
+				tf = fault_of(r == rref ? MS_EP_FAULT_DIGEST : MS_EP_FAULT_REPLICA, t->name,
+					      shard_label(ss, r), r, -1, -1, -1);
+				rc = r == rref ? fault_add(ss, tf, (int64_t)i, err, "tensor '%s' in '%s': "
+							   "digest %s, but the manifest says %s", t->name,
+							   shard_label(ss, r), hex1, hex2)
+					       : fault_add(ss, tf, (int64_t)i, err, "tensor '%s': replicas "
+							   "differ between rank %u ('%s') and rank %u "
+							   "('%s')", t->name, rref,
+							   shard_label(ss, rref), r, shard_label(ss, r));
 			}
-			ms_hex(t->st->digest, MS_SHA256_LEN, hex1);
-			ms_hex(t->digest, MS_SHA256_LEN, hex2);
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': digest %s, but the manifest "
-					  "says %s", t->name, t->st->file->path, hex1, hex2);
+			if (rc != MS_OK)
+				return rc;
 		}
 	}
 	for (size_t i = 0; i < s->nrec; i++) {
 		const struct srec *r = &s->rec[i];
-		const struct stensor *t = &s->t[r->tensor];
-		uint32_t rank = pl->rank_of[r->expert];
 
-		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN)) {
-			for (size_t j = 0; j < s->nrec; j++) {
-				const struct srec *q = &s->rec[j];
-
-				if (q->tensor == r->tensor && q->expert != r->expert && q->has_want &&
-				    !memcmp(q->want, r->got, MS_SHA256_LEN))
-					return dup_block(ss, t->name, r->expert, q->expert, err);
+		if (!r->has_got || !r->has_want || !memcmp(r->got, r->want, MS_SHA256_LEN))
+			continue;
+		if (!idx) {
+			if (!(idx = ms_malloc(s->nrec * sizeof(*idx)))) {
+				rc = oom(err);
+				goto out;
 			}
+			for (size_t k = 0; k < s->nrec; k++)
+				idx[k] = (uint32_t)k;
+			qsort_r(idx, s->nrec, sizeof(*idx), cmp_rec_want, s->rec);
 		}
-		if (r->has_got && memcmp(r->got, r->want, MS_SHA256_LEN))
-			return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': expert %u of '%s' (%s): "
-					  "digest does not match the manifest", t->name,
-					  shard_label(ss, rank), r->expert, t->param, t->part);
+		if ((rc = slice_fault(ss, idx, r, err)) != MS_OK)
+			goto out;
 	}
 	for (uint32_t r = 0; (what & V_SHARDS) && r < pl->ep_size; r++) {
 		char d[MS_STATE_DIGEST_LEN];
 
-		if (!ss->ck[r])
+		if (!ss->ck[r] || ss->rbad[r])
 			continue;
 		if ((rc = ms_state_digest(ss->ck[r]->tensors, ss->ck[r]->ntensors, d, err)) != MS_OK)
-			return rc;
-		if (strcmp(d, ss->sdig[r]))
-			return ms_err_set(err, MS_ECHECK, "'%s': state digest %s, but the manifest says %s",
-					  shard_label(ss, r), d, ss->sdig[r]);
+			goto out;
+		tf = fault_of(MS_EP_FAULT_STATE, NULL, shard_label(ss, r), r, -1, -1, -1);
+		if (strcmp(d, ss->sdig[r]) &&
+		    (rc = fault_add(ss, tf, -1, err, "'%s': state digest %s, but the manifest says %s",
+				    shard_label(ss, r), d, ss->sdig[r])) != MS_OK)
+			goto out;
 	}
 	{
 		char d[MS_STATE_DIGEST_LEN];
 
 		if ((rc = src_state_digest(s, d, err)) != MS_OK)
-			return rc;
-		if (strcmp(d, s->digest))
-			return ms_err_set(err, MS_ECHECK, "'%s': its tensors make state %s, but it says the "
-					  "source is %s", ss->mpath, d, s->digest);
+			goto out;
+		tf = fault_of(MS_EP_FAULT_SOURCE, NULL, ss->mpath, -1, -1, -1, -1);
+		if (strcmp(d, s->digest) &&
+		    (rc = fault_add(ss, tf, -1, err, "'%s': its tensors make state %s, but it says the "
+				    "source is %s", ss->mpath, d, s->digest)) != MS_OK)
+			goto out;
+	}
+	/* bytes missing or already found wrong: nothing to put back together */
+	if (ss->nfaults || ss->nfaults_more) {
+		rc = sset_verdict(ss, err);
+		goto out;
 	}
 	if (!(what & V_REASSEMBLE))
-		return MS_OK;
+		goto out;
 	/* The sliced tensors put back together must be the source's. */
 	buf = ms_malloc(CHUNK);
 	all = ms_malloc((size_t)s->E * sizeof(*all));
@@ -3573,15 +4096,17 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 		ms_sha256_free(c);
 		if (rc != MS_OK)
 			goto out;
-		if (memcmp(d, t->digest, MS_SHA256_LEN)) {
-			rc = ms_err_set(err, MS_ECHECK, "tensor '%s': the shards put back together differ "
-					"from the manifest's digest", t->name);
+		tf = fault_of(MS_EP_FAULT_SOURCE, t->name, ss->mpath, -1, -1, -1, -1);
+		if (memcmp(d, t->digest, MS_SHA256_LEN) &&
+		    (rc = fault_add(ss, tf, (int64_t)i, err, "tensor '%s': the shards put back together "
+				    "differ from the manifest's digest", t->name)) != MS_OK)
 			goto out;
-		}
 	}
+	rc = sset_verdict(ss, err);
 out:
 	ms_free(buf);
 	ms_free(all);
+	ms_free(idx);
 	return rc;
 }
 
@@ -3694,7 +4219,8 @@ static int sset_hash_verify(struct sset *ss, int nthreads, unsigned what, struct
  * hash: hash the shards and verify them, with the extra checks in what.
  */
 static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
-		     unsigned what, int nthreads, struct sset *ss, struct ms_err *err)
+		     unsigned what, int nthreads, const struct ms_shard_opts *o, struct sset *ss,
+		     struct ms_err *err)
 {
 	struct stat st;
 	char *text = NULL, *foreign = NULL;
@@ -3722,6 +4248,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	if (!ss->dir || !ss->mpath)
 		return oom(err);
 	ss->s.label = ss->mpath;
+	ss->s.rank_code = MS_ECHECK;
 	rc = ms_read_file(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
 	if (rc == MS_ENOTFOUND)
 		return ms_err_set(err, MS_EINVAL, "'%s': no %s: not an EP shard set (or an unfinished "
@@ -3791,6 +4318,12 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	if ((rc = analyze(&ss->s, (uint32_t)e, "the manifest", err)) != MS_OK ||
 	    (rc = sset_check_classes(ss, err)) != MS_OK)
 		return rc;
+	/* a set split with a wrong r is self-consistent: only the base's
+	 * expert count shows it (a fault; the rest is still checked) */
+	if (check_base(&ss->s, o, MS_ECHECK, err) != MS_OK &&
+	    (rc = fault_add(ss, fault_of(MS_EP_FAULT_EXPERTS, ss->s.e_from ? ss->s.e_from->name : NULL,
+					 ss->mpath, -1, -1, -1, -1), -1, err, "%s", err->msg)) != MS_OK)
+		return rc;
 
 	shards = cJSON_GetObjectItemCaseSensitive(ss->m, "shards");
 	if (!cJSON_IsArray(shards) || (uint64_t)cJSON_GetArraySize(shards) != n)
@@ -3799,7 +4332,10 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	ss->ck = ms_calloc(n, sizeof(*ss->ck));
 	ss->names = ms_calloc(n, sizeof(*ss->names));
 	ss->sdig = ms_calloc(n, sizeof(*ss->sdig));
-	if (!ss->ck || !ss->names || !ss->sdig)
+	ss->rbad = ms_calloc(n, sizeof(*ss->rbad));
+	ss->tbad = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
+	ss->missing = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
+	if (!ss->ck || !ss->names || !ss->sdig || !ss->rbad || !ss->tbad || !ss->missing)
 		return oom(err);
 	v = 0;
 	cJSON_ArrayForEach(x, shards) {
@@ -3848,9 +4384,10 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		if ((rc = sset_check_shard(ss, r, err)) != MS_OK)
 			return rc;
 	}
-	if ((rc = sset_point(ss, err)) != MS_OK)
+	if ((rc = sset_resolve_strays(ss, only, err)) != MS_OK ||
+	    (rc = sset_point(ss, err)) != MS_OK)
 		return rc;
-	return hash ? sset_hash_verify(ss, nthreads, what, err) : MS_OK;
+	return hash ? sset_hash_verify(ss, nthreads, what, err) : sset_verdict(ss, err);
 }
 
 static int sset_result(const struct sset *ss, struct ms_shard_result **out, struct ms_err *err)
@@ -3897,9 +4434,24 @@ int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 
 	if (out)
 		*out = NULL;
-	rc = sset_open(dir, -1, 0, 1, V_SHARDS | V_REASSEMBLE, o ? o->nthreads : 0, &ss, err);
-	if (rc == MS_OK && out)
-		rc = sset_result(&ss, out, err);
+	rc = sset_open(dir, -1, 0, 1, V_SHARDS | V_REASSEMBLE, o ? o->nthreads : 0, o, &ss, err);
+	if ((rc == MS_OK || (rc == MS_ECHECK && ss.nfaults)) && out) {
+		struct ms_err e2 = { 0 };
+		int r2 = sset_result(&ss, out, rc == MS_OK ? err : &e2);
+
+		if (r2 != MS_OK) {
+			if (rc != MS_OK)
+				*err = e2;
+			rc = r2;
+		} else if (rc == MS_ECHECK) {
+			/* the faults go with the result */
+			(*out)->faults = ss.faults;
+			(*out)->nfaults = ss.nfaults;
+			(*out)->nfaults_more = ss.nfaults_more;
+			ss.faults = NULL;
+			ss.nfaults = 0;
+		}
+	}
 	sset_release(&ss);
 	return rc;
 }
@@ -3925,7 +4477,7 @@ int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard
 
 	*out = NULL;
 	stage_init(&st);
-	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
+	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	if (same_dir(ss.dir, out_dir)) {
@@ -4138,7 +4690,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 
 	*out = NULL;
 	stage_init(&st);
-	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, &ss, err);
+	rc = sset_open(dir, -1, 0, 0, 0, o->nthreads, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	if (same_dir(ss.dir, out_dir)) {
@@ -4255,7 +4807,7 @@ int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank
 		return ms_err_set(err, MS_EINVAL, "ep size must be at least 1");
 	if (rank >= ep_size)
 		return ms_err_set(err, MS_EINVAL, "rank %u is not in 0..%u", rank, ep_size - 1);
-	rc = sset_open(manifest_or_dir, rank, ep_size, 1, V_SHARDS, 0, &ss, err);
+	rc = sset_open(manifest_or_dir, rank, ep_size, 1, V_SHARDS, 0, NULL, &ss, err);
 	if (rc != MS_OK)
 		goto out;
 	r = ms_calloc(1, sizeof(*r));

@@ -87,6 +87,7 @@
 #ifndef MS_SHARD_H
 #define MS_SHARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "checkpoint.h"
@@ -139,6 +140,14 @@ struct ms_shard_opts {
 	uint32_t num_experts;   /* split: E; 0 infers it from the tensors and
 				 * config.json (an adapter that adapts only
 				 * some experts needs it) */
+	/* split, check: the routed expert count of the base model the
+	 * adapter was trained on (0: unknown), and what names it in messages
+	 * (ms_ep_base_experts finds both). A fused LoRA's E is rows / r, so a
+	 * wrong r in adapter_config.json gives another E with every shape
+	 * consistent: split refuses a difference (MS_EINVAL), check reports
+	 * it as a fault (MS_ECHECK). */
+	uint32_t base_experts;
+	const char *base_label;
 	int force;              /* overwrite existing outputs */
 	int dry_run;            /* plan only: classify and place, write nothing
 				 * (no hashing; a reshard still opens and checks
@@ -172,6 +181,66 @@ struct ms_shard_out_file {
 };
 
 /*
+ * One fault a check of a shard set found (ms_shard_check reports them all).
+ * Kinds, from the most telling:
+ *   SAME_BLOCK  an expert holds the bytes of an expert placed on another
+ *               rank: a warm start that ignored EP loaded one block everywhere
+ *   SWAP        two experts of one rank hold each other's bytes
+ *   WRONG_EXPERT an expert holds the bytes of another expert of its own rank
+ *               (not a swap: a shift or a copy within the rank)
+ *   MISSING     a tensor the rank should hold is not there
+ *   DUPLICATE   an expert's tensor is on its own rank and on another one:
+ *               it would be loaded twice
+ *   MISPLACED   an expert's tensor is on another rank than the placement's,
+ *               and not on its own
+ *   SHAPE       a tensor with another dtype or shape than the rank's
+ *   UNKNOWN     a tensor that is not part of the source
+ *   REPLICA     a replicated tensor differs between ranks
+ *   DIGEST      bytes that match neither the manifest nor any other expert
+ *   STATE       a shard's state digest is not the manifest's
+ *   SOURCE      the manifest's tensors are not its source state, or the
+ *               shards put back together are not the source's tensors
+ *   EXPERTS     the set's expert count is not the base model's
+ *               (ms_shard_opts.base_experts): a fused LoRA read with a
+ *               wrong r in adapter_config.json
+ */
+enum ms_ep_fault_kind {
+	MS_EP_FAULT_SAME_BLOCK,
+	MS_EP_FAULT_SWAP,
+	MS_EP_FAULT_WRONG_EXPERT,
+	MS_EP_FAULT_MISSING,
+	MS_EP_FAULT_DUPLICATE,
+	MS_EP_FAULT_MISPLACED,
+	MS_EP_FAULT_SHAPE,
+	MS_EP_FAULT_UNKNOWN,
+	MS_EP_FAULT_REPLICA,
+	MS_EP_FAULT_DIGEST,
+	MS_EP_FAULT_STATE,
+	MS_EP_FAULT_SOURCE,
+	MS_EP_FAULT_EXPERTS,
+};
+
+/* "same-block", "swap", "wrong-expert", "missing", "duplicate", "misplaced",
+ * "shape", "unknown", "replica", "digest", "state", "source", "experts". */
+const char *ms_ep_fault_name(enum ms_ep_fault_kind kind);
+
+struct ms_ep_fault {
+	enum ms_ep_fault_kind kind;
+	char *tensor;           /* NULL for a fault of a whole shard or set */
+	char *file;             /* the shard (or manifest) it is in */
+	int64_t rank;           /* the rank it is on; -1 when not one rank */
+	int64_t expert;         /* the global expert concerned; -1 if none */
+	int64_t other_expert;   /* the expert whose bytes it holds, the swap
+				 * partner; -1 if none */
+	int64_t other_rank;     /* the rank of other_expert, or where the
+				 * placement puts a misplaced expert; -1 */
+	char *msg;              /* the one-line description */
+};
+
+/* At most this many faults are kept; nfaults_more counts the rest. */
+#define MS_EP_MAX_FAULTS 100000u
+
+/*
  * What an operation produced: everything an inventory needs to register
  * the outputs (kind, source digest, placement, one entry per shard with
  * its rank, experts and state digest), in one place.
@@ -188,6 +257,11 @@ struct ms_shard_result {
 	char *manifest_path;  /* written manifest; NULL for merge and dry runs */
 	size_t nfiles;
 	struct ms_shard_out_file *files;
+	/* ms_shard_check that failed a check (MS_ECHECK): every fault, in
+	 * the order found (the first is also the error's message) */
+	size_t nfaults;
+	struct ms_ep_fault *faults;
+	uint64_t nfaults_more;
 };
 
 void ms_shard_result_free(struct ms_shard_result *r);
@@ -232,8 +306,11 @@ int ms_shard_reshard(const char *dir, const char *out_dir, const struct ms_shard
  * tensors with the manifest's digests, whose state digest is the source's.
  * Returns MS_EINVAL for a malformed or incomplete set (missing shard, one
  * from another EP size, a rank given twice), MS_ECHECK when bytes differ
- * (a replica that differs, a digest the manifest gets wrong).
- * o may be NULL; out (may be NULL) describes the set.
+ * (a replica that differs, a digest the manifest gets wrong) or a shard
+ * holds the wrong tensors. A check does not stop at the first fault: every
+ * rank and every tensor is checked, and on MS_ECHECK *out (when out is
+ * given) describes the set with every fault found (faults above; err holds
+ * the first). o may be NULL; out (may be NULL) describes the set.
  */
 int ms_shard_check(const char *dir, const struct ms_shard_opts *o,
 		   struct ms_shard_result **out, struct ms_err *err);
@@ -264,6 +341,28 @@ struct ms_ep_rank {
 	int is_adapter;
 	struct ms_ckpt *ckpt;   /* the shard, hashed; owned */
 };
+
+/* The routed expert count a config.json text declares ("num_experts",
+ * "num_local_experts", "n_routed_experts", "moe_num_experts"); 0 when it
+ * declares none. label names it in errors. */
+int ms_ep_config_experts(const char *text, size_t len, const char *label, uint32_t *e,
+			 struct ms_err *err);
+
+struct ms_inv;
+
+/*
+ * The routed expert count of the base model of an adapter, for
+ * ms_shard_opts.base_experts. base (may be NULL) is a checkpoint directory,
+ * or a file in one, whose config.json is read, or else a state reference
+ * (label, digest) whose recorded config.json is read (inv needed). With
+ * base NULL and inv given: the nearest ancestor of the state source_digest
+ * whose recorded config.json declares an expert count; *e = 0 when there
+ * is none (or the state is not recorded). *label (owned, NULL when *e is
+ * 0) names where the count came from. A base that declares no count is
+ * MS_EINVAL.
+ */
+int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_digest,
+		       uint32_t *e, char **label, struct ms_err *err);
 
 int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank,
 		    struct ms_ep_rank **out, struct ms_err *err);

@@ -1796,9 +1796,14 @@ static int cmd_launch(int argc, char **argv)
 	for (size_t i = 0; i < g->ninputs; i++) {
 		const struct ms_gate_input *in = &g->inputs[i];
 
-		fprintf(stderr, "%s: %s %s %s (%s)\n", cli_prog, in->role, in->digest,
-			in->trusted ? "trusted: verified since its files last changed" : "verified",
-			in->label ? in->label : ms_inv_kind_name(in->kind));
+		if (in->nshards)
+			fprintf(stderr, "%s: %s %s verified as an EP=%d shard set of %zu shards in '%s' (%s)\n",
+				cli_prog, in->role, in->digest, in->ep_size, in->nshards, in->path,
+				in->label ? in->label : ms_inv_kind_name(in->kind));
+		else
+			fprintf(stderr, "%s: %s %s %s (%s)\n", cli_prog, in->role, in->digest,
+				in->trusted ? "trusted: verified since its files last changed" : "verified",
+				in->label ? in->label : ms_inv_kind_name(in->kind));
 	}
 	if (flags & MS_GATE_DRY_RUN) {
 		fprintf(stderr, "%s: dry run: every state verified; nothing recorded, nothing run\n",
@@ -1812,7 +1817,8 @@ static int cmd_launch(int argc, char **argv)
 	pid = fork();
 	if (pid < 0) {
 		ms_err_set(&err, MS_EIO, "cannot fork: %s", strerror(errno));
-		ms_gate_end(inv, g, 127, NULL);
+		/* recorded with the status the launcher exits with */
+		ms_gate_end(inv, g, ms_exit_code(MS_EIO), NULL);
 		goto fail;
 	}
 	if (pid == 0) {

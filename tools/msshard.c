@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -321,6 +322,7 @@ struct reg_ctx {
 	struct ms_inv *inv;
 	int op;
 	const char *input;
+	int check_base;  /* split without --base: the source's ancestors */
 };
 
 /* The library's publish step: the output is in place; record it and
@@ -330,8 +332,29 @@ struct reg_ctx {
 static int reg_publish(void *ctx, const struct ms_shard_result *r, struct ms_err *err)
 {
 	const struct reg_ctx *c = ctx;
-	int rc = reg_outputs(c->inv, c->op, c->input, r, err);
+	int rc = MS_OK;
 
+	/* an adapter recorded as derived from a base: its expert count must be
+	 * the base's (a wrong r in adapter_config.json splits 16 experts into
+	 * "12" with every shape consistent) */
+	if (c->check_base && r->is_adapter) {
+		uint32_t be = 0;
+		char *bl = NULL;
+
+		int fused = strstr(r->packing, "fused") != NULL;
+		char at[48] = "";
+
+		if (fused)
+			snprintf(at, sizeof(at), " at r=%u (adapter_config.json)", r->r);
+		rc = ms_ep_base_experts(c->inv, NULL, r->source_digest, &be, &bl, err);
+		if (rc == MS_OK && be && be != r->num_experts)
+			rc = ms_err_set(err, MS_EINVAL, "'%s': %u experts%s, but the base '%s' (an "
+					"ancestor in the inventory) has %u%s", c->input, r->num_experts, at,
+					bl, be, fused ? ": \"r\" does not fit the fused LoRA's shapes" : "");
+		ms_free(bl);
+	}
+	if (rc == MS_OK)
+		rc = reg_outputs(c->inv, c->op, c->input, r, err);
 	if (rc == MS_OK)
 		return ms_inv_batch_end(c->inv, 1, err);
 	(void)ms_inv_batch_end(c->inv, 0, NULL);
@@ -345,6 +368,7 @@ static int run_op(int op, int argc, char **argv)
 		{ "ep-size", required_argument, NULL, 'n' },
 		{ "placement", required_argument, NULL, 'p' },
 		{ "experts", required_argument, NULL, 'e' },
+		{ "base", required_argument, NULL, 'B' },
 		{ "dry-run", no_argument, NULL, 'd' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "json", no_argument, NULL, 'j' },
@@ -363,6 +387,8 @@ static int run_op(int op, int argc, char **argv)
 	struct reg_ctx reg;
 	uint64_t v;
 	int c, json = 0, rc;
+	const char *base = NULL;
+	char *blabel = NULL;
 
 	memset(&o, 0, sizeof(o));
 	while ((c = getopt_long(argc, argv, "o:", opts, NULL)) != -1) {
@@ -388,6 +414,11 @@ static int run_op(int op, int argc, char **argv)
 			if (cli_u64("--experts", optarg, MS_EP_MAX_EXPERTS, &v))
 				return CLI_USAGE;
 			o.num_experts = (uint32_t)v;
+			break;
+		case 'B':
+			if (op != OP_SPLIT)
+				return cli_usage("unknown option '%s'", argv[optind - 1]);
+			base = optarg;
 			break;
 		case 'd':
 			if (op == OP_MERGE)
@@ -444,8 +475,27 @@ static int run_op(int op, int argc, char **argv)
 		ms_inv_close(inv);
 		return cli_fail(rc, &err);
 	}
+	if (base) {
+		/* a state reference needs the inventory, even with --no-register */
+		struct ms_inv *binv = inv;
+		const char *e = getenv("MSINV_DB");
+
+		rc = MS_OK;
+		if (!binv && access(base, F_OK) && (reg_db || (e && *e)))
+			rc = ms_inv_open(cli_db_path(reg_db), 0, &binv, &err);
+		if (rc == MS_OK)
+			rc = ms_ep_base_experts(binv, base, NULL, &o.base_experts, &blabel, &err);
+		if (binv != inv)
+			ms_inv_close(binv);
+		if (rc != MS_OK) {
+			ms_inv_close(inv);
+			return cli_fail(rc, &err);
+		}
+		o.base_label = blabel;
+	}
 	if (inv) {
-		reg = (struct reg_ctx){ inv, op, op == OP_MERGE ? outdir : argv[optind] };
+		reg = (struct reg_ctx){ inv, op, op == OP_MERGE ? outdir : argv[optind],
+					op == OP_SPLIT && !base };
 		o.publish = reg_publish;
 		o.publish_ctx = &reg;
 	}
@@ -459,6 +509,7 @@ static int run_op(int op, int argc, char **argv)
 	if (inv)
 		(void)ms_inv_batch_end(inv, 0, NULL);
 	ms_inv_close(inv);
+	ms_free(blabel);
 	if (rc != MS_OK) {
 		ms_shard_result_free(res);
 		return cli_fail(rc, &err);
@@ -491,7 +542,7 @@ static const struct cli_cmd cmds[] = {
 	  "--placement P\tcontiguous (default), round-robin or a map.json\n" },
 	{ "split", cmd_split,
 	  "split ADAPTER_OR_CHECKPOINT -o DIR --ep-size N [--placement P] [--dry-run] [--force] "
-	  "[--experts E] [--json] [--label LABEL] [--db PATH | --no-register]",
+	  "[--experts E] [--base PATH | STATE] [--json] [--label LABEL] [--db PATH | --no-register]",
 	  "split an adapter or checkpoint into EP shards",
 	  "-o DIR\tthe shard set to write\n"
 	  "--ep-size N\tthe number of EP ranks\n"
@@ -499,6 +550,7 @@ static const struct cli_cmd cmds[] = {
 	  "--dry-run\tprint the plan and write nothing\n"
 	  "--force\treplace an existing DIR\n"
 	  "--experts E\tthe number of experts, when the files do not say\n"
+	  "--base PATH | STATE\tthe base whose expert count the adapter must have\n"
 	  "--label LABEL\tlabel rank R's shard LABEL/rankR\n" },
 	{ "merge", cmd_merge, "merge DIR -o OUT [--force] [--json] [--label LABEL] [--db PATH | --no-register]",
 	  "check a shard set and write the original layout back",

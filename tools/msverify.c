@@ -833,6 +833,9 @@ static int cmd_policy(int argc, char **argv)
 			rc = ms_ckpt_hash(ck, jobs, 0, &err);
 		if (rc == MS_OK)
 			rc = ms_policy_from_ckpt(ck, &r, &err);
+		/* an engine's fused parameters, sliced into what checkpoints hold */
+		if (rc == MS_OK)
+			rc = ms_policy_unfuse(inv, ck, r, &err);
 	}
 	if (rc != MS_OK)
 		goto out;
@@ -860,6 +863,21 @@ static int cmd_policy(int argc, char **argv)
 			cJSON_AddNumberToObject(p, "served", (double)r->parts[i].served);
 			cJSON_AddNumberToObject(p, "state_tensors", (double)r->parts[i].state_tensors);
 		}
+		parts = cJSON_AddArrayToObject(o, "resembles");
+		for (size_t i = 0; i < r->npolicies; i++) {
+			cJSON *p = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(parts, p);
+			cJSON_AddStringToObject(p, "state", r->policies[i].state);
+			if (r->policies[i].label)
+				cJSON_AddStringToObject(p, "label", r->policies[i].label);
+			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->policies[i].kind));
+			cJSON_AddNumberToObject(p, "served", (double)r->policies[i].served);
+			cJSON_AddNumberToObject(p, "state_tensors", (double)r->policies[i].state_tensors);
+		}
+		parts = cJSON_AddArrayToObject(o, "unfused");
+		for (size_t i = 0; i < r->nsources; i++)
+			cJSON_AddItemToArray(parts, cJSON_CreateString(r->sources[i]));
 		bad = cJSON_AddArrayToObject(o, "unaccounted");
 		for (size_t i = 0; i < r->ntensors; i++) {
 			const struct ms_policy_tensor *t = &r->tensors[i];
@@ -875,6 +893,8 @@ static int cmd_policy(int argc, char **argv)
 			cJSON_AddStringToObject(p, "sha256", hex);
 			if (t->other)
 				cJSON_AddStringToObject(p, "recorded_as", t->other);
+			if (t->src >= 0)
+				cJSON_AddStringToObject(p, "slice_of", r->sources[t->src]);
 		}
 		text = cJSON_Print(o);
 		if (text)
@@ -891,18 +911,31 @@ static int cmd_policy(int argc, char **argv)
 			       (unsigned long long)p->state_tensors,
 			       p->served < p->state_tensors ? " (partial)" : "");
 		}
+		for (size_t i = 0; i < r->npolicies; i++) {
+			const struct ms_policy_part *p = &r->policies[i];
+
+			printf("resembles\t%s\t%s\t%s\t%s\t%llu of %llu tensors\n", p->state,
+			       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
+			       p->layout ? p->layout : "-", (unsigned long long)p->served,
+			       (unsigned long long)p->state_tensors);
+		}
+		for (size_t i = 0; i < r->nsources; i++)
+			printf("unfused\t%s\tsliced into the tensors checkpoints hold\n", r->sources[i]);
 		for (size_t i = 0; i < r->ntensors; i++) {
 			const struct ms_policy_tensor *t = &r->tensors[i];
+			char from[600] = "";
 
+			if (t->src >= 0)
+				snprintf(from, sizeof(from), " (slice of '%s')", r->sources[t->src]);
 			if (t->status == MS_POLICY_MISMATCH)
-				printf("mismatch\t%s\tpart %s records other bytes under this name\n", t->name,
+				printf("mismatch\t%s\tpart %s records other bytes under this name%s\n", t->name,
 				       r->parts[t->part].label ? r->parts[t->part].label
-							       : r->parts[t->part].state);
+							       : r->parts[t->part].state, from);
 			else if (t->status == MS_POLICY_RENAMED)
-				printf("renamed\t%s\tthe bytes of '%s' in %.23s...\n", t->name, t->other,
-				       t->other_state);
+				printf("renamed\t%s\tthe bytes of '%s' in %.23s...%s\n", t->name, t->other,
+				       t->other_state, from);
 			else if (t->status == MS_POLICY_UNKNOWN)
-				printf("unknown\t%s\tno recorded state holds these bytes\n", t->name);
+				printf("unknown\t%s\tno recorded state holds these bytes%s\n", t->name, from);
 		}
 		printf("%s\t%zu tensors\t%zu parts\t%zu matched, %zu mismatch, %zu renamed, %zu unknown\n",
 		       rc == MS_OK ? "identified" : "NOT IDENTIFIED", r->ntensors, r->nparts,
@@ -972,25 +1005,106 @@ out:
 
 /* ---- ep ----------------------------------------------------------------- */
 
+/* One fault of a shard set as a JSON object in arr; nonzero when out of memory. */
+static int ep_json_fault(cJSON *arr, const struct ms_ep_fault *f)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (!o || !cJSON_AddItemToArray(arr, o))
+		return cJSON_Delete(o), -1;
+	if (!cJSON_AddStringToObject(o, "kind", ms_ep_fault_name(f->kind)) ||
+	    !cJSON_AddStringToObject(o, "message", f->msg) ||
+	    (f->tensor && !cJSON_AddStringToObject(o, "tensor", f->tensor)) ||
+	    (f->file && !cJSON_AddStringToObject(o, "file", f->file)) ||
+	    (f->rank >= 0 && !cJSON_AddNumberToObject(o, "rank", (double)f->rank)) ||
+	    (f->expert >= 0 && !cJSON_AddNumberToObject(o, "expert", (double)f->expert)) ||
+	    (f->other_expert >= 0 && !cJSON_AddNumberToObject(o, "other_expert", (double)f->other_expert)) ||
+	    (f->other_rank >= 0 && !cJSON_AddNumberToObject(o, "other_rank", (double)f->other_rank)))
+		return -1;
+	return 0;
+}
+
+/* One stderr line per fault the library found. */
+static void ep_print_faults(const char *dir, const struct ms_shard_result *res)
+{
+	for (size_t i = 0; i < res->nfaults; i++)
+		cli_errorf("'%s': %s", dir, res->faults[i].msg);
+	if (res->nfaults_more)
+		cli_errorf("'%s': %llu more faults not listed", dir,
+			   (unsigned long long)res->nfaults_more);
+}
+
+/* A fault found by the tool (EP size, inventory) rather than the library. */
+static int ep_json_other(cJSON *arr, const char *kind, const char *file, int64_t rank, const char *msg)
+{
+	struct ms_ep_fault f = { MS_EP_FAULT_DIGEST, NULL, (char *)file, rank, -1, -1, -1, (char *)msg };
+	cJSON *o;
+
+	if (ep_json_fault(arr, &f))
+		return -1;
+	o = cJSON_GetArrayItem(arr, cJSON_GetArraySize(arr) - 1);
+	return cJSON_ReplaceItemInObjectCaseSensitive(o, "kind", cJSON_CreateString(kind)) ? 0 : -1;
+}
+
+/* The document --json prints when the check could not run (bad input, I/O):
+ * the result, the exit status and the message stderr has too. */
+static void ep_json_error(const char *dir, int rc, const struct ms_err *err)
+{
+	cJSON *o = cJSON_CreateObject();
+	char *t;
+
+	if (!o)
+		return;
+	cJSON_AddStringToObject(o, "result", "error");
+	cJSON_AddStringToObject(o, "path", dir ? dir : "");
+	cJSON_AddNumberToObject(o, "exit", ms_exit_code(rc));
+	cJSON_AddStringToObject(o, "error", err->msg);
+	if ((t = cJSON_Print(o)))
+		puts(t);
+	cJSON_free(t);
+	cJSON_Delete(o);
+}
+
+/* The document --json prints for a failed check that names one fault only. */
+static int ep_json_fault_only(const char *dir, const struct ms_err *err)
+{
+	cJSON *o = cJSON_CreateObject(), *arr = o ? cJSON_AddArrayToObject(o, "faults") : NULL;
+	char *t = NULL;
+
+	if (arr && cJSON_AddStringToObject(o, "result", "fail") && cJSON_AddStringToObject(o, "path", dir) &&
+	    !ep_json_other(arr, "check", NULL, -1, err->msg))
+		t = cJSON_Print(o);
+	cJSON_Delete(o);
+	if (!t) {
+		cli_errorf("out of memory");
+		return CLI_IO;
+	}
+	puts(t);
+	cJSON_free(t);
+	return CLI_OK;
+}
+
 static int cmd_ep(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"ep-size", required_argument, NULL, 'n'},
+		{"base", required_argument, NULL, 'B'},
 		{"jobs", required_argument, NULL, 'j'},
 		{"json", no_argument, NULL, 'J'},
 		{"db", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *db = NULL, *env = getenv("MSINV_DB");
+	const char *db = NULL, *env = getenv("MSINV_DB"), *base = NULL;
 	int json = 0, c, rc, status = CLI_OK;
 	uint64_t want_n = 0;
+	char *blabel = NULL;
 	struct ms_shard_opts o;
 	struct ms_shard_result *res = NULL;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	char *dir = NULL;
-	cJSON *root = NULL;
+	cJSON *root = NULL, *faults = NULL;
 
 	memset(&o, 0, sizeof(o));
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -1005,6 +1119,7 @@ static int cmd_ep(int argc, char **argv)
 			if (cli_int("--jobs", optarg, 4096, &o.nthreads))
 				return CLI_USAGE;
 			break;
+		case 'B': base = optarg; break;
 		case 'J': json = 1; break;
 		case 'D': db = optarg; break;
 		case 'h': return cli_help();
@@ -1013,9 +1128,20 @@ static int cmd_ep(int argc, char **argv)
 	}
 	if (optind + 1 != argc)
 		return cli_usage(optind == argc ? "missing DIR or MANIFEST" : "one DIR or MANIFEST only");
+	/* the inventory, when there is one, is opened first: the base may be a
+	 * state, and the shards must be recorded ones */
+	if ((db || (env && *env)) && (rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
+		goto fail;
+	if (base) {
+		if ((rc = ms_ep_base_experts(inv, base, NULL, &o.base_experts, &blabel, &err)) != MS_OK)
+			goto fail;
+		o.base_label = blabel;
+	}
 	dir = strdup(argv[optind]);
-	if (!dir)
-		return cli_fail(ms_err_set(&err, MS_ENOMEM, "out of memory"), &err);
+	if (!dir) {
+		rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+		goto fail;
+	}
 	{
 		size_t n = strlen(dir), m = strlen(MS_EP_MANIFEST);
 
@@ -1026,22 +1152,61 @@ static int cmd_ep(int argc, char **argv)
 	}
 	rc = ms_shard_check(dir, &o, &res, &err);
 	if (rc == MS_ECHECK) {
-		/* bytes differ: a check result, one line naming what */
-		cli_errorf("'%s': %s", dir, err.msg);
-		free(dir);
-		return CLI_CHECK;
-	}
-	if (rc != MS_OK)
+		/* bytes or tensors differ: a check result, one line per fault */
+		status = CLI_CHECK;
+		if (!res) {
+			cli_errorf("'%s': %s", dir, err.msg);
+			if (json && ep_json_fault_only(dir, &err) != CLI_OK)
+				status = CLI_IO;
+			ms_inv_close(inv);
+			ms_free(blabel);
+			free(dir);
+			return status;
+		}
+		/* the lines go out once nothing is left that could fail (with
+		 * --json: once the document is built), so that running out of
+		 * memory is one line, not a report cut short */
+	} else if (rc != MS_OK) {
 		goto fail;
+	}
+	if (!(root = cJSON_CreateObject()) || !(faults = cJSON_CreateArray()))
+		goto nomem;
+	for (size_t i = 0; i < res->nfaults; i++)
+		if (ep_json_fault(faults, &res->faults[i]))
+			goto nomem;
 	if (want_n && res->ep_size != want_n) {
 		cli_errorf("'%s': shards for EP=%u, the run uses EP=%llu: run 'msshard reshard --ep-size %llu'",
 			   dir, res->ep_size, (unsigned long long)want_n, (unsigned long long)want_n);
+		if (ep_json_other(faults, "ep-size", NULL, -1, "the shards are for another EP size"))
+			goto nomem;
 		status = CLI_CHECK;
 	}
-	/* with an inventory, each shard must be the state recorded for it */
-	if (db || (env && *env)) {
-		if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
+	/* without --base, the base is the source adapter's nearest ancestor in
+	 * the inventory that declares an expert count */
+	if (inv && !base) {
+		uint32_t be = 0;
+
+		if ((rc = ms_ep_base_experts(inv, NULL, res->source_digest, &be, &blabel, &err)) != MS_OK)
 			goto fail;
+		if (be && be != res->num_experts) {
+			char msg[512];
+
+			int fused = strstr(res->packing, "fused") != NULL;
+			char at[48] = "";
+
+			if (fused)
+				snprintf(at, sizeof(at), " at r=%u (adapter_config.json)", res->r);
+			snprintf(msg, sizeof(msg), "%u experts%s, but the base '%s' (an ancestor of its "
+				 "source in the inventory) has %u%s", res->num_experts, at, blabel, be,
+				 fused ? ": \"r\" does not fit the fused LoRA's shapes" : "");
+			cli_errorf("'%s': %s", dir, msg);
+			if (ep_json_other(faults, "experts", res->manifest_path, -1, msg))
+				goto nomem;
+			status = CLI_CHECK;
+		}
+	}
+	/* with an inventory, each shard must be the state recorded for it */
+	if (inv) {
 		for (size_t i = 0; i < res->nfiles; i++) {
 			struct ms_inv_state *st = NULL;
 			struct ms_err lerr = {0};
@@ -1050,9 +1215,13 @@ static int cmd_ep(int argc, char **argv)
 			if (r2 == MS_ENOTFOUND) {
 				cli_errorf("'%s': rank %u: state %s is not in the inventory", res->files[i].path,
 					   res->files[i].rank, res->files[i].state_digest);
+				if (ep_json_other(faults, "inventory", res->files[i].path, res->files[i].rank,
+						  "its state is not in the inventory"))
+					goto nomem;
 				status = CLI_CHECK;
 			} else if (r2 != MS_OK) {
 				ms_inv_close(inv);
+				inv = NULL;
 				rc = r2;
 				err = lerr;
 				goto fail;
@@ -1061,23 +1230,27 @@ static int cmd_ep(int argc, char **argv)
 				cli_errorf("'%s': the inventory records it as rank %d of %d, the shard says rank %u of %u",
 					   res->files[i].path, st->ep_rank, st->ep_size, res->files[i].rank,
 					   res->ep_size);
+				if (ep_json_other(faults, "inventory", res->files[i].path, res->files[i].rank,
+						  "the inventory records it as another rank"))
+					goto nomem;
 				status = CLI_CHECK;
 			}
 			ms_inv_state_free(st);
 		}
 		ms_inv_close(inv);
+		inv = NULL;
 	}
 	if (json) {
 		cJSON *ranks;
+		char *t;
 
-		root = cJSON_CreateObject();
 		cJSON_AddStringToObject(root, "result", status == CLI_OK ? "ok" : "fail");
 		cJSON_AddStringToObject(root, "source", res->source_digest);
 		cJSON_AddNumberToObject(root, "experts", res->num_experts);
 		cJSON_AddNumberToObject(root, "ep_size", res->ep_size);
 		cJSON_AddStringToObject(root, "placement", ms_ep_placement_name(res->placement->kind));
 		ranks = cJSON_AddArrayToObject(root, "ranks");
-		for (size_t i = 0; i < res->nfiles; i++) {
+		for (size_t i = 0; ranks && i < res->nfiles; i++) {
 			cJSON *r = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(r, "experts");
 
 			cJSON_AddItemToArray(ranks, r);
@@ -1087,18 +1260,24 @@ static int cmd_ep(int argc, char **argv)
 			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
 				cJSON_AddItemToArray(ids, cJSON_CreateNumber(res->files[i].experts[k]));
 		}
-		{
-			char *t = cJSON_Print(root);
-
-			if (t)
-				puts(t);
-			cJSON_free(t);
-		}
-		cJSON_Delete(root);
+		cJSON_AddItemToObject(root, "faults", faults);
+		faults = NULL;
+		if (res->nfaults_more)
+			cJSON_AddNumberToObject(root, "faults_not_listed", (double)res->nfaults_more);
+		if (!(t = cJSON_Print(root)))
+			goto nomem;
+		ep_print_faults(dir, res);
+		puts(t);
+		cJSON_free(t);
 	} else {
-		printf("%s\t%s\t%u experts on %u ranks, %s, %s\n", status == CLI_OK ? "ok" : "FAIL", dir,
+		ep_print_faults(dir, res);
+		printf("%s\t%s\t%u experts on %u ranks, %s, %s", status == CLI_OK ? "ok" : "FAIL", dir,
 		       res->num_experts, res->ep_size, ms_ep_placement_name(res->placement->kind),
 		       res->packing);
+		if (res->nfaults || res->nfaults_more)
+			printf(", %llu fault%s", (unsigned long long)(res->nfaults + res->nfaults_more),
+			       res->nfaults + res->nfaults_more > 1 ? "s" : "");
+		putchar('\n');
 		for (size_t i = 0; i < res->nfiles; i++) {
 			printf("rank %u\t%s\texperts", res->files[i].rank, res->files[i].state_digest);
 			for (uint32_t k = 0; k < res->files[i].nexperts; k++)
@@ -1106,11 +1285,23 @@ static int cmd_ep(int argc, char **argv)
 			putchar('\n');
 		}
 	}
+	cJSON_Delete(root);
+	cJSON_Delete(faults);
 	ms_shard_result_free(res);
+	ms_inv_close(inv);
+	ms_free(blabel);
 	free(dir);
 	return status;
+nomem:
+	rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
 fail:
+	if (json)
+		ep_json_error(dir, rc, &err);
+	ms_inv_close(inv);
+	cJSON_Delete(root);
+	cJSON_Delete(faults);
 	ms_shard_result_free(res);
+	ms_free(blabel);
 	free(dir);
 	return cli_fail(rc, &err);
 }
@@ -1121,9 +1312,10 @@ static const struct cli_cmd cmds[] = {
 	 "--manifest M.json\tcheck against an exported manifest instead of the inventory\n"
 	 "--sig SIG\tthe manifest's signature (with --pub)\n"
 	 "--pub KEY.pub\tthe public key the signature must verify with\n"},
-	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--jobs N] [--json] DIR | MANIFEST",
+	{"ep", cmd_ep, "ep [--db PATH] [--ep-size N] [--base PATH | STATE] [--jobs N] [--json] DIR | MANIFEST",
 	 "every expert on exactly one rank, with its own bytes",
-	 "--ep-size N\tthe EP size the set must have been made for\n"},
+	 "--ep-size N\tthe EP size the set must have been made for\n"
+	 "--base PATH | STATE\tthe base whose expert count the adapter must have\n"},
 	{"policy", cmd_policy,
 	 "policy [--db PATH] [--jobs N] [--json] [--register [--label LABEL]] DIR... | TENSOR_MAP.json",
 	 "which inventoried states a served policy is made of",

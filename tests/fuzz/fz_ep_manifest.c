@@ -136,8 +136,15 @@ static void check_set(void)
 	if (getenv("FZ_EP_VERBOSE"))
 		fprintf(stderr, "fz_ep_manifest: check: rc %d: %s\n", rc, rc ? err.msg : "ok");
 	if (rc != MS_OK) {
-		assert(res == NULL && rc != MS_ENOMEM);
+		/* a failed check describes the set with every fault found */
+		assert(rc != MS_ENOMEM && (res == NULL || (rc == MS_ECHECK && res->nfaults > 0)));
 		assert(err.code == rc && err.msg[0] && !strchr(err.msg, '\n'));
+		for (size_t i = 0; res && i < res->nfaults; i++)
+			assert(res->faults[i].msg[0] && !strchr(res->faults[i].msg, '\n') &&
+			       res->faults[i].file);
+		if (res)
+			assert(strstr(err.msg, res->faults[0].msg) == err.msg);
+		ms_shard_result_free(res);
 		return;
 	}
 	assert(res && res->ep_size == EP && res->nfiles == EP && res->is_adapter);

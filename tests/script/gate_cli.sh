@@ -84,7 +84,9 @@ one_line
 has "role 'base'" "$W/err" "refusal names the role"
 has "digest mismatch" "$W/err" "refusal says what"
 [ ! -e ran ] && ok || bad "the command ran on a tampered state"
-[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 126" ] && ok || bad "refused run not recorded"
+# recorded with the status the launcher exits with (1), not a status of
+# the command, which never ran
+[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 1" ] && ok || bad "refused run not recorded with exit 1"
 [ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_refused'")" = 1 ] && ok || bad "launch_refused event"
 expect 1 "$B/msverify" files base
 cp model.orig base/model.safetensors
@@ -122,7 +124,7 @@ one_line
 has "role 'base'" "$W/err" "the failure names the role"
 has "config.json" "$W/err" "the failure names the file"
 [ ! -e ran ] && ok || bad "the command ran on a state that was not checked"
-[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 126" ] && ok || bad "failed launch not recorded"
+[ "$(q "SELECT status || ' ' || exit_code FROM runs ORDER BY id DESC LIMIT 1")" = "failed 3" ] && ok || bad "failed launch not recorded with exit 3"
 [ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_failed'")" = 1 ] && ok || bad "launch_failed event"
 [ "$(q "SELECT count(*) FROM events WHERE kind = 'launch_refused'")" = "$nref" ] && ok || bad "a failed check recorded as a refusal"
 rm base/config.json
