@@ -346,8 +346,11 @@ static int export_file(struct exporter *x, const struct ms_vfile *vf, const char
 	if ((rc = export_header(x, name, vf->size, err)) != MS_OK)
 		goto out;
 	while (left) {
-		ssize_t r = read(fd, x->buf, left < IO_BUF ? (size_t)left : IO_BUF);
+		ssize_t r;
 
+		if ((rc = ms_interrupt_check(err)) != MS_OK)
+			goto out;
+		r = read(fd, x->buf, left < IO_BUF ? (size_t)left : IO_BUF);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {

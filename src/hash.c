@@ -111,6 +111,8 @@ int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *
 	for (;;) {
 		ssize_t r = read(fd, buf, bufsz);
 
+		if ((rc = ms_interrupt_check(err)) != MS_OK)
+			goto out;
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0 || ms_fault("read")) {
@@ -142,6 +144,37 @@ struct pool {
 	pthread_mutex_t lock;
 };
 
+/* A job's digest, in pieces so that an interrupted hash of a large tensor
+ * stops within one piece (MS_EINTR). */
+static int hash_job(struct ms_hash_job *j)
+{
+	const size_t piece = 64u << 20;
+	const uint8_t *d = j->data;
+	struct ms_sha256_ctx *c;
+	uint64_t off = 0;
+	int rc = MS_OK;
+
+	if (ms_interrupted())
+		return MS_EINTR;
+	if (j->n <= piece)
+		return ms_sha256(j->data, (size_t)j->n, j->digest);
+	if (!(c = ms_sha256_new()))
+		return MS_ENOMEM;
+	while (rc == MS_OK && off < j->n) {
+		size_t k = j->n - off > piece ? piece : (size_t)(j->n - off);
+
+		if (ms_interrupted())
+			rc = MS_EINTR;
+		else
+			rc = ms_sha256_update(c, d + off, k);
+		off += k;
+	}
+	if (rc == MS_OK)
+		rc = ms_sha256_final(c, j->digest);
+	ms_sha256_free(c);
+	return rc;
+}
+
 static void *pool_worker(void *arg)
 {
 	struct pool *p = arg;
@@ -157,7 +190,7 @@ static void *pool_worker(void *arg)
 		}
 		j = p->order[p->next++];
 		pthread_mutex_unlock(&p->lock);
-		rc = ms_sha256(j->data, (size_t)j->n, j->digest);
+		rc = hash_job(j);
 		if (rc != MS_OK) {
 			pthread_mutex_lock(&p->lock);
 			if (!p->failed)
@@ -207,7 +240,9 @@ int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err 
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&p.lock);
 	/* a context that could not be made is (in practice) memory */
-	if (p.failed)
+	if (p.failed == MS_EINTR)
+		rc = ms_interrupt_check(err);
+	else if (p.failed)
 		rc = ms_sha256_err(err, p.failed);
 out:
 	ms_free(p.order);

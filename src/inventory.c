@@ -3661,6 +3661,22 @@ static int gc_dir(const char *dir, int dry_run,
 	return MS_OK;
 }
 
+/* The directory the inventory file is in, absolute where it resolves, as
+ * recorded paths are (caller frees; NULL: no memory). */
+static char *dir_of_db(const char *db)
+{
+	const char *slash = strrchr(db, '/');
+	char *d = !slash ? ms_strdup(".") : ms_strndup(db, (size_t)(slash - db) + (slash == db));
+	char *real = d ? realpath(d, NULL) : NULL;
+
+	if (real) {
+		ms_free(d);
+		d = ms_strdup(real);
+		free(real);
+	}
+	return d;
+}
+
 int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs, int dry_run,
 	      void (*fn)(enum ms_inv_gc_what what, const char *path, void *ctx), void *ctx,
 	      uint64_t *nitems, struct ms_err *err)
@@ -3672,20 +3688,32 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs, int dry
 	int failed = 0, rc, intx = 0;
 	cJSON *paths = NULL;
 
+	/* Where writers stage: beside a file (".NAME.tmp-"), and beside a
+	 * directory output, in its parent. So every recorded file's directory
+	 * and that directory's parent (outputs are written next to the states
+	 * they were made from, and a --force rerun next to the output it
+	 * replaces), the inventory's own directory, and dirs. */
 	if ((rc = prep(inv, "SELECT DISTINCT path FROM files", &st, err)) != MS_OK)
 		return rc;
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		char *p = ms_strdup(col_str(st, 0)), *slash;
+		const char *path = col_str(st, 0);
 
-		if (!p || grow((void **)&list, &cap, n, sizeof(*list))) {
-			ms_free(p);
-			rc = oom(err);
-			goto out;
+		for (int up = 1; up <= 2; up++) {
+			char *p = ms_strdup(path);
+
+			if (!p || grow((void **)&list, &cap, n, sizeof(*list))) {
+				ms_free(p);
+				rc = oom(err);
+				goto out;
+			}
+			for (int k = 0; k < up; k++) {
+				char *slash = strrchr(p, '/');
+
+				if (slash)
+					slash[slash == p ? 1 : 0] = 0;
+			}
+			list[n++] = p;
 		}
-		slash = strrchr(p, '/');
-		if (slash)
-			slash[slash == p ? 1 : 0] = 0;
-		list[n++] = p;
 	}
 	if (rc != SQLITE_DONE) {
 		rc = db_fail(inv, err, "cannot list files");
@@ -3693,8 +3721,8 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs, int dry
 	}
 	sqlite3_finalize(st);
 	st = NULL;
-	for (size_t i = 0; i < ndirs; i++) {
-		char *p = ms_strdup(dirs[i]);
+	for (size_t i = 0; i <= ndirs; i++) {
+		char *p = i < ndirs ? ms_strdup(dirs[i]) : dir_of_db(inv->path);
 
 		if (!p || grow((void **)&list, &cap, n, sizeof(*list))) {
 			ms_free(p);

@@ -434,7 +434,9 @@ enum ms_inv_gc_what {
  * and staging directories ".<name>.tmp-<pid>-<hex>" (see fsutil.h) and an
  * import's ".<name>.import-<pid>-<hex>" / ".<name>.replaced-<pid>-<hex>"
  * directories (with what they hold), from the directories of recorded
- * files and from dirs; and file rows no state uses. With dry_run nothing
+ * files, their parents (where a directory output beside a recorded state
+ * is staged), the inventory's own directory and dirs; and file rows no
+ * state uses. With dry_run nothing
  * is removed. fn (may be NULL) is told each item; a temporary that cannot
  * be removed is reported and makes the result MS_EIO after the walk. */
 int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs,

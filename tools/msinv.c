@@ -406,6 +406,7 @@ static int cmd_add(int argc, char **argv)
 	o.parents = parents;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_catch_interrupts();
 	rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind), &o,
 			      digest, &err);
 	ms_inv_close(inv);
@@ -1512,6 +1513,7 @@ static int cmd_export(int argc, char **argv)
 		return cli_usage(optind == argc ? "missing STATE" : "one STATE only");
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_catch_interrupts();
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
 		rc = ms_export_state(inv, digest, out, force, jobs, &err);
@@ -1611,6 +1613,7 @@ static int cmd_import(int argc, char **argv)
 	o.stats = &stats;
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
+	cli_catch_interrupts();
 	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
 	/* "adopted": DIR was already there, complete, from an earlier run of
 	 * this import that stopped before registering it */
