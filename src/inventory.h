@@ -277,6 +277,36 @@ int ms_inv_edges(struct ms_inv *inv, const char *digest,
 		 size_t *n, struct ms_err *err);
 void ms_inv_edges_free(struct ms_inv_edge *e, size_t n);
 
+/*
+ * Lineage carried from one inventory to another (msinv export / import).
+ * ms_inv_lineage_export writes, as JSON text (caller frees with ms_free),
+ * the record of where digest came from:
+ *
+ *   {"states": [{"state", "kind", "layout", "label", "tensors", "bytes",
+ *                "ep_size", "ep_rank", "experts", "argv", "tool", "user",
+ *                "host", "created_at"}, ...],       every ancestor, once
+ *    "edges":  [{"child", "parent", "operation", "params", "created_at"},
+ *               ...]}                               every edge above digest
+ *
+ * ms_inv_lineage_check: is text such a record for digest (well formed, every
+ * edge between digest and states it lists, digest not among them)?
+ * MS_EINVAL naming the rule when not. ms_inv_lineage_record (digest must be
+ * recorded) records, in one transaction (or the open batch), every listed
+ * state this inventory lacks as a state with no copy (what it was and where
+ * it came from, its bytes elsewhere), keeping its label unless another
+ * state here has it, and every edge not yet recorded; states recorded here
+ * already are kept as they are. An edge that would close a cycle with the
+ * recorded ones is MS_EINVAL. The audit log gets one "lineage" entry
+ * naming source (may be NULL). Claims of another inventory: no byte of an
+ * ancestor is checked here.
+ */
+int ms_inv_lineage_export(struct ms_inv *inv, const char *digest, char **json,
+			  struct ms_err *err);
+int ms_inv_lineage_check(const char *json, size_t len, const char *digest,
+			 struct ms_err *err);
+int ms_inv_lineage_record(struct ms_inv *inv, const char *digest, const char *json,
+			  size_t len, const char *source, struct ms_err *err);
+
 /* ---- verifications, runs, events ------------------------------------------------- */
 
 enum ms_inv_result {

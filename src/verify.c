@@ -835,7 +835,9 @@ int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 	if ((rc = ms_inv_state_configs(inv, digest, &cfgs, &ncfgs, err)) != MS_OK)
 		goto out;
 	if (files.n == 0) {
-		rc = ms_err_set(err, MS_EDB, "state %s has no recorded files", digest);
+		/* an ancestor recorded from a bundle's lineage: its bytes are
+		 * elsewhere */
+		rc = ms_err_set(err, MS_ENOTFOUND, "state %s has no copy in this inventory", digest);
 		goto out;
 	}
 	if (!copy) {

@@ -749,6 +749,8 @@ static int show_text(const struct show_data *d, int tensors)
 	if (print_argv(s->argv) != MS_OK)
 		goto oom;
 	putchar('\n');
+	if (d->files.n == 0)
+		printf("copies    none here (an ancestor recorded from an imported bundle)\n");
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
 
