@@ -569,7 +569,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	for (i = 0; i < vs->nconfigs; i++) {
 		struct ms_err e = {0};
 		uint8_t d[MS_SHA256_LEN];
-		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_CONFIG, &ctext[i], &clen[i], &e);
+		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
 
 		if (crc == MS_ENOMEM)
 			goto oom;

@@ -2773,6 +2773,8 @@ out:
 
 #define LINEAGE_MAX_STATES 100000u
 
+static int cmp_cstr(const void *a, const void *b);
+
 static int digest_ok(const cJSON *v)
 {
 	const char *s = cJSON_IsString(v) ? v->valuestring : NULL;
@@ -2837,18 +2839,35 @@ static int lineage_lists(const cJSON *o, const char *digest, struct ms_err *err)
 	const cJSON *states = cJSON_GetObjectItemCaseSensitive(o, "states");
 	const cJSON *edges = cJSON_GetObjectItemCaseSensitive(o, "edges");
 	const cJSON *s, *e;
-	const char *why;
+	const char *why, **sorted = NULL;
+	size_t n = 0;
+	int rc = MS_OK;
 
 	if (!cJSON_IsObject(o) || !cJSON_IsArray(states) || !cJSON_IsArray(edges))
 		return ms_err_set(err, MS_EINVAL, "lineage: not an object of \"states\" and \"edges\" arrays");
 	if ((unsigned)cJSON_GetArraySize(states) > LINEAGE_MAX_STATES ||
 	    (unsigned)cJSON_GetArraySize(edges) > 4 * LINEAGE_MAX_STATES)
 		return ms_err_set(err, MS_EINVAL, "lineage: more than %u states", LINEAGE_MAX_STATES);
+	/* sorted digests: every edge end is looked up, whatever the counts */
+	if (!(sorted = ms_malloc(((size_t)cJSON_GetArraySize(states) + 1) * sizeof(*sorted))))
+		return oom(err);
 	cJSON_ArrayForEach(s, states) {
-		if ((why = lineage_state_bad(s)))
-			return ms_err_set(err, MS_EINVAL, "lineage: %s", why);
-		if (!strcmp(cJSON_GetObjectItemCaseSensitive(s, "state")->valuestring, digest))
-			return ms_err_set(err, MS_EINVAL, "lineage: lists the state itself as its ancestor");
+		if ((why = lineage_state_bad(s))) {
+			rc = ms_err_set(err, MS_EINVAL, "lineage: %s", why);
+			goto out;
+		}
+		sorted[n] = cJSON_GetObjectItemCaseSensitive(s, "state")->valuestring;
+		if (!strcmp(sorted[n++], digest)) {
+			rc = ms_err_set(err, MS_EINVAL, "lineage: lists the state itself as its ancestor");
+			goto out;
+		}
+	}
+	qsort(sorted, n, sizeof(*sorted), cmp_cstr);
+	for (size_t i = 1; i < n; i++) {
+		if (!strcmp(sorted[i - 1], sorted[i])) {
+			rc = ms_err_set(err, MS_EINVAL, "lineage: lists a state twice");
+			goto out;
+		}
 	}
 	cJSON_ArrayForEach(e, edges) {
 		const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "child");
@@ -2859,22 +2878,23 @@ static int lineage_lists(const cJSON *o, const char *digest, struct ms_err *err)
 		    !strcmp(c->valuestring, p->valuestring) ||
 		    !str_ok(cJSON_GetObjectItemCaseSensitive(e, "operation")) ||
 		    !cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(e, "params")) ||
-		    !str_ok(cJSON_GetObjectItemCaseSensitive(e, "created_at")))
-			return ms_err_set(err, MS_EINVAL,
-					  "lineage: an edge without child, parent, operation, params and created_at");
-		/* every end is the state itself or one the lineage lists */
-		have_c = !strcmp(c->valuestring, digest);
-		have_p = 0;
-		cJSON_ArrayForEach(s, states) {
-			const char *d = cJSON_GetObjectItemCaseSensitive(s, "state")->valuestring;
-
-			have_c |= !strcmp(d, c->valuestring);
-			have_p |= !strcmp(d, p->valuestring);
+		    !str_ok(cJSON_GetObjectItemCaseSensitive(e, "created_at"))) {
+			rc = ms_err_set(err, MS_EINVAL,
+					"lineage: an edge without child, parent, operation, params and created_at");
+			goto out;
 		}
-		if (!have_c || !have_p)
-			return ms_err_set(err, MS_EINVAL, "lineage: an edge to a state it does not list");
+		/* every end is the state itself or one the lineage lists */
+		have_c = !strcmp(c->valuestring, digest) ||
+			 bsearch(&c->valuestring, sorted, n, sizeof(*sorted), cmp_cstr);
+		have_p = bsearch(&p->valuestring, sorted, n, sizeof(*sorted), cmp_cstr) != NULL;
+		if (!have_c || !have_p) {
+			rc = ms_err_set(err, MS_EINVAL, "lineage: an edge to a state it does not list");
+			goto out;
+		}
 	}
-	return MS_OK;
+out:
+	ms_free(sorted);
+	return rc;
 }
 
 int ms_inv_lineage_check(const char *json, size_t len, const char *digest, struct ms_err *err)

@@ -3163,7 +3163,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 			return bad(ss, err, "each of \"configs\" needs a plain \"name\" and a \"sha256\"");
 		if (!(path = ms_path_join(ss->dir, name)))
 			return oom(err);
-		rc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, err);
+		rc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)

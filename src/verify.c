@@ -256,7 +256,7 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 
 		if (!path)
 			goto oom;
-		crc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, &cerr);
+		crc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
 		if (crc == MS_ENOTFOUND || crc == MS_EINVAL) {
 			/* gone, or no longer a regular file of a sane size */
 			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,

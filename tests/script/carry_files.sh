@@ -32,7 +32,7 @@ if [ ! -x "$B/msinv" ] || [ ! -x "$B/msshard" ] || [ ! -x "$B/msconvert" ]; then
 	echo "carry_files: tools not built"; echo "carry_files: 0 passed, 1 failed"; exit 1
 fi
 SIDE="tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json
-special_tokens_map.json tokenizer.model README.md"
+special_tokens_map.json tokenizer.model README.md vocab.txt"
 
 # a Qwen3-MoE base with what a published checkpoint has beside its weights
 mkdir "$tmp/base"
@@ -45,6 +45,8 @@ printf '{%%- for m in messages %%}<|%%{{ m.role }}|>{{ m.content }}{%%- endfor %
 printf '{"eos_token":"</s>"}\n' >"$tmp/base/special_tokens_map.json"
 printf '\n\000\001\002sentencepiece\377' >"$tmp/base/tokenizer.model"
 printf '# model card\n' >"$tmp/base/README.md"
+# a vocabulary of 24 MiB: more than a configuration file may be
+head -c 18874368 /dev/urandom | base64 >"$tmp/base/vocab.txt"
 cp -r "$tmp/base" "$tmp/orig"
 export MSINV_DB="$tmp/a.db"
 run 0 init "$B/msinv" init
