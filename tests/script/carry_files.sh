@@ -108,24 +108,36 @@ export MSINV_DB="$tmp/a.db"
 run 1 "changed tokenizer" "$B/msverify" files base
 cat "$tmp/out" "$tmp/err" >"$tmp/both"; has "$tmp/both" "changed tokenizer named" "tokenizer.json"
 
-# hostile lineage: an edge to a state the bundle does not list; refused
-# before anything is extracted, nothing registered
-if command -v python3 >/dev/null 2>&1; then
+# hostile lineage: refused before anything is extracted, nothing
+# registered. evil NAME PYTHON-EDIT FRAGMENT: the quantized bundle with
+# its manifest edited
+evil() {
+	rm -rf "$tmp/evil" "$tmp/evil.tar.zst"
 	mkdir "$tmp/evil"
-	(cd "$tmp/evil" && zstd -dc "$tmp/q.tar.zst" | tar -xf - && python3 - <<'EOF'
-import json
-m = json.load(open("MANIFEST.json"))
-m["bundle"]["lineage"]["edges"][0]["parent"] = "sha256:" + "ab" * 32
-json.dump(m, open("MANIFEST.json", "w"), indent=1)
-EOF
-	) && (cd "$tmp/evil" && tar --format=pax -cf - MANIFEST.json $(sed -n 's/.*"path": "\([^"]*\)".*/\1/p' MANIFEST.json | sort -u) | zstd -q -o "$tmp/evil.tar.zst")
+	(cd "$tmp/evil" && zstd -dc "$tmp/q.tar.zst" | tar -xf - &&
+		python3 -c "import json; m = json.load(open('MANIFEST.json')); l = m['bundle']['lineage']; $2; json.dump(m, open('MANIFEST.json', 'w'), indent=1)" &&
+		tar --format=pax -cf - MANIFEST.json $(sed -n 's/.*"path": "\([^"]*\)".*/\1/p' MANIFEST.json | sort -u) |
+		zstd -q -o "$tmp/evil.tar.zst")
 	export MSINV_DB="$tmp/c.db"
-	run 0 "init c" "$B/msinv" init
-	run 2 "hostile lineage" "$B/msinv" import "$tmp/evil.tar.zst" "$tmp/evil-imp"
-	has "$tmp/err" "hostile lineage named" "lineage: an edge to a state it does not list"
-	[ ! -e "$tmp/evil-imp" ] && ok || bad "hostile lineage: output extracted"
-	run 0 "ls c" "$B/msinv" ls
-	[ ! -s "$tmp/out" ] && ok || bad "hostile lineage: registered: $(cat "$tmp/out")"
+	rm -f "$tmp/c.db"
+	"$B/msinv" init >/dev/null
+	run 2 "$1" "$B/msinv" import "$tmp/evil.tar.zst" "$tmp/evil-imp"
+	has "$tmp/err" "$1 named" "$3"
+	[ ! -e "$tmp/evil-imp" ] && ok || bad "$1: output extracted"
+	run 0 "$1: ls" "$B/msinv" ls
+	[ ! -s "$tmp/out" ] && ok || bad "$1: registered: $(cat "$tmp/out")"
+}
+if command -v python3 >/dev/null 2>&1; then
+	evil "edge to an unlisted state" "l['edges'][0]['parent'] = 'sha256:' + 'ab' * 32" \
+		"lineage: an edge to a state it does not list"
+	evil "the state its own ancestor" "l['states'][0]['state'] = m['state']; l['edges'][0]['parent'] = m['state']" \
+		"lineage: lists the state itself as its ancestor"
+	evil "a state listed twice" "l['states'].append(l['states'][0])" "lineage: lists a state twice"
+	evil "unknown kind" "l['states'][0]['kind'] = 'weights'" "lineage: a state of unknown kind"
+	evil "shard without placement" "l['states'][0]['kind'] = 'adapter_shard'" \
+		"lineage: an EP placement that does not fit its kind"
+	evil "edge without params" "del l['edges'][0]['params']" "lineage: an edge without child, parent"
+	evil "lineage not an object" "m['bundle']['lineage'] = [1]" "lineage: not an object"
 fi
 
 echo "carry_files: $pass passed, $fail failed"
