@@ -234,6 +234,7 @@ void ms_fp_plan_free(struct ms_fp_plan *p)
 	for (size_t i = 0; i < p->train.ntargets; i++)
 		ms_free(p->train.targets[i]);
 	ms_free(p->train.targets);
+	ms_free(p->train.optimizer);
 	ms_free(p->label);
 	ms_free(p->name);
 	ms_free(p->outputs);
@@ -320,10 +321,14 @@ static int parse_train(struct ms_fp_plan *p, const cJSON *t, struct ms_err *err)
 			return plan_errf(err, label, "train.optimizer", "expected an object");
 		if ((rc = check_dup_keys(opt, label, "train.optimizer.", err)) != MS_OK)
 			return rc;
+		/* any name parses (launch reads this plan too, and a trainer
+		 * may know more optimizers); the count refuses what it cannot
+		 * count */
 		it = cJSON_GetObjectItemCaseSensitive(opt, "name");
-		if (it && (!cJSON_IsString(it) || strcmp(it->valuestring, "adamw")))
-			return plan_errf(err, label, "train.optimizer.name",
-					 "the footprint counts the state of \"adamw\" only");
+		if (it && (!cJSON_IsString(it) || !*it->valuestring))
+			return plan_errf(err, label, "train.optimizer.name", "expected a string");
+		if (it && !(p->train.optimizer = ms_strdup(it->valuestring)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
 	}
 	if ((rc = train_uint(t, "batch", "train.batch", label, 1, UINT32_MAX, 0, &p->train.batch,
 			     err)) != MS_OK ||
@@ -1859,6 +1864,10 @@ static int train_pass(struct ms_fp_calc *c, struct acc *tp, struct ms_fp_train *
 	if (!tr->from_lora && !has_adapter)
 		return plan_errf(err, p->label, "train",
 				 "nothing to train: no \"lora\" object and no entry with role 'adapter'");
+	if (p->train.optimizer && strcmp(p->train.optimizer, "adamw"))
+		return plan_errf(err, p->label, "train.optimizer.name",
+				 "'%s': the footprint counts the state of \"adamw\" only",
+				 p->train.optimizer);
 	tr->entry = tr->from_lora ? base : adapter;
 	for (size_t i = 0; i < c->nrecs; i++) {
 		const struct rec *r = &c->recs[i];

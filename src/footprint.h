@@ -44,8 +44,9 @@
  *   train        optional object, the training run (the trainer reads all of
  *                it; the count reads): "lora" {"r": 1..MS_FP_MAX_LORA_R,
  *                "targets": [1..MS_FP_MAX_TARGETS module names], "alpha"
- *                and "dropout" numbers}, "optimizer" {"name": "adamw"
- *                (the only one counted)}, "batch" and "seq_len" integers
+ *                and "dropout" numbers}, "optimizer" {"name": a string;
+ *                ms_fp_calc_finish counts "adamw" only}, "batch" and
+ *                "seq_len" integers
  *                (named in the report; activations are not counted). Other
  *                keys in it are the trainer's.
  * Any other top-level key is left to the other consumers of the plan
@@ -236,6 +237,8 @@ struct ms_fp_plan {
 		uint32_t lora_r;       /* 0: no "train"."lora" */
 		size_t ntargets;
 		char **targets;        /* "train"."lora"."targets" */
+		char *optimizer;       /* "train"."optimizer"."name"; NULL:
+					* absent (adamw) */
 		uint64_t batch, seq_len; /* 0 when absent (activations: not
 					  * counted, only named) */
 	} train;

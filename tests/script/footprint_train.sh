@@ -215,6 +215,7 @@ bad_plan() { # NAME TRAIN-JSON EXPECTED-FRAGMENT
 	one_line "$1"; has "$tmp/err" "$1" "$3"
 }
 bad_plan "sgd" '{"lora": {"r": 4, "targets": ["q_proj"]}, "optimizer": {"name": "sgd"}}' "key 'train.optimizer.name'"
+bad_plan "optimizer name not a string" '{"lora": {"r": 4, "targets": ["q_proj"]}, "optimizer": {"name": 1}}' "key 'train.optimizer.name': expected a string"
 bad_plan "r 0" '{"lora": {"r": 0, "targets": ["q_proj"]}}' "key 'train.lora.r'"
 bad_plan "no targets" '{"lora": {"r": 4}}' "key 'train.lora.targets': missing"
 bad_plan "target matches nothing" '{"lora": {"r": 4, "targets": ["nonesuch"]}}' "no weight of entry 'base' is a target"
@@ -222,6 +223,16 @@ bad_plan "nothing to train" '{"optimizer": {"name": "adamw"}}' "nothing to train
 bad_plan "lora without base" '{"lora": {"r": 4, "targets": ["q_proj"]}}' "needs an entry with role 'base'" quantized
 bad_plan "train not an object" '[1]' "key 'train': expected an object"
 bad_plan "batch" '{"lora": {"r": 4, "targets": ["q_proj"]}, "batch": -1}' "key 'train.batch'"
+
+# 7. msinv launch reads the same plan: a train section footprint cannot
+# count (another optimizer) is the trainer's business, not a bad plan
+export MSINV_DB="$tmp/inv.db"
+run 0 "init" "$B/msinv" init
+run 0 "add base" "$B/msinv" add --label base "$FX/peft/qwen3moe-E8-r4/base"
+printf '{"ep_size": 1, "states": [{"role": "base", "state": "base"}], "train": {"lora": {"r": 4, "targets": ["q_proj"]}, "optimizer": {"name": "lion", "lr": 1e-4}}}\n' >"$tmp/plans/lion.json"
+run 0 "launch accepts another optimizer" "$B/msinv" launch --plan "$tmp/plans/lion.json" -- true
+run 2 "footprint cannot count it" "$B/msinv" footprint "$tmp/plans/lion.json"
+one_line "footprint cannot count it"; has "$tmp/err" "lion named" "key 'train.optimizer.name': 'lion'"
 
 echo "footprint_train: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
