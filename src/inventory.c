@@ -2812,8 +2812,8 @@ static const char *lineage_state_bad(const cJSON *s)
 		return "a state of unknown kind";
 	if (!str_ok(cJSON_GetObjectItemCaseSensitive(s, "layout")))
 		return "a state without a layout";
-	if (lb && !cJSON_IsNull(lb) && !str_ok(lb))
-		return "a label that is not a string";
+	if (lb && !cJSON_IsNull(lb) && (!str_ok(lb) || label_check(lb->valuestring, NULL) != MS_OK))
+		return "a label this inventory would refuse";
 	if (!int_in(cJSON_GetObjectItemCaseSensitive(s, "tensors"), 9e15) ||
 	    !int_in(cJSON_GetObjectItemCaseSensitive(s, "bytes"), 9e15))
 		return "a state without tensor and byte counts";
@@ -2881,6 +2881,11 @@ static int lineage_lists(const cJSON *o, const char *digest, struct ms_err *err)
 		    !str_ok(cJSON_GetObjectItemCaseSensitive(e, "created_at"))) {
 			rc = ms_err_set(err, MS_EINVAL,
 					"lineage: an edge without child, parent, operation, params and created_at");
+			goto out;
+		}
+		if (!ms_inv_op_valid(cJSON_GetObjectItemCaseSensitive(e, "operation")->valuestring)) {
+			rc = ms_err_set(err, MS_EINVAL, "lineage: an edge of unknown operation '%s'",
+					cJSON_GetObjectItemCaseSensitive(e, "operation")->valuestring);
 			goto out;
 		}
 		/* every end is the state itself or one the lineage lists */

@@ -137,8 +137,25 @@ if command -v python3 >/dev/null 2>&1; then
 	evil "shard without placement" "l['states'][0]['kind'] = 'adapter_shard'" \
 		"lineage: an EP placement that does not fit its kind"
 	evil "edge without params" "del l['edges'][0]['params']" "lineage: an edge without child, parent"
+	evil "unknown operation" "l['edges'][0]['operation'] = 'invented'" \
+		"lineage: an edge of unknown operation 'invented'"
+	evil "label read as a digest" "l['states'][0]['label'] = 'abc'" "lineage: a label this inventory would refuse"
 	evil "lineage not an object" "m['bundle']['lineage'] = [1]" "lineage: not an object"
 fi
+
+# a lineage that would close a cycle with the edges recorded here: this
+# inventory says the quantized state is the base's parent; the bundle says
+# the opposite. Refused, and the import leaves nothing behind
+export MSINV_DB="$tmp/d.db"
+run 0 "init d" "$B/msinv" init
+run 0 "add q" "$B/msinv" add --label q "$tmp/q"
+run 0 "add base as q's child" "$B/msinv" add --label base-here --parent q --op compose "$tmp/merged"
+run 2 "cycle" "$B/msinv" import "$tmp/q.tar.zst" "$tmp/q-cycle"
+has "$tmp/err" "cycle named" "would close a cycle"
+[ ! -e "$tmp/q-cycle" ] && ok || bad "cycle: output left"
+run 0 "cycle: show q" "$B/msinv" show q
+if grep -q "q-cycle" "$tmp/out"; then bad "cycle: a copy registered"; else ok; fi
+run 0 "cycle: log check" "$B/msinv" log --check
 
 echo "carry_files: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
