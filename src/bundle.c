@@ -361,8 +361,11 @@ static int export_file(struct exporter *x, const struct ms_vfile *vf, const char
 	if ((rc = export_header(x, name, vf->size, err)) != MS_OK)
 		goto out;
 	while (left) {
-		ssize_t r = read(fd, x->buf, left < IO_BUF ? (size_t)left : IO_BUF);
+		ssize_t r;
 
+		if ((rc = ms_interrupt_check(err)) != MS_OK)
+			goto out;
+		r = read(fd, x->buf, left < IO_BUF ? (size_t)left : IO_BUF);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
@@ -594,7 +597,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	for (i = 0; i < vs->nconfigs; i++) {
 		struct ms_err e = {0};
 		uint8_t d[MS_SHA256_LEN];
-		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_CONFIG, &ctext[i], &clen[i], &e);
+		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
 
 		if (crc == MS_ENOMEM)
 			goto oom;
@@ -617,6 +620,19 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 		goto oom;
 	if ((rc = export_manifest(vs, st, root, clen, &mo, err)) != MS_OK)
 		goto out;
+	/* where the state came from travels with it */
+	{
+		char *lin = NULL;
+		cJSON *lo;
+		int nomem;
+
+		if ((rc = ms_inv_lineage_export(inv, digest, &lin, err)) != MS_OK)
+			goto out;
+		lo = ms_json_parse(lin, strlen(lin), &nomem);
+		ms_free(lin);
+		if (!lo || !json_put(cJSON_GetObjectItemCaseSensitive(mo, "bundle"), "lineage", lo))
+			goto oom;
+	}
 	if (!(mtext = cJSON_Print(mo)))
 		goto oom;
 	mfiles = cJSON_GetObjectItemCaseSensitive(mo, "files");
@@ -1070,6 +1086,22 @@ static int plan_build(struct importer *x, struct ms_err *err)
 			goto oom;
 	}
 
+	/* optional (bundles of earlier versions have none); checked now, so
+	 * a malformed one is refused before anything is extracted */
+	v = cJSON_GetObjectItemCaseSensitive(b, "lineage");
+	if (v && !cJSON_IsNull(v)) {
+		struct ms_err le = {0};
+
+		if (!(p->lineage = cJSON_PrintUnformatted(v)))
+			goto oom;
+		if ((rc = ms_inv_lineage_check(p->lineage, strlen(p->lineage), p->digest, &le)) != MS_OK) {
+			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
+					     : fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
+							   "\"bundle\".%s", le.msg);
+			goto out;
+		}
+	}
+
 	members = cJSON_GetObjectItemCaseSensitive(b, "members");
 	nm = cJSON_IsArray(members) ? (size_t)cJSON_GetArraySize(members) : 0;
 	if (nm == 0 || nm != x->vs->nfiles + x->vs->nconfigs) {
@@ -1274,6 +1306,7 @@ void ms_import_plan_free(struct ms_import_plan *p)
 	ms_free(p->label);
 	ms_free(p->layout);
 	cJSON_free(p->experts);
+	cJSON_free(p->lineage);
 	ms_free(p);
 }
 
@@ -2158,6 +2191,19 @@ record:
 				  "registered as %s, not the manifest's %s (files changed during the import)",
 				  got, x.plan->digest);
 		goto out;
+	}
+	/* the ancestors and edges the bundle carries, in the same batch */
+	if (x.plan->lineage) {
+		struct ms_err e = {0};
+
+		rc = ms_inv_lineage_record(inv, got, x.plan->lineage, strlen(x.plan->lineage),
+					   archive_path, &e);
+		if (rc != MS_OK) {
+			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
+					     : ms_err_set(err, rc, "'%s': cannot record its lineage: %s",
+							  archive_path, e.msg);
+			goto out;
+		}
 	}
 	batch = 0;
 	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)

@@ -26,12 +26,17 @@
  *                           "size": 193784, "sha256": "<hex>"}, ...],
  *              "total_bytes": N,              (sum of the member sizes)
  *              "kind": "base", "label": "...", "layout": "...",
- *              "ep_size": null, "ep_rank": null, "experts": null}
+ *              "ep_size": null, "ep_rank": null, "experts": null,
+ *              "lineage": {"states": [...], "edges": [...]}}
  *
  * The members are exactly the manifest's "files" and "configs", each once.
  * kind, label, layout, ep_size and ep_rank repeat the manifest's (null when
  * the state has none) and must agree with them; experts is the state's
- * JSON array of expert ids or null.
+ * JSON array of expert ids or null. lineage (absent in bundles written
+ * before it existed) is where the state came from: its ancestors' records
+ * and every derivation edge above it (ms_inv_lineage_export, inventory.h);
+ * import records them, as states with no copy here, in the batch that
+ * registers the state.
  *
  * Import treats the archive as hostile. It refuses, naming the archive, the
  * member and the rule: an archive that is not one zstd stream of a tar
@@ -132,6 +137,8 @@ struct ms_import_plan {
 	char digest[MS_STATE_DIGEST_LEN];
 	char *kind, *label, *layout;   /* NULL when the manifest has none */
 	char *experts;                 /* JSON array text, NULL when none */
+	char *lineage;                 /* "bundle"."lineage" as JSON text,
+					* checked; NULL when none */
 	int32_t ep_size, ep_rank;      /* -1 when not a shard */
 	size_t nmembers;
 	struct ms_import_member *members; /* in "bundle"."members" order */

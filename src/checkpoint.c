@@ -53,7 +53,7 @@ static int add_file(struct ms_ckpt *c, const char *path, const char *name,
 	return MS_OK;
 }
 
-static int add_config(struct ms_ckpt *c, const char *dir, const char *name,
+static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int side,
 		      struct ms_err *err)
 {
 	struct ms_ckpt_config *cfg, *nc;
@@ -69,6 +69,15 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name,
 	}
 	for (size_t i = 0; i < c->nconfigs; i++) {
 		if (!strcmp(c->configs[i].name, name)) {
+			uint8_t d[MS_SHA256_LEN];
+
+			/* the same tokenizer beside two paths of one state */
+			if (side && c->configs[i].side &&
+			    ms_file_sha256(path, d, err) == MS_OK &&
+			    !memcmp(d, c->configs[i].digest, MS_SHA256_LEN)) {
+				ms_free(path);
+				return MS_OK;
+			}
 			rc = ms_err_set(err, MS_EINVAL,
 					"'%s': a second '%s' in the same state (from '%s')", path,
 					name, c->configs[i].path);
@@ -85,7 +94,9 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name,
 	cfg = &c->configs[c->nconfigs];
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->path = path;
-	if ((rc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &cfg->text, &cfg->len, err)) != MS_OK) {
+	cfg->side = side;
+	if ((rc = ms_read_file(path, side ? MS_CKPT_MAX_SIDE : MS_CKPT_MAX_CONFIG, &cfg->text,
+			       &cfg->len, err)) != MS_OK) {
 		ms_free(path);
 		return rc;
 	}
@@ -105,6 +116,67 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name,
 static int cmp_str(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Is name a side file of a directory (checkpoint.h)? Configuration files
+ * are not: they are added by name first. */
+static int is_side_name(const char *name)
+{
+	static const char *const weights[] = {MS_CKPT_WEIGHT_SUFFIXES};
+
+	if (name[0] == '.' || ends_with(name, ".safetensors") || !strcmp(name, "MANIFEST.json"))
+		return 0;
+	for (size_t i = 0; i < sizeof(config_names) / sizeof(config_names[0]); i++)
+		if (!strcmp(name, config_names[i]))
+			return 0;
+	for (size_t i = 0; i < sizeof(weights) / sizeof(weights[0]); i++)
+		if (ends_with(name, weights[i]))
+			return 0;
+	return 1;
+}
+
+/* Every side file of dir, in name order (add_config skips what is not a
+ * regular file). */
+static int add_side_files(struct ms_ckpt *c, const char *dir, struct ms_err *err)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	int rc = MS_OK;
+
+	if (!d)
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", dir, strerror(errno));
+	while ((de = readdir(d))) {
+		if (!is_side_name(de->d_name))
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 16;
+			char **nn = ms_realloc(names, nc * sizeof(*nn));
+
+			if (!nn) {
+				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				goto out;
+			}
+			names = nn;
+			cap = nc;
+		}
+		if (!(names[n] = ms_strdup(de->d_name))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		n++;
+	}
+	if (n)
+		qsort(names, n, sizeof(*names), cmp_str);
+	for (size_t i = 0; i < n && rc == MS_OK; i++)
+		rc = add_config(c, dir, names[i], 1, err);
+out:
+	closedir(d);
+	for (size_t i = 0; i < n; i++)
+		ms_free(names[i]);
+	ms_free(names);
+	return rc;
 }
 
 /* Directory with model.safetensors.index.json. */
@@ -326,8 +398,16 @@ configs:
 	if (rc != MS_OK)
 		goto out;
 	for (size_t i = 0; i < sizeof(config_names) / sizeof(config_names[0]); i++)
-		if ((rc = add_config(c, dir, config_names[i], err)) != MS_OK)
+		if ((rc = add_config(c, dir, config_names[i], 0, err)) != MS_OK)
 			goto out;
+	/* the index is carried as a side file too: an exported or verified
+	 * sharded checkpoint loads only with it. Several sharded directories
+	 * (ms_ckpt_open_many) each have their own, checked against their own
+	 * shards by open_index: the first is the one carried. */
+	if (c->index_path && stat(index, &st) == 0 && !ms_ckpt_config(c, ms_path_base(index)) &&
+	    (rc = add_config(c, dir, ms_path_base(index), 1, err)) != MS_OK)
+		goto out;
+	rc = add_side_files(c, dir, err);
 out:
 	if (d)
 		closedir(d);

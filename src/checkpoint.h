@@ -15,8 +15,18 @@
  * map names, and no file holds a tensor the map does not list.
  *
  * Configuration files that change how tensors are read (config.json,
- * hf_quant_config.json, adapter_config.json, generation_config.json is not)
- * are recorded with their SHA-256.
+ * hf_quant_config.json, adapter_config.json, quantization_config.json,
+ * ep_manifest.json) are recorded with their SHA-256. So is every other
+ * file a directory holds that a loader or server needs beside the weights
+ * (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+ * generation_config.json, chat templates, README.md, ...): every regular
+ * file (or link to one) directly in the directory except hidden names, the
+ * safetensors files and their index, MANIFEST.json (an import's own), and
+ * weights of other formats (MS_CKPT_WEIGHT_SUFFIXES). Those are the "side
+ * files" (side = 1): copied by split, merge and reshard, packed by export,
+ * checked by verify, as configuration files are. Two paths of one state
+ * may hold the same side file (same name, same bytes); different bytes
+ * under one name are refused.
  */
 #ifndef MS_CHECKPOINT_H
 #define MS_CHECKPOINT_H
@@ -26,6 +36,13 @@
 
 #define MS_CKPT_MAX_INDEX (256u * 1024u * 1024u)
 #define MS_CKPT_MAX_CONFIG (16u * 1024u * 1024u)
+/* A side file is read whole too (tokenizer.json of a 256k vocabulary is
+ * tens of megabytes). */
+#define MS_CKPT_MAX_SIDE (256u * 1024u * 1024u)
+/* Weights in formats other than safetensors, never side files. */
+#define MS_CKPT_WEIGHT_SUFFIXES \
+	".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", \
+	".npz", ".npy", ".pkl", ".safetensors.index.json", ".bin.index.json"
 
 struct ms_ckpt_config {
 	char *name;   /* file name, e.g. "adapter_config.json" */
@@ -33,6 +50,7 @@ struct ms_ckpt_config {
 	char *text;   /* whole file, NUL-terminated */
 	size_t len;
 	uint8_t digest[MS_SHA256_LEN];
+	int side;     /* a side file, not a configuration file (see above) */
 };
 
 struct ms_ckpt {

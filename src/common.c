@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,11 +86,35 @@ int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 	return err->code;
 }
 
+/* volatile sig_atomic_t: the one type a handler may store to */
+static volatile sig_atomic_t interrupt_sig;
+
+void ms_interrupt(int sig)
+{
+	interrupt_sig = sig > 0 && sig < 128 ? sig : SIGINT;
+}
+
+int ms_interrupted(void)
+{
+	return interrupt_sig;
+}
+
+int ms_interrupt_check(struct ms_err *err)
+{
+	int sig = interrupt_sig;
+
+	if (!sig)
+		return MS_OK;
+	return ms_err_set(err, MS_EINTR, "interrupted by signal %d", sig);
+}
+
 int ms_exit_code(int rc)
 {
 	switch (rc) {
 	case MS_OK:
 		return 0;
+	case MS_EINTR:
+		return 128 + (interrupt_sig ? interrupt_sig : SIGINT);
 	case MS_ECHECK:
 		return 1;
 	case MS_EINVAL:
@@ -113,6 +138,7 @@ const char *ms_rc_str(int rc)
 	case MS_EEXIST: return "already exists";
 	case MS_EDB: return "database error";
 	case MS_ENODEV: return "no device";
+	case MS_EINTR: return "interrupted";
 	}
 	return "unknown error";
 }

@@ -32,6 +32,7 @@ enum ms_rc {
 	MS_EEXIST = 6,    /* output exists and --force was not given (exit 2) */
 	MS_EDB = 7,       /* database error (exit 3) */
 	MS_ENODEV = 8,    /* no GPU when one was demanded (exit 3) */
+	MS_EINTR = 9,     /* interrupted by a signal (exit 128 + the signal) */
 };
 
 /* One error line, filled by the function that failed first. */
@@ -46,7 +47,8 @@ int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
 /* Prefix an existing message: "<prefix>: <old message>". Returns err->code. */
 int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
-/* Map a return code to the pinned tool exit status (0, 1, 2 or 3). */
+/* Map a return code to the pinned tool exit status (0, 1, 2 or 3; for
+ * MS_EINTR 128 + the signal, as a shell reports a process it killed). */
 int ms_exit_code(int rc);
 /* Short name of a code, e.g. "bad input". */
 const char *ms_rc_str(int rc);
@@ -145,6 +147,22 @@ int ms_buf_printf(struct ms_buf *b, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Take ownership of the NUL-terminated contents; b is reset. */
 char *ms_buf_detach(struct ms_buf *b, size_t *len);
+
+/*
+ * Interruption. A tool that writes installs a handler for SIGINT, SIGTERM
+ * and SIGHUP that calls ms_interrupt(sig), which only stores the number
+ * (async-signal-safe). The library's long loops (every write, every block
+ * hashed, every tensor converted or packed) poll ms_interrupted() and fail
+ * with MS_EINTR, so the ordinary error path runs: staging removed, the
+ * inventory batch rolled back, nothing published. The library installs no
+ * handler itself: signal disposition belongs to the program.
+ */
+void ms_interrupt(int sig);
+/* The signal that interrupted the process, or 0. */
+int ms_interrupted(void);
+/* MS_EINTR with "interrupted by signal N" in err when interrupted, else
+ * MS_OK. */
+int ms_interrupt_check(struct ms_err *err);
 
 /* Number of online CPUs (at least 1). */
 int ms_ncpus(void);

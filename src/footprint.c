@@ -231,10 +231,111 @@ void ms_fp_plan_free(struct ms_fp_plan *p)
 		ms_free(p->entries[i].resolved);
 	}
 	ms_free(p->entries);
+	for (size_t i = 0; i < p->train.ntargets; i++)
+		ms_free(p->train.targets[i]);
+	ms_free(p->train.targets);
+	ms_free(p->train.optimizer);
 	ms_free(p->label);
 	ms_free(p->name);
 	ms_free(p->outputs);
 	ms_free(p);
+}
+
+/* A JSON number that is an integer in [min, max] at key (a dotted path in
+ * messages); absent is fine unless required. */
+static int train_uint(const cJSON *obj, const char *name, const char *key,
+		      const char *label, uint64_t min, uint64_t max, int required,
+		      uint64_t *out, struct ms_err *err)
+{
+	const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+	double d;
+
+	if (!it)
+		return required ? plan_errf(err, label, key, "missing") : MS_OK;
+	d = it->valuedouble;
+	if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || d < (double)min ||
+	    d > (double)max)
+		return plan_errf(err, label, key, "must be an integer from %llu to %llu",
+				 (unsigned long long)min, (unsigned long long)max);
+	*out = (uint64_t)d;
+	return MS_OK;
+}
+
+/* The "train" section: what the count needs of it, type-checked; the rest
+ * (lr, steps, data, ...) is the trainer's. */
+static int parse_train(struct ms_fp_plan *p, const cJSON *t, struct ms_err *err)
+{
+	const char *label = p->label;
+	const cJSON *lora, *opt, *targets, *it;
+	uint64_t v = 0;
+	int rc;
+
+	if (!cJSON_IsObject(t))
+		return plan_errf(err, label, "train", "expected an object");
+	if ((rc = check_dup_keys(t, label, "train.", err)) != MS_OK)
+		return rc;
+	p->train.present = 1;
+	lora = cJSON_GetObjectItemCaseSensitive(t, "lora");
+	if (lora) {
+		if (!cJSON_IsObject(lora))
+			return plan_errf(err, label, "train.lora", "expected an object");
+		if ((rc = check_dup_keys(lora, label, "train.lora.", err)) != MS_OK ||
+		    (rc = train_uint(lora, "r", "train.lora.r", label, 1, MS_FP_MAX_LORA_R, 1, &v,
+				     err)) != MS_OK)
+			return rc;
+		p->train.lora_r = (uint32_t)v;
+		for (int k = 0; k < 2; k++) {
+			const char *n = k ? "dropout" : "alpha";
+
+			it = cJSON_GetObjectItemCaseSensitive(lora, n);
+			if (it && (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)))
+				return plan_errf(err, label, k ? "train.lora.dropout" : "train.lora.alpha",
+						 "expected a number");
+		}
+		targets = cJSON_GetObjectItemCaseSensitive(lora, "targets");
+		if (!targets)
+			return plan_errf(err, label, "train.lora.targets", "missing");
+		if (!cJSON_IsArray(targets) || cJSON_GetArraySize(targets) < 1 ||
+		    cJSON_GetArraySize(targets) > (int)MS_FP_MAX_TARGETS)
+			return plan_errf(err, label, "train.lora.targets",
+					 "expected an array of 1 to %u module names", MS_FP_MAX_TARGETS);
+		p->train.targets = ms_calloc((size_t)cJSON_GetArraySize(targets),
+					     sizeof(*p->train.targets));
+		if (!p->train.targets)
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		cJSON_ArrayForEach(it, targets) {
+			const char *s = cJSON_IsString(it) ? it->valuestring : NULL;
+
+			if (!s || !*s || strlen(s) >= MS_NAME_PROJ_MAX)
+				return plan_errf(err, label, "train.lora.targets",
+						 "every target is a module name of 1 to %d bytes (\"experts\", \"q_proj\", ...)",
+						 MS_NAME_PROJ_MAX - 1);
+			if (!(p->train.targets[p->train.ntargets] = ms_strdup(s)))
+				return ms_err_set(err, MS_ENOMEM, "out of memory");
+			p->train.ntargets++;
+		}
+	}
+	opt = cJSON_GetObjectItemCaseSensitive(t, "optimizer");
+	if (opt) {
+		if (!cJSON_IsObject(opt))
+			return plan_errf(err, label, "train.optimizer", "expected an object");
+		if ((rc = check_dup_keys(opt, label, "train.optimizer.", err)) != MS_OK)
+			return rc;
+		/* any name parses (launch reads this plan too, and a trainer
+		 * may know more optimizers); the count refuses what it cannot
+		 * count */
+		it = cJSON_GetObjectItemCaseSensitive(opt, "name");
+		if (it && (!cJSON_IsString(it) || !*it->valuestring))
+			return plan_errf(err, label, "train.optimizer.name", "expected a string");
+		if (it && !(p->train.optimizer = ms_strdup(it->valuestring)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	if ((rc = train_uint(t, "batch", "train.batch", label, 1, UINT32_MAX, 0, &p->train.batch,
+			     err)) != MS_OK ||
+	    (rc = train_uint(t, "seq_len", "train.seq_len", label, 1, UINT32_MAX, 0,
+			     &p->train.seq_len, err)) != MS_OK)
+		return rc;
+	return MS_OK;
 }
 
 static int dup_or_null(const char *s, char **out, struct ms_err *err)
@@ -416,6 +517,10 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	    (rc = dup_or_null(s, &p->outputs, err)) != MS_OK)
 		goto out;
 
+	it = cJSON_GetObjectItemCaseSensitive(root, "train");
+	if (it && (rc = parse_train(p, it, err)) != MS_OK)
+		goto out;
+
 	states = cJSON_GetObjectItemCaseSensitive(root, "states");
 	if (!states) {
 		rc = plan_errf(err, label, "states", "missing");
@@ -576,6 +681,8 @@ struct rec {
 	uint32_t key_len;       /* name[0, key_len) names the weight */
 	int32_t layer, expert;
 	uint8_t part, role, lora, megatron_grouped;
+	uint8_t lora_base;      /* a weight LoRA can train: quantizable, or a
+				 * floating fused 3-D expert parameter */
 	uint8_t place;
 	uint32_t owner;
 	uint32_t ndim;
@@ -816,6 +923,9 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 			      megatron_grouped(t->name);
 	r->ndim = t->ndim;
 	memcpy(r->shape, t->shape, sizeof(r->shape));
+	r->lora_base = quantizable_info(t->name, &info, t->dtype, t->ndim) ||
+		       (info.part == MS_NAME_PART_EXPERTS_FUSED && info.role == MS_NAME_ROLE_WEIGHT &&
+			t->ndim == 3 && float_source(t->dtype));
 
 	q = repr != MS_FP_REPR_AS_IS &&
 	    quantizable_info(t->name, &info, t->dtype, t->ndim);
@@ -1692,6 +1802,127 @@ out:
 	return rc;
 }
 
+/* ---- training state ---------------------------------------------------------- */
+
+static int entry_with_role(const struct ms_fp_plan *p, const char *role, size_t *out)
+{
+	for (size_t i = 0; i < p->nentries; i++) {
+		if (!strcmp(p->entries[i].role, role)) {
+			*out = i;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Does a target of train.lora name this weight? PEFT's rule for a module
+ * name (the leaf: "q_proj" trains every q_proj), plus "experts" for every
+ * routed expert projection and "shared_experts" for the shared ones. */
+static int lora_target(const struct ms_fp_train_plan *t, const struct ms_name_info *info)
+{
+	for (size_t i = 0; i < t->ntargets; i++) {
+		const char *s = t->targets[i];
+
+		if (!strcmp(s, "experts") &&
+		    (info->part == MS_NAME_PART_EXPERT || info->part == MS_NAME_PART_EXPERTS_FUSED))
+			return 1;
+		if ((!strcmp(s, "shared_experts") || !strcmp(s, "shared_expert")) &&
+		    info->part == MS_NAME_PART_SHARED_EXPERT)
+			return 1;
+		if (info->proj[0] && !strcmp(s, info->proj))
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * The trainable parameters on each rank (*tp) and what the report says of
+ * them. With train.lora: a pair A [r, in], B [out, r] for every weight of
+ * the 'base' entry a target names (a fused [E, a, b] expert parameter: one
+ * pair per expert), placed as the weight is. Without it: the LoRA tensors
+ * of the 'adapter' entry, as they are placed. Parameters of a warm-start
+ * 'adapter' entry are resident in its own rows already; otherwise their
+ * bf16 copy is counted here.
+ */
+static int train_pass(struct ms_fp_calc *c, struct acc *tp, struct ms_fp_train *tr,
+		      struct ms_err *err)
+{
+	const struct ms_fp_plan *p = c->plan;
+	size_t base = 0, adapter = 0;
+	int has_base = entry_with_role(p, "base", &base);
+	int has_adapter = entry_with_role(p, "adapter", &adapter);
+
+	memset(tr, 0, sizeof(*tr));
+	if (!p->train.present)
+		return MS_OK;
+	tr->present = 1;
+	tr->from_lora = p->train.lora_r > 0;
+	tr->params_resident = has_adapter;
+	if (tr->from_lora && !has_base)
+		return plan_errf(err, p->label, "train.lora",
+				 "needs an entry with role 'base': its weight shapes give the LoRA sizes");
+	if (!tr->from_lora && !has_adapter)
+		return plan_errf(err, p->label, "train",
+				 "nothing to train: no \"lora\" object and no entry with role 'adapter'");
+	if (p->train.optimizer && strcmp(p->train.optimizer, "adamw"))
+		return plan_errf(err, p->label, "train.optimizer.name",
+				 "'%s': the footprint counts the state of \"adamw\" only",
+				 p->train.optimizer);
+	tr->entry = tr->from_lora ? base : adapter;
+	for (size_t i = 0; i < c->nrecs; i++) {
+		const struct rec *r = &c->recs[i];
+		uint64_t n = 1;
+
+		if (r->entry != tr->entry)
+			continue;
+		if (tr->from_lora) {
+			struct ms_name_info info;
+			uint64_t sides;
+
+			if (!r->lora_base || ms_name_parse(r->name, &info) != MS_OK ||
+			    !lora_target(&p->train, &info))
+				continue;
+			if (ms_add_u64(r->shape[r->ndim - 2], r->shape[r->ndim - 1], &sides) ||
+			    ms_mul_u64(sides, p->train.lora_r, &n) ||
+			    (r->ndim == 3 && ms_mul_u64(n, r->shape[0], &n)))
+				return ms_err_set(err, MS_EINVAL,
+						  "plan '%s': tensor '%s': LoRA parameter count overflows",
+						  p->label, r->name);
+		} else {
+			if (!r->lora)
+				continue;
+			for (uint32_t d = 0; d < r->ndim; d++)
+				if (ms_mul_u64(n, r->shape[d], &n))
+					return ms_err_set(err, MS_EINVAL,
+							  "plan '%s': tensor '%s': element count overflows",
+							  p->label, r->name);
+		}
+		if (n > MAX_TOTAL_BYTES / 32 || tr->params > MAX_TOTAL_BYTES / 32)
+			return ms_err_set(err, MS_EINVAL,
+					  "plan '%s': the trainable parameters total more than 2^57",
+					  p->label);
+		tr->modules++;
+		tr->params += n;
+		if (acc_add(tp, p->ep_size, r, n))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	if (tr->modules == 0)
+		return tr->from_lora ?
+		       plan_errf(err, p->label, "train.lora.targets",
+				 "no weight of entry '%s' is a target", p->entries[base].role) :
+		       plan_errf(err, p->label, "train",
+				 "entry '%s' holds no LoRA tensors to train", p->entries[adapter].role);
+	tr->per_param_bytes = (tr->params_resident ? 0 : MS_FP_TRAIN_PARAM_BYTES) +
+			      MS_FP_TRAIN_GRAD_BYTES + MS_FP_TRAIN_ADAMW_BYTES;
+	tr->params_per_gpu = acc_max(tp);
+	tr->param_bytes_per_gpu = tr->params_resident ? 0 :
+				  tr->params_per_gpu * MS_FP_TRAIN_PARAM_BYTES;
+	tr->grad_bytes_per_gpu = tr->params_per_gpu * MS_FP_TRAIN_GRAD_BYTES;
+	tr->optimizer_bytes_per_gpu = tr->params_per_gpu * MS_FP_TRAIN_ADAMW_BYTES;
+	tr->bytes_per_gpu = tr->params_per_gpu * tr->per_param_bytes;
+	return MS_OK;
+}
+
 int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 		      struct ms_err *err)
 {
@@ -1700,6 +1931,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 	struct rowwork *rw = NULL;
 	struct dupwork *groups = NULL;
 	struct runmax tmax = { 0, NULL }, tcmax = { 0, NULL };
+	struct acc tp = { 0, 0, NULL, 0 };
 	uint64_t *resident = NULL, *candfull = NULL, dupw = 0;
 	size_t ngroups = 0, nrows, nout = 0;
 	uint32_t ep;
@@ -1740,7 +1972,8 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 		w->model_bytes += x->bytes;
 	}
 	if ((rc = find_duplicates(c, rw, &groups, &ngroups, &dupw, err)) != MS_OK ||
-	    (rc = layer_pass(c, rw, &tmax, &tcmax, err)) != MS_OK)
+	    (rc = layer_pass(c, rw, &tmax, &tcmax, err)) != MS_OK ||
+	    (rc = train_pass(c, &tp, &rep->train, err)) != MS_OK)
 		goto out;
 
 	/* per-rank totals */
@@ -1760,8 +1993,10 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 		}
 	}
 	for (uint32_t r = 0; r < ep; r++) {
-		uint64_t total = resident[r] + runmax_at(&tmax, r);
-		uint64_t alt = resident[r] - candfull[r] + runmax_at(&tcmax, r);
+		/* the training state sits beside the weights on its rank */
+		uint64_t train = acc_at(&tp, r) * rep->train.per_param_bytes;
+		uint64_t total = resident[r] + runmax_at(&tmax, r) + train;
+		uint64_t alt = resident[r] - candfull[r] + runmax_at(&tcmax, r) + train;
 
 		if (r == 0 || total > rep->total_bytes_per_gpu) {
 			rep->total_bytes_per_gpu = total;
@@ -1865,6 +2100,7 @@ out:
 		acc_release(&groups[g].excess);
 	}
 	ms_free(groups);
+	acc_release(&tp);
 	ms_free(rw);
 	ms_free(resident);
 	ms_free(candfull);
@@ -1969,6 +2205,45 @@ int ms_fp_report_text(const struct ms_fp_report *r, struct ms_buf *out,
 			      "on-demand: with every duplicated columnwise copy built per layer: %s per gpu instead of %s (saves %s)\n",
 			      a, b, c2);
 	}
+	if (r->train.present) {
+		const struct ms_fp_train *t = &r->train;
+
+		if (t->from_lora) {
+			ms_buf_printf(out, "train: LoRA r=%u on %llu weights of '%s' (targets", p->train.lora_r,
+				      (unsigned long long)t->modules, p->entries[t->entry].role);
+			for (size_t i = 0; i < p->train.ntargets; i++)
+				ms_buf_printf(out, "%s%s", i ? ", " : " ", p->train.targets[i]);
+			ms_buf_puts(out, ")");
+		} else {
+			ms_buf_printf(out, "train: the %llu LoRA tensors of '%s'",
+				      (unsigned long long)t->modules, p->entries[t->entry].role);
+		}
+		ms_buf_printf(out, ": %llu parameters, %llu on the largest gpu\n",
+			      (unsigned long long)t->params, (unsigned long long)t->params_per_gpu);
+		human(t->grad_bytes_per_gpu, b, sizeof(b));
+		human(t->optimizer_bytes_per_gpu, c2, sizeof(c2));
+		human(t->bytes_per_gpu, d, sizeof(d));
+		if (t->params_resident) {
+			ms_buf_printf(out, "train: per gpu: gradients %s (fp32), AdamW %s (fp32 master and two moments): %s; the LoRA weights are the 'adapter' rows\n",
+				      b, c2, d);
+		} else {
+			human(t->param_bytes_per_gpu, a, sizeof(a));
+			ms_buf_printf(out, "train: per gpu: LoRA weights %s (bf16), gradients %s (fp32), AdamW %s (fp32 master and two moments): %s\n",
+				      a, b, c2, d);
+		}
+	}
+	/* what the total is of, and what it leaves out */
+	ms_buf_puts(out, r->train.present ?
+		    "counted: the weights each gpu holds (rows above), LoRA weights, gradients and AdamW state\n" :
+		    "counted: the weights each gpu holds (rows above), nothing else\n");
+	ms_buf_puts(out, "not counted: ");
+	if (!r->train.present)
+		ms_buf_puts(out, "gradients and optimizer state (the plan has no \"train\" section), ");
+	ms_buf_puts(out, "activations");
+	if (p->train.batch && p->train.seq_len)
+		ms_buf_printf(out, " (batch %llu x seq_len %llu)", (unsigned long long)p->train.batch,
+			      (unsigned long long)p->train.seq_len);
+	ms_buf_puts(out, ", CUDA context and kernel workspaces, communication buffers, allocator fragmentation\n");
 	human(r->total_bytes_per_gpu, a, sizeof(a));
 	ms_buf_printf(out, "total: %llu bytes (%s) per gpu, largest on rank %u",
 		      (unsigned long long)r->total_bytes_per_gpu, a, r->peak_rank);
@@ -1979,7 +2254,8 @@ int ms_fp_report_text(const struct ms_fp_report *r, struct ms_buf *out,
 			ms_buf_printf(out, "; budget %s: over by %s", b, c2);
 		} else {
 			human(r->budget_bytes - r->total_bytes_per_gpu, c2, sizeof(c2));
-			ms_buf_printf(out, "; budget %s: fits, %s to spare", b, c2);
+			ms_buf_printf(out, "; budget %s: the counted bytes fit, %s left for what is not counted",
+				      b, c2);
 		}
 	}
 	ms_buf_puts(out, "\n");
@@ -2075,6 +2351,46 @@ int ms_fp_report_json(const struct ms_fp_report *r, struct ms_buf *out,
 		goto oom;
 	add_u64(od, "total_bytes_per_gpu", r->ondemand_total_bytes_per_gpu);
 	add_u64(od, "saving_bytes_per_gpu", r->ondemand_saving_per_gpu);
+	if (r->train.present) {
+		const struct ms_fp_train *t = &r->train;
+		cJSON *tr = cJSON_AddObjectToObject(root, "train");
+
+		if (!tr)
+			goto oom;
+		cJSON_AddStringToObject(tr, "from", t->from_lora ? "lora" : "adapter");
+		cJSON_AddStringToObject(tr, "role", p->entries[t->entry].role);
+		if (t->from_lora)
+			cJSON_AddNumberToObject(tr, "r", p->train.lora_r);
+		add_u64(tr, "modules", t->modules);
+		add_u64(tr, "params", t->params);
+		add_u64(tr, "params_per_gpu", t->params_per_gpu);
+		cJSON_AddBoolToObject(tr, "params_resident", t->params_resident);
+		cJSON_AddNumberToObject(tr, "bytes_per_param", t->per_param_bytes);
+		add_u64(tr, "param_bytes_per_gpu", t->param_bytes_per_gpu);
+		add_u64(tr, "grad_bytes_per_gpu", t->grad_bytes_per_gpu);
+		add_u64(tr, "optimizer_bytes_per_gpu", t->optimizer_bytes_per_gpu);
+		add_u64(tr, "bytes_per_gpu", t->bytes_per_gpu);
+	} else {
+		cJSON_AddNullToObject(root, "train");
+	}
+	{
+		static const char *const counted[] = {"weights", "lora_weights", "gradients",
+						      "optimizer_state"};
+		static const char *const not_counted[] = {"activations", "cuda_context",
+							  "workspaces", "communication_buffers",
+							  "fragmentation"};
+		cJSON *a = cJSON_AddArrayToObject(root, "counted");
+		cJSON *n = cJSON_AddArrayToObject(root, "not_counted");
+
+		if (!a || !n)
+			goto oom;
+		for (size_t i = 0; i < (r->train.present ? 4u : 1u); i++)
+			cJSON_AddItemToArray(a, cJSON_CreateString(counted[i]));
+		for (size_t i = 1; !r->train.present && i < 4; i++)
+			cJSON_AddItemToArray(n, cJSON_CreateString(counted[i]));
+		for (size_t i = 0; i < sizeof(not_counted) / sizeof(not_counted[0]); i++)
+			cJSON_AddItemToArray(n, cJSON_CreateString(not_counted[i]));
+	}
 	cJSON_AddBoolToObject(root, "over_budget", r->over_budget);
 	text = cJSON_Print(root);
 	if (!text)

@@ -10,6 +10,9 @@
  *
  * ---- The plan (a JSON file, outside input) ---------------------------------
  *
+ * ms(5) documents the whole format for users ("Run plans"); this is the
+ * parser's contract.
+ *
  *   {"name": "grpo-run",
  *    "ep_size": 8,
  *    "placement": "contiguous",
@@ -38,6 +41,14 @@
  *                tensors show.
  *   name         optional string: the run's name, shown in the report.
  *   outputs      optional string: where the run writes (used by launch).
+ *   train        optional object, the training run (the trainer reads all of
+ *                it; the count reads): "lora" {"r": 1..MS_FP_MAX_LORA_R,
+ *                "targets": [1..MS_FP_MAX_TARGETS module names], "alpha"
+ *                and "dropout" numbers}, "optimizer" {"name": a string;
+ *                ms_fp_calc_finish counts "adamw" only}, "batch" and
+ *                "seq_len" integers
+ *                (named in the report; activations are not counted). Other
+ *                keys in it are the trainer's.
  * Any other top-level key is left to the other consumers of the plan
  * (msinv launch, the trainer) and ignored here.
  *
@@ -110,6 +121,16 @@
  * columnwise copy whose rowwise twin is also resident, the report says what
  * building it on demand instead would save.
  *
+ * Training state (a "train" object): trainable parameters are r*(a+b) for
+ * every [a, b] weight of the 'base' entry a lora target names (leaf name as
+ * PEFT matches it, "experts" for routed experts, "shared_experts"), per
+ * expert of a fused [E, a, b] one; without "lora", the LoRA tensors of the
+ * 'adapter' entry. They are placed as the tensor they come from. Bytes per
+ * parameter: MS_FP_TRAIN_PARAM_BYTES (unless an 'adapter' entry holds the
+ * weights), MS_FP_TRAIN_GRAD_BYTES, MS_FP_TRAIN_ADAMW_BYTES; added to each
+ * rank's total. Not counted, and said so in the report: activations, the
+ * CUDA context, workspaces, communication buffers, fragmentation.
+ *
  * ---- Use ----------------------------------------------------------------------
  *
  *   ms_fp_plan_load(path, &plan, &err);
@@ -140,6 +161,16 @@
 #define MS_FP_MAX_EP 4096u
 #define MS_FP_MAX_EXPERTS 65536u
 #define MS_FP_MAX_BUDGET_GIB 1048576.0  /* 1 PiB per GPU: past any device */
+#define MS_FP_MAX_LORA_R 65536u
+#define MS_FP_MAX_TARGETS 64u
+
+/* Bytes per trainable parameter (the "train" section): the LoRA weights
+ * in bf16 (what forward and backward read), their gradients in fp32
+ * (accumulated over grad_accum micro-batches), and AdamW's state: an fp32
+ * master copy and two fp32 moments. */
+#define MS_FP_TRAIN_PARAM_BYTES 2u
+#define MS_FP_TRAIN_GRAD_BYTES 4u
+#define MS_FP_TRAIN_ADAMW_BYTES 12u
 
 enum ms_fp_repr {
 	MS_FP_REPR_AS_IS,
@@ -201,6 +232,16 @@ struct ms_fp_plan {
 	double budget_gib;
 	size_t nentries;
 	struct ms_fp_entry *entries;
+	struct ms_fp_train_plan {
+		int present;           /* the plan has a "train" object */
+		uint32_t lora_r;       /* 0: no "train"."lora" */
+		size_t ntargets;
+		char **targets;        /* "train"."lora"."targets" */
+		char *optimizer;       /* "train"."optimizer"."name"; NULL:
+					* absent (adamw) */
+		uint64_t batch, seq_len; /* 0 when absent (activations: not
+					  * counted, only named) */
+	} train;
 };
 
 /* Parse len bytes of plan JSON (need not be NUL-terminated). label names the
@@ -308,8 +349,31 @@ struct ms_fp_dup {
 	char *example;                 /* one such weight (its module name) */
 };
 
+/* The training state of the plan's "train" section (present == 0 without
+ * one). Parameters are placed as the weights they adapt (or the LoRA
+ * tensors holding them): attention LoRA on every GPU, an expert's on the
+ * rank that owns the expert. Per-GPU numbers are of the largest rank. */
+struct ms_fp_train {
+	int present;
+	size_t entry;                  /* the entry the parameters come from */
+	int from_lora;                 /* 1: train.lora over entry's weights;
+					* 0: entry's LoRA tensors (a warm start) */
+	int params_resident;           /* an 'adapter' entry holds the LoRA
+					* weights (counted in its rows) */
+	uint64_t modules;              /* weights given a LoRA pair, or LoRA
+					* tensors */
+	uint64_t params;               /* trainable parameters, all ranks */
+	uint64_t params_per_gpu;
+	uint32_t per_param_bytes;      /* MS_FP_TRAIN_*_BYTES that apply */
+	uint64_t param_bytes_per_gpu;  /* bf16 weights (0 when resident) */
+	uint64_t grad_bytes_per_gpu;   /* fp32 gradients */
+	uint64_t optimizer_bytes_per_gpu; /* AdamW: fp32 master + 2 moments */
+	uint64_t bytes_per_gpu;        /* the three together */
+};
+
 struct ms_fp_report {
 	const struct ms_fp_plan *plan; /* borrowed */
+	struct ms_fp_train train;      /* included in the totals below */
 	size_t nrows;
 	struct ms_fp_row *rows;        /* entry order, then layout order */
 	size_t ndups;

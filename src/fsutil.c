@@ -29,6 +29,13 @@ int ms_write_all(int fd, const void *p, size_t n)
 		size_t chunk = n > (1u << 30) ? (1u << 30) : n;
 		ssize_t w;
 
+		/* every output of the library is written here: an interrupted
+		 * writer stops at its next write (errno EINTR), and its error
+		 * path removes what it staged */
+		if (ms_interrupted()) {
+			errno = EINTR;
+			return -1;
+		}
 		if (ms_fault("write")) {
 			/* as a disk filling up does it: part of the chunk lands
 			 * (a short write), then ENOSPC */

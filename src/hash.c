@@ -112,6 +112,8 @@ int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *
 	for (;;) {
 		ssize_t r = read(fd, buf, bufsz);
 
+		if ((rc = ms_interrupt_check(err)) != MS_OK)
+			goto out;
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0 || ms_fault("read")) {
@@ -145,22 +147,27 @@ struct pool {
 	int running;     /* workers not finished (atomic) */
 };
 
-/* Hashing in pieces lets a multi-GB tensor show progress; one context per
- * job allocates what ms_sha256 would. */
+/* A job's digest, in pieces, so that a multi-GB tensor shows progress
+ * and an interrupted hash stops within one piece (MS_EINTR). */
 #define HASH_PIECE (64u << 20)
 
 static int hash_job(struct pool *p, struct ms_hash_job *j)
 {
-	struct ms_sha256_ctx *c = ms_sha256_new();
+	struct ms_sha256_ctx *c;
 	uint64_t off = 0;
 	int rc = MS_OK;
 
-	if (!c)
+	if (ms_interrupted())
+		return MS_EINTR;
+	if (!(c = ms_sha256_new()))
 		return MS_ENOMEM;
 	while (rc == MS_OK && off < j->n) {
 		uint64_t k = j->n - off < HASH_PIECE ? j->n - off : HASH_PIECE;
 
-		rc = ms_sha256_update(c, j->data + off, (size_t)k);
+		if (ms_interrupted())
+			rc = MS_EINTR;
+		else
+			rc = ms_sha256_update(c, j->data + off, (size_t)k);
 		off += k;
 		__atomic_add_fetch(&p->done, k, __ATOMIC_RELAXED);
 	}
@@ -269,7 +276,9 @@ int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
 		progress->fn(progress->arg, p.done, total);
 	pthread_mutex_destroy(&p.lock);
 	/* a context that could not be made is (in practice) memory */
-	if (p.failed)
+	if (p.failed == MS_EINTR)
+		rc = ms_interrupt_check(err);
+	else if (p.failed)
 		rc = ms_sha256_err(err, p.failed);
 out:
 	ms_free(p.order);

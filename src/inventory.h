@@ -305,6 +305,36 @@ int ms_inv_edges(struct ms_inv *inv, const char *digest,
 		 size_t *n, struct ms_err *err);
 void ms_inv_edges_free(struct ms_inv_edge *e, size_t n);
 
+/*
+ * Lineage carried from one inventory to another (msinv export / import).
+ * ms_inv_lineage_export writes, as JSON text (caller frees with ms_free),
+ * the record of where digest came from:
+ *
+ *   {"states": [{"state", "kind", "layout", "label", "tensors", "bytes",
+ *                "ep_size", "ep_rank", "experts", "argv", "tool", "user",
+ *                "host", "created_at"}, ...],       every ancestor, once
+ *    "edges":  [{"child", "parent", "operation", "params", "created_at"},
+ *               ...]}                               every edge above digest
+ *
+ * ms_inv_lineage_check: is text such a record for digest (well formed, every
+ * edge between digest and states it lists, digest not among them)?
+ * MS_EINVAL naming the rule when not. ms_inv_lineage_record (digest must be
+ * recorded) records, in one transaction (or the open batch), every listed
+ * state this inventory lacks as a state with no copy (what it was and where
+ * it came from, its bytes elsewhere), keeping its label unless another
+ * state here has it, and every edge not yet recorded; states recorded here
+ * already are kept as they are. An edge that would close a cycle with the
+ * recorded ones is MS_EINVAL. The audit log gets one "lineage" entry
+ * naming source (may be NULL). Claims of another inventory: no byte of an
+ * ancestor is checked here.
+ */
+int ms_inv_lineage_export(struct ms_inv *inv, const char *digest, char **json,
+			  struct ms_err *err);
+int ms_inv_lineage_check(const char *json, size_t len, const char *digest,
+			 struct ms_err *err);
+int ms_inv_lineage_record(struct ms_inv *inv, const char *digest, const char *json,
+			  size_t len, const char *source, struct ms_err *err);
+
 /* ---- verifications, runs, events ------------------------------------------------- */
 
 enum ms_inv_result {
@@ -464,7 +494,9 @@ enum ms_inv_gc_what {
  * and staging directories ".<name>.tmp-<pid>-<hex>" (see fsutil.h) and an
  * import's ".<name>.import-<pid>-<hex>" / ".<name>.replaced-<pid>-<hex>"
  * directories (with what they hold), from the directories of recorded
- * files and from dirs; and file rows no state uses. With dry_run nothing
+ * files, their parents (where a directory output beside a recorded state
+ * is staged), the inventory's own directory and dirs; and file rows no
+ * state uses. With dry_run nothing
  * is removed. fn (may be NULL) is told each item; a temporary that cannot
  * be removed is reported and makes the result MS_EIO after the walk. */
 int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs,

@@ -1681,7 +1681,9 @@ static void *produce_all(void *arg)
 		pthread_mutex_unlock(&q->m);
 		if (q->stop)
 			break;
-		rc = produce(q->p, q->seq[k], b, &err);
+		/* interrupted: fail as a produce would, so the writer wakes */
+		if ((rc = ms_interrupt_check(&err)) == MS_OK)
+			rc = produce(q->p, q->seq[k], b, &err);
 		pthread_mutex_lock(&q->m);
 		if (rc != MS_OK) {
 			q->rc = rc;
@@ -1838,6 +1840,8 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 
 		if (o->file != fi)
 			continue;
+		if ((rc = ms_interrupt_check(err)) != MS_OK)
+			goto out;
 		if (o->kind != MS_QOUT_COPY && (!b || b->item != o->item)) {
 			if (b)
 				producer_give(q, b);

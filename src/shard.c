@@ -1470,10 +1470,15 @@ static int src_from_ckpt(struct src *s, const struct ms_ckpt *c, struct ms_err *
 			return rc;
 		n += f->ntensors;
 	}
-	for (size_t i = 0; i < c->nconfigs; i++)
+	for (size_t i = 0; i < c->nconfigs; i++) {
+		/* every output lays the tensors out anew and writes its own
+		 * index (or none): the input's is not carried */
+		if (c->index_path && !strcmp(c->configs[i].name, ms_path_base(c->index_path)))
+			continue;
 		if ((rc = src_add_config(s, c->configs[i].name, c->configs[i].text, c->configs[i].len,
 					 c->configs[i].digest, err)) != MS_OK)
 			return rc;
+	}
 	if (c->index_path && (rc = read_index_meta(s, c->index_path, err)) != MS_OK)
 		return rc;
 	s->t = ms_calloc(n ? n : 1, sizeof(*s->t));
@@ -3432,7 +3437,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 			return bad(ss, err, "each of \"configs\" needs a plain \"name\" and a \"sha256\"");
 		if (!(path = ms_path_join(ss->dir, name)))
 			return oom(err);
-		rc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, err);
+		rc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)

@@ -256,7 +256,7 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 
 		if (!path)
 			goto oom;
-		crc = ms_read_file(path, MS_CKPT_MAX_CONFIG, &text, &len, &cerr);
+		crc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
 		if (crc == MS_ENOTFOUND || crc == MS_EINVAL) {
 			/* gone, or no longer a regular file of a sane size */
 			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,
@@ -835,7 +835,9 @@ int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 	if ((rc = ms_inv_state_configs(inv, digest, &cfgs, &ncfgs, err)) != MS_OK)
 		goto out;
 	if (files.n == 0) {
-		rc = ms_err_set(err, MS_EDB, "state %s has no recorded files", digest);
+		/* an ancestor recorded from a bundle's lineage: its bytes are
+		 * elsewhere */
+		rc = ms_err_set(err, MS_ENOTFOUND, "state %s has no copy in this inventory", digest);
 		goto out;
 	}
 	if (!copy) {

@@ -4,6 +4,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +28,57 @@ void cli_errorf(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
+static const char *sig_name(int sig)
+{
+	switch (sig) {
+	case SIGINT: return "SIGINT";
+	case SIGTERM: return "SIGTERM";
+	case SIGHUP: return "SIGHUP";
+	}
+	return "a signal";
+}
+
+/* Only records the signal (async-signal-safe); the library polls it. */
+static void on_interrupt(int sig)
+{
+	ms_interrupt(sig);
+}
+
+void cli_catch_interrupts(void)
+{
+	static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_interrupt;
+	sigemptyset(&sa.sa_mask);
+	/* no SA_RESTART: a blocked read or write returns EINTR and the loop
+	 * around it looks at the flag; SA_RESETHAND: a second signal is not
+	 * caught, and ends the process at once, as the user asked twice */
+	sa.sa_flags = SA_RESETHAND;
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction old;
+
+		/* a signal ignored by whoever started us (nohup) stays ignored */
+		if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+			continue;
+		sigaction(sigs[i], &sa, NULL);
+	}
+}
+
 int cli_fail(int rc, const struct ms_err *err)
 {
+	int sig = ms_interrupted();
+
 	if (rc == MS_OK)
 		return CLI_OK;
+	if (sig) {
+		/* whatever the library's last error was, it was the signal's
+		 * doing; the command's error path has run by now */
+		cli_errorf("interrupted by %s: partial output removed, nothing registered",
+			   sig_name(sig));
+		return 128 + sig;
+	}
 	if (err && err->msg[0])
 		cli_errorf("%s", err->msg);
 	else

@@ -54,8 +54,15 @@ int cli_main(const struct cli_tool *tool, int argc, char **argv);
 
 /* Print "<prog>: <message>" on stderr (one line). */
 void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Print the error buffer's line and return the exit status for rc. */
+/* Print the error buffer's line and return the exit status for rc. After
+ * an interruption (cli_catch_interrupts) any failure is reported as the
+ * signal, with exit status 128 + the signal. */
 int cli_fail(int rc, const struct ms_err *err);
+/* For commands that write: catch SIGINT, SIGTERM and SIGHUP (once each) so
+ * that the library stops at its next poll and its error path removes
+ * staging and rolls back the inventory (see ms_interrupt in common.h). Call
+ * it after argument parsing, before the work. */
+void cli_catch_interrupts(void);
 /* Usage error for the current subcommand: prints the message and
  * "usage: <prog> <synopsis>"; returns CLI_USAGE. */
 int cli_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

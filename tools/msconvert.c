@@ -199,6 +199,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 		ms_quant_plan_free(p);
 		return CLI_OK;
 	}
+	cli_catch_interrupts();
 	/* open the inventory before writing: a missing one fails fast */
 	if (reg_wanted() && ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||
 			     (rc = ms_inv_set_origin(inv, "msconvert", g_argc, g_argv, &err)) != MS_OK))

@@ -399,6 +399,7 @@ static int cmd_add(int argc, char **argv)
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
 	cli_progress_inv(inv, &pr);
+	cli_catch_interrupts();
 	rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind), &o,
 			      digest, &err);
 	cli_progress_end(&pr);
@@ -771,6 +772,8 @@ static int show_text(const struct show_data *d, int tensors)
 	if (s->cwd)
 		printf(" (in %s)", s->cwd);
 	putchar('\n');
+	if (d->files.n == 0)
+		printf("copies    none here (an ancestor recorded from an imported bundle)\n");
 	for (size_t i = 0; i < d->files.n; i++) {
 		const struct ms_inv_file *f = &d->files.files[i];
 
@@ -1612,6 +1615,7 @@ static int cmd_export(int argc, char **argv)
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
 	cli_progress_inv(inv, &pr);
+	cli_catch_interrupts();
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
 		rc = ms_export_state(inv, digest, out, force, jobs, &err);
@@ -1714,6 +1718,7 @@ static int cmd_import(int argc, char **argv)
 	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
 		return rc;
 	cli_progress_inv(inv, &pr);
+	cli_catch_interrupts();
 	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
 	cli_progress_end(&pr);
 	/* "adopted": DIR was already there, complete, from an earlier run of

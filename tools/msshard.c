@@ -467,6 +467,8 @@ static int run_op(int op, int argc, char **argv)
 	}
 	if (cli_progress_enabled() && !o.dry_run)
 		o.progress = progress;
+	if (!o.dry_run)
+		cli_catch_interrupts();
 	/* open the inventory first: a missing one fails before any write */
 	if (!o.dry_run && reg_wanted() &&
 	    ((rc = ms_inv_open(cli_db_path(reg_db), 0, &inv, &err)) != MS_OK ||

@@ -424,8 +424,11 @@ static int cmd_files(int argc, char **argv)
 		if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, &err)) != MS_OK)
 			goto fail;
 		digests = calloc(n + 1, sizeof(*digests));
+		/* every state with a copy here (an ancestor known only from an
+		 * imported bundle's lineage has none to check) */
 		for (size_t i = 0; digests && i < n; i++)
-			digests[ndigests++] = strdup(all[i].digest);
+			if (all[i].ncopies > 0)
+				digests[ndigests++] = strdup(all[i].digest);
 		ms_inv_states_free(all, n);
 		if (!digests) {
 			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");

@@ -297,9 +297,12 @@ static int test_hf_cache_snapshot(void)
 	T_ASSERT_EQ_INT(ms_state_digest(c->tensors, c->ntensors, a, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_state_digest(ref->tensors, ref->ntensors, b, &err), MS_OK);
 	T_ASSERT_STR(a, b);
-	/* config.json recorded through its link, generation_config.json not */
+	/* config.json recorded through its link, generation_config.json as a
+	 * side file */
 	T_ASSERT(ms_ckpt_config(c, "config.json") != NULL);
-	T_ASSERT(ms_ckpt_config(c, "generation_config.json") == NULL);
+	T_ASSERT(!ms_ckpt_config(c, "config.json")->side);
+	T_ASSERT(ms_ckpt_config(c, "generation_config.json") != NULL);
+	T_ASSERT(ms_ckpt_config(c, "generation_config.json")->side);
 	ms_ckpt_close(c);
 	ms_ckpt_close(ref);
 	ms_free(snap);
@@ -337,7 +340,7 @@ static int test_configs_recorded(void)
 	struct ms_err err = {0};
 
 	T_ASSERT_EQ_INT(open_hashed("hf/qwen3moe", &c), 0);
-	T_ASSERT_EQ_INT(c->nconfigs, 1);
+	T_ASSERT_EQ_INT(c->nconfigs, 2); /* and generation_config.json */
 	cfg = ms_ckpt_config(c, "config.json");
 	T_ASSERT(cfg);
 	T_ASSERT_EQ_INT(ms_read_file(p, 1 << 20, &text, &len, &err), MS_OK);
@@ -525,7 +528,63 @@ static int test_index_rules(void)
 	return 0;
 }
 
+/* Every other file a loader or server needs is carried as a side file,
+ * with its digest; weights of other formats, hidden files, MANIFEST.json
+ * and subdirectories are not. Failed before side files existed: only the
+ * five configuration names were recorded. */
+static int test_side_files(void)
+{
+	static const char *const side[] = {
+		"chat_template.jinja", "generation_config.json", "special_tokens_map.json",
+		"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+	};
+	static const char *const not_side[] = {
+		"pytorch_model.bin", "consolidated.pth", "model.gguf", ".hidden",
+		"MANIFEST.json", ".model.safetensors.tmp-1-ab",
+	};
+	char *dir = tmp("side"), *p, cmd[1200];
+	struct ms_ckpt *c;
+	struct ms_err err = {0};
+	uint8_t d[MS_SHA256_LEN];
+
+	T_ASSERT(dir);
+	T_ASSERT_EQ_INT(ms_mkdir_p(dir, &err), MS_OK);
+	snprintf(cmd, sizeof(cmd), "cp '%s/hf/qwen3moe/model.safetensors' '%s/hf/qwen3moe/config.json' '%s/' && mkdir -p '%s/original' && echo x > '%s/original/params.json'",
+		 T_FIXTURES, T_FIXTURES, dir, dir, dir);
+	T_ASSERT(system(cmd) == 0);
+	for (size_t i = 0; i < sizeof(side) / sizeof(side[0]); i++) {
+		p = ms_path_join(dir, side[i]);
+		/* tokenizer.model is binary (sentencepiece): bytes with NULs */
+		T_ASSERT_EQ_INT(ms_write_file_atomic(p, i == 4 ? "\x00\x01\x02bin" : side[i],
+						     i == 4 ? 6 : strlen(side[i]), 1, &err), MS_OK);
+		ms_free(p);
+	}
+	for (size_t i = 0; i < sizeof(not_side) / sizeof(not_side[0]); i++) {
+		p = ms_path_join(dir, not_side[i]);
+		T_ASSERT_EQ_INT(ms_write_file_atomic(p, "zz", 2, 1, &err), MS_OK);
+		ms_free(p);
+	}
+	T_ASSERT_MSG(ms_ckpt_open(dir, &c, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_EQ_INT(c->nconfigs, 1 + sizeof(side) / sizeof(side[0]));
+	T_ASSERT(ms_ckpt_config(c, "config.json") && !ms_ckpt_config(c, "config.json")->side);
+	for (size_t i = 0; i < sizeof(side) / sizeof(side[0]); i++) {
+		const struct ms_ckpt_config *cf = ms_ckpt_config(c, side[i]);
+
+		T_ASSERT_MSG(cf && cf->side, "side file '%s' not recorded", side[i]);
+		T_ASSERT_EQ_INT(ms_sha256(i == 4 ? "\x00\x01\x02bin" : side[i],
+					  i == 4 ? 6 : strlen(side[i]), d), MS_OK);
+		T_ASSERT(!memcmp(d, cf->digest, MS_SHA256_LEN));
+	}
+	for (size_t i = 0; i < sizeof(not_side) / sizeof(not_side[0]); i++)
+		T_ASSERT_MSG(!ms_ckpt_config(c, not_side[i]), "'%s' recorded", not_side[i]);
+	T_ASSERT(!ms_ckpt_config(c, "params.json") && !ms_ckpt_config(c, "original"));
+	ms_ckpt_close(c);
+	ms_free(dir);
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_side_files),
 	T_CASE(test_sharded_equals_unsharded),
 	T_CASE(test_state_digest_inputs),
 	T_CASE(test_index_file_given_directly),
