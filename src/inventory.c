@@ -3375,17 +3375,15 @@ static int lineage_insert_state(struct ms_inv *inv, const cJSON *s, int *added,
 	if (rc != MS_ENOTFOUND)
 		return rc;
 	if (label) {
-		if ((rc = prep(inv, "SELECT 1 FROM states WHERE label = ?", &st, err)) != MS_OK)
+		int64_t owner;
+		char from[MS_STATE_DIGEST_LEN];
+
+		/* the labels table is where names live (states.label follows it) */
+		if ((rc = label_owner(inv, label, &owner, from, err)) != MS_OK)
 			return rc;
-		bind_text(st, 1, label);
-		rc = sqlite3_step(st);
-		sqlite3_finalize(st);
-		st = NULL;
-		if (rc == SQLITE_ROW) {
+		if (owner) {
 			json_push(dropped_labels, cJSON_CreateString(label));
 			label = NULL;
-		} else if (rc != SQLITE_DONE) {
-			return db_fail(inv, err, "cannot look up a label");
 		}
 	}
 	argv = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(s, "argv"));
@@ -3401,7 +3399,7 @@ static int lineage_insert_state(struct ms_inv *inv, const cJSON *s, int *added,
 	bind_text(st, 1, digest);
 	bind_text(st, 2, cJSON_GetObjectItemCaseSensitive(s, "kind")->valuestring);
 	bind_text(st, 3, cJSON_GetObjectItemCaseSensitive(s, "layout")->valuestring);
-	bind_text(st, 4, label);
+	sqlite3_bind_null(st, 4);
 	sqlite3_bind_int64(st, 5, (int64_t)cJSON_GetObjectItemCaseSensitive(s, "tensors")->valuedouble);
 	sqlite3_bind_int64(st, 6, (int64_t)cJSON_GetObjectItemCaseSensitive(s, "bytes")->valuedouble);
 	if (ep && !cJSON_IsNull(ep)) {
@@ -3419,6 +3417,9 @@ static int lineage_insert_state(struct ms_inv *inv, const cJSON *s, int *added,
 	bind_text(st, 13, cJSON_GetObjectItemCaseSensitive(s, "host")->valuestring);
 	bind_text(st, 14, cJSON_GetObjectItemCaseSensitive(s, "created_at")->valuestring);
 	rc = sqlite3_step(st) == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot record an ancestor");
+	/* the label goes through the labels table, as every label does */
+	if (rc == MS_OK && label)
+		rc = label_put(inv, sqlite3_last_insert_rowid(inv->db), digest, label, 0, err);
 	if (rc == MS_OK)
 		*added = 1;
 out:

@@ -29,7 +29,8 @@ sizes() {
 	bad "show: bytes line is not 'exact (binary)'"
 sizes "$W/show" "msinv show"
 "$B/msinv" dup >"$W/dup" && sizes "$W/dup" "msinv dup"
-if "$B/msverify" files base >"$W/vf" && grep -Eq '^ok	base	1 files	69 tensors	315.01 KiB	' "$W/vf"; then ok; else
+# 315.16 KiB: the weights, config.json and generation_config.json (every file of the state)
+if "$B/msverify" files base >"$W/vf" && grep -Eq '^ok	base	1 files	69 tensors	315.16 KiB	' "$W/vf"; then ok; else
 	bad "msverify files: size not in KiB"; cat "$W/vf"
 fi
 sizes "$W/vf" "msverify files"
