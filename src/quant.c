@@ -1403,14 +1403,14 @@ static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
 		cand[0] = it->amax;
 		cand[1] = group;
 		for (int c = 0; c < 2 && !found; c++) {
-			if (ms_nvfp4_tscale_init(w->recipe, cand[c], &ts, NULL) == MS_OK &&
+			if (ms_nvfp4_tscale_init_src(w->recipe, cand[c], it->src->dtype, &ts, NULL) == MS_OK &&
 			    ms_nvfp4_tscale_value(&ts, w->tscale_kind) == w->tscale_value) {
 				it->tscale_amax = cand[c];
 				found = 1;
 			}
 		}
 		if (!found) {
-			ms_nvfp4_tscale_init(w->recipe, it->amax, &ts, NULL);
+			ms_nvfp4_tscale_init_src(w->recipe, it->amax, it->src->dtype, &ts, NULL);
 			rc = ms_err_set(err, MS_EINVAL,
 					"tensor '%s' in '%s' is not the source of module '%s': its tensor scale would be %.9g (recipe %s), '%s' holds %.9g",
 					it->src->name, it->src->file->path, w->prefix,
@@ -1531,7 +1531,8 @@ static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
 #ifdef MS_QUANT_GPU
 tscale:
 #endif
-	if ((rc = ms_nvfp4_tscale_init(p->opts.recipe, it->tscale_amax, &ts, err)) != MS_OK)
+	if ((rc = ms_nvfp4_tscale_init_src(p->opts.recipe, it->tscale_amax, it->src->dtype,
+						   &ts, err)) != MS_OK)
 		return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name, it->src->file->path);
 	write_f32(b->ts, ms_nvfp4_tscale_value(&ts, p->opts.format == MS_QUANT_FORMAT_MODELOPT
 							 ? MS_NVFP4_TSCALE_MUL
