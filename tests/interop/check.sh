@@ -33,7 +33,15 @@ for f in qwen3moe mixtral deepseekv3 qwen3moe-fused; do
 		if [ $p = ct ]; then
 			run "dequantize $f" "$ROOT/$B/msconvert" dequantize "$o" -o "$o-deq" --no-register
 			run "config.json of dequantized $f loads" "$CT/bin/python" "$ROOT/tests/interop/load_check.py" config "$o-deq"
-			run "transformers + compressed-tensors $f" "$CT/bin/python" "$ROOT/tests/interop/load_check.py" ct "$o" "$FX/golden/ct/$f" "$o-deq"
+			g=$FX/golden/ct/$f
+			if [ $f = mixtral ]; then
+				# llm-compressor renames Mixtral's experts (gate_proj/
+				# up_proj/down_proj) and transformers then drops them
+				# from its checkpoint: its logits are not a reference
+				echo "note: mixtral: logits not compared (llm-compressor's checkpoint does not load its experts in transformers)"
+				g=-
+			fi
+			run "transformers + compressed-tensors $f" "$CT/bin/python" "$ROOT/tests/interop/load_check.py" ct "$o" "$g" "$o-deq"
 		fi
 	done
 done

@@ -147,6 +147,40 @@ if [ $rc -eq 0 ] && grep -q "tensor 'model.layers.0.self_attn.o_proj.weight': in
    grep -qF 'o_proj\":{\"shape\":[16,24],\"dtype\":\"BF16\",\"padded\":true}' "$tmp/rg-pad/model.safetensors" &&
    ! grep -q '"model.layers.0.self_attn.o_proj"' "$tmp/rg-pad/config.json"; then ok; else no "--pad-ragged quantizes padded, marked (rc $rc)"; cat "$tmp/err"; fi
 
+# ---- an all-zero tensor: no NaN (Model Optimizer itself writes 0xFF scales) -----
+z=$tmp/zero
+mkdir -p "$z"
+"$PY" - "$z/model.safetensors" <<'PYEOF'
+import json, struct, sys
+data = bytes(32 * 32 * 2)
+hdr = {"model.layers.0.self_attn.q_proj.weight": {"dtype": "BF16", "shape": [32, 32], "data_offsets": [0, len(data)]}}
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+PYEOF
+printf '{\n  "model_type": "llama"\n}\n' > "$z/config.json"
+for r in modelopt compressed-tensors; do
+	run "quantize all-zero ($r)" "$B/msconvert" quantize "$z" -o "$tmp/z-$r" --recipe $r --no-register
+	"$PY" - "$tmp/z-$r/model.safetensors" $r >"$tmp/log" 2>&1 <<'PYEOF'
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+n = struct.unpack("<Q", f.read(8))[0]
+h = json.loads(f.read(n)); base = 8 + n
+def get(k):
+    a, b = h[k]["data_offsets"]; f.seek(base + a); return f.read(b - a)
+p = "model.layers.0.self_attn.q_proj."
+if sys.argv[2] == "modelopt":
+    assert set(get(p + "weight_scale")) == {0x38}, set(get(p + "weight_scale"))
+    assert set(get(p + "weight")) == {0}
+    assert struct.unpack("<f", get(p + "weight_scale_2"))[0] == 0.0
+else:
+    assert set(get(p + "weight_scale")) == {0x20}, set(get(p + "weight_scale"))
+    assert set(get(p + "weight_packed")) == {0}
+    assert struct.unpack("<f", get(p + "weight_global_scale"))[0] == 1.0
+PYEOF
+	if [ $? -eq 0 ]; then ok; else no "all-zero tensor ($r): scales 0x38/0x20, codes 0"; cat "$tmp/log"; fi
+done
+
 [ $skip -gt 0 ] && echo "golden_interop: $skip golden comparisons skipped"
 echo "golden_interop: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
