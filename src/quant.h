@@ -32,8 +32,14 @@
  * Directory outputs mirror the input's shards (same file names, each
  * holding what came from the same input file), write a new
  * model.safetensors.index.json when the input had one, and copy the other
- * regular files (config.json rewritten: quantization_config added or
- * removed; hf_quant_config.json written for the modelopt format).
+ * regular files byte for byte, but config.json, of which only the
+ * quantization_config member is added, replaced or removed (every other
+ * byte is kept: ms_json_splice_member), and hf_quant_config.json, written
+ * for the modelopt format. The configuration is what the producers write:
+ * compressed-tensors' nvfp4-pack-quantized scheme as llm-compressor 0.14
+ * writes NVFP4A16, Model Optimizer's weight-only W4A16_NVFP4. Selected
+ * weights whose input dimension is not a multiple of 16 are left as they
+ * are and listed in the ignore lists (ragged), unless opts.pad_ragged.
  */
 #ifndef MS_QUANT_H
 #define MS_QUANT_H
