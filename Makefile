@@ -84,7 +84,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps pkgcheck test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
+.PHONY: all deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault
 
 all: $(LIB) $(TOOLS)
 
@@ -187,6 +187,13 @@ check-asan: deps
 # The fault-injection build: ms_fault() counts calls (MS_FAULT_ALLOC=N ...).
 fault: deps
 	@$(MAKE) --no-print-directory BUILD=build-fault EXTRA_CFLAGS=-DMS_FAULT_INJECTION all
+
+# Not in CI: installs llm-compressor and nvidia-modelopt (GBs), regenerates
+# tests/fixtures/golden with them and loads msconvert's outputs with the
+# real loaders (tests/interop/).
+test-interop: all
+	@sh tests/interop/gen_goldens.sh
+	@BUILD=$(BUILD) sh tests/interop/check.sh
 
 test-gpu: all $(UNIT_BIN)
 	@BUILD=$(BUILD) MS_TEST_GPU=1 sh tests/run.sh gpu

@@ -124,9 +124,27 @@ __device__ __forceinline__ float bf16_round_d(float x)
 	return __uint_as_float(u & 0xffff0000u);
 }
 
-/* ms_nvfp4_block_scale's scale byte for a finite block maximum. */
+/* ms_nvfp4_round_src for f16 (the reference's algorithm) */
+__device__ __forceinline__ float f16_round_d(float x)
+{
+	float a = fabsf(x);
+
+	if (!isfinite(x))
+		return x;
+	if (a >= 65520.0f)
+		return copysignf(__int_as_float(0x7f800000), x);
+	if (a < 0x1p-14f)
+		return copysignf(__fmul_rn(rintf(__fmul_rn(a, 0x1p24f)), 0x1p-24f), x);
+	uint32_t u = __float_as_uint(x);
+
+	u += 0xfffu + ((u >> 13) & 1);
+	return __uint_as_float(u & 0xffffe000u);
+}
+
+/* ms_nvfp4_block_scale's scale byte for a finite block maximum; sdt is the
+ * source dtype (DT_*), which compressed-tensors' amax / 6 is rounded to. */
 __device__ __forceinline__ uint32_t block_s8(int recipe, float bamax, float k0,
-					     float k1)
+					     float k1, int sdt)
 {
 	if (recipe == MS_NVFP4_RECIPE_MODELOPT) {
 		float pbs = __fdiv_rn(bamax, k1);
@@ -140,7 +158,9 @@ __device__ __forceinline__ uint32_t block_s8(int recipe, float bamax, float k0,
 		return e4m3_enc(pbs);
 	}
 	if (recipe == MS_NVFP4_RECIPE_COMPRESSED_TENSORS) {
-		float pre = __fmul_rn(k0, bf16_round_d(__fdiv_rn(bamax, 6.0f)));
+		float d6 = __fdiv_rn(bamax, 6.0f);
+		float pre = __fmul_rn(k0, sdt == DT_BF16 ? bf16_round_d(d6)
+					  : sdt == DT_F16 ? f16_round_d(d6) : d6);
 		uint32_t s8;
 
 		if (pre < 0.0f)
@@ -546,6 +566,7 @@ struct QArgs {
 	QStatus *st;
 	long long ntiles, ntr;    /* tiles, tiles down the rows */
 	int recipe, allow, slow_any, vec_in, vec_out;
+	int sdt;                  /* source dtype (DT_*), for block_s8 */
 	uint32_t slowmask[4];     /* scale bytes whose blocks take the exact path */
 	float k0, k1, amax;
 	uint32_t tab[128][8];     /* per scale byte: X1..X7, -Xs (bf16x2 or f32) */
@@ -654,7 +675,7 @@ __device__ __noinline__ void slow_tile(const QArgs &a, long long wr0, long long 
 	if (over > a.amax)
 		atomicMax(&a.st->over, __float_as_uint(over));
 	for (int k = 0; k < 8; k++) {
-		uint32_t s8 = block_s8(a.recipe, TWO_D ? tmax : rmax[k], a.k0, a.k1);
+		uint32_t s8 = block_s8(a.recipe, TWO_D ? tmax : rmax[k], a.k0, a.k1, a.sdt);
 		float f = a.factor[s8];
 		uint32_t w = 0;
 
@@ -667,7 +688,7 @@ __device__ __noinline__ void slow_tile(const QArgs &a, long long wr0, long long 
 			rs_hi |= s8 << (8 * (k - 4));
 	}
 	for (int j = 0; j < 8; j++) {
-		uint32_t s8 = block_s8(a.recipe, TWO_D ? tmax : cmax[j], a.k0, a.k1);
+		uint32_t s8 = block_s8(a.recipe, TWO_D ? tmax : cmax[j], a.k0, a.k1, a.sdt);
 		float f = a.factor[s8];
 		uint32_t w = 0;
 
@@ -696,19 +717,19 @@ __device__ __forceinline__ float lo16f(uint32_t w)
  * (lo, hi, lo, hi) or the float bits m[0..3], packed into one word. */
 __device__ __forceinline__ uint32_t s8x4_bf16(const QArgs &a, uint32_t w0, uint32_t w1)
 {
-	return block_s8(a.recipe, lo16f(w0), a.k0, a.k1) |
-	       block_s8(a.recipe, hi16f(w0), a.k0, a.k1) << 8 |
-	       block_s8(a.recipe, lo16f(w1), a.k0, a.k1) << 16 |
-	       block_s8(a.recipe, hi16f(w1), a.k0, a.k1) << 24;
+	return block_s8(a.recipe, lo16f(w0), a.k0, a.k1, a.sdt) |
+	       block_s8(a.recipe, hi16f(w0), a.k0, a.k1, a.sdt) << 8 |
+	       block_s8(a.recipe, lo16f(w1), a.k0, a.k1, a.sdt) << 16 |
+	       block_s8(a.recipe, hi16f(w1), a.k0, a.k1, a.sdt) << 24;
 }
 
 __device__ __forceinline__ uint32_t s8x4_f32(const QArgs &a, uint32_t m0, uint32_t m1,
 					     uint32_t m2, uint32_t m3)
 {
-	return block_s8(a.recipe, __uint_as_float(m0), a.k0, a.k1) |
-	       block_s8(a.recipe, __uint_as_float(m1), a.k0, a.k1) << 8 |
-	       block_s8(a.recipe, __uint_as_float(m2), a.k0, a.k1) << 16 |
-	       block_s8(a.recipe, __uint_as_float(m3), a.k0, a.k1) << 24;
+	return block_s8(a.recipe, __uint_as_float(m0), a.k0, a.k1, a.sdt) |
+	       block_s8(a.recipe, __uint_as_float(m1), a.k0, a.k1, a.sdt) << 8 |
+	       block_s8(a.recipe, __uint_as_float(m2), a.k0, a.k1, a.sdt) << 16 |
+	       block_s8(a.recipe, __uint_as_float(m3), a.k0, a.k1, a.sdt) << 24;
 }
 
 /* does one of the lane's scale bytes (of the layouts being written) have a
@@ -806,7 +827,7 @@ __device__ __forceinline__ void tile_bf16(const QArgs &a, const uint4 *s_tab,
 			atomicMax(&a.st->over, top << 16);
 		if (TWO_D) {
 			uint32_t t = max(top, __shfl_xor_sync(FULL, top, 16));
-			uint32_t s8 = block_s8(a.recipe, __uint_as_float(t << 16), a.k0, a.k1);
+			uint32_t s8 = block_s8(a.recipe, __uint_as_float(t << 16), a.k0, a.k1, a.sdt);
 
 			rs_lo = rs_hi = cs_lo = cs_hi = s8 * 0x01010101u;
 		}
@@ -952,7 +973,7 @@ __device__ __forceinline__ void tile_f32(const QArgs &a, const uint4 *s_tab,
 			atomicMax(&a.st->over, top);
 		if (TWO_D) {
 			uint32_t t = max(top, __shfl_xor_sync(FULL, top, 16));
-			uint32_t s8 = block_s8(a.recipe, __uint_as_float(t), a.k0, a.k1);
+			uint32_t s8 = block_s8(a.recipe, __uint_as_float(t), a.k0, a.k1, a.sdt);
 
 			rs_lo = rs_hi = cs_lo = cs_hi = s8 * 0x01010101u;
 		}
@@ -1874,7 +1895,7 @@ static void col_out_init(ColOut *o, long long cols, long long rp)
  * repetitions. */
 static pthread_mutex_t qtab_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-	int valid, recipe, bf16, slow_any;
+	int valid, recipe, bf16, slow_any, sdt;
 	float amax;
 	uint32_t tab[128][8], slowmask[4];
 	float factor[128];
@@ -1886,6 +1907,7 @@ static void qtab_cached(const struct ms_nvfp4_tscale *t, int bf16, QArgs *a)
 
 	pthread_mutex_lock(&qtab_lock);
 	hit = qtab_last.valid && qtab_last.recipe == (int)t->recipe && qtab_last.bf16 == bf16 &&
+	      qtab_last.sdt == (int)t->src_dtype &&
 	      !memcmp(&qtab_last.amax, &t->amax, sizeof(float));
 	if (hit) {
 		memcpy(a->tab, qtab_last.tab, sizeof(a->tab));
@@ -1901,6 +1923,7 @@ static void qtab_cached(const struct ms_nvfp4_tscale *t, int bf16, QArgs *a)
 	qtab_last.valid = 1;
 	qtab_last.recipe = (int)t->recipe;
 	qtab_last.bf16 = bf16;
+	qtab_last.sdt = (int)t->src_dtype;
 	qtab_last.amax = t->amax;
 	memcpy(qtab_last.tab, a->tab, sizeof(a->tab));
 	memcpy(qtab_last.factor, a->factor, sizeof(a->factor));
@@ -1921,9 +1944,10 @@ static int q_prepare(const struct ms_nvfp4_params *p, const struct ms_nvfp4_src 
 		return rc;
 	if (p->block != MS_NVFP4_BLOCK_1D && p->block != MS_NVFP4_BLOCK_2D)
 		return ms_err_set(err, MS_EINVAL, "unknown nvfp4 block shape %d", (int)p->block);
-	if ((rc = ms_nvfp4_tscale_init(p->recipe, amax, &t, err)) != MS_OK)
+	if ((rc = ms_nvfp4_tscale_init_src(p->recipe, amax, src->dtype, &t, err)) != MS_OK)
 		return rc;
 	memset(a, 0, sizeof(*a));
+	a->sdt = dt_code(src->dtype);
 	a->rows = (long long)src->rows;
 	a->cols = (long long)src->cols;
 	a->cp = rup16(a->cols);

@@ -335,6 +335,232 @@ cJSON *ms_json_parse(const char *text, size_t len, int *oom)
 	return ms_json_parse_opts(text, len, NULL, 0, oom);
 }
 
+/* ---- JSON text edits ------------------------------------------------------ */
+
+static size_t js_ws(const char *s, size_t n, size_t i)
+{
+	while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+		i++;
+	return i;
+}
+
+/* past the string that starts at s[i] ('"'); n when unterminated */
+static size_t js_str(const char *s, size_t n, size_t i)
+{
+	for (i++; i < n; i++) {
+		if (s[i] == '\\')
+			i++;
+		else if (s[i] == '"')
+			return i + 1;
+	}
+	return n;
+}
+
+/* past the value that starts at s[i] */
+static size_t js_value(const char *s, size_t n, size_t i)
+{
+	int depth = 0;
+
+	if (i < n && s[i] == '"')
+		return js_str(s, n, i);
+	if (i < n && s[i] != '{' && s[i] != '[') {
+		while (i < n && !strchr(",}] \t\r\n", s[i]))
+			i++;
+		return i;
+	}
+	while (i < n) {
+		if (s[i] == '"') {
+			i = js_str(s, n, i);
+			continue;
+		}
+		if (s[i] == '{' || s[i] == '[')
+			depth++;
+		else if ((s[i] == '}' || s[i] == ']') && --depth == 0)
+			return i + 1;
+		i++;
+	}
+	return n;
+}
+
+/* The members of a top-level object: where the member key is (rb, re: the
+ * bytes to remove with it), where the last value ends, the closing brace,
+ * the first member's indentation. */
+struct js_obj {
+	size_t nmem, open, close, last_end;
+	int found;
+	size_t rb, re;
+	size_t ind, nind;          /* indentation: s[ind, ind + nind) */
+};
+
+static int js_scan(const char *s, size_t n, const char *key, struct js_obj *o)
+{
+	size_t klen = strlen(key), i = js_ws(s, n, 0);
+
+	memset(o, 0, sizeof(*o));
+	if (i >= n || s[i] != '{')
+		return -1;
+	o->open = i++;
+	for (;;) {
+		size_t ks, ke, ve, after;
+
+		i = js_ws(s, n, i);
+		if (i < n && s[i] == '}' && !o->nmem) {
+			o->close = i;
+			break;
+		}
+		if (i >= n || s[i] != '"')
+			return -1;
+		ks = i;
+		ke = js_str(s, n, ks);
+		if (!o->nmem) {
+			size_t b = ks;
+
+			while (b > o->open + 1 && s[b - 1] != '\n')
+				b--;
+			if (s[b - 1] == '\n') {
+				o->ind = b;
+				o->nind = ks - b;
+			}
+		}
+		i = js_ws(s, n, ke);
+		if (i >= n || s[i] != ':')
+			return -1;
+		i = js_ws(s, n, i + 1);
+		ve = js_value(s, n, i);
+		if (ve >= n || ve == i)
+			return -1;
+		after = js_ws(s, n, ve);
+		if (ke - ks == klen + 2 && !memcmp(s + ks + 1, key, klen)) {
+			o->found = 1;
+			if (after < n && s[after] == ',') {
+				o->rb = ks;
+				o->re = js_ws(s, n, after + 1);
+			} else {
+				o->rb = o->nmem ? o->last_end : ks;
+				o->re = ve;
+			}
+		}
+		o->last_end = ve;
+		o->nmem++;
+		i = after;
+		if (i < n && s[i] == ',') {
+			i++;
+			continue;
+		}
+		if (i < n && s[i] == '}') {
+			o->close = i;
+			break;
+		}
+		return -1;
+	}
+	return js_ws(s, n, o->close + 1) == n ? 0 : -1;
+}
+
+int ms_json_splice_member(const char *text, size_t len, const char *key,
+			  const char *value, char **out, size_t *out_len,
+			  struct ms_err *err)
+{
+	struct js_obj o;
+	char *t = NULL, *r = NULL, *unit = NULL;
+	size_t tn, vn, k = 0, nunit;
+	uint64_t cap;
+	int rc = MS_OK;
+
+	*out = NULL;
+	*out_len = 0;
+	if (js_scan(text, len, key, &o))
+		return ms_err_set(err, MS_EINVAL, "not a JSON object");
+	/* the text without the member */
+	tn = o.found ? len - (o.re - o.rb) : len;
+	if (!(t = ms_malloc(tn + 1)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	if (o.found) {
+		memcpy(t, text, o.rb);
+		memcpy(t + o.rb, text + o.re, len - o.re);
+	} else {
+		memcpy(t, text, len);
+	}
+	t[tn] = '\0';
+	if (!value) {
+		*out = t;
+		*out_len = tn;
+		return MS_OK;
+	}
+	if (js_scan(t, tn, key, &o)) {
+		rc = ms_err_set(err, MS_EINVAL, "not a JSON object");
+		goto out;
+	}
+	/* the indentation unit: the first member's, else two spaces */
+	nunit = o.nmem && o.nind ? o.nind : 2;
+	if (!(unit = ms_malloc(nunit + 1))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	if (o.nmem && o.nind)
+		memcpy(unit, t + o.ind, nunit);
+	else
+		memset(unit, ' ', nunit);
+	/* worst case: every byte of value a tab, each an indentation unit */
+	vn = strlen(value);
+	if (ms_mul_u64(vn + 1, nunit + 2, &cap) ||
+	    ms_add_u64(cap, tn + strlen(key) + 16, &cap) || cap > SIZE_MAX ||
+	    !(r = ms_malloc((size_t)cap))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	{
+		size_t at = o.nmem ? o.last_end : o.open + 1;
+		int in_str = 0;
+
+		memcpy(r, t, at);
+		k = at;
+		if (o.nmem)
+			r[k++] = ',';
+		r[k++] = '\n';
+		memcpy(r + k, unit, nunit);
+		k += nunit;
+		k += (size_t)sprintf(r + k, "\"%s\": ", key);
+		for (size_t i = 0; i < vn; i++) {
+			char c = value[i];
+
+			r[k++] = c;
+			if (in_str) {
+				if (c == '\\' && i + 1 < vn)
+					r[k++] = value[++i];
+				else if (c == '"')
+					in_str = 0;
+			} else if (c == '"') {
+				in_str = 1;
+			} else if (c == ':' && i + 1 < vn && value[i + 1] == '\t') {
+				r[k++] = ' ';
+				i++;
+			} else if (c == '\n') {
+				/* one unit for the member, one per tab */
+				memcpy(r + k, unit, nunit);
+				k += nunit;
+				while (i + 1 < vn && value[i + 1] == '\t') {
+					memcpy(r + k, unit, nunit);
+					k += nunit;
+					i++;
+				}
+			}
+		}
+		if (!o.nmem)
+			r[k++] = '\n';
+		memcpy(r + k, t + at, tn - at);
+		k += tn - at;
+		r[k] = '\0';
+	}
+	*out = r;
+	*out_len = k;
+	r = NULL;
+out:
+	ms_free(r);
+	ms_free(unit);
+	ms_free(t);
+	return rc;
+}
+
 int ms_parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
 	uint64_t v = 0;

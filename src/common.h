@@ -89,6 +89,23 @@ struct cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end,
 uint64_t ms_json_mark(void);
 int ms_json_failed(uint64_t mark);
 
+/*
+ * Edit one member of a JSON object given as text, leaving every other byte
+ * as it is (cJSON reprints numbers: 1.0 would become 1, which strict
+ * loaders refuse where a float is declared). text[0, len) must be a JSON
+ * object. The member key (matched on its raw bytes between the quotes) is
+ * removed, with one comma beside it, when present; when value is not NULL
+ * (JSON text, such as cJSON_Print output) the member is then added as the
+ * object's last, indented one level more than the object's own members
+ * (the indentation of its first member, two spaces for an empty object;
+ * tabs at the start of value's lines become that unit). *out (ms_malloc,
+ * NUL-terminated) and *out_len get the new text. MS_EINVAL when text is
+ * not a JSON object, MS_ENOMEM.
+ */
+int ms_json_splice_member(const char *text, size_t len, const char *key,
+			  const char *value, char **out, size_t *out_len,
+			  struct ms_err *err);
+
 /* Fault injection (only active in -DMS_FAULT_INJECTION builds). Returns
  * non-zero when the call site named by kind ("alloc", "write", "fsync",
  * "rename") must fail now. Counters come from MS_FAULT_<KIND>=N. */

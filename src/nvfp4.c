@@ -191,18 +191,61 @@ float ms_nvfp4_bf16_round(float x)
 	return u2f(u & 0xffff0000u);
 }
 
+static float f16_round(float x)
+{
+	float a = fabsf(x);
+
+	if (!isfinite(x))
+		return x;
+	if (a >= 65520.0f) /* half-way above 65504 and beyond: Inf */
+		return copysignf(INFINITY, x);
+	if (a < 0x1p-14f) /* subnormal: multiples of 2^-24 */
+		return copysignf(rintf(a * 0x1p24f) * 0x1p-24f, x);
+	{
+		uint32_t u = f2u(x);
+
+		u += 0xfffu + ((u >> 13) & 1);
+		return u2f(u & 0xffffe000u);
+	}
+}
+
+float ms_nvfp4_round_src(float x, enum ms_dtype dtype)
+{
+	switch (dtype) {
+	case MS_DTYPE_BF16:
+		return ms_nvfp4_bf16_round(x);
+	case MS_DTYPE_F16:
+		return f16_round(x);
+	default:
+		return x;
+	}
+}
+
 /* ---- recipes ------------------------------------------------------------- */
 
 int ms_nvfp4_tscale_init(enum ms_nvfp4_recipe recipe, float amax,
 			 struct ms_nvfp4_tscale *t, struct ms_err *err)
+{
+	return ms_nvfp4_tscale_init_src(recipe, amax, MS_DTYPE_BF16, t, err);
+}
+
+int ms_nvfp4_tscale_init_src(enum ms_nvfp4_recipe recipe, float amax,
+			     enum ms_dtype src_dtype, struct ms_nvfp4_tscale *t,
+			     struct ms_err *err)
 {
 	memset(t, 0, sizeof(*t));
 	if (!(amax >= 0.0f) || isinf(amax))
 		return ms_err_set(err, MS_EINVAL,
 				  "tensor amax %g is not a finite non-negative number",
 				  (double)amax);
+	if (src_dtype != MS_DTYPE_BF16 && src_dtype != MS_DTYPE_F16 &&
+	    src_dtype != MS_DTYPE_F32)
+		return ms_err_set(err, MS_EINVAL,
+				  "dtype %s cannot be quantized (bf16, f16 or f32 only)",
+				  ms_dtype_name(src_dtype) ? ms_dtype_name(src_dtype) : "?");
 	t->recipe = recipe;
 	t->amax = amax;
+	t->src_dtype = src_dtype;
 	switch (recipe) {
 	case MS_NVFP4_RECIPE_MODELOPT: {
 		float ws2 = amax / 2688.0f;
@@ -224,7 +267,13 @@ int ms_nvfp4_tscale_init(enum ms_nvfp4_recipe recipe, float amax,
 		break;
 	}
 	case MS_NVFP4_RECIPE_COMPRESSED_TENSORS: {
-		float gs = 2688.0f / (amax > FLT_MIN ? amax : FLT_MIN);
+		/* generate_gparam: 448 * 6 / clamp(amax, min=finfo.tiny) on a
+		 * tensor of the weight's dtype is torch's __rdiv__,
+		 * reciprocal() * 2688: two roundings to that dtype; Inf or
+		 * NaN becomes 1.0 (nan_to_num) */
+		float tiny = src_dtype == MS_DTYPE_F16 ? 0x1p-14f : FLT_MIN;
+		float r = ms_nvfp4_round_src(1.0f / (amax > tiny ? amax : tiny), src_dtype);
+		float gs = ms_nvfp4_round_src(r * 2688.0f, src_dtype);
 
 		if (!isfinite(gs))
 			gs = 1.0f;
@@ -283,7 +332,8 @@ uint8_t ms_nvfp4_block_scale(const struct ms_nvfp4_tscale *t, float bamax,
 		return s8;
 	}
 	case MS_NVFP4_RECIPE_COMPRESSED_TENSORS: {
-		float pre = t->k0 * ms_nvfp4_bf16_round(bamax / 6.0f);
+		/* amax / 6 in the weight's dtype, the product in f32 */
+		float pre = t->k0 * ms_nvfp4_round_src(bamax / 6.0f, t->src_dtype);
 
 		if (pre < 0.0f)
 			pre = 0.0f;
@@ -469,7 +519,7 @@ int ms_nvfp4_quantize_ref(const struct ms_nvfp4_params *p,
 	if ((rc = ms_nvfp4_shapes(src->rows, src->cols, p->layout, pshape, sshape,
 				  err)) != MS_OK)
 		goto out;
-	if ((rc = ms_nvfp4_tscale_init(p->recipe, amax, &t, err)) != MS_OK)
+	if ((rc = ms_nvfp4_tscale_init_src(p->recipe, amax, src->dtype, &t, err)) != MS_OK)
 		goto out;
 	cp = pshape[1] * 2;
 	nb = sshape[1];

@@ -122,6 +122,10 @@ struct ms_nvfp4_tscale {
 	/* recipe internals: modelopt ws2, 6*ws2; compressed-tensors gs;
 	 * te S_enc*(1/6), S_dec */
 	float k0, k1;
+	/* the source dtype: compressed-tensors computes its global scale
+	 * and the block step's amax / 6 in the dtype of the observed weight
+	 * (ms_nvfp4_round_src) */
+	enum ms_dtype src_dtype;
 };
 
 /* Names: "modelopt", "compressed-tensors", "te"; "1d", "2d"; "rowwise",
@@ -150,10 +154,21 @@ uint8_t ms_nvfp4_e4m3_encode(float x);
 float ms_nvfp4_e4m3_value(uint8_t b);
 /* float32 rounded to the nearest bfloat16 (ties to even), as a float. */
 float ms_nvfp4_bf16_round(float x);
+/* float32 rounded to dtype (nearest, ties to even) as torch rounds the
+ * float32 result of an operation on tensors of that dtype: bf16, f16 (which
+ * overflows to Inf, with subnormals), or f32 (x itself). */
+float ms_nvfp4_round_src(float x, enum ms_dtype dtype);
 
-/* Tensor constants of recipe for amax (finite, >= 0; else MS_EINVAL).
+/* Tensor constants of recipe for amax (finite, >= 0; else MS_EINVAL) of a
+ * source of dtype src_dtype (bf16, f16 or f32; only compressed-tensors
+ * depends on it: its global scale is round_src(round_src(1 / a) * 2688),
+ * a = max(amax, the dtype's smallest normal), 1.0 when not finite).
  * amax == 0 (an all-zero tensor or group) is well defined for every recipe:
- * all blocks are all-zero blocks; modelopt stores weight_scale_2 = 0. */
+ * all blocks are all-zero blocks; modelopt stores weight_scale_2 = 0.
+ * ms_nvfp4_tscale_init is ms_nvfp4_tscale_init_src for a bf16 source. */
+int ms_nvfp4_tscale_init_src(enum ms_nvfp4_recipe recipe, float amax,
+			     enum ms_dtype src_dtype, struct ms_nvfp4_tscale *t,
+			     struct ms_err *err);
 int ms_nvfp4_tscale_init(enum ms_nvfp4_recipe recipe, float amax,
 			 struct ms_nvfp4_tscale *t, struct ms_err *err);
 /* The stored tensor scale of t for names that decode as kind. */

@@ -299,6 +299,13 @@ T_AVX2 static void scales16_avx2(const struct ms_nvfp4_tscale *t, const uint32_t
 {
 	const __m256 k0 = _mm256_set1_ps(t->k0), k1 = _mm256_set1_ps(t->k1);
 
+	/* the vector compressed-tensors step rounds amax / 6 to bf16; the
+	 * other source dtypes take the reference's block step */
+	if (t->recipe == MS_NVFP4_RECIPE_COMPRESSED_TENSORS && t->src_dtype != MS_DTYPE_BF16) {
+		scales16_scalar(t, bits, s8, f);
+		return;
+	}
+
 	for (int h = 0; h < 2; h++) {
 		__m256 bam = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(bits + 8 * h)));
 		__m256i code;
@@ -454,6 +461,11 @@ T_AVX512 static void scales16_avx512(const struct ms_nvfp4_tscale *t, const uint
 	const __m512 k0 = _mm512_set1_ps(t->k0), k1 = _mm512_set1_ps(t->k1);
 	__m512 bam = _mm512_castsi512_ps(_mm512_loadu_si512(bits)), fac;
 	__m512i code;
+
+	if (t->recipe == MS_NVFP4_RECIPE_COMPRESSED_TENSORS && t->src_dtype != MS_DTYPE_BF16) {
+		scales16_scalar(t, bits, s8, f);
+		return;
+	}
 
 	switch (t->recipe) {
 	case MS_NVFP4_RECIPE_MODELOPT: {
@@ -958,7 +970,7 @@ int ms_nvfp4_quantize(const struct ms_nvfp4_params *p,
 	if ((rc = ms_nvfp4_shapes(src->rows, src->cols, p->layout, pshape, sshape,
 				  err)) != MS_OK)
 		return rc;
-	if ((rc = ms_nvfp4_tscale_init(p->recipe, amax, &t, err)) != MS_OK)
+	if ((rc = ms_nvfp4_tscale_init_src(p->recipe, amax, src->dtype, &t, err)) != MS_OK)
 		return rc;
 	if ((rc = pick_ops(p->isa, &c.ops, err)) != MS_OK)
 		return rc;

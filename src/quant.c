@@ -123,6 +123,10 @@ int ms_quant_fuse_key(const char *name, char *buf, size_t n)
 		{"q_proj", "{qkv}"}, {"k_proj", "{qkv}"}, {"v_proj", "{qkv}"},
 		{"gate_proj", "{gate_up}"}, {"up_proj", "{gate_up}"},
 		{"w1", "{w13}"}, {"w3", "{w13}"},
+		/* DeepSeek's multi-latent attention: both read the hidden
+		 * state (llm-compressor's FUSED_LAYER_NAMES, Model Optimizer's
+		 * shared-input fusion at export) */
+		{"q_a_proj", "{mla_a}"}, {"kv_a_proj_with_mqa", "{mla_a}"},
 	};
 	size_t len = strlen(name), plen;
 	const char *leaf;
@@ -821,6 +825,9 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->rows));
 		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->cols));
 		cJSON_AddStringToObject(e, "dtype", dt);
+		/* quantized padded on request: engines cannot load it */
+		if (p->opts.op == MS_QUANT_OP_QUANTIZE && it->cols % MS_NVFP4_BLOCK)
+			cJSON_AddTrueToObject(e, "padded");
 		if (it->qweight >= 0) {
 			const struct ms_qweight *w = &p->view.weights[it->qweight];
 
@@ -841,6 +848,20 @@ out:
 	return rc;
 }
 
+/* Append name less its last cut bytes to the list (*v, *n). */
+static int push_name(char ***v, size_t *n, const char *name, size_t cut, struct ms_err *err)
+{
+	char **nv = ms_realloc(*v, (*n + 1) * sizeof(*nv));
+
+	if (!nv)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	*v = nv;
+	if (!(nv[*n] = ms_strndup(name, strlen(name) - cut)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	(*n)++;
+	return MS_OK;
+}
+
 static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			 struct ms_err *err)
 {
@@ -848,7 +869,7 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	regex_t inc, exc;
 	int have_inc = 0, have_exc = 0, rc = MS_OK;
 	char **keys = NULL;
-	size_t nkeys = 0, xcap = 0;
+	size_t nkeys = 0;
 
 	if (p->view.nweights) {
 		const struct ms_qweight *w = &p->view.weights[0];
@@ -904,6 +925,15 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			}
 			if (have_exc && regexec(&exc, t->name, 0, NULL, 0) == 0)
 				sel = 0;
+			/* an input dimension that is not a multiple of 16: both
+			 * producers refuse it and loaders cannot load the padded
+			 * shape, so it stays as it is (and is listed in the
+			 * ignore lists) unless padding was asked for */
+			if (sel && t->shape[1] % MS_NVFP4_BLOCK && !o->pad_ragged) {
+				sel = 0;
+				if ((rc = push_name(&p->ragged, &p->nragged, t->name, 0, err)) != MS_OK)
+					goto out;
+			}
 			if ((rc = add_item(p, icap, t, err)) != MS_OK)
 				goto out;
 			it = &p->items[p->nitems - 1];
@@ -919,25 +949,13 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 				/* linear-like weights left out, for the
 				 * configs' exclude/ignore lists */
 				if (quantizable(t) && ms_name_parse(t->name, &info) == MS_OK &&
-				    info.part != MS_NAME_PART_EMBED && info.part != MS_NAME_PART_NORM) {
-					if (p->nexcluded == xcap) {
-						char **nx;
-
-						xcap = xcap ? 2 * xcap : 16;
-						nx = ms_realloc(p->excluded, xcap * sizeof(*nx));
-						if (!nx) {
-							rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-							goto out;
-						}
-						p->excluded = nx;
-					}
-					p->excluded[p->nexcluded] =
-						ms_strndup(t->name, strlen(t->name) - 7);
-					if (!p->excluded[p->nexcluded++]) {
-						rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-						goto out;
-					}
-				}
+				    info.part != MS_NAME_PART_NORM &&
+				    (rc = push_name(info.part == MS_NAME_PART_EMBED ? &p->embeds
+										     : &p->excluded,
+						    info.part == MS_NAME_PART_EMBED ? &p->nembeds
+										     : &p->nexcluded,
+						    t->name, 7, err)) != MS_OK)
+					goto out;
 				continue;
 			}
 			it->quantized = 1;
@@ -974,6 +992,8 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	}
 	if (p->excluded)
 		qsort(p->excluded, p->nexcluded, sizeof(*p->excluded), cmp_cstr);
+	if (p->embeds)
+		qsort(p->embeds, p->nembeds, sizeof(*p->embeds), cmp_cstr);
 	/* a group of one shares with nobody */
 	for (size_t g = 0; g < nkeys; g++) {
 		size_t members = 0;
@@ -1286,6 +1306,12 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 	for (size_t i = 0; i < p->nexcluded; i++)
 		ms_free(p->excluded[i]);
 	ms_free(p->excluded);
+	for (size_t i = 0; i < p->nembeds; i++)
+		ms_free(p->embeds[i]);
+	ms_free(p->embeds);
+	for (size_t i = 0; i < p->nragged; i++)
+		ms_free(p->ragged[i]);
+	ms_free(p->ragged);
 	ms_free(p->in_path);
 	ms_free(p->out_path);
 	ms_free((char *)p->opts.source);
@@ -1403,14 +1429,14 @@ static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
 		cand[0] = it->amax;
 		cand[1] = group;
 		for (int c = 0; c < 2 && !found; c++) {
-			if (ms_nvfp4_tscale_init(w->recipe, cand[c], &ts, NULL) == MS_OK &&
+			if (ms_nvfp4_tscale_init_src(w->recipe, cand[c], it->src->dtype, &ts, NULL) == MS_OK &&
 			    ms_nvfp4_tscale_value(&ts, w->tscale_kind) == w->tscale_value) {
 				it->tscale_amax = cand[c];
 				found = 1;
 			}
 		}
 		if (!found) {
-			ms_nvfp4_tscale_init(w->recipe, it->amax, &ts, NULL);
+			ms_nvfp4_tscale_init_src(w->recipe, it->amax, it->src->dtype, &ts, NULL);
 			rc = ms_err_set(err, MS_EINVAL,
 					"tensor '%s' in '%s' is not the source of module '%s': its tensor scale would be %.9g (recipe %s), '%s' holds %.9g",
 					it->src->name, it->src->file->path, w->prefix,
@@ -1531,7 +1557,8 @@ static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
 #ifdef MS_QUANT_GPU
 tscale:
 #endif
-	if ((rc = ms_nvfp4_tscale_init(p->opts.recipe, it->tscale_amax, &ts, err)) != MS_OK)
+	if ((rc = ms_nvfp4_tscale_init_src(p->opts.recipe, it->tscale_amax, it->src->dtype,
+						   &ts, err)) != MS_OK)
 		return ms_err_prefix(err, "tensor '%s' in '%s'", it->src->name, it->src->file->path);
 	write_f32(b->ts, ms_nvfp4_tscale_value(&ts, p->opts.format == MS_QUANT_FORMAT_MODELOPT
 							 ? MS_NVFP4_TSCALE_MUL
@@ -1916,23 +1943,49 @@ static cJSON *producer_json(void)
 	return pr;
 }
 
-/* hf_quant_config.json of the modelopt flavor */
+/* Model Optimizer's exclude_modules: every module left unquantized that it
+ * lists, Linear layers and embeddings (sorted; the embeddings are not
+ * Linear, so compressed-tensors' ignore leaves them out) */
+static cJSON *modelopt_excluded(const struct ms_quant_plan *p)
+{
+	cJSON *a = cJSON_CreateArray();
+	size_t i = 0, k = 0;
+
+	while (a && (i < p->nexcluded || k < p->nembeds)) {
+		const char *s = k == p->nembeds ||
+				 (i < p->nexcluded && strcmp(p->excluded[i], p->embeds[k]) < 0)
+					? p->excluded[i++]
+					: p->embeds[k++];
+
+		cJSON_AddItemToArray(a, cJSON_CreateString(s));
+	}
+	return a;
+}
+
+/* hf_quant_config.json of the modelopt flavor: weight-only, as Model
+ * Optimizer's W4A16_NVFP4 export writes it ("NVFP4" would declare
+ * activation quantization, which msconvert does not do) */
 static cJSON *hf_quant_config(const struct ms_quant_plan *p)
 {
 	cJSON *root = cJSON_CreateObject(), *q;
 
 	json_put(root, "producer", producer_json());
 	q = cJSON_AddObjectToObject(root, "quantization");
-	cJSON_AddStringToObject(q, "quant_algo", "NVFP4");
+	cJSON_AddStringToObject(q, "quant_algo", "W4A16_NVFP4");
 	cJSON_AddNullToObject(q, "kv_cache_quant_algo");
 	cJSON_AddNumberToObject(q, "group_size", 16);
-	json_put(q, "exclude_modules", string_array(p->excluded, p->nexcluded));
+	json_put(q, "exclude_modules", modelopt_excluded(p));
 	return root;
 }
 
+/* The compressed-tensors release whose nvfp4-pack-quantized checkpoints
+ * msconvert reproduces (loaders compare it with their own) */
+#define CT_FORMAT_VERSION "0.19.0"
+
 /* config.json's quantization_config: Model Optimizer's own conversion of
  * hf_quant_config (weights only: msconvert writes no input scales), or
- * compressed-tensors' nvfp4-pack-quantized weight-only scheme */
+ * compressed-tensors' nvfp4-pack-quantized weight-only scheme (NVFP4A16)
+ * with the fields llm-compressor writes */
 static cJSON *quantization_config(const struct ms_quant_plan *p)
 {
 	cJSON *root = cJSON_CreateObject(), *groups, *g, *wt;
@@ -1946,32 +1999,38 @@ static cJSON *quantization_config(const struct ms_quant_plan *p)
 		cJSON_AddStringToObject(wt, "type", "float");
 		cJSON_AddNumberToObject(wt, "group_size", 16);
 		json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
-		json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
-		cJSON_AddStringToObject(root, "quant_algo", "NVFP4");
+		json_put(root, "ignore", modelopt_excluded(p));
+		cJSON_AddStringToObject(root, "quant_algo", "W4A16_NVFP4");
 		json_put(root, "producer", producer_json());
 		cJSON_AddStringToObject(root, "quant_method", "modelopt");
 		return root;
 	}
-	json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
-	wt = cJSON_AddObjectToObject(g, "weights");
-	cJSON_AddNumberToObject(wt, "num_bits", 4);
-	cJSON_AddStringToObject(wt, "type", "float");
-	cJSON_AddTrueToObject(wt, "symmetric");
-	cJSON_AddNumberToObject(wt, "group_size", 16);
-	cJSON_AddStringToObject(wt, "strategy", "tensor_group");
-	cJSON_AddFalseToObject(wt, "dynamic");
-	cJSON_AddNullToObject(wt, "actorder");
-	cJSON_AddNullToObject(wt, "block_structure");
-	cJSON_AddStringToObject(wt, "observer", "minmax");
+	cJSON_AddStringToObject(g, "format", "nvfp4-pack-quantized");
 	cJSON_AddNullToObject(g, "input_activations");
 	cJSON_AddNullToObject(g, "output_activations");
-	cJSON_AddStringToObject(g, "format", "nvfp4-pack-quantized");
+	json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+	wt = cJSON_AddObjectToObject(g, "weights");
+	cJSON_AddNullToObject(wt, "actorder");
+	cJSON_AddNullToObject(wt, "block_structure");
+	cJSON_AddFalseToObject(wt, "dynamic");
+	cJSON_AddNumberToObject(wt, "group_size", 16);
+	cJSON_AddNumberToObject(wt, "num_bits", 4);
+	cJSON_AddStringToObject(wt, "observer", "memoryless_minmax");
+	cJSON_AddObjectToObject(wt, "observer_kwargs");
+	cJSON_AddStringToObject(wt, "scale_dtype", "torch.float8_e4m3fn");
+	cJSON_AddStringToObject(wt, "strategy", "tensor_group");
+	cJSON_AddTrueToObject(wt, "symmetric");
+	cJSON_AddStringToObject(wt, "type", "float");
+	cJSON_AddNullToObject(wt, "zp_dtype");
 	cJSON_AddStringToObject(root, "format", "nvfp4-pack-quantized");
 	cJSON_AddNullToObject(root, "global_compression_ratio");
 	json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
 	cJSON_AddNullToObject(root, "kv_cache_scheme");
 	cJSON_AddStringToObject(root, "quant_method", "compressed-tensors");
 	cJSON_AddStringToObject(root, "quantization_status", "compressed");
+	cJSON_AddObjectToObject(root, "sparsity_config");
+	cJSON_AddObjectToObject(root, "transform_config");
+	cJSON_AddStringToObject(root, "version", CT_FORMAT_VERSION);
 	return root;
 }
 
@@ -2025,6 +2084,12 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
 			break;
 		if (is_cfg && p->opts.op != MS_QUANT_OP_TRANSPOSE) {
+			/* only quantization_config changes: the rest of the
+			 * text is kept byte for byte (a reprint would turn
+			 * 1.0 into 1, which transformers refuses where the
+			 * model's config declares a float) */
+			char *qtext = NULL, *edited = NULL;
+			size_t elen;
 			int nomem;
 
 			j = ms_json_parse(text, len, &nomem);
@@ -2036,12 +2101,27 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 				rc = ms_err_set(err, MS_EINVAL, "'%s' is not a JSON object", src);
 				break;
 			}
-			cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
-			if (p->opts.op == MS_QUANT_OP_QUANTIZE)
-				json_put(j, "quantization_config", quantization_config(p));
-			rc = write_json(dst, j, mark, 0, err);
 			cJSON_Delete(j);
 			j = NULL;
+			if (p->opts.op == MS_QUANT_OP_QUANTIZE) {
+				j = quantization_config(p);
+				qtext = j ? cJSON_Print(j) : NULL;
+				cJSON_Delete(j);
+				j = NULL;
+				if (!qtext || ms_json_failed(mark)) {
+					cJSON_free(qtext);
+					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					break;
+				}
+			}
+			rc = ms_json_splice_member(text, len, "quantization_config", qtext, &edited,
+						   &elen, err);
+			cJSON_free(qtext);
+			if (rc == MS_EINVAL)
+				rc = ms_err_prefix(err, "'%s'", src);
+			if (rc == MS_OK)
+				rc = ms_write_file_atomic(dst, edited, elen, 0, err);
+			ms_free(edited);
 		} else {
 			rc = ms_write_file_atomic(dst, text, len, 0, err);
 		}

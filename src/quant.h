@@ -32,8 +32,14 @@
  * Directory outputs mirror the input's shards (same file names, each
  * holding what came from the same input file), write a new
  * model.safetensors.index.json when the input had one, and copy the other
- * regular files (config.json rewritten: quantization_config added or
- * removed; hf_quant_config.json written for the modelopt format).
+ * regular files byte for byte, but config.json, of which only the
+ * quantization_config member is added, replaced or removed (every other
+ * byte is kept: ms_json_splice_member), and hf_quant_config.json, written
+ * for the modelopt format. The configuration is what the producers write:
+ * compressed-tensors' nvfp4-pack-quantized scheme as llm-compressor 0.14
+ * writes NVFP4A16, Model Optimizer's weight-only W4A16_NVFP4. Selected
+ * weights whose input dimension is not a multiple of 16 are left as they
+ * are and listed in the ignore lists (ragged), unless opts.pad_ragged.
  */
 #ifndef MS_QUANT_H
 #define MS_QUANT_H
@@ -79,6 +85,10 @@ struct ms_quant_opts {
 	const char *include;        /* POSIX extended regexes, or NULL */
 	const char *exclude;
 	int no_fuse;                /* one tensor scale per weight */
+	int pad_ragged;             /* quantize weights whose input dimension
+				       is not a multiple of 16, padded (not
+				       loadable by engines); default: leave
+				       them as they are, in the ignore lists */
 	int allow_nonfinite;
 	enum ms_quant_device device;
 	/* dequantize */
@@ -101,10 +111,12 @@ enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r);
  * embeddings, norms, routers/gates or lm_head. */
 int ms_quant_default_selected(const struct ms_tensor *t);
 
-/* The fused group a weight's tensor scale is shared with: q/k/v of one
- * attention block, gate/up of one MLP or expert, Mixtral's w1/w3 of one
- * expert. Writes the group key (the name with the projection replaced by
- * "{qkv}", "{gate_up}" or "{w13}") into buf and returns 1, or returns 0
+/* The fused group a weight's tensor scale is shared with, as both
+ * producers fuse: q/k/v of one attention block, gate/up of one MLP or
+ * expert, Mixtral's w1/w3 of one expert, DeepSeek's multi-latent attention
+ * pair. Writes the group key (the name with the projection replaced by
+ * "{qkv}", "{gate_up}", "{w13}" or, for DeepSeek's q_a_proj and
+ * kv_a_proj_with_mqa, "{mla_a}") into buf and returns 1, or returns 0
  * when the weight is in no group. */
 int ms_quant_fuse_key(const char *name, char *buf, size_t n);
 
@@ -207,6 +219,12 @@ struct ms_quant_plan {
 	size_t nquantized, ncopied, ngroups;
 	char **excluded;                    /* 2-D weights left as they are */
 	size_t nexcluded;
+	char **embeds;                      /* embeddings left as they are */
+	size_t nembeds;
+	char **ragged;                      /* selected weights left as they
+					       are for their input dimension
+					       (also in excluded): tensor names */
+	size_t nragged;
 	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
 	char *dest;                         /* out_path without a trailing '/' */
 	char *staged;                       /* the staging name, while the

@@ -124,6 +124,7 @@ static char *reg_params(const struct ms_quant_opts *o)
 				   ms_quant_format_name(o->format_set ? o->format
 								      : ms_quant_default_format(o->recipe))) &&
 		     cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse) &&
+		     (!o->pad_ragged || cJSON_AddTrueToObject(j, "pad_ragged")) &&
 		     (!o->include || cJSON_AddStringToObject(j, "include", o->include)) &&
 		     (!o->exclude || cJSON_AddStringToObject(j, "exclude", o->exclude));
 	} else if (ok && o->op == MS_QUANT_OP_DEQUANTIZE) {
@@ -168,6 +169,30 @@ static int reg_outputs(struct ms_inv *inv, const char *in, const char *out,
 	return rc;
 }
 
+/* One line per weight left in its dtype for a ragged input dimension, and
+ * per weight quantized padded (--pad-ragged). */
+static void print_ragged(const struct ms_quant_plan *p)
+{
+	for (size_t i = 0; i < p->nragged; i++) {
+		const struct ms_tensor *t = ms_ckpt_find(p->in, p->ragged[i]);
+
+		if (t)
+			fprintf(stderr,
+				"%s: tensor '%s': input dimension %llu is not a multiple of 16: left in %s, listed in the ignore list (--pad-ragged quantizes it padded, which engines cannot load)\n",
+				cli_prog, t->name, (unsigned long long)t->shape[1],
+				ms_dtype_name(t->dtype));
+	}
+	for (size_t i = 0; i < p->nitems; i++) {
+		const struct ms_qitem *it = &p->items[i];
+
+		if (p->opts.op == MS_QUANT_OP_QUANTIZE && it->quantized && it->cols % 16)
+			fprintf(stderr,
+				"%s: tensor '%s': input dimension %llu padded to %llu: engines cannot load this module\n",
+				cli_prog, it->src->name, (unsigned long long)it->cols,
+				(unsigned long long)((it->cols + 15) / 16 * 16));
+	}
+}
+
 /*
  * Plan, (print,) write the output under a staging name, then publish it.
  * With an inventory, publishing and registering are one step: inside one
@@ -195,6 +220,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	if ((rc = ms_quant_plan_new(in, out, o, &p, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	if (dry_run) {
+		print_ragged(p);
 		print_plan(p);
 		ms_quant_plan_free(p);
 		return CLI_OK;
@@ -232,6 +258,8 @@ out:
 		(void)ms_inv_batch_end(inv, 0, NULL);
 	/* keep the output, or undo everything this run did to the directory */
 	ms_quant_finish(p, rc == MS_OK);
+	if (rc == MS_OK)
+		print_ragged(p);
 	device = p->device;
 	ms_quant_plan_free(p);
 	ms_inv_close(inv);
@@ -258,6 +286,7 @@ static int cmd_quantize(int argc, char **argv)
 		{"include", required_argument, NULL, 'i'},
 		{"exclude", required_argument, NULL, 'x'},
 		{"no-fuse-scales", no_argument, NULL, 'n'},
+		{"pad-ragged", no_argument, NULL, 'P'},
 		{"allow-nonfinite", no_argument, NULL, 'a'},
 		{"device", required_argument, NULL, 'd'},
 		{"jobs", required_argument, NULL, 'j'},
@@ -305,6 +334,7 @@ static int cmd_quantize(int argc, char **argv)
 		case 'i': o.include = optarg; break;
 		case 'x': o.exclude = optarg; break;
 		case 'n': o.no_fuse = 1; break;
+		case 'P': o.pad_ragged = 1; break;
 		case 'a': o.allow_nonfinite = 1; break;
 		case 'd':
 			if (ms_quant_device_parse(optarg, &o.device) != MS_OK)
@@ -546,7 +576,7 @@ static const struct cli_cmd cmds[] = {
 	{"quantize", cmd_quantize,
 	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
-	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
+	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--pad-ragged] [--allow-nonfinite] "
 	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--label LABEL] [--db PATH | --no-register]",
 	 "quantize the linear weights of a checkpoint to NVFP4",
 	 "-o OUT\tthe output file or directory\n"
@@ -557,6 +587,7 @@ static const struct cli_cmd cmds[] = {
 	 "--include RE\tquantize only the weights whose names match\n"
 	 "--exclude RE\tleave out the weights whose names match\n"
 	 "--no-fuse-scales\tgive every weight its own tensor scale\n"
+	 "--pad-ragged\tpad weights whose input dimension is not a multiple of 16 (engines cannot load them)\n"
 	 "--allow-nonfinite\tquantize NaN and Inf instead of refusing them\n"
 	 "--device auto|cpu|cuda\twhere to quantize (default auto: the GPU when usable)\n"
 	 "--force\treplace an existing OUT\n"

@@ -120,10 +120,21 @@ def e2m1_codes(q):
     return (mag | np.where(q < 0, 8, 0)).astype(np.uint8)
 
 
-def tensor_scale(recipe, amax):
+SRC_NP = {"BF16": BF16, "F16": np.float16, "F32": np.float32}
+
+
+def round_src(x, dt):
+    """float32 x rounded to the source dtype dt and back (torch computes an
+    operation on bf16 or f16 tensors in float32 and rounds the result)."""
+    return np.asarray(x, dtype=F32).astype(SRC_NP[dt]).astype(F32)
+
+
+def tensor_scale(recipe, amax, dt="BF16"):
     """((weight_scale_2, weight_global_scale), what the block step needs).
     Each recipe computes both stored forms its own way: the multiplier S
-    for Model Optimizer names, the divisor 1/S for compressed-tensors."""
+    for Model Optimizer names, the divisor 1/S for compressed-tensors, whose
+    generate_gparam computes 2688 / amax as amax.reciprocal() * 2688 in the
+    weight's dtype dt."""
     amax = F32(amax)
     with np.errstate(divide="ignore", over="ignore"):
         if recipe == "modelopt":
@@ -133,7 +144,9 @@ def tensor_scale(recipe, amax):
             inv = F32(1) / ws2
             return (ws2, inv if np.isfinite(inv) else F32(1)), work
         if recipe == "compressed-tensors":
-            gs = F32(2688) / max(amax, F32(FLT_MIN))
+            tiny = F32(2.0 ** -14) if dt == "F16" else F32(FLT_MIN)
+            r = round_src(F32(1) / max(amax, tiny), dt)
+            gs = F32(round_src(r * F32(2688), dt))
             if not np.isfinite(gs):
                 gs = F32(1)
             return (F32(1) / gs, gs), gs
@@ -144,8 +157,9 @@ def tensor_scale(recipe, amax):
         return (s_dec, s_enc), (s_enc, s_dec)
 
 
-def quantize(w, recipe, block, amax):
-    """w: float32 [R, C]. Returns packed uint8 [R, Cp/2], scales [R, Cp/16]."""
+def quantize(w, recipe, block, amax, dt="BF16"):
+    """w: float32 [R, C] (values of dtype dt). Returns packed uint8
+    [R, Cp/2], scales [R, Cp/16]."""
     R, C = w.shape
     Cp = -(-C // 16) * 16
     x = np.zeros((R, Cp), dtype=F32)
@@ -159,7 +173,7 @@ def quantize(w, recipe, block, amax):
         t[:R] = bamax
         tile = t.reshape(Rp // 16, 16, nb).max(axis=1)
         bamax = np.repeat(tile, 16, axis=0)[:R]
-    stored, k = tensor_scale(recipe, amax)
+    stored, k = tensor_scale(recipe, amax, dt)
     if recipe == "modelopt":
         ws2 = k
         pbs = bamax / (F32(6) * ws2)
@@ -169,7 +183,7 @@ def quantize(w, recipe, block, amax):
         q = blocks / d[:, :, None]
     elif recipe == "compressed-tensors":
         gs = k
-        pre = gs * (bamax / F32(6)).astype(BF16).astype(F32)
+        pre = gs * round_src(bamax / F32(6), dt)
         s8 = e4m3_bytes(np.clip(pre, F32(0), F32(448)))
         s8 = np.where(e4m3_values(s8) == 0, np.uint8(0x20), s8)
         d = e4m3_values(s8) / gs
@@ -283,7 +297,7 @@ def cmd_check(a):
         tamax = gmax.get(name, amax[name])
         for lay in layouts:
             mat = w if lay == "rowwise" else np.ascontiguousarray(w.T)
-            packed, scales, stored = quantize(mat, a.recipe, a.block, tamax)
+            packed, scales, stored = quantize(mat, a.recipe, a.block, tamax, dt)
             pn, sn = p + names[lay][0], p + names[lay][1]
             expected.update((pn, sn))
             for n, arr, want_dt in ((pn, packed, "U8"), (sn, scales, "F8_E4M3")):

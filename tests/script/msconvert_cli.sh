@@ -141,7 +141,9 @@ if py "$tmp" <<'EOF'
 import json, os, sys
 d = sys.argv[1]
 h = json.load(open(os.path.join(d, "q-modelopt-modelopt-rowwise", "hf_quant_config.json")))
-assert h["producer"]["name"] == "modelopt" and h["quantization"]["quant_algo"] == "NVFP4"
+# weights only: Model Optimizer's W4A16_NVFP4 ("NVFP4" declares activations)
+assert h["producer"]["name"] == "modelopt" and h["quantization"]["quant_algo"] == "W4A16_NVFP4"
+assert "model.embed_tokens" in h["quantization"]["exclude_modules"]
 assert h["quantization"]["group_size"] == 16
 assert "lm_head" in h["quantization"]["exclude_modules"]
 assert "model.layers.0.mlp.gate" in h["quantization"]["exclude_modules"]
@@ -152,24 +154,37 @@ q = c["quantization_config"]
 assert q["quant_method"] == "compressed-tensors" and q["format"] == "nvfp4-pack-quantized"
 w = q["config_groups"]["group_0"]["weights"]
 assert w["group_size"] == 16 and w["strategy"] == "tensor_group" and w["num_bits"] == 4
-assert "lm_head" in q["ignore"]
+assert "lm_head" in q["ignore"] and "model.embed_tokens" not in q["ignore"]
+assert w["observer"] == "memoryless_minmax" and w["scale_dtype"] == "torch.float8_e4m3fn"
+assert q["version"] == "0.19.0"
+assert c["quantization_config"]["quant_method"] == "compressed-tensors"
 assert not os.path.exists(os.path.join(d, "q-compressed-tensors-compressed-tensors-rowwise", "hf_quant_config.json"))
 assert os.path.exists(os.path.join(d, "q-te-modelopt-rowwise", "generation_config.json"))
 EOF
 then ok; else ko "configuration files"; fi
 
-# compressed-tensors' global scale is 2688 / amax, amax the group's (q/k/v)
+# compressed-tensors' global scale is generate_gparam's 2688 / amax on a bf16
+# weight: amax.reciprocal() * 2688, each rounded to bf16; amax the group's
+# (q/k/v)
 if py "$tmp/q-compressed-tensors-compressed-tensors-rowwise" "$Q" <<EOF
 $PYLIB
 q, src = tensors(sys.argv[1]), tensors(sys.argv[2])
 L = "model.layers.0.self_attn."
 amax = max(max(abs(v) for v in bf16(src[L + p + ".weight"][2])) for p in ("q_proj", "k_proj", "v_proj"))
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+def to_bf16(x):
+    u = struct.unpack("<I", struct.pack("<f", x))[0]
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+def gparam(a):
+    return to_bf16(f32(to_bf16(f32(1.0 / a)) * 2688.0))
 for p in ("q_proj", "k_proj", "v_proj"):
     gs = struct.unpack("<f", q[L + p + ".weight_global_scale"][2])[0]
-    assert gs == struct.unpack("<f", struct.pack("<f", 2688.0 / amax))[0], (gs, 2688.0 / amax)
+    assert gs == gparam(amax) and gs != f32(2688.0 / amax), (gs, 2688.0 / amax)
 o = struct.unpack("<f", q[L + "o_proj.weight_global_scale"][2])[0]
 oa = max(abs(v) for v in bf16(src[L + "o_proj.weight"][2]))
-assert o == struct.unpack("<f", struct.pack("<f", 2688.0 / oa))[0]
+assert o == gparam(oa)
 EOF
 then ok; else ko "compressed-tensors global scales"; fi
 

@@ -97,6 +97,67 @@ static int test_json_print_free(void)
 	return 0;
 }
 
+/* Splicing a member keeps every other byte: 1.0 stays 1.0, 1e-06 stays
+ * 1e-06, big integers and nested objects as written. */
+static int test_json_splice(void)
+{
+	static const char cfg[] =
+		"{\n  \"a\": 1.0,\n  \"b\": 0.0,\n  \"eps\": 1e-06,\n"
+		"  \"big\": 123456789012345678901234567890,\n"
+		"  \"quantization_config\": {\"x\": [1, {\"y\": \"}\\\"\"}]},\n"
+		"  \"nested\": {\"rope_theta\": 10000.0, \"l\": [1.50, -0.0]}\n}\n";
+	static const char want_del[] =
+		"{\n  \"a\": 1.0,\n  \"b\": 0.0,\n  \"eps\": 1e-06,\n"
+		"  \"big\": 123456789012345678901234567890,\n"
+		"  \"nested\": {\"rope_theta\": 10000.0, \"l\": [1.50, -0.0]}\n}\n";
+	static const char want_add[] =
+		"{\n  \"a\": 1.0,\n  \"b\": 0.0,\n  \"eps\": 1e-06,\n"
+		"  \"big\": 123456789012345678901234567890,\n"
+		"  \"nested\": {\"rope_theta\": 10000.0, \"l\": [1.50, -0.0]},\n"
+		"  \"quantization_config\": {\n    \"k\": \"a:\\tb\\\"\",\n    \"n\": [1, 2]\n  }\n}\n";
+	char *out;
+	size_t n;
+	struct ms_err err;
+	cJSON *o;
+
+	T_ASSERT_EQ_INT(ms_json_splice_member(cfg, strlen(cfg), "quantization_config", NULL,
+					      &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, want_del);
+	T_ASSERT_EQ_INT(n, strlen(want_del));
+	ms_free(out);
+	T_ASSERT_EQ_INT(ms_json_splice_member(cfg, strlen(cfg), "quantization_config",
+					      "{\n\t\"k\":\t\"a:\\tb\\\"\",\n\t\"n\":\t[1, 2]\n}",
+					      &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, want_add);
+	o = ms_json_parse(out, n, NULL);
+	T_ASSERT(cJSON_IsObject(o));
+	cJSON_Delete(o);
+	ms_free(out);
+	/* absent, last member, only member, empty object, tabs */
+	T_ASSERT_EQ_INT(ms_json_splice_member("{\"a\":1.0}", 9, "q", NULL, &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, "{\"a\":1.0}");
+	ms_free(out);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{\"a\":1.0,\"q\":2}", 15, "q", NULL, &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, "{\"a\":1.0}");
+	ms_free(out);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{ \"q\" : [] }", 12, "q", NULL, &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, "{  }");
+	ms_free(out);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{}", 2, "q", "1", &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, "{\n  \"q\": 1\n}");
+	ms_free(out);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{\n\t\"a\": 1.0\n}", 13, "q", "{\n\t\"b\":\tnull\n}",
+					      &out, &n, &err), MS_OK);
+	T_ASSERT_STR(out, "{\n\t\"a\": 1.0,\n\t\"q\": {\n\t\t\"b\": null\n\t}\n}");
+	ms_free(out);
+	/* not an object */
+	T_ASSERT_EQ_INT(ms_json_splice_member("[1]", 3, "q", NULL, &out, &n, &err), MS_EINVAL);
+	T_ASSERT(out == NULL);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{\"a\":1} x", 9, "q", NULL, &out, &n, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_json_splice_member("{\"a\":}", 6, "q", NULL, &out, &n, &err), MS_EINVAL);
+	return 0;
+}
+
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define T_ASAN 1
@@ -192,6 +253,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_json_parse_malformed),
 	T_CASE(test_json_parse_length),
 	T_CASE(test_json_print_free),
+	T_CASE(test_json_splice),
 	T_CASE(test_json_parse_oom),
 };
 

@@ -193,14 +193,15 @@ static int test_bf16_round(void)
 	return 0;
 }
 
-/* Scale bytes worked out by hand where the recipes part ways. Tensor amax
- * 2688 makes ws2 = 1, gs = 1, S_enc = 1. A block maximum of 51.1 (f32):
- * modelopt 51.1/6 = 8.5167 -> e4m3 9 (0x51); compressed-tensors rounds
- * 8.5167 to bf16 8.5 first, a tie -> 8 (0x50); te 51.1 * 0.16666667 -> 9. */
+/* Scale bytes worked out by hand. Tensor amax 2688 makes ws2 = 1, gs = 1,
+ * S_enc = 1. A block maximum of 51.1 (f32): modelopt 51.1/6 = 8.5167 ->
+ * e4m3 9 (0x51); compressed-tensors keeps amax / 6 in the source dtype,
+ * f32 here, -> 9 (rounded to bf16 it would be 8.5, a tie -> 8, 0x50: see
+ * test_ct_round_src); te 51.1 * 0.16666667 -> 9. */
 static int test_recipes_differ(void)
 {
 	float x[16] = {51.1f, 1.0f, -2.0f, 3.0f};
-	static const uint8_t want[3] = {0x51, 0x50, 0x51};
+	static const uint8_t want[3] = {0x51, 0x51, 0x51};
 
 	for (int r = 0; r < 3; r++) {
 		struct ms_nvfp4_params p = {.recipe = all_recipes[r]};
@@ -215,14 +216,54 @@ static int test_recipes_differ(void)
 	return 0;
 }
 
+/* compressed-tensors rounds amax / 6 to the source dtype before the
+ * product with gs: tensor amax 10 (gs 270 for bf16), block maximum
+ * 0.1884765625 (bf16): /6 = 0.031412760 -> bf16 0.031494141, * 270 =
+ * 8.5034 -> 0x51, where the unrounded 8.4814 would give 0x50. An f32
+ * source of the same values: gs 268.800018, no rounding -> 0x50. */
+static int test_ct_round_src(void)
+{
+	static const uint16_t bf[16] = {0x3e41}; /* 0.1884765625 */
+	float f[16] = {0.1884765625f};
+	struct ms_nvfp4_params p = {.recipe = MS_NVFP4_RECIPE_COMPRESSED_TENSORS};
+	struct ms_nvfp4_src sb = {MS_DTYPE_BF16, bf, 1, 16}, sf = {MS_DTYPE_F32, f, 1, 16};
+	uint8_t packed[8], scale;
+
+	T_ASSERT(ms_nvfp4_bf16_round(0.1884765625f) == 0.1884765625f);
+	T_ASSERT_EQ_INT(ms_nvfp4_quantize_ref(&p, &sb, 10.0f, packed, &scale, NULL), MS_OK);
+	T_ASSERT_MSG(scale == 0x51, "bf16: 0x%02x", scale);
+	T_ASSERT_EQ_INT(ms_nvfp4_quantize(&p, &sb, 10.0f, packed, &scale, NULL), MS_OK);
+	T_ASSERT_MSG(scale == 0x51, "bf16 fast: 0x%02x", scale);
+	T_ASSERT_EQ_INT(ms_nvfp4_quantize_ref(&p, &sf, 10.0f, packed, &scale, NULL), MS_OK);
+	T_ASSERT_MSG(scale == 0x50, "f32: 0x%02x", scale);
+	T_ASSERT_EQ_INT(ms_nvfp4_quantize(&p, &sf, 10.0f, packed, &scale, NULL), MS_OK);
+	T_ASSERT_MSG(scale == 0x50, "f32 fast: 0x%02x", scale);
+	/* f16 rounding: ties to even, subnormals, overflow */
+	T_ASSERT(ms_nvfp4_round_src(1.0f + 0x1p-11f, MS_DTYPE_F16) == 1.0f);
+	T_ASSERT(ms_nvfp4_round_src(1.0f + 3 * 0x1p-11f, MS_DTYPE_F16) == 1.0f + 0x1p-9f);
+	T_ASSERT(ms_nvfp4_round_src(0x1p-25f + 0x1p-30f, MS_DTYPE_F16) == 0x1p-24f);
+	T_ASSERT(ms_nvfp4_round_src(0x1p-25f, MS_DTYPE_F16) == 0.0f);
+	T_ASSERT(ms_nvfp4_round_src(65519.0f, MS_DTYPE_F16) == 65504.0f);
+	T_ASSERT(isinf(ms_nvfp4_round_src(65520.0f, MS_DTYPE_F16)));
+	T_ASSERT(ms_nvfp4_round_src(0.1f, MS_DTYPE_F32) == 0.1f);
+	return 0;
+}
+
 static int test_tensor_scales(void)
 {
 	struct ms_nvfp4_tscale t;
 
 	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_MODELOPT, 10.0f, &t, NULL), MS_OK);
 	T_ASSERT(t.stored == 10.0f / 2688.0f && t.kind == MS_NVFP4_TSCALE_MUL);
-	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 10.0f, &t, NULL), MS_OK);
-	T_ASSERT(t.stored == 2688.0f / 10.0f && t.kind == MS_NVFP4_TSCALE_DIV);
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 10.0f,
+						 MS_DTYPE_F32, &t, NULL), MS_OK);
+	{
+		volatile float r = 1.0f / 10.0f, gs = r * 2688.0f;
+
+		/* two f32 roundings (268.800018), not 2688 / 10 (268.8) */
+		T_ASSERT(t.stored == gs && t.stored != 2688.0f / 10.0f);
+	}
+	T_ASSERT(t.kind == MS_NVFP4_TSCALE_DIV);
 	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_TE, 10.0f, &t, NULL), MS_OK);
 	T_ASSERT(t.stored == 1.0f / (2688.0f / 10.0f) && t.kind == MS_NVFP4_TSCALE_MUL);
 	/* both stored forms, each as the recipe computes it */
@@ -230,8 +271,29 @@ static int test_tensor_scales(void)
 	T_ASSERT(ms_nvfp4_tscale_value(&t, MS_NVFP4_TSCALE_DIV) == 2688.0f / 10.0f);
 	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_MODELOPT, 10.0f, &t, NULL), MS_OK);
 	T_ASSERT(t.scale_2 == 10.0f / 2688.0f && t.global_scale == 1.0f / (10.0f / 2688.0f));
-	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 10.0f, &t, NULL), MS_OK);
-	T_ASSERT(t.global_scale == 2688.0f / 10.0f && t.scale_2 == 1.0f / (2688.0f / 10.0f));
+	/* compressed-tensors on a bf16 weight: 1/10 -> 0.10009765625,
+	 * * 2688 = 269.0625 -> 270 (bf16) */
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 10.0f,
+						 MS_DTYPE_BF16, &t, NULL), MS_OK);
+	T_ASSERT(t.global_scale == 270.0f && t.scale_2 == 1.0f / 270.0f);
+	/* the value real bf16 checkpoints carry where 2688 / amax would be
+	 * 35516.285 */
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 0.07568359375f,
+						 MS_DTYPE_BF16, &t, NULL), MS_OK);
+	T_ASSERT(t.global_scale == 35328.0f);
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 0.07568359375f,
+					     &t, NULL), MS_OK);
+	T_ASSERT(t.global_scale == 35328.0f);
+	/* f16: 1/10 -> 0.0999755859375, * 2688 = 268.734375 -> 268.75; the
+	 * clamp is f16's smallest normal, and an overflow to Inf gives 1 */
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 10.0f,
+						 MS_DTYPE_F16, &t, NULL), MS_OK);
+	T_ASSERT(t.global_scale == 268.75f);
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 0.01f,
+						 MS_DTYPE_F16, &t, NULL), MS_OK);
+	T_ASSERT(t.global_scale == 1.0f);
+	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 1.0f,
+						 MS_DTYPE_I32, &t, NULL), MS_EINVAL);
 	/* degenerate amax */
 	T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(MS_NVFP4_RECIPE_COMPRESSED_TENSORS, 0.0f, &t, NULL), MS_OK);
 	T_ASSERT(t.stored == 1.0f); /* 2688 / FLT_MIN overflows */
@@ -729,7 +791,7 @@ static int test_dequantize(void)
 		uint8_t *packed = malloc(ps[0] * ps[1]), *scales = malloc(ss[0] * ss[1]);
 
 		T_ASSERT_EQ_INT(ms_nvfp4_amax_ref(&s, 0, &amax, NULL), MS_OK);
-		T_ASSERT_EQ_INT(ms_nvfp4_tscale_init(p.recipe, amax, &t, NULL), MS_OK);
+		T_ASSERT_EQ_INT(ms_nvfp4_tscale_init_src(p.recipe, amax, s.dtype, &t, NULL), MS_OK);
 		T_ASSERT_EQ_INT(ms_nvfp4_quantize(&p, &s, amax, packed, scales, NULL), MS_OK);
 		T_ASSERT_EQ_INT(ms_nvfp4_dequantize_ref(packed, scales, rows, cols, t.stored, t.kind,
 							MS_DTYPE_F32, ref, NULL), MS_OK);
@@ -794,6 +856,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_e2m1_ties_and_saturation),
 	T_CASE(test_e4m3_rounding),
 	T_CASE(test_bf16_round),
+	T_CASE(test_ct_round_src),
 	T_CASE(test_recipes_differ),
 	T_CASE(test_tensor_scales),
 	T_CASE(test_zero_blocks),

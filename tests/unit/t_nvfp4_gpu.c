@@ -586,7 +586,7 @@ static int test_dequantize_matches_reference(void)
 			src.data = make_src((enum mode)(i % MODE_COUNT), src.dtype, sh[0], sh[1]);
 			T_ASSERT(src.data);
 			T_ASSERT(ms_nvfp4_amax_ref(&src, 0, &amax, &err) == MS_OK);
-			T_ASSERT(ms_nvfp4_tscale_init(p.recipe, amax, &t, &err) == MS_OK);
+			T_ASSERT(ms_nvfp4_tscale_init_src(p.recipe, amax, src.dtype, &t, &err) == MS_OK);
 			T_ASSERT(qref_make(&p, &src, amax, &q, &rc_row, &err) == 0 && rc_row == MS_OK);
 			snprintf(ctx, sizeof(ctx), "dequantize %s [%llu, %llu]",
 				 ms_nvfp4_recipe_name(p.recipe), (unsigned long long)sh[0],
