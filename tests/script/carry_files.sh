@@ -157,5 +157,18 @@ run 0 "cycle: show q" "$B/msinv" show q
 if grep -q "q-cycle" "$tmp/out"; then bad "cycle: a copy registered"; else ok; fi
 run 0 "cycle: log check" "$B/msinv" log --check
 
+# a sharded checkpoint: export keeps the index and generation_config.json,
+# so the extracted directory loads in transformers (issue: it left them out)
+export MSINV_DB="$tmp/s.db"
+run 0 "init s" "$B/msinv" init
+run 0 "add sharded" "$B/msinv" add --label sh "$FX/hf/qwen3moe-sharded"
+run 0 "export sharded" "$B/msinv" export sh -o "$tmp/sh.tar.zst"
+export MSINV_DB="$tmp/s2.db"
+run 0 "init s2" "$B/msinv" init
+run 0 "import sharded" "$B/msinv" import "$tmp/sh.tar.zst" "$tmp/sh"
+for f in $(cd "$FX/hf/qwen3moe-sharded" && ls); do
+	same "$FX/hf/qwen3moe-sharded/$f" "$tmp/sh/$f" "sharded export: $f"
+done
+
 echo "carry_files: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
