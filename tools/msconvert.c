@@ -122,6 +122,7 @@ static char *reg_params(const struct ms_quant_opts *o)
 				   ms_quant_format_name(o->format_set ? o->format
 								      : ms_quant_default_format(o->recipe))) &&
 		     cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse) &&
+		     cJSON_AddStringToObject(j, "experts", ms_quant_experts_name(o->experts)) &&
 		     (!o->include || cJSON_AddStringToObject(j, "include", o->include)) &&
 		     (!o->exclude || cJSON_AddStringToObject(j, "exclude", o->exclude));
 	} else if (ok && o->op == MS_QUANT_OP_DEQUANTIZE) {
@@ -250,6 +251,7 @@ static int cmd_quantize(int argc, char **argv)
 		{"include", required_argument, NULL, 'i'},
 		{"exclude", required_argument, NULL, 'x'},
 		{"no-fuse-scales", no_argument, NULL, 'n'},
+		{"experts", required_argument, NULL, 'E'},
 		{"allow-nonfinite", no_argument, NULL, 'a'},
 		{"device", required_argument, NULL, 'd'},
 		{"jobs", required_argument, NULL, 'j'},
@@ -296,6 +298,10 @@ static int cmd_quantize(int argc, char **argv)
 		case 'i': o.include = optarg; break;
 		case 'x': o.exclude = optarg; break;
 		case 'n': o.no_fuse = 1; break;
+		case 'E':
+			if (ms_quant_experts_parse(optarg, &o.experts) != MS_OK)
+				return cli_usage("unknown expert layout '%s' (per-expert or fused)", optarg);
+			break;
 		case 'a': o.allow_nonfinite = 1; break;
 		case 'd':
 			if (ms_quant_device_parse(optarg, &o.device) != MS_OK)
@@ -532,7 +538,7 @@ static const struct cli_cmd cmds[] = {
 	{"quantize", cmd_quantize,
 	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
-	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--allow-nonfinite] "
+	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--experts per-expert|fused] [--allow-nonfinite] "
 	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--db PATH | --no-register]",
 	 "quantize the linear weights of a checkpoint to NVFP4"},
 	{"dequantize", cmd_dequantize, "dequantize IN -o OUT [--dtype bf16|f32] [--force] [--db PATH | --no-register]",
