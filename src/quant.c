@@ -1385,6 +1385,9 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 					  w->packed[0]->name, w->packed[0]->file->path,
 					  transpose ? "transposed" : "dequantized");
 	}
+	if (transpose && p->source &&
+	    !(p->views = ms_calloc(p->view.nweights + 1, sizeof(*p->views))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	if (transpose) {
 		for (size_t i = 0; i < p->view.nweights; i++) {
 			const struct ms_qweight *w = &p->view.weights[i];
@@ -1446,11 +1449,21 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 					char name[MS_ST_MAX_NAME + 16];
 
 					snprintf(name, sizeof(name), "%s.weight", w->prefix);
-					it->src = ms_ckpt_find(p->source, name);
+					/* a fused 3-D source serves per-expert modules:
+					 * the view of the slice lives in the plan */
+					it->src = source_weight(p->source, w->prefix,
+								&p->views[p->nviews]);
 					if (!it->src)
 						return ms_err_set(err, MS_EINVAL,
-								  "source '%s' has no tensor '%s'",
+								  "source '%s' has no tensor '%s' (nor a fused expert tensor holding it)",
 								  p->opts.source, name);
+					if (it->src == &p->views[p->nviews]) {
+						struct ms_tensor *v = &p->views[p->nviews];
+
+						if (!(v->name = ms_strdup(v->name)))
+							return ms_err_set(err, MS_ENOMEM, "out of memory");
+						p->nviews++;
+					}
 					if (!is_float(it->src->dtype) || it->src->ndim != 2 ||
 					    it->src->shape[0] != w->rows || it->src->shape[1] != w->cols)
 						return ms_err_set(err, MS_EINVAL,
@@ -1720,10 +1733,16 @@ static int prepass_quantize(struct ms_quant_plan *p, struct ms_err *err)
 			it->amax = 0;
 			for (uint64_t e = 0; e < it->experts && rc == MS_OK; e++) {
 				struct ms_tensor v;
+				struct ms_nvfp4_src sv;
 
 				slice_view(it->src, e, 0, it->rows, &v);
-				if ((rc = tensor_amax(p, &v, &it->eamax[e], err)) == MS_OK &&
-				    it->eamax[e] > it->amax)
+				sv = src_of(&v);
+				/* an element index is within the expert's slice */
+				if ((rc = ms_nvfp4_amax(&sv, p->opts.allow_nonfinite, p->opts.jobs,
+							MS_NVFP4_ISA_AUTO, &it->eamax[e], err)) != MS_OK)
+					ms_err_prefix(err, "tensor '%s' in '%s', expert %llu", v.name,
+						      v.file->path, (unsigned long long)e);
+				else if (it->eamax[e] > it->amax)
 					it->amax = it->eamax[e];
 			}
 			continue;
@@ -1785,13 +1804,14 @@ static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
 				const struct ms_qweight *o = &p->view.weights[k];
 				char okey[MS_ST_MAX_NAME + 16], oname[MS_ST_MAX_NAME + 16];
 				const struct ms_tensor *os;
+				struct ms_tensor oslice;
 				float a;
 
 				snprintf(oname, sizeof(oname), "%s.weight", o->prefix);
 				if (o == w || !ms_quant_fuse_key(oname, okey, sizeof(okey)) ||
 				    strcmp(okey, key) || o->tscale_value != w->tscale_value)
 					continue;
-				os = ms_ckpt_find(p->source, oname);
+				os = source_weight(p->source, o->prefix, &oslice);
 				if (!os || !is_float(os->dtype) || os->ndim != 2)
 					continue;
 				if ((rc = tensor_amax(p, os, &a, err)) != MS_OK)

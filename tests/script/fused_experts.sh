@@ -131,7 +131,30 @@ has "$tmp/err" "unknown expert layout 'stacked'"
 expect 2 "$B/msconvert" dequantize fu -o x5 --no-register
 one_line "fused 3-d nvfp4 experts cannot be dequantized"
 expect 0 "$B/msconvert" dequantize pe -o dq --no-register
-for x in x1 x2 x3 x4 x5; do [ -e "$x" ] && ko "$x written"; done
+# 1D columnwise copies of the per-expert output need the high-precision
+# source: the fused one serves, giving what the per-expert source gives
+expect 0 "$B/msconvert" transpose pe -o pe-col --source "$F" --no-register
+a=$(awk '{print $2}' "$tmp/out")
+expect 0 "$B/msconvert" transpose ref -o ref-col --source "$FX/hf/qwen3moe" --no-register
+b=$(awk '{print $2}' "$tmp/out")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else ko "transposed with the fused source: $a, with the per-expert one: $b"; fi
+expect 0 "$B/msverify" quant pe-col --source "$F" --strict
+has "$tmp/out" '^ok	56 weights	56 checks'
+# a NaN in expert 5's slice: refused before anything is written, naming it
+cp -r "$F" nan
+py nan/model.safetensors <<EOF && ok || ko "plant a NaN"
+$HDR
+h, meta, blob, base = header(sys.argv[1])
+b, e = h["model.layers.0.mlp.experts.gate_up_proj"]["data_offsets"]
+with open(sys.argv[1], "r+b") as f:
+    f.seek(base + b + (5 * 64 * 64 + 32 * 64 + 70) * 2)
+    f.write(b"\xc0\x7f")
+EOF
+expect 2 "$B/msconvert" quantize nan -o x6 --experts fused --no-register
+one_line "tensor 'model\.layers\.0\.mlp\.experts\.gate_up_proj' in '.*', expert 5: .*2118"
+expect 2 "$B/msconvert" quantize nan -o x7 --no-register
+one_line "tensor 'model\.layers\.0\.mlp\.experts\.5\.up_proj\.weight' in '.*'.*70"
+for x in x1 x2 x3 x4 x5 x6 x7; do [ -e "$x" ] && ko "$x written"; done
 
 # ---- the footprint planner counts what is written
 for m in per-expert fused; do
