@@ -1115,6 +1115,14 @@ static int plan_fused(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	struct ms_qitem *it;
 	int rc;
 
+	/* [E, H, 2I] / [E, I, H] (experts stored as [in, out], as some
+	 * checkpoints do) would put the blocks along the output dimension */
+	if (p->hidden_size && (kind == 1 ? C : R) != p->hidden_size)
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': shape [%llu, %llu, %llu] is not %s with hidden_size %llu (config.json): fused experts stored as [in, out] are not supported",
+				  t->name, t->file->path, (unsigned long long)E, (unsigned long long)R,
+				  (unsigned long long)C, kind == 1 ? "[E, 2I, H]" : "[E, H, I]",
+				  (unsigned long long)p->hidden_size);
 	if (o->experts == MS_QUANT_EXPERTS_FUSED) {
 		char name[MS_ST_MAX_NAME + 64];
 		uint64_t ps[2], ss[2], sh[3];
@@ -1191,6 +1199,39 @@ static int plan_fused(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 		}
 	}
 	return MS_OK;
+}
+
+/* config.json's hidden_size (or text_config's), which tells fused expert
+ * tensors in transformers 5's layout from those stored the other way
+ * round; 0 when the directory has no readable config saying it. */
+static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_err *err)
+{
+	char *path = ms_path_join(dir, "config.json"), *text = NULL;
+	struct ms_err ignored = {0};
+	cJSON *j = NULL, *h;
+	size_t len;
+	int nomem = 0, rc;
+
+	if (!path)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	/* a missing or unreadable config is reported where it is copied */
+	if (file_exists(path)) {
+		rc = ms_read_file(path, MAX_COPY_FILE, &text, &len, &ignored);
+		if (rc == MS_OK)
+			j = ms_json_parse(text, len, &nomem);
+		else
+			nomem = rc == MS_ENOMEM;
+	}
+	h = cJSON_GetObjectItemCaseSensitive(j, "hidden_size");
+	if (!cJSON_IsNumber(h))
+		h = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(j, "text_config"), "hidden_size");
+	if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 9e15)
+		p->hidden_size = (uint64_t)h->valuedouble;
+	cJSON_Delete(j);
+	ms_free(text);
+	ms_free(path);
+	return nomem ? ms_err_set(err, MS_ENOMEM, "out of memory") : MS_OK;
 }
 
 static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
@@ -1621,6 +1662,9 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		}
 	}
 	if (p->out_is_dir && (rc = list_copies(p, in_dir, err)) != MS_OK)
+		goto out;
+	if (opts->op == MS_QUANT_OP_QUANTIZE && p->out_is_dir &&
+	    (rc = read_hidden_size(p, in_dir, err)) != MS_OK)
 		goto out;
 	if (opts->op == MS_QUANT_OP_QUANTIZE)
 		rc = plan_quantize(p, &icap, &ocap, err);

@@ -250,6 +250,7 @@ struct ms_quant_plan {
 	size_t nexcluded;
 	size_t nviews;                      /* per-expert slices of fused */
 	struct ms_tensor *views;            /* 3-D tensors, with own names */
+	uint64_t hidden_size;               /* config.json's, else 0 */
 	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
 	char *dest;                         /* out_path without a trailing '/' */
 	char *staged;                       /* the staging name, while the

@@ -156,6 +156,27 @@ expect 2 "$B/msconvert" quantize nan -o x7 --no-register
 one_line "tensor 'model\.layers\.0\.mlp\.experts\.5\.up_proj\.weight' in '.*'.*70"
 for x in x1 x2 x3 x4 x5 x6 x7; do [ -e "$x" ] && ko "$x written"; done
 
+# experts stored as [in, out] (down_proj [E, I, H], as some checkpoints
+# ship them): config.json's hidden_size tells, refused rather than
+# quantized along the output dimension
+cp -r "$F" tr
+py tr/model.safetensors <<EOF && ok || ko "rewrite a shape"
+$HDR
+f = sys.argv[1]
+blob = bytearray(open(f, "rb").read())
+n = struct.unpack("<Q", blob[:8])[0]
+h = json.loads(blob[8:8 + n])
+h["model.layers.1.mlp.experts.down_proj"]["shape"] = [8, 32, 64]
+hb = json.dumps(h, separators=(",", ":")).encode()
+hb += b" " * (n - len(hb))
+assert len(hb) == n
+blob[8:8 + n] = hb
+open(f, "wb").write(blob)
+EOF
+expect 2 "$B/msconvert" quantize tr -o x8 --no-register
+one_line "tensor 'model\.layers\.1\.mlp\.experts\.down_proj' in '.*': shape \[8, 32, 64\] is not \[E, H, I\] with hidden_size 64"
+[ -e x8 ] && ko "x8 written"
+
 # ---- the footprint planner counts what is written
 for m in per-expert fused; do
 	printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s", "repr": "nvfp4-rowwise", "experts": "%s"}]}\n' "$F" "$m" >"plan-$m.json"
