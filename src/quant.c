@@ -1420,11 +1420,10 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	for (size_t i = 0; i < p->view.nweights; i++) {
 		const struct ms_qweight *w = &p->view.weights[i];
 
-		if (w->expert >= 0)
+		if (w->expert >= 0 && transpose)
 			return ms_err_set(err, MS_EINVAL,
-					  "tensor '%s' in '%s': fused 3-d nvfp4 experts cannot be %s (quantize with --experts per-expert)",
-					  w->packed[0]->name, w->packed[0]->file->path,
-					  transpose ? "transposed" : "dequantized");
+					  "tensor '%s' in '%s': fused 3-d nvfp4 experts cannot be transposed (quantize with --experts per-expert)",
+					  w->packed[0]->name, w->packed[0]->file->path);
 	}
 	if (transpose && p->source &&
 	    !(p->views = ms_calloc(p->view.nweights + 1, sizeof(*p->views))))
@@ -1466,6 +1465,27 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			}
 			w = &p->view.weights[owner];
 			have = w->packed[0] ? 0 : 1;
+			if (w->expert >= 0) {
+				/* dequantize a fused tensor back to [E, rows, cols]
+				 * under its own name; its scales are dropped */
+				uint64_t shape[3] = {t->shape[0], w->rows, w->cols};
+
+				if (strcmp(t->name, w->packed[0]->name))
+					continue;
+				if ((rc = add_item(p, icap, NULL, err)) != MS_OK)
+					return rc;
+				it = &p->items[p->nitems - 1];
+				it->qweight = owner;
+				it->rows = w->rows;
+				it->cols = w->cols;
+				it->experts = t->shape[0];
+				p->nquantized++;
+				if ((rc = add_out(p, ocap, t->name, p->opts.dtype, 3, shape,
+						  MS_QOUT_DECODED, MS_NVFP4_LAYOUT_ROWWISE,
+						  p->nitems - 1, fi, err)) != MS_OK)
+					return rc;
+				continue;
+			}
 			if (t != w->packed[have] && (transpose ? t != w->scales[have] : 1)) {
 				if (transpose) {
 					if ((rc = add_item(p, icap, t, err)) != MS_OK ||
@@ -2088,6 +2108,30 @@ static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
 	float *tmp = NULL;
 	int rc = MS_OK;
 
+	if (it->experts) {
+		/* every slice of a fused tensor; w is one of them, and the
+		 * slices lie one after the other in the tensors it views */
+		uint64_t ps[2], ss[2], esz = dt == MS_DTYPE_F32 ? 4 : 2;
+		const uint8_t *pk, *sc, *ts;
+
+		if ((rc = ms_nvfp4_shapes(w->rows, w->cols, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) != MS_OK)
+			return rc;
+		pk = w->packed[0]->data - (uint64_t)w->expert * ps[0] * ps[1];
+		sc = w->scales[0]->data - (uint64_t)w->expert * ss[0] * ss[1];
+		ts = w->tscale->data - (uint64_t)w->expert * 4;
+		if (!(b->dec = ms_malloc((size_t)(n * it->experts * esz) + 1)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		for (uint64_t e = 0; e < it->experts; e++) {
+			rc = ms_nvfp4_dequantize(pk + e * ps[0] * ps[1], sc + e * ss[0] * ss[1], w->rows,
+						 w->cols, read_f32(ts + 4 * e), w->tscale_kind, dt,
+						 (uint8_t *)b->dec + e * n * esz, p->opts.jobs, err);
+			if (rc != MS_OK)
+				return ms_err_prefix(err, "tensor '%s' in '%s', expert %llu",
+						     w->packed[0]->name, w->packed[0]->file->path,
+						     (unsigned long long)e);
+		}
+		return MS_OK;
+	}
 	if (!(b->dec = ms_malloc((size_t)n * (dt == MS_DTYPE_F32 ? 4 : 2) + 1)))
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	if (w->packed[0]) {

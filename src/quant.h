@@ -47,7 +47,8 @@
  *       <m>.experts.gate_up_proj_weight_scale_2 F32     [E]
  *     (down_proj alike), the metadata giving the logical shape [E, rows,
  *     cols]. Reading such a tensor yields one ms_qweight per expert slice,
- *     named "<m>.experts.<e>.gate_up_proj" / ".down_proj".
+ *     named "<m>.experts.<e>.gate_up_proj" / ".down_proj"; dequantize
+ *     writes it back as one [E, rows, cols] tensor, transpose refuses it.
  *
  * Directory outputs mirror the input's shards (same file names, each
  * holding what came from the same input file), write a new

@@ -47,15 +47,19 @@ static void print_plan(const struct ms_quant_plan *p)
 			       (unsigned long long)it->src->nbytes);
 		} else {
 			const struct ms_qweight *w = &p->view.weights[it->qweight];
-			uint64_t in = 0, lshape[2] = {w->rows, w->cols};
+			uint64_t in = 0, lshape[3] = {it->experts, w->rows, w->cols};
 
 			for (int l = 0; l < 2; l++)
 				if (w->packed[l])
 					in += w->packed[l]->nbytes + w->scales[l]->nbytes;
-			shape_str(2, lshape, shape, sizeof(shape));
+			/* a fused tensor: every expert slice, under its own name */
+			if (it->experts)
+				in = (in + w->tscale->nbytes) * it->experts;
+			shape_str(it->experts ? 3 : 2, lshape + !it->experts, shape, sizeof(shape));
 			printf("%s\t%s\tnvfp4\t%s\t%llu",
 			       p->opts.op == MS_QUANT_OP_TRANSPOSE ? "transpose" : "dequantize",
-			       w->prefix, shape, (unsigned long long)in);
+			       it->experts ? w->packed[0]->name : w->prefix, shape,
+			       (unsigned long long)in);
 		}
 		while (o < p->nouts && p->outs[o].item < i)
 			o++;

@@ -128,9 +128,28 @@ expect 2 "$B/msconvert" quantize "$F" -o x3 --experts fused --no-fuse-scales --n
 one_line "gate_up_proj'.*--no-fuse-scales"
 expect 2 "$B/msconvert" quantize "$F" -o x4 --experts stacked --no-register
 has "$tmp/err" "unknown expert layout 'stacked'"
-expect 2 "$B/msconvert" dequantize fu -o x5 --no-register
-one_line "fused 3-d nvfp4 experts cannot be dequantized"
+cp -r "$F" fsrc
+expect 0 "$B/msconvert" quantize fsrc -o fu2 --experts fused --no-register
+# dequantize: the fused output decodes to the fused layout, slice for
+# slice what the per-expert output decodes to
 expect 0 "$B/msconvert" dequantize pe -o dq --no-register
+expect 0 "$B/msconvert" dequantize fu2 -o fdq --dtype f32 --no-register
+expect 0 "$B/msconvert" dequantize pe -o dq32 --dtype f32 --no-register
+py fdq/model.safetensors dq32/model.safetensors <<EOF && ok || ko "fused dequantize against per-expert"
+$HDR
+f, _ = data(sys.argv[1])
+p, _ = data(sys.argv[2])
+assert not [k for k in f if "weight_scale" in k]
+for L in (0, 1):
+    m = "model.layers.%d.mlp.experts." % L
+    assert f[m + "gate_up_proj"][:2] == ("F32", [8, 64, 64]) and f[m + "down_proj"][:2] == ("F32", [8, 64, 32])
+    for e in range(8):
+        assert f[m + "gate_up_proj"][2][e * 64 * 64 * 4:(e + 1) * 64 * 64 * 4] == \
+            p[m + "%d.gate_proj.weight" % e][2] + p[m + "%d.up_proj.weight" % e][2]
+        assert f[m + "down_proj"][2][e * 64 * 32 * 4:(e + 1) * 64 * 32 * 4] == p[m + "%d.down_proj.weight" % e][2]
+EOF
+expect 2 "$B/msconvert" transpose fu2 -o x5 --source "$F" --no-register
+one_line "fused 3-d nvfp4 experts cannot be transposed"
 # 1D columnwise copies of the per-expert output need the high-precision
 # source: the fused one serves, giving what the per-expert source gives
 expect 0 "$B/msconvert" transpose pe -o pe-col --source "$F" --no-register
@@ -182,8 +201,6 @@ for m in per-expert fused; do
 	printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s", "repr": "nvfp4-rowwise", "experts": "%s"}]}\n' "$F" "$m" >"plan-$m.json"
 done
 printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s"}]}\n' "$tmp/pe" >plan-pe.json
-cp -r "$F" fsrc
-expect 0 "$B/msconvert" quantize fsrc -o fu2 --experts fused --no-register
 printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s"}]}\n' "$tmp/fu2" >plan-fu.json
 tot() { "$B/msinv" footprint --json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["total_bytes_per_gpu"])'; }
 a=$(tot plan-per-expert.json); b=$(tot plan-pe.json); c=$(tot plan-fused.json); d=$(tot plan-fu.json)
