@@ -350,7 +350,7 @@ static int parse_entry(struct ms_fp_plan *p, const cJSON *e, size_t i,
 		       struct ms_err *err)
 {
 	struct ms_fp_entry *en = &p->entries[i];
-	const char *role, *state, *path, *repr;
+	const char *role, *state, *path, *repr, *experts;
 	char prefix[48], key[64];
 	int rc;
 
@@ -403,6 +403,14 @@ static int parse_entry(struct ms_fp_plan *p, const cJSON *e, size_t i,
 		return plan_errf(err, p->label, key,
 				 "unknown representation '%s' (expected as-is, bf16, nvfp4-rowwise, nvfp4-columnwise, nvfp4-both or nvfp4-ondemand)",
 				 repr);
+
+	snprintf(key, sizeof(key), "states[%zu].experts", i);
+	if ((rc = get_string(e, "experts", key, p->label, 64, 0, &experts, err)) != MS_OK)
+		return rc;
+	if (experts && strcmp(experts, "per-expert") && strcmp(experts, "fused"))
+		return plan_errf(err, p->label, key,
+				 "unknown expert layout '%s' (expected per-expert or fused)", experts);
+	en->experts_fused = experts && !strcmp(experts, "fused");
 
 	if ((rc = dup_or_null(role, &en->role, err)) != MS_OK ||
 	    (rc = dup_or_null(state, &en->state, err)) != MS_OK ||
@@ -628,8 +636,10 @@ static int ends_with(const char *s, const char *suffix)
  * the unit tests hold this to: what the planner quantizes is what msconvert
  * would. */
 static int quantizable_info(const char *name, const struct ms_name_info *info,
-			    enum ms_dtype dtype, uint32_t ndim)
+			    enum ms_dtype dtype, uint32_t ndim, const uint64_t *shape)
 {
+	if (shape && ms_name_fused_experts(name, dtype, ndim, shape))
+		return 1;
 	if (!float_source(dtype) || ndim != 2 || !ends_with(name, ".weight") ||
 	    strlen(name) <= 7 || info->role != MS_NAME_ROLE_WEIGHT)
 		return 0;
@@ -644,10 +654,9 @@ int ms_fp_quantizable(const char *name, enum ms_dtype dtype, uint32_t ndim,
 {
 	struct ms_name_info info;
 
-	(void)shape;
 	if (!name || ndim > MS_ST_MAX_RANK || ms_name_parse(name, &info) != MS_OK)
 		return 0;
-	return quantizable_info(name, &info, dtype, ndim);
+	return quantizable_info(name, &info, dtype, ndim, shape);
 }
 
 int ms_fp_nvfp4_bytes(uint64_t rows, uint64_t cols, int columnwise,
@@ -819,12 +828,27 @@ static int weight_family(const struct ms_name_info *info)
 	}
 }
 
-/* NVFP4 bytes of a quantizable weight [R, C] in one layout. */
+/* NVFP4 bytes of a quantizable weight [R, C] in one layout. A fused 3-D
+ * expert tensor [E, R, C] is E matrices [R, C] with one tensor scale each
+ * as msconvert --experts fused writes it, or as --experts per-expert does,
+ * a gate_up slice as two modules [R/2, C] (gate, up) with one each. */
 static int matrices_bytes(const struct ms_fp_tensor *t, int columnwise,
-			  uint64_t *out)
+			  int experts_fused, uint64_t *out)
 {
-	return ms_fp_nvfp4_bytes(t->shape[0], t->shape[1], columnwise, out) ?
-	       MS_EINVAL : MS_OK;
+	uint64_t one;
+	int kind = ms_name_fused_experts(t->name, t->dtype, t->ndim, t->shape);
+
+	if (!kind)
+		return ms_fp_nvfp4_bytes(t->shape[0], t->shape[1], columnwise, out) ?
+		       MS_EINVAL : MS_OK;
+	if (kind == 1 && !experts_fused) {
+		if (ms_fp_nvfp4_bytes(t->shape[1] / 2, t->shape[2], columnwise, &one) ||
+		    ms_mul_u64(one, 2, &one))
+			return MS_EINVAL;
+	} else if (ms_fp_nvfp4_bytes(t->shape[1], t->shape[2], columnwise, &one)) {
+		return MS_EINVAL;
+	}
+	return ms_mul_u64(one, t->shape[0], out) ? MS_EINVAL : MS_OK;
 }
 
 /* A rowwise quantized weight's companion (scale, tensor scale, input
@@ -866,6 +890,7 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 		   const struct ms_fp_tensor *t, struct ms_err *err)
 {
 	const char *role = c->plan->entries[entry].role;
+	int fused = c->plan->entries[entry].experts_fused;
 	struct ms_name_info info;
 	struct rec *r;
 	uint64_t nelem = 1, stored, bytes;
@@ -923,16 +948,16 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 			      megatron_grouped(t->name);
 	r->ndim = t->ndim;
 	memcpy(r->shape, t->shape, sizeof(r->shape));
-	r->lora_base = quantizable_info(t->name, &info, t->dtype, t->ndim) ||
+	r->lora_base = quantizable_info(t->name, &info, t->dtype, t->ndim, NULL) ||
 		       (info.part == MS_NAME_PART_EXPERTS_FUSED && info.role == MS_NAME_ROLE_WEIGHT &&
 			t->ndim == 3 && float_source(t->dtype));
 
 	q = repr != MS_FP_REPR_AS_IS &&
-	    quantizable_info(t->name, &info, t->dtype, t->ndim);
+	    quantizable_info(t->name, &info, t->dtype, t->ndim, t->shape);
 	if (!q) {
 		rc = add_contrib(c, idx, (uint32_t)entry,
 				 stored_layout(&info, t->dtype),
-				 quantizable_info(t->name, &info, t->dtype, t->ndim),
+				 quantizable_info(t->name, &info, t->dtype, t->ndim, t->shape),
 				 companion(&info), stored, nelem);
 		goto out;
 	}
@@ -943,14 +968,14 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 		goto out;
 	}
 	if (repr != MS_FP_REPR_NVFP4_COLUMNWISE) {
-		if ((rc = matrices_bytes(t, 0, &bytes)) != MS_OK ||
+		if ((rc = matrices_bytes(t, 0, fused, &bytes)) != MS_OK ||
 		    (rc = add_contrib(c, idx, (uint32_t)entry,
 				      MS_FP_LAYOUT_NVFP4_ROWWISE, 1, 0, bytes,
 				      nelem)) != MS_OK)
 			goto out;
 	}
 	if (repr != MS_FP_REPR_NVFP4_ROWWISE) {
-		if ((rc = matrices_bytes(t, 1, &bytes)) != MS_OK)
+		if ((rc = matrices_bytes(t, 1, fused, &bytes)) != MS_OK)
 			goto out;
 		rc = add_contrib(c, idx, (uint32_t)entry,
 				 repr == MS_FP_REPR_NVFP4_ONDEMAND ?

@@ -72,6 +72,9 @@
  *                  "nvfp4-ondemand"    rowwise resident, columnwise built per
  *                                      layer when backward needs it: one
  *                                      layer's columnwise is transient
+ *   experts      optional "per-expert" (default) or "fused": how a fused
+ *                3-D expert tensor is counted when quantized, as msconvert
+ *                --experts writes it (below)
  * Unknown keys inside an entry are ignored; known keys must have the right
  * type. A key given twice in one object is an error. Every error names the
  * plan (its label) and the key, e.g.
@@ -82,16 +85,20 @@
  * Quantizable weight (ms_fp_quantizable; msconvert's default selection,
  * ms_quant_default_selected, which the tests hold it to): a floating tensor
  * (BF16, F16, F32) named "*.weight" with 2 dimensions whose module is an
- * attention, routed-expert, shared-expert or dense-MLP projection.
- * Embeddings, norms, routers/gates, lm_head, biases, fused 3-D expert
- * tensors (msconvert leaves them too) and everything else keep their dtype
- * under every repr; so do tensors already quantized (packed U8/F4 weights
- * and their scales).
+ * attention, routed-expert, shared-expert or dense-MLP projection, or a
+ * floating fused 3-D expert tensor "<m>.experts.gate_up_proj" [E, 2I, H] /
+ * "<m>.experts.down_proj" [E, H, I] (ms_name_fused_experts). Embeddings,
+ * norms, routers/gates, lm_head, biases and everything else keep their
+ * dtype under every repr; so do tensors already quantized (packed U8/F4
+ * weights and their scales).
  *
  * NVFP4 bytes of a matrix [R, C] (NVFP4.md): Cp = roundup(C, 16) (the codec
  * pads with zeros), packed R*Cp/2 + E4M3 scales R*Cp/16 + 4 (FP32 tensor
  * scale) = 0.5625 B/element when C % 16 == 0. Rowwise quantizes W [R, C];
- * columnwise W^T [C, R], so its padding is along R.
+ * columnwise W^T [C, R], so its padding is along R. A fused 3-D expert
+ * tensor counts E matrices [R, C] ("experts": "fused": one tensor scale
+ * per expert, [E]), or per expert (the default) its modules: a gate_up
+ * slice is a gate and an up matrix [R/2, C], each with its tensor scale.
  *
  * Placement: routed-expert tensors (names.h, ms_name_is_routed_expert) are
  * divided over the EP ranks; the rest is replicated on every rank. A
@@ -217,6 +224,7 @@ struct ms_fp_entry {
 	char *resolved;       /* path joined to the plan's directory when relative
 			       * (ms_fp_plan_load), else a copy of path */
 	enum ms_fp_repr repr;
+	int experts_fused;    /* "experts": "fused" */
 };
 
 /* A parsed plan; every string is owned by it. Read-only for callers. */
@@ -266,8 +274,8 @@ struct ms_fp_tensor {
 	uint64_t shape[MS_ST_MAX_RANK];
 };
 
-/* Is a tensor a quantizable weight (the selection rule above)? shape is
- * not consulted (kept for rules that may need it); may be NULL. */
+/* Is a tensor a quantizable weight (the selection rule above)? shape
+ * tells a fused 3-D expert tensor; NULL: no tensor of 3 dimensions is. */
 int ms_fp_quantizable(const char *name, enum ms_dtype dtype, uint32_t ndim,
 		      const uint64_t *shape);
 

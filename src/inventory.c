@@ -2650,6 +2650,48 @@ int ms_inv_resolve(struct ms_inv *inv, const char *ref, char digest_out[MS_STATE
 	return MS_OK;
 }
 
+int ms_inv_state_at_path(struct ms_inv *inv, const char *path,
+			 char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err)
+{
+	sqlite3_stmt *st = NULL;
+	char *real = realpath(path, NULL), *dir = NULL;
+	int rc;
+
+	if (!real)
+		return ms_err_set(err, errno == ENOMEM ? MS_ENOMEM : MS_EIO,
+				  "'%s': %s", path, strerror(errno));
+	if (!(dir = ms_path_join(real, ""))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	/* the file itself, or a file directly inside the directory; the
+	 * newest registration wins (a replaced output registered again) */
+	if ((rc = prep(inv,
+		       "SELECT s.digest FROM states s JOIN state_files sf ON sf.state_id = s.id "
+		       "JOIN files f ON f.id = sf.file_id WHERE f.path = ?1 OR "
+		       "(substr(f.path, 1, length(?2)) = ?2 AND "
+		       "instr(substr(f.path, length(?2) + 1), '/') = 0) "
+		       "ORDER BY s.id DESC LIMIT 1", &st, err)) != MS_OK)
+		goto out;
+	bind_text(st, 1, real);
+	bind_text(st, 2, dir);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW && sqlite3_column_bytes(st, 0) == MS_STATE_DIGEST_LEN - 1) {
+		memcpy(digest_out, sqlite3_column_text(st, 0), MS_STATE_DIGEST_LEN);
+		rc = MS_OK;
+	} else if (rc == SQLITE_ROW || rc == SQLITE_DONE) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': no state of '%s' is recorded there", path,
+				inv->path);
+	} else {
+		rc = db_fail(inv, err, "cannot look up a path");
+	}
+out:
+	sqlite3_finalize(st);
+	ms_free(dir);
+	free(real);
+	return rc;
+}
+
 #define STATE_COLS                                                                   \
 	"s.id, s.digest, s.kind, s.layout, s.label, s.ntensors, s.nbytes, s.ep_size, "    \
 	"s.ep_rank, s.experts, s.tool, s.argv, s.user, s.host, s.created_at, "          \

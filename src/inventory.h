@@ -206,6 +206,12 @@ int ms_inv_label_remove(struct ms_inv *inv, const char *label,
 int ms_inv_resolve(struct ms_inv *inv, const char *ref,
 		   char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err);
 
+/* The newest state with a recorded file at path (a file), or directly
+ * inside it (a directory), by the path's realpath: what was registered
+ * there, whatever the bytes are now. None: MS_ENOTFOUND. */
+int ms_inv_state_at_path(struct ms_inv *inv, const char *path,
+			 char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err);
+
 struct ms_inv_state {
 	int64_t id;
 	char digest[MS_STATE_DIGEST_LEN];

@@ -546,3 +546,23 @@ int ms_name_info_str(const struct ms_name_info *info, char *buf, size_t n)
 		t[--l] = '\0';
 	return snprintf(buf, n, "%s", t);
 }
+
+static int name_ends(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && !strcmp(s + n - m, suffix);
+}
+
+int ms_name_fused_experts(const char *name, enum ms_dtype dt, uint32_t ndim,
+			  const uint64_t *shape)
+{
+	if ((dt != MS_DTYPE_BF16 && dt != MS_DTYPE_F16 && dt != MS_DTYPE_F32) || ndim != 3 ||
+	    !name || !shape || !shape[0] || !shape[1] || !shape[2])
+		return 0;
+	if (name_ends(name, ".experts.gate_up_proj") && shape[1] % 2 == 0)
+		return 1;
+	if (name_ends(name, ".experts.down_proj"))
+		return 2;
+	return 0;
+}

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "safetensors.h"
 
 #define MS_NAME_MAX 1024
 #define MS_NAME_PROJ_MAX 32
@@ -120,5 +121,12 @@ const char *ms_name_role_str(enum ms_name_role role);
 
 /* Does the tensor hold weights of routed experts (one or all of them)? */
 int ms_name_is_routed_expert(const struct ms_name_info *info);
+
+/* A floating fused 3-D expert weight, transformers 5's layout:
+ * "<m>.experts.gate_up_proj" [E, 2I, H] (2I even; expert e's gate in rows
+ * [0, I), its up in rows [I, 2I)) or "<m>.experts.down_proj" [E, H, I],
+ * each slice [out, in]. Returns 1 for gate_up, 2 for down, else 0. */
+int ms_name_fused_experts(const char *name, enum ms_dtype dt, uint32_t ndim,
+			  const uint64_t *shape);
 
 #endif

@@ -75,6 +75,22 @@ int ms_quant_device_parse(const char *s, enum ms_quant_device *out)
 	return MS_OK;
 }
 
+const char *ms_quant_experts_name(enum ms_quant_experts e)
+{
+	return e == MS_QUANT_EXPERTS_FUSED ? "fused" : "per-expert";
+}
+
+int ms_quant_experts_parse(const char *s, enum ms_quant_experts *out)
+{
+	if (!strcmp(s, "per-expert"))
+		*out = MS_QUANT_EXPERTS_PER_EXPERT;
+	else if (!strcmp(s, "fused"))
+		*out = MS_QUANT_EXPERTS_FUSED;
+	else
+		return MS_EINVAL;
+	return MS_OK;
+}
+
 enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r)
 {
 	return r == MS_NVFP4_RECIPE_COMPRESSED_TENSORS ? MS_QUANT_FORMAT_COMPRESSED_TENSORS
@@ -99,10 +115,17 @@ static int quantizable(const struct ms_tensor *t)
 	       strlen(t->name) > 7;
 }
 
+static int fused_experts_of(const struct ms_tensor *t)
+{
+	return ms_name_fused_experts(t->name, t->dtype, t->ndim, t->shape);
+}
+
 int ms_quant_default_selected(const struct ms_tensor *t)
 {
 	struct ms_name_info info;
 
+	if (fused_experts_of(t))
+		return 1;
 	if (!quantizable(t) || ms_name_parse(t->name, &info) != MS_OK ||
 	    info.role != MS_NAME_ROLE_WEIGHT)
 		return 0;
@@ -206,6 +229,76 @@ static void write_f32(uint8_t *p, float f)
 	memcpy(&u, &f, 4);
 	for (int i = 0; i < 4; i++)
 		p[i] = (uint8_t)(u >> (8 * i));
+}
+
+/* A 2-D view of rows [r0, r0 + nrows) of expert e of a 3-D tensor t
+ * (named as t, for lookups and messages; the bytes are t's). */
+static void slice_view(const struct ms_tensor *t, uint64_t e, uint64_t r0, uint64_t nrows,
+		       struct ms_tensor *v)
+{
+	uint64_t rowb = t->nbytes / (t->shape[0] * t->shape[1]);
+
+	memset(v, 0, sizeof(*v));
+	v->name = t->name;
+	v->dtype = t->dtype;
+	v->ndim = 2;
+	v->shape[0] = nrows;
+	v->shape[1] = t->shape[2];
+	v->nelem = nrows * t->shape[2];
+	v->nbytes = nrows * rowb;
+	v->offset = t->offset + (e * t->shape[1] + r0) * rowb;
+	v->data = t->data ? t->data + (e * t->shape[1] + r0) * rowb : NULL;
+	v->file = t->file;
+}
+
+/* The high-precision weight of module prefix in c: "<prefix>.weight", or
+ * for a per-expert name "<m>.experts.<e>.<proj>" (gate_proj, up_proj,
+ * gate_up_proj, down_proj) the slice of expert e of the fused 3-D tensor
+ * "<m>.experts.gate_up_proj" / ".down_proj" (a view written into *tmp). */
+static const struct ms_tensor *source_weight(const struct ms_ckpt *c, const char *prefix,
+					     struct ms_tensor *tmp)
+{
+	char name[MS_ST_MAX_NAME + 64];
+	const struct ms_tensor *t;
+	const char *x = NULL, *p, *proj;
+	uint64_t e = 0;
+	int kind;
+
+	if ((size_t)snprintf(name, sizeof(name), "%s.weight", prefix) >= sizeof(name))
+		return NULL;
+	if ((t = ms_ckpt_find(c, name)))
+		return t;
+	for (p = strstr(prefix, ".experts."); p; p = strstr(p + 1, ".experts."))
+		x = p;
+	if (!x)
+		return NULL;
+	p = x + 9;
+	if (*p < '0' || *p > '9')
+		return NULL;
+	for (; *p >= '0' && *p <= '9'; p++)
+		if (ms_mul_u64(e, 10, &e) || ms_add_u64(e, (uint64_t)(*p - '0'), &e))
+			return NULL;
+	if (*p++ != '.')
+		return NULL;
+	proj = p;
+	kind = !strcmp(proj, "down_proj") ? 2
+	       : (!strcmp(proj, "gate_proj") || !strcmp(proj, "up_proj") ||
+		  !strcmp(proj, "gate_up_proj")) ? 1 : 0;
+	if (!kind)
+		return NULL;
+	snprintf(name, sizeof(name), "%.*s.experts.%s", (int)(x - prefix), prefix,
+		 kind == 1 ? "gate_up_proj" : "down_proj");
+	t = ms_ckpt_find(c, name);
+	if (!t || fused_experts_of(t) != kind ||
+	    e >= t->shape[0])
+		return NULL;
+	if (!strcmp(proj, "gate_proj"))
+		slice_view(t, e, 0, t->shape[1] / 2, tmp);
+	else if (!strcmp(proj, "up_proj"))
+		slice_view(t, e, t->shape[1] / 2, t->shape[1] / 2, tmp);
+	else
+		slice_view(t, e, 0, t->shape[1], tmp);
+	return tmp;
 }
 
 /* ---- reading quantized checkpoints -------------------------------------- */
@@ -401,11 +494,123 @@ static int scan_weight(struct ms_ckpt *c, struct file_meta *fm, const char *pref
 	return MS_OK;
 }
 
+/* The fused 3-D modelopt tensors of stem ("<m>.experts.gate_up_proj",
+ * its _weight_scale and _weight_scale_2 [E]): one weight per expert slice,
+ * appended to v->weights, their tensors views in v->views. */
+static int scan_fused(struct ms_ckpt *c, struct file_meta *fm, const char *stem,
+		      struct ms_qview *v, struct ms_err *err)
+{
+	const struct ms_tensor *pk = ms_ckpt_find(c, stem), *sc = find_sfx(c, stem, "_weight_scale");
+	const struct ms_tensor *ts = find_sfx(c, stem, "_weight_scale_2");
+	cJSON *meta = NULL, *tensors, *entry = NULL;
+	const char *path = sc->file->path, *leaf = strrchr(stem, '.') + 1, *s;
+	uint64_t E = sc->shape[0], R, C, ps[2], ss[2];
+	enum ms_nvfp4_block block = MS_NVFP4_BLOCK_1D;
+	enum ms_nvfp4_recipe recipe = MS_NVFP4_RECIPE_MODELOPT;
+	enum ms_dtype dt = MS_DTYPE_BF16;
+	int rc, recorded = 0;
+
+	if (!pk || pk->dtype != MS_DTYPE_U8 || pk->ndim != 3 || pk->shape[0] != E)
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': fused nvfp4 block scales without U8 [%llu, ...] packed values '%s'",
+				  sc->name, path, (unsigned long long)E, stem);
+	if (!ts || ts->dtype != MS_DTYPE_F32 || ts->nelem != E || ts->ndim != 1)
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': fused nvfp4 weight without an F32 [%llu] '%s_weight_scale_2'",
+				  pk->name, pk->file->path, (unsigned long long)E, stem);
+	R = pk->shape[1];
+	C = pk->shape[2] * 2;
+	if ((rc = meta_get(c, fm, file_index(c, pk->file), &meta, err)) != MS_OK)
+		return rc;
+	tensors = meta ? cJSON_GetObjectItemCaseSensitive(meta, "tensors") : NULL;
+	entry = cJSON_IsObject(tensors) ? cJSON_GetObjectItemCaseSensitive(tensors, stem) : NULL;
+	if (entry) {
+		cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
+
+		if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != 3 ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(shape, 0)) ||
+		    cJSON_GetArrayItem(shape, 0)->valuedouble != (double)E ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(shape, 1)) ||
+		    !cJSON_IsNumber(cJSON_GetArrayItem(shape, 2)) ||
+		    cJSON_GetArrayItem(shape, 1)->valuedouble < 1 ||
+		    cJSON_GetArrayItem(shape, 2)->valuedouble < 1 ||
+		    cJSON_GetArrayItem(shape, 1)->valuedouble > 9e15 ||
+		    cJSON_GetArrayItem(shape, 2)->valuedouble > 9e15)
+			return ms_err_set(err, MS_EINVAL,
+					  "'%s': metadata '%s' gives fused tensor '%s' no valid [%llu, rows, cols] shape",
+					  pk->file->path, MS_QUANT_META_KEY, stem, (unsigned long long)E);
+		R = (uint64_t)cJSON_GetArrayItem(shape, 1)->valuedouble;
+		C = (uint64_t)cJSON_GetArrayItem(shape, 2)->valuedouble;
+		if ((s = json_str_of(entry, meta, "block")) && ms_nvfp4_block_parse(s, &block) != MS_OK)
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': unknown block '%s'",
+					  pk->file->path, MS_QUANT_META_KEY, s);
+		if ((s = json_str_of(entry, meta, "recipe")) && ms_nvfp4_recipe_parse(s, &recipe) != MS_OK)
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': unknown recipe '%s'",
+					  pk->file->path, MS_QUANT_META_KEY, s);
+		if ((s = json_str_of(entry, NULL, "dtype")) &&
+		    (ms_dtype_parse(s, strlen(s), &dt) != MS_OK || !is_float(dt)))
+			return ms_err_set(err, MS_EINVAL, "'%s': metadata '%s': bad dtype '%s'",
+					  pk->file->path, MS_QUANT_META_KEY, s);
+		recorded = 1;
+	}
+	if ((rc = ms_nvfp4_shapes(R, C, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) != MS_OK)
+		return ms_err_prefix(err, "fused tensor '%s' in '%s'", stem, path);
+	if (pk->shape[1] != ps[0] || pk->shape[2] != ps[1] || sc->shape[1] != ss[0] ||
+	    sc->shape[2] != ss[1])
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': shapes of the packed values and block scales do not fit [%llu, %llu, %llu] weights",
+				  sc->name, path, (unsigned long long)E, (unsigned long long)R,
+				  (unsigned long long)C);
+	for (uint64_t e = 0; e < E; e++) {
+		struct ms_qweight *w = &v->weights[v->nweights];
+		struct ms_tensor *tv = &v->views[v->nviews];
+
+		memset(w, 0, sizeof(*w));
+		if (!(w->prefix = ms_asprintf("%.*s.%llu.%s", (int)(leaf - 1 - stem), stem,
+					      (unsigned long long)e, leaf)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		v->nweights++;
+		slice_view(pk, e, 0, R, &tv[0]);
+		slice_view(sc, e, 0, R, &tv[1]);
+		memset(&tv[2], 0, sizeof(tv[2]));
+		tv[2].name = ts->name;
+		tv[2].dtype = MS_DTYPE_F32;
+		tv[2].nelem = 1;
+		tv[2].nbytes = 4;
+		tv[2].offset = ts->offset + 4 * e;
+		tv[2].data = ts->data + 4 * e;
+		tv[2].file = ts->file;
+		v->nviews += 3;
+		w->format = MS_QUANT_FORMAT_MODELOPT;
+		w->rows = R;
+		w->cols = C;
+		w->src_dtype = dt;
+		w->block = block;
+		w->recipe = recipe;
+		w->recorded = recorded;
+		w->packed[0] = &tv[0];
+		w->scales[0] = &tv[1];
+		w->tscale = &tv[2];
+		w->tscale_value = read_f32(tv[2].data);
+		w->tscale_kind = MS_NVFP4_TSCALE_MUL;
+		w->file = file_index(c, pk->file);
+		w->expert = (int64_t)e;
+		if (!isfinite(w->tscale_value) || w->tscale_value < 0)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': tensor scale %g of expert %llu is not usable",
+					  ts->name, ts->file->path, (double)w->tscale_value,
+					  (unsigned long long)e);
+	}
+	return MS_OK;
+}
+
 int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 {
 	struct file_meta *fm = NULL;
 	char **prefixes = NULL;
-	size_t np = 0;
+	const struct ms_tensor **fused = NULL;
+	size_t np = 0, nfused = 0;
+	uint64_t nslices = 0;
 	int rc = MS_OK;
 
 	memset(v, 0, sizeof(*v));
@@ -413,7 +618,8 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 	fm = ms_calloc(c->nfiles + 1, sizeof(*fm));
 	prefixes = ms_calloc(c->ntensors + 1, sizeof(*prefixes));
 	v->owner = ms_malloc((c->ntensors + 1) * sizeof(*v->owner));
-	if (!fm || !prefixes || !v->owner) {
+	fused = ms_calloc(c->ntensors + 1, sizeof(*fused));
+	if (!fm || !prefixes || !v->owner || !fused) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -423,6 +629,21 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 						   ".weight_scale_colwise"};
 
 		v->owner[i] = -1;
+		/* fused 3-D experts: "<m>.experts.gate_up_proj_weight_scale"
+		 * [E, rows, cols/16] */
+		if (c->tensors[i]->dtype == MS_DTYPE_F8_E4M3 && c->tensors[i]->ndim == 3 &&
+		    (ends_with(name, ".experts.gate_up_proj_weight_scale") ||
+		     ends_with(name, ".experts.down_proj_weight_scale")) &&
+		    c->tensors[i]->shape[0] > 0 && c->tensors[i]->shape[1] > 0) {
+			fused[nfused++] = c->tensors[i];
+			if (ms_add_u64(nslices, c->tensors[i]->shape[0], &nslices) ||
+			    nslices > (SIZE_MAX / 4) / sizeof(struct ms_tensor)) {
+				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': too many experts",
+						name, c->tensors[i]->file->path);
+				goto out;
+			}
+			continue;
+		}
 		/* NVFP4 block scales are 2-D F8_E4M3; an FP8 checkpoint's
 		 * per-tensor F32 weight_scale is not ours */
 		if (c->tensors[i]->dtype != MS_DTYPE_F8_E4M3 || c->tensors[i]->ndim != 2)
@@ -439,8 +660,9 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 		}
 	}
 	qsort(prefixes, np, sizeof(*prefixes), cmp_cstr);
-	v->weights = ms_calloc(np + 1, sizeof(*v->weights));
-	if (!v->weights) {
+	v->weights = ms_calloc(np + (size_t)nslices + 1, sizeof(*v->weights));
+	v->views = ms_calloc(3 * (size_t)nslices + 1, sizeof(*v->views));
+	if (!v->weights || !v->views) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -451,6 +673,19 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 			continue;
 		w = &v->weights[v->nweights++];
 		if ((rc = scan_weight(c, fm, prefixes[i], w, err)) != MS_OK)
+			goto out;
+		w->expert = -1;
+	}
+	for (size_t i = 0; i < nfused; i++) {
+		char *stem = ms_strndup(fused[i]->name, strlen(fused[i]->name) - 13);
+
+		if (!stem) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		rc = scan_fused(c, fm, stem, v, err);
+		ms_free(stem);
+		if (rc != MS_OK)
 			goto out;
 	}
 	qsort(v->weights, v->nweights, sizeof(*v->weights), cmp_qweight);
@@ -467,6 +702,9 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 			if (!parts[k])
 				continue;
 			ix = ckpt_index(c, parts[k]);
+			/* the slices of one fused tensor: it stays with the first */
+			if (ix < c->ntensors && v->owner[ix] >= 0 && w->expert >= 0)
+				continue;
 			if (ix < c->ntensors && v->owner[ix] >= 0 && v->owner[ix] != (int64_t)i) {
 				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s' belongs to two nvfp4 modules",
 						parts[k]->name, parts[k]->file->path);
@@ -487,6 +725,7 @@ out:
 			ms_free(prefixes[i]);
 		ms_free(prefixes);
 	}
+	ms_free(fused);
 	if (rc != MS_OK)
 		ms_qview_release(v);
 	return rc;
@@ -500,6 +739,7 @@ void ms_qview_release(struct ms_qview *v)
 		ms_free(v->weights[i].prefix);
 	ms_free(v->weights);
 	ms_free(v->owner);
+	ms_free(v->views);
 	memset(v, 0, sizeof(*v));
 }
 
@@ -803,8 +1043,8 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 		if (p->opts.op == MS_QUANT_OP_QUANTIZE) {
 			if (!it->quantized || file_index(p->in, it->src->file) != fi)
 				continue;
-			snprintf(buf, sizeof(buf), "%.*s", (int)(strlen(it->src->name) - 7),
-				 it->src->name);
+			snprintf(buf, sizeof(buf), "%.*s",
+				 (int)(strlen(it->src->name) - (it->experts ? 0 : 7)), it->src->name);
 			prefix = buf;
 			dt = ms_dtype_name(it->src->dtype);
 		} else {
@@ -822,6 +1062,8 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 		sh = e ? cJSON_AddArrayToObject(e, "shape") : NULL;
 		if (!sh)
 			break;
+		if (it->experts)
+			cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->experts));
 		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->rows));
 		cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)it->cols));
 		cJSON_AddStringToObject(e, "dtype", dt);
@@ -862,6 +1104,157 @@ static int push_name(char ***v, size_t *n, const char *name, size_t cut, struct 
 	return MS_OK;
 }
 
+/* Put item it into the fused tensor-scale group of its name (keys holds
+ * the group keys seen so far). */
+static int join_group(struct ms_qitem *it, const char *name, char **keys, size_t *nkeys,
+		      struct ms_err *err)
+{
+	char key[MS_ST_MAX_NAME + 16];
+	size_t g;
+
+	if (!ms_quant_fuse_key(name, key, sizeof(key)))
+		return MS_OK;
+	for (g = 0; g < *nkeys; g++)
+		if (!strcmp(keys[g], key))
+			break;
+	if (g == *nkeys && !(keys[(*nkeys)++] = ms_strdup(key)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	it->group = (int64_t)g;
+	return MS_OK;
+}
+
+/* A selected fused 3-D expert tensor t (kind: 1 gate_up, 2 down) of input
+ * file fi: per expert, one module per projection on a view of its slice;
+ * or (fused) one item quantizing every slice into [E, ...] tensors. */
+static int plan_fused(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
+		      const struct ms_tensor *t, int kind, size_t fi, char **keys,
+		      size_t *nkeys, struct ms_err *err)
+{
+	const struct ms_quant_opts *o = &p->opts;
+	uint64_t E = t->shape[0], R = t->shape[1], C = t->shape[2];
+	size_t base = strlen(t->name) - (kind == 1 ? strlen(".gate_up_proj") : strlen(".down_proj"));
+	struct ms_qitem *it;
+	int rc;
+
+	/* [E, H, 2I] / [E, I, H] (experts stored as [in, out], as some
+	 * checkpoints do) would put the blocks along the output dimension */
+	if (p->hidden_size && (kind == 1 ? C : R) != p->hidden_size)
+		return ms_err_set(err, MS_EINVAL,
+				  "tensor '%s' in '%s': shape [%llu, %llu, %llu] is not %s with hidden_size %llu (config.json): fused experts stored as [in, out] are not supported",
+				  t->name, t->file->path, (unsigned long long)E, (unsigned long long)R,
+				  (unsigned long long)C, kind == 1 ? "[E, 2I, H]" : "[E, H, I]",
+				  (unsigned long long)p->hidden_size);
+	if (o->experts == MS_QUANT_EXPERTS_FUSED) {
+		char name[MS_ST_MAX_NAME + 64];
+		uint64_t ps[2], ss[2], sh[3];
+
+		if (o->format != MS_QUANT_FORMAT_MODELOPT)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': --experts fused is written in the modelopt format only (engines load no fused compressed-tensors experts); use --experts per-expert",
+					  t->name, t->file->path);
+		if (o->layouts != MS_QUANT_ROWWISE)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': --experts fused writes the rowwise layout only; use --experts per-expert for columnwise copies",
+					  t->name, t->file->path);
+		if (o->no_fuse && kind == 1)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': --experts fused keeps one tensor scale per expert for gate and up; it cannot be combined with --no-fuse-scales",
+					  t->name, t->file->path);
+		if ((rc = add_item(p, icap, t, err)) != MS_OK)
+			return rc;
+		it = &p->items[p->nitems - 1];
+		it->quantized = 1;
+		it->rows = R;
+		it->cols = C;
+		it->experts = E;
+		p->nquantized++;
+		if ((rc = ms_nvfp4_shapes(R, C, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s'", t->name, t->file->path);
+		sh[0] = E;
+		sh[1] = ps[0];
+		sh[2] = ps[1];
+		if ((rc = add_out(p, ocap, t->name, MS_DTYPE_U8, 3, sh, MS_QOUT_PACKED,
+				  MS_NVFP4_LAYOUT_ROWWISE, p->nitems - 1, fi, err)) != MS_OK)
+			return rc;
+		snprintf(name, sizeof(name), "%s_weight_scale", t->name);
+		sh[1] = ss[0];
+		sh[2] = ss[1];
+		if ((rc = add_out(p, ocap, name, MS_DTYPE_F8_E4M3, 3, sh, MS_QOUT_SCALES,
+				  MS_NVFP4_LAYOUT_ROWWISE, p->nitems - 1, fi, err)) != MS_OK)
+			return rc;
+		snprintf(name, sizeof(name), "%s_weight_scale_2", t->name);
+		return add_out(p, ocap, name, MS_DTYPE_F32, 1, &E, MS_QOUT_TSCALE,
+			       MS_NVFP4_LAYOUT_ROWWISE, p->nitems - 1, fi, err);
+	}
+	for (uint64_t e = 0; e < E; e++) {
+		for (int part = 0; part < (kind == 1 ? 2 : 1); part++) {
+			static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+			struct ms_tensor *v = &p->views[p->nviews];
+			char *name;
+			uint64_t rows = kind == 1 ? R / 2 : R;
+
+			slice_view(t, e, (uint64_t)part * rows, rows, v);
+			name = ms_asprintf("%.*s.%llu.%s.weight", (int)base, t->name,
+					   (unsigned long long)e, proj[kind == 1 ? part : 2]);
+			if (!name)
+				return ms_err_set(err, MS_ENOMEM, "out of memory");
+			v->name = name;
+			p->nviews++;
+			if ((rc = add_item(p, icap, v, err)) != MS_OK)
+				return rc;
+			it = &p->items[p->nitems - 1];
+			it->quantized = 1;
+			it->rows = rows;
+			it->cols = C;
+			p->nquantized++;
+			if (!o->no_fuse && (rc = join_group(it, name, keys, nkeys, err)) != MS_OK)
+				return rc;
+			{
+				char prefix[MS_ST_MAX_NAME + 1];
+
+				snprintf(prefix, sizeof(prefix), "%.*s", (int)(strlen(name) - 7), name);
+				if ((rc = add_weight_outs(p, ocap, prefix, rows, C, o->layouts,
+							  o->format, 1, p->nitems - 1, fi, err)) != MS_OK)
+					return rc;
+			}
+		}
+	}
+	return MS_OK;
+}
+
+/* config.json's hidden_size (or text_config's), which tells fused expert
+ * tensors in transformers 5's layout from those stored the other way
+ * round; 0 when the directory has no readable config saying it. */
+static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_err *err)
+{
+	char *path = ms_path_join(dir, "config.json"), *text = NULL;
+	struct ms_err ignored = {0};
+	cJSON *j = NULL, *h;
+	size_t len;
+	int nomem = 0, rc;
+
+	if (!path)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	/* a missing or unreadable config is reported where it is copied */
+	if (file_exists(path)) {
+		rc = ms_read_file(path, MAX_COPY_FILE, &text, &len, &ignored);
+		if (rc == MS_OK)
+			j = ms_json_parse(text, len, &nomem);
+		else
+			nomem = rc == MS_ENOMEM;
+	}
+	h = cJSON_GetObjectItemCaseSensitive(j, "hidden_size");
+	if (!cJSON_IsNumber(h))
+		h = cJSON_GetObjectItemCaseSensitive(
+			cJSON_GetObjectItemCaseSensitive(j, "text_config"), "hidden_size");
+	if (cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 9e15)
+		p->hidden_size = (uint64_t)h->valuedouble;
+	cJSON_Delete(j);
+	ms_free(text);
+	ms_free(path);
+	return nomem ? ms_err_set(err, MS_ENOMEM, "out of memory") : MS_OK;
+}
+
 static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			 struct ms_err *err)
 {
@@ -869,7 +1262,7 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	regex_t inc, exc;
 	int have_inc = 0, have_exc = 0, rc = MS_OK;
 	char **keys = NULL;
-	size_t nkeys = 0;
+	size_t nkeys = 0, nviews_max = 0;
 
 	if (p->view.nweights) {
 		const struct ms_qweight *w = &p->view.weights[0];
@@ -901,7 +1294,29 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 		}
 		have_exc = 1;
 	}
-	keys = ms_calloc(p->in->ntensors + 1, sizeof(*keys));
+	/* the per-expert views of fused 3-D expert tensors, made once so
+	 * that items may point at them */
+	if (o->experts == MS_QUANT_EXPERTS_PER_EXPERT) {
+		uint64_t nv = 0;
+
+		for (size_t i = 0; i < p->in->ntensors; i++) {
+			int k = fused_experts_of(p->in->tensors[i]);
+
+			/* gate_up: a gate and an up view per expert */
+			if (k && (ms_add_u64(nv, p->in->tensors[i]->shape[0], &nv) ||
+				  (k == 1 && ms_add_u64(nv, p->in->tensors[i]->shape[0], &nv)))) {
+				rc = ms_err_set(err, MS_EINVAL, "'%s': too many experts", p->in_path);
+				goto out;
+			}
+		}
+		if (nv > (SIZE_MAX / 4) / sizeof(*p->views) ||
+		    !(p->views = ms_calloc((size_t)nv + 1, sizeof(*p->views)))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		nviews_max = (size_t)nv;
+	}
+	keys = ms_calloc(p->in->ntensors + nviews_max + 1, sizeof(*keys));
 	if (!keys) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
@@ -915,9 +1330,9 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			struct ms_qitem *it;
 
 			if (have_inc && regexec(&inc, t->name, 0, NULL, 0) == 0) {
-				if (!quantizable(t)) {
+				if (!quantizable(t) && !fused_experts_of(t)) {
 					rc = ms_err_set(err, MS_EINVAL,
-							"tensor '%s' in '%s': matches the include pattern but is not a 2-d bf16, f16 or f32 '.weight'",
+							"tensor '%s' in '%s': matches the include pattern but is not a 2-d bf16, f16 or f32 '.weight' or a fused 3-d expert tensor",
 							t->name, f->path);
 					goto out;
 				}
@@ -928,11 +1343,20 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			/* an input dimension that is not a multiple of 16: both
 			 * producers refuse it and loaders cannot load the padded
 			 * shape, so it stays as it is (and is listed in the
-			 * ignore lists) unless padding was asked for */
-			if (sel && t->shape[1] % MS_NVFP4_BLOCK && !o->pad_ragged) {
+			 * ignore lists) unless padding was asked for; the input
+			 * dimension is the last, of a 2-D weight and of a fused
+			 * 3-D expert tensor alike */
+			if (sel && t->shape[t->ndim - 1] % MS_NVFP4_BLOCK && !o->pad_ragged) {
 				sel = 0;
 				if ((rc = push_name(&p->ragged, &p->nragged, t->name, 0, err)) != MS_OK)
 					goto out;
+			}
+			if (sel && fused_experts_of(t)) {
+				p->bytes_in += t->nbytes;
+				if ((rc = plan_fused(p, icap, ocap, t, fused_experts_of(t), fi, keys,
+						     &nkeys, err)) != MS_OK)
+					goto out;
+				continue;
 			}
 			if ((rc = add_item(p, icap, t, err)) != MS_OK)
 				goto out;
@@ -948,14 +1372,19 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 				p->ncopied++;
 				/* linear-like weights left out, for the
 				 * configs' exclude/ignore lists */
-				if (quantizable(t) && ms_name_parse(t->name, &info) == MS_OK &&
-				    info.part != MS_NAME_PART_NORM &&
-				    (rc = push_name(info.part == MS_NAME_PART_EMBED ? &p->embeds
-										     : &p->excluded,
-						    info.part == MS_NAME_PART_EMBED ? &p->nembeds
-										     : &p->nexcluded,
-						    t->name, 7, err)) != MS_OK)
+				if (fused_experts_of(t)) {
+					if ((rc = push_name(&p->excluded, &p->nexcluded, t->name, 0,
+							    err)) != MS_OK)
+						goto out;
+				} else if (quantizable(t) && ms_name_parse(t->name, &info) == MS_OK &&
+					   info.part != MS_NAME_PART_NORM &&
+					   (rc = push_name(info.part == MS_NAME_PART_EMBED ? &p->embeds
+											    : &p->excluded,
+							   info.part == MS_NAME_PART_EMBED ? &p->nembeds
+											    : &p->nexcluded,
+							   t->name, 7, err)) != MS_OK) {
 					goto out;
+				}
 				continue;
 			}
 			it->quantized = 1;
@@ -963,22 +1392,8 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			it->cols = t->shape[1];
 			p->nquantized++;
 			/* fused group: items with the same key */
-			if (!o->no_fuse) {
-				char key[MS_ST_MAX_NAME + 16];
-
-				if (ms_quant_fuse_key(t->name, key, sizeof(key))) {
-					size_t g;
-
-					for (g = 0; g < nkeys; g++)
-						if (!strcmp(keys[g], key))
-							break;
-					if (g == nkeys && !(keys[nkeys++] = ms_strdup(key))) {
-						rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-						goto out;
-					}
-					it->group = (int64_t)g;
-				}
-			}
+			if (!o->no_fuse && (rc = join_group(it, t->name, keys, &nkeys, err)) != MS_OK)
+				goto out;
 			{
 				char prefix[MS_ST_MAX_NAME + 1];
 
@@ -1027,6 +1442,17 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 
 	if (p->view.nweights == 0)
 		return ms_err_set(err, MS_EINVAL, "'%s' holds no nvfp4 weights", p->in_path);
+	for (size_t i = 0; i < p->view.nweights; i++) {
+		const struct ms_qweight *w = &p->view.weights[i];
+
+		if (w->expert >= 0 && transpose)
+			return ms_err_set(err, MS_EINVAL,
+					  "tensor '%s' in '%s': fused 3-d nvfp4 experts cannot be transposed (quantize with --experts per-expert)",
+					  w->packed[0]->name, w->packed[0]->file->path);
+	}
+	if (transpose && p->source &&
+	    !(p->views = ms_calloc(p->view.nweights + 1, sizeof(*p->views))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	if (transpose) {
 		for (size_t i = 0; i < p->view.nweights; i++) {
 			const struct ms_qweight *w = &p->view.weights[i];
@@ -1064,6 +1490,27 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			}
 			w = &p->view.weights[owner];
 			have = w->packed[0] ? 0 : 1;
+			if (w->expert >= 0) {
+				/* dequantize a fused tensor back to [E, rows, cols]
+				 * under its own name; its scales are dropped */
+				uint64_t shape[3] = {t->shape[0], w->rows, w->cols};
+
+				if (strcmp(t->name, w->packed[0]->name))
+					continue;
+				if ((rc = add_item(p, icap, NULL, err)) != MS_OK)
+					return rc;
+				it = &p->items[p->nitems - 1];
+				it->qweight = owner;
+				it->rows = w->rows;
+				it->cols = w->cols;
+				it->experts = t->shape[0];
+				p->nquantized++;
+				if ((rc = add_out(p, ocap, t->name, p->opts.dtype, 3, shape,
+						  MS_QOUT_DECODED, MS_NVFP4_LAYOUT_ROWWISE,
+						  p->nitems - 1, fi, err)) != MS_OK)
+					return rc;
+				continue;
+			}
 			if (t != w->packed[have] && (transpose ? t != w->scales[have] : 1)) {
 				if (transpose) {
 					if ((rc = add_item(p, icap, t, err)) != MS_OK ||
@@ -1088,11 +1535,21 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 					char name[MS_ST_MAX_NAME + 16];
 
 					snprintf(name, sizeof(name), "%s.weight", w->prefix);
-					it->src = ms_ckpt_find(p->source, name);
+					/* a fused 3-D source serves per-expert modules:
+					 * the view of the slice lives in the plan */
+					it->src = source_weight(p->source, w->prefix,
+								&p->views[p->nviews]);
 					if (!it->src)
 						return ms_err_set(err, MS_EINVAL,
-								  "source '%s' has no tensor '%s'",
+								  "source '%s' has no tensor '%s' (nor a fused expert tensor holding it)",
 								  p->opts.source, name);
+					if (it->src == &p->views[p->nviews]) {
+						struct ms_tensor *v = &p->views[p->nviews];
+
+						if (!(v->name = ms_strdup(v->name)))
+							return ms_err_set(err, MS_ENOMEM, "out of memory");
+						p->nviews++;
+					}
 					if (!is_float(it->src->dtype) || it->src->ndim != 2 ||
 					    it->src->shape[0] != w->rows || it->src->shape[1] != w->cols)
 						return ms_err_set(err, MS_EINVAL,
@@ -1251,6 +1708,9 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 	}
 	if (p->out_is_dir && (rc = list_copies(p, in_dir, err)) != MS_OK)
 		goto out;
+	if (opts->op == MS_QUANT_OP_QUANTIZE && p->out_is_dir &&
+	    (rc = read_hidden_size(p, in_dir, err)) != MS_OK)
+		goto out;
 	if (opts->op == MS_QUANT_OP_QUANTIZE)
 		rc = plan_quantize(p, &icap, &ocap, err);
 	else
@@ -1288,7 +1748,12 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 	for (size_t i = 0; i < p->nouts; i++)
 		ms_free(p->outs[i].name);
 	ms_free(p->outs);
+	for (size_t i = 0; i < p->nitems; i++)
+		ms_free(p->items[i].eamax);
 	ms_free(p->items);
+	for (size_t i = 0; i < p->nviews; i++)
+		ms_free((char *)p->views[i].name);
+	ms_free(p->views);
 	for (size_t i = 0; i < p->nfiles; i++) {
 		if (p->files)
 			ms_free(p->files[i]);
@@ -1354,6 +1819,29 @@ static int prepass_quantize(struct ms_quant_plan *p, struct ms_err *err)
 
 		if (!it->quantized)
 			continue;
+		if (it->experts) {
+			/* each expert slice has its own tensor scale */
+			if (!(it->eamax = ms_malloc((size_t)it->experts * sizeof(float)))) {
+				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				break;
+			}
+			it->amax = 0;
+			for (uint64_t e = 0; e < it->experts && rc == MS_OK; e++) {
+				struct ms_tensor v;
+				struct ms_nvfp4_src sv;
+
+				slice_view(it->src, e, 0, it->rows, &v);
+				sv = src_of(&v);
+				/* an element index is within the expert's slice */
+				if ((rc = ms_nvfp4_amax(&sv, p->opts.allow_nonfinite, p->opts.jobs,
+							MS_NVFP4_ISA_AUTO, &it->eamax[e], err)) != MS_OK)
+					ms_err_prefix(err, "tensor '%s' in '%s', expert %llu", v.name,
+						      v.file->path, (unsigned long long)e);
+				else if (it->eamax[e] > it->amax)
+					it->amax = it->eamax[e];
+			}
+			continue;
+		}
 		if ((rc = tensor_amax(p, it->src, &it->amax, err)) != MS_OK)
 			break;
 		if (it->group >= 0 && it->amax > gmax[it->group])
@@ -1411,13 +1899,14 @@ static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
 				const struct ms_qweight *o = &p->view.weights[k];
 				char okey[MS_ST_MAX_NAME + 16], oname[MS_ST_MAX_NAME + 16];
 				const struct ms_tensor *os;
+				struct ms_tensor oslice;
 				float a;
 
 				snprintf(oname, sizeof(oname), "%s.weight", o->prefix);
 				if (o == w || !ms_quant_fuse_key(oname, okey, sizeof(okey)) ||
 				    strcmp(okey, key) || o->tscale_value != w->tscale_value)
 					continue;
-				os = ms_ckpt_find(p->source, oname);
+				os = source_weight(p->source, o->prefix, &oslice);
 				if (!os || !is_float(os->dtype) || os->ndim != 2)
 					continue;
 				if ((rc = tensor_amax(p, os, &a, err)) != MS_OK)
@@ -1484,6 +1973,7 @@ struct item_bufs {
 	int ready;
 	uint8_t *pk[2], *sc[2];
 	uint8_t ts[4];
+	uint8_t *tsv;   /* a fused item's tensor scales, one per expert */
 	void *dec;
 };
 
@@ -1494,6 +1984,7 @@ static void bufs_release(struct item_bufs *b)
 		ms_free(b->sc[l]);
 	}
 	ms_free(b->dec);
+	ms_free(b->tsv);
 	memset(b, 0, sizeof(*b));
 }
 
@@ -1511,11 +2002,54 @@ static int alloc_layout(struct item_bufs *b, int l, uint64_t rows, uint64_t cols
 	return MS_OK;
 }
 
+/* A fused 3-D item: every expert slice into its place of [E, ...]. */
+static int produce_fused(struct ms_quant_plan *p, const struct ms_qitem *it,
+			 struct item_bufs *b, struct ms_err *err)
+{
+	struct ms_nvfp4_params np = {
+		.recipe = p->opts.recipe, .block = p->opts.block,
+		.layout = MS_NVFP4_LAYOUT_ROWWISE,
+		.flags = p->opts.allow_nonfinite ? MS_NVFP4_ALLOW_NONFINITE : 0,
+		.nthreads = p->opts.jobs,
+	};
+	uint64_t ps[2], ss[2], np_b, ns_b;
+	int rc;
+
+	if ((rc = ms_nvfp4_shapes(it->rows, it->cols, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) != MS_OK)
+		return rc;
+	if (ms_mul_u64(ps[0] * ps[1], it->experts, &np_b) ||
+	    ms_mul_u64(ss[0] * ss[1], it->experts, &ns_b) || np_b > SIZE_MAX - 1 ||
+	    !(b->pk[0] = ms_malloc((size_t)np_b + 1)) || !(b->sc[0] = ms_malloc((size_t)ns_b + 1)) ||
+	    !(b->tsv = ms_malloc((size_t)it->experts * 4)))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (uint64_t e = 0; e < it->experts; e++) {
+		struct ms_nvfp4_tscale ts;
+		struct ms_tensor v;
+		struct ms_nvfp4_src s;
+
+		slice_view(it->src, e, 0, it->rows, &v);
+		s = src_of(&v);
+		if ((rc = run_quantize(p, &np, &s, it->eamax[e], b->pk[0] + e * ps[0] * ps[1],
+				       b->sc[0] + e * ss[0] * ss[1], err)) != MS_OK ||
+		    (rc = ms_nvfp4_tscale_init(p->opts.recipe, it->eamax[e], &ts, err)) != MS_OK)
+			return ms_err_prefix(err, "tensor '%s' in '%s', expert %llu", it->src->name,
+					     it->src->file->path, (unsigned long long)e);
+		write_f32(b->tsv + 4 * e,
+			  ms_nvfp4_tscale_value(&ts, p->opts.format == MS_QUANT_FORMAT_MODELOPT
+							     ? MS_NVFP4_TSCALE_MUL
+							     : MS_NVFP4_TSCALE_DIV));
+	}
+	return MS_OK;
+}
+
 static int produce_quantize(struct ms_quant_plan *p, const struct ms_qitem *it,
 			    struct item_bufs *b, struct ms_err *err)
 {
 	struct ms_nvfp4_tscale ts;
 	int rc;
+
+	if (it->experts)
+		return produce_fused(p, it, b, err);
 
 #ifdef MS_QUANT_GPU
 	/* both layouts from one pass over the tensor, as the kernels can: the
@@ -1606,6 +2140,30 @@ static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
 	float *tmp = NULL;
 	int rc = MS_OK;
 
+	if (it->experts) {
+		/* every slice of a fused tensor; w is one of them, and the
+		 * slices lie one after the other in the tensors it views */
+		uint64_t ps[2], ss[2], esz = dt == MS_DTYPE_F32 ? 4 : 2;
+		const uint8_t *pk, *sc, *ts;
+
+		if ((rc = ms_nvfp4_shapes(w->rows, w->cols, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) != MS_OK)
+			return rc;
+		pk = w->packed[0]->data - (uint64_t)w->expert * ps[0] * ps[1];
+		sc = w->scales[0]->data - (uint64_t)w->expert * ss[0] * ss[1];
+		ts = w->tscale->data - (uint64_t)w->expert * 4;
+		if (!(b->dec = ms_malloc((size_t)(n * it->experts * esz) + 1)))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		for (uint64_t e = 0; e < it->experts; e++) {
+			rc = ms_nvfp4_dequantize(pk + e * ps[0] * ps[1], sc + e * ss[0] * ss[1], w->rows,
+						 w->cols, read_f32(ts + 4 * e), w->tscale_kind, dt,
+						 (uint8_t *)b->dec + e * n * esz, p->opts.jobs, err);
+			if (rc != MS_OK)
+				return ms_err_prefix(err, "tensor '%s' in '%s', expert %llu",
+						     w->packed[0]->name, w->packed[0]->file->path,
+						     (unsigned long long)e);
+		}
+		return MS_OK;
+	}
 	if (!(b->dec = ms_malloc((size_t)n * (dt == MS_DTYPE_F32 ? 4 : 2) + 1)))
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	if (w->packed[0]) {
@@ -1889,7 +2447,7 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 			data = b->sc[o->layout];
 			break;
 		case MS_QOUT_TSCALE:
-			data = b->ts;
+			data = b->tsv ? b->tsv : b->ts;
 			break;
 		case MS_QOUT_DECODED:
 			data = b->dec;
@@ -2553,6 +3111,7 @@ static int stats_entry(struct ms_qstats *s, const struct ms_qweight *w,
 		       struct ms_err *err)
 {
 	const struct ms_tensor *sc = w->scales[l], *src = NULL;
+	struct ms_tensor slice;
 	int col = l == MS_NVFP4_LAYOUT_COLUMNWISE;
 	uint64_t R = col ? w->cols : w->rows, C = col ? w->rows : w->cols, nb = sc->shape[1];
 	float *deq = NULL;
@@ -2573,9 +3132,9 @@ static int stats_entry(struct ms_qstats *s, const struct ms_qweight *w,
 		char name[MS_ST_MAX_NAME + 16];
 
 		snprintf(name, sizeof(name), "%s.weight", w->prefix);
-		src = ms_ckpt_find(s->source, name);
+		src = source_weight(s->source, w->prefix, &slice);
 		if (!src)
-			return ms_err_set(err, MS_EINVAL, "the source has no tensor '%s'", name);
+			return ms_err_set(err, MS_EINVAL, "the source has no tensor '%s' (nor a fused expert tensor holding it)", name);
 		if (!is_float(src->dtype) || src->ndim != 2 || src->shape[0] != w->rows ||
 		    src->shape[1] != w->cols)
 			return ms_err_set(err, MS_EINVAL,

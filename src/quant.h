@@ -29,6 +29,27 @@
  * of either flavor without it (written by other producers) are read as 1D
  * blocks, logical shape from the packed shape, recipe from the flavor.
  *
+ * Fused 3-D expert tensors (transformers 5's layout, names.h):
+ * "<m>.experts.gate_up_proj" [E, 2I, H] (expert e's gate in rows [0, I),
+ * its up in rows [I, 2I)) and "<m>.experts.down_proj" [E, H, I], each
+ * expert slice a weight [out, in]. They are quantized slice by slice, blocks
+ * along the last (input) dimension, one tensor scale per expert (gate and
+ * up of one expert share it, as both producers do for a fused gate/up),
+ * and written (enum ms_quant_experts) either
+ *
+ *   per expert (default): "<m>.experts.<e>.gate_proj", ".up_proj",
+ *     ".down_proj" modules with the names above, what serving engines load
+ *     for Hugging Face MoE checkpoints; or
+ *   fused (modelopt format, rowwise only): the layout Model Optimizer
+ *     exports for fused experts,
+ *       <m>.experts.gate_up_proj                U8      [E, 2I, H/2]
+ *       <m>.experts.gate_up_proj_weight_scale   F8_E4M3 [E, 2I, H/16]
+ *       <m>.experts.gate_up_proj_weight_scale_2 F32     [E]
+ *     (down_proj alike), the metadata giving the logical shape [E, rows,
+ *     cols]. Reading such a tensor yields one ms_qweight per expert slice,
+ *     named "<m>.experts.<e>.gate_up_proj" / ".down_proj"; dequantize
+ *     writes it back as one [E, rows, cols] tensor, transpose refuses it.
+ *
  * Directory outputs mirror the input's shards (same file names, each
  * holding what came from the same input file), write a new
  * model.safetensors.index.json when the input had one, and copy the other
@@ -56,6 +77,12 @@
 enum ms_quant_format {
 	MS_QUANT_FORMAT_MODELOPT,
 	MS_QUANT_FORMAT_COMPRESSED_TENSORS,
+};
+
+/* How fused 3-D expert tensors are written (see above). */
+enum ms_quant_experts {
+	MS_QUANT_EXPERTS_PER_EXPERT,
+	MS_QUANT_EXPERTS_FUSED,
 };
 
 enum ms_quant_device {
@@ -89,6 +116,7 @@ struct ms_quant_opts {
 				       is not a multiple of 16, padded (not
 				       loadable by engines); default: leave
 				       them as they are, in the ignore lists */
+	enum ms_quant_experts experts; /* fused 3-D expert tensors */
 	int allow_nonfinite;
 	enum ms_quant_device device;
 	/* dequantize */
@@ -103,13 +131,17 @@ struct ms_quant_opts {
 const char *ms_quant_format_name(enum ms_quant_format f);
 int ms_quant_format_parse(const char *s, enum ms_quant_format *out);
 int ms_quant_device_parse(const char *s, enum ms_quant_device *out);
+const char *ms_quant_experts_name(enum ms_quant_experts e);
+int ms_quant_experts_parse(const char *s, enum ms_quant_experts *out);
 /* The flavor a recipe writes by default (te: modelopt names). */
 enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r);
 
 /* The default selection: a floating 2-D "*.weight" of an attention,
- * routed-expert, shared-expert or dense-MLP projection (names.h); not
- * embeddings, norms, routers/gates or lm_head. */
+ * routed-expert, shared-expert or dense-MLP projection (names.h), or a
+ * fused 3-D expert tensor (ms_name_fused_experts); not embeddings, norms,
+ * routers/gates or lm_head. */
 int ms_quant_default_selected(const struct ms_tensor *t);
+
 
 /* The fused group a weight's tensor scale is shared with, as both
  * producers fuse: q/k/v of one attention block, gate/up of one MLP or
@@ -138,6 +170,8 @@ struct ms_qweight {
 	float tscale_value;
 	enum ms_nvfp4_tscale_kind tscale_kind;
 	size_t file;                        /* index of the file of packed[] */
+	int64_t expert;                     /* a slice of a fused 3-D tensor:
+					       its expert, else -1 */
 };
 
 struct ms_qview {
@@ -146,8 +180,12 @@ struct ms_qview {
 	struct ms_qweight *weights;         /* sorted by prefix */
 	/* per tensor of ckpt (same order as ckpt->tensors): the index of the
 	 * weight it belongs to, or -1 for a tensor that is not part of a
-	 * quantized module (input scales count as part of it) */
+	 * quantized module (input scales count as part of it; a fused 3-D
+	 * tensor belongs to the weight of its expert 0) */
 	int64_t *owner;
+	/* the slices of fused 3-D tensors that weights[] point at */
+	size_t nviews;
+	struct ms_tensor *views;
 };
 
 /* Find every quantized module of c (both flavors, both layouts), checking
@@ -194,7 +232,11 @@ struct ms_qitem {
 	int64_t group;                      /* fused group, else -1 */
 	float amax;                         /* its own */
 	float tscale_amax;                  /* the group's (quantize) */
-	uint64_t rows, cols;
+	uint64_t rows, cols;                /* of one expert slice when fused */
+	uint64_t experts;                   /* a fused 3-D tensor quantized
+					       whole (MS_QUANT_EXPERTS_FUSED):
+					       E, else 0 */
+	float *eamax;                       /* then each slice's amax */
 };
 
 struct ms_quant_plan {
@@ -225,6 +267,9 @@ struct ms_quant_plan {
 					       are for their input dimension
 					       (also in excluded): tensor names */
 	size_t nragged;
+	size_t nviews;                      /* per-expert slices of fused */
+	struct ms_tensor *views;            /* 3-D tensors, with own names */
+	uint64_t hidden_size;               /* config.json's, else 0 */
 	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
 	char *dest;                         /* out_path without a trailing '/' */
 	char *staged;                       /* the staging name, while the

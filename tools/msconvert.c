@@ -47,15 +47,19 @@ static void print_plan(const struct ms_quant_plan *p)
 			       (unsigned long long)it->src->nbytes);
 		} else {
 			const struct ms_qweight *w = &p->view.weights[it->qweight];
-			uint64_t in = 0, lshape[2] = {w->rows, w->cols};
+			uint64_t in = 0, lshape[3] = {it->experts, w->rows, w->cols};
 
 			for (int l = 0; l < 2; l++)
 				if (w->packed[l])
 					in += w->packed[l]->nbytes + w->scales[l]->nbytes;
-			shape_str(2, lshape, shape, sizeof(shape));
+			/* a fused tensor: every expert slice, under its own name */
+			if (it->experts)
+				in = (in + w->tscale->nbytes) * it->experts;
+			shape_str(it->experts ? 3 : 2, lshape + !it->experts, shape, sizeof(shape));
 			printf("%s\t%s\tnvfp4\t%s\t%llu",
 			       p->opts.op == MS_QUANT_OP_TRANSPOSE ? "transpose" : "dequantize",
-			       w->prefix, shape, (unsigned long long)in);
+			       it->experts ? w->packed[0]->name : w->prefix, shape,
+			       (unsigned long long)in);
 		}
 		while (o < p->nouts && p->outs[o].item < i)
 			o++;
@@ -125,6 +129,7 @@ static char *reg_params(const struct ms_quant_opts *o)
 								      : ms_quant_default_format(o->recipe))) &&
 		     cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse) &&
 		     (!o->pad_ragged || cJSON_AddTrueToObject(j, "pad_ragged")) &&
+		     cJSON_AddStringToObject(j, "experts", ms_quant_experts_name(o->experts)) &&
 		     (!o->include || cJSON_AddStringToObject(j, "include", o->include)) &&
 		     (!o->exclude || cJSON_AddStringToObject(j, "exclude", o->exclude));
 	} else if (ok && o->op == MS_QUANT_OP_DEQUANTIZE) {
@@ -287,6 +292,7 @@ static int cmd_quantize(int argc, char **argv)
 		{"exclude", required_argument, NULL, 'x'},
 		{"no-fuse-scales", no_argument, NULL, 'n'},
 		{"pad-ragged", no_argument, NULL, 'P'},
+		{"experts", required_argument, NULL, 'E'},
 		{"allow-nonfinite", no_argument, NULL, 'a'},
 		{"device", required_argument, NULL, 'd'},
 		{"jobs", required_argument, NULL, 'j'},
@@ -335,6 +341,10 @@ static int cmd_quantize(int argc, char **argv)
 		case 'x': o.exclude = optarg; break;
 		case 'n': o.no_fuse = 1; break;
 		case 'P': o.pad_ragged = 1; break;
+		case 'E':
+			if (ms_quant_experts_parse(optarg, &o.experts) != MS_OK)
+				return cli_usage("unknown expert layout '%s' (per-expert or fused)", optarg);
+			break;
 		case 'a': o.allow_nonfinite = 1; break;
 		case 'd':
 			if (ms_quant_device_parse(optarg, &o.device) != MS_OK)
@@ -576,7 +586,7 @@ static const struct cli_cmd cmds[] = {
 	{"quantize", cmd_quantize,
 	 "quantize IN -o OUT [--recipe modelopt|compressed-tensors|te] [--block 1d|2d] "
 	 "[--layout rowwise|columnwise|both] [--format modelopt|compressed-tensors] "
-	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--pad-ragged] [--allow-nonfinite] "
+	 "[--include RE] [--exclude RE] [--no-fuse-scales] [--pad-ragged] [--experts per-expert|fused] [--allow-nonfinite] "
 	 "[--device auto|cpu|cuda] [--jobs N] [--dry-run] [--force] [--label LABEL] [--db PATH | --no-register]",
 	 "quantize the linear weights of a checkpoint to NVFP4",
 	 "-o OUT\tthe output file or directory\n"
@@ -587,6 +597,7 @@ static const struct cli_cmd cmds[] = {
 	 "--include RE\tquantize only the weights whose names match\n"
 	 "--exclude RE\tleave out the weights whose names match\n"
 	 "--no-fuse-scales\tgive every weight its own tensor scale\n"
+	 "--experts per-expert|fused\tfused 3-D experts written per expert (default, what engines load) or fused\n"
 	 "--pad-ragged\tpad weights whose input dimension is not a multiple of 16 (engines cannot load them)\n"
 	 "--allow-nonfinite\tquantize NaN and Inf instead of refusing them\n"
 	 "--device auto|cpu|cuda\twhere to quantize (default auto: the GPU when usable)\n"

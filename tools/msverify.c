@@ -551,24 +551,62 @@ static int locate(const char *arg, const char *db, struct ms_inv **inv, char **p
 	return *path ? MS_OK : ms_err_set(err, MS_ENOMEM, "out of memory");
 }
 
-/* The state a quantized state was made from, by its "quantize" edge. */
+/* The state a quantized state was made from, by its "quantize" edge, and
+ * the edge's parameters (a JSON object; NULL without an edge). */
 static int quant_parent(struct ms_inv *inv, const char *digest, char **path,
-			struct ms_err *err)
+			char **params, struct ms_err *err)
 {
 	struct ms_inv_edge *e = NULL;
 	size_t n = 0;
 	int rc;
 
 	*path = NULL;
+	*params = NULL;
 	if ((rc = ms_inv_edges(inv, digest, MS_INV_EDGES_PARENTS, &e, &n, err)) != MS_OK)
 		return rc;
-	for (size_t i = 0; i < n && !*path; i++) {
+	for (size_t i = 0; i < n && !*path && rc == MS_OK; i++) {
 		if (strcmp(e[i].operation, "quantize"))
 			continue;
-		rc = locate(e[i].parent, NULL, &inv, path, NULL, err);
+		if ((rc = locate(e[i].parent, NULL, &inv, path, NULL, err)) != MS_OK)
+			break;
+		if (!(*params = strdup(e[i].params ? e[i].params : "{}")))
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 	}
 	ms_inv_edges_free(e, n);
 	return rc;
+}
+
+/* Does w hold what the quantize edge says was made (recipe, block and
+ * layouts)? Writes the first difference into why. */
+static int edge_agrees(const struct ms_qweight *w, const cJSON *params, char *why, size_t n)
+{
+	const cJSON *r = cJSON_GetObjectItemCaseSensitive(params, "recipe");
+	const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "block");
+	const cJSON *l = cJSON_GetObjectItemCaseSensitive(params, "layouts"), *it;
+
+	if (cJSON_IsString(r) && strcmp(r->valuestring, ms_nvfp4_recipe_name(w->recipe))) {
+		snprintf(why, n, "recipe %s, the quantize edge records %s",
+			 ms_nvfp4_recipe_name(w->recipe), r->valuestring);
+		return 0;
+	}
+	if (cJSON_IsString(b) && strcmp(b->valuestring, ms_nvfp4_block_name(w->block))) {
+		snprintf(why, n, "%s blocks, the quantize edge records %s",
+			 ms_nvfp4_block_name(w->block), b->valuestring);
+		return 0;
+	}
+	cJSON_ArrayForEach(it, l) {
+		enum ms_nvfp4_layout lay;
+
+		if (!cJSON_IsString(it))
+			continue;
+		lay = !strcmp(it->valuestring, "columnwise") ? MS_NVFP4_LAYOUT_COLUMNWISE
+							      : MS_NVFP4_LAYOUT_ROWWISE;
+		if (!w->packed[lay]) {
+			snprintf(why, n, "no %s copy, the quantize edge records one", it->valuestring);
+			return 0;
+		}
+	}
+	return 1;
 }
 
 /* Do the two layouts of w agree? 2D blocks: the columnwise bytes are the
@@ -635,17 +673,19 @@ static int cmd_quant(int argc, char **argv)
 		{"jobs", required_argument, NULL, 'j'},
 		{"json", no_argument, NULL, 'J'},
 		{"db", required_argument, NULL, 'D'},
+		{"strict", no_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *source = NULL, *db = NULL;
 	double bound = 0.2;
-	int jobs = 0, json = 0, c, rc, status = CLI_OK;
+	int jobs = 0, json = 0, strict = 0, c, rc, status = CLI_OK;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	struct ms_qstats *qs = NULL;
-	char *qpath = NULL, *spath = NULL, digest[MS_STATE_DIGEST_LEN];
-	cJSON *root = NULL, *arr = NULL;
+	char *qpath = NULL, *spath = NULL, *params = NULL, digest[MS_STATE_DIGEST_LEN];
+	char why_none[512] = "";
+	cJSON *root = NULL, *arr = NULL, *pj = NULL;
 	size_t nfail = 0;
 
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -661,6 +701,7 @@ static int cmd_quant(int argc, char **argv)
 			break;
 		case 'J': json = 1; break;
 		case 'D': db = optarg; break;
+		case 'S': strict = 1; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
@@ -669,12 +710,46 @@ static int cmd_quant(int argc, char **argv)
 		return cli_usage(optind == argc ? "missing QSTATE" : "one QSTATE only");
 	if ((rc = locate(argv[optind], db, &inv, &qpath, digest, &err)) != MS_OK)
 		goto fail;
-	if (source)
+	if (source) {
 		rc = locate(source, db, &inv, &spath, NULL, &err);
-	else if (digest[0])
-		rc = quant_parent(inv, digest, &spath, &err);
+	} else {
+		/* a path: the state registered there, whatever its bytes are
+		 * now (a tampered file no longer has the recorded digest) */
+		if (!digest[0]) {
+			if (!inv && (rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK) {
+				if (rc != MS_ENOTFOUND)
+					goto fail;
+				snprintf(why_none, sizeof(why_none), "no inventory at '%s'",
+					 cli_db_path(db));
+			}
+			if (inv && (rc = ms_inv_state_at_path(inv, qpath, digest, &err)) != MS_OK) {
+				if (rc != MS_ENOTFOUND)
+					goto fail;
+				snprintf(why_none, sizeof(why_none), "no state of '%s' is recorded at '%s'",
+					 ms_inv_path(inv), qpath);
+			}
+		}
+		rc = MS_OK;
+		if (digest[0]) {
+			if ((rc = quant_parent(inv, digest, &spath, &params, &err)) != MS_OK)
+				goto fail;
+			if (!spath)
+				snprintf(why_none, sizeof(why_none),
+					 "state %.23s... has no quantize edge in '%s'", digest,
+					 ms_inv_path(inv));
+		}
+	}
 	if (rc != MS_OK)
 		goto fail;
+	if (params) {
+		int nomem;
+
+		pj = ms_json_parse(params, strlen(params), &nomem);
+		if (nomem) {
+			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			goto fail;
+		}
+	}
 	if ((rc = ms_qstats_run(qpath, spath, jobs, &qs, &err)) != MS_OK)
 		goto fail;
 	if (qs->view.nweights == 0) {
@@ -686,6 +761,10 @@ static int cmd_quant(int argc, char **argv)
 		cJSON_AddStringToObject(root, "state", qpath);
 		if (spath)
 			cJSON_AddStringToObject(root, "source", spath);
+		else
+			cJSON_AddNullToObject(root, "source");
+		if (!spath)
+			cJSON_AddStringToObject(root, "no_source", why_none);
 		cJSON_AddNumberToObject(root, "max_rel_err", bound);
 		arr = cJSON_AddArrayToObject(root, "tensors");
 	}
@@ -702,10 +781,31 @@ static int cmd_quant(int argc, char **argv)
 			cJSON_AddStringToObject(o, "layout", ms_nvfp4_layout_name(e->layout));
 			if (e->has_source)
 				cJSON_AddNumberToObject(o, "rel_err", e->rel_err);
-			cJSON_AddStringToObject(o, "result", bad ? "fail" : "ok");
+			cJSON_AddStringToObject(o, "result", bad ? "fail"
+							    : e->has_source ? "ok" : "unchecked");
 		} else if (bad) {
 			printf("FAIL\t%s\t%s\trelative error %.4g exceeds %.4g\n", e->w->prefix,
 			       ms_nvfp4_layout_name(e->layout), e->rel_err, bound);
+		}
+	}
+	/* what the quantize edge says was made is what the files hold */
+	for (size_t i = 0; pj && i < qs->view.nweights; i++) {
+		const struct ms_qweight *w = &qs->view.weights[i];
+		char why[256];
+
+		if (edge_agrees(w, pj, why, sizeof(why)))
+			continue;
+		nfail++;
+		if (arr) {
+			cJSON *o = cJSON_CreateObject();
+
+			cJSON_AddItemToArray(arr, o);
+			cJSON_AddStringToObject(o, "weight", w->prefix);
+			cJSON_AddStringToObject(o, "layout", "quantize-edge");
+			cJSON_AddStringToObject(o, "result", "fail");
+			cJSON_AddStringToObject(o, "detail", why);
+		} else {
+			printf("FAIL\t%s\t%s\n", w->prefix, why);
 		}
 	}
 	/* both layouts of one weight must agree */
@@ -749,14 +849,23 @@ static int cmd_quant(int argc, char **argv)
 			printf("%s\t%zu weights\t%zu checks\ttotal relative error %.4g\n",
 			       nfail ? "FAIL" : "ok", qs->view.nweights, qs->n, qs->total.rel_err);
 		else
-			printf("%s\t%zu weights\tno source: rowwise/columnwise agreement only\n",
-			       nfail ? "FAIL" : "ok", qs->view.nweights);
+			printf("%s\t%zu weights\tno source: decoded values not checked, rowwise/columnwise agreement only\n",
+			       nfail ? "FAIL" : "UNCHECKED", qs->view.nweights);
 	}
 	if (nfail) {
 		cli_errorf("'%s': %zu check%s failed", qpath, nfail, nfail == 1 ? "" : "s");
 		status = CLI_CHECK;
+	} else if (!spath) {
+		/* a check that checked nothing must not pass as one */
+		cli_errorf("%s'%s': no source to check the decoded values against (%s; pass --source)%s",
+			   strict ? "" : "warning: ", qpath, why_none,
+			   strict ? "" : ": not verified");
+		if (strict)
+			status = CLI_CHECK;
 	}
 	cJSON_Delete(root);
+	cJSON_Delete(pj);
+	free(params);
 	ms_qstats_free(qs);
 	free(qpath);
 	free(spath);
@@ -764,6 +873,8 @@ static int cmd_quant(int argc, char **argv)
 	return status;
 fail:
 	cJSON_Delete(root);
+	cJSON_Delete(pj);
+	free(params);
 	ms_qstats_free(qs);
 	free(qpath);
 	free(spath);
@@ -1324,10 +1435,11 @@ static const struct cli_cmd cmds[] = {
 	 "which inventoried states a served policy is made of",
 	 "--register\trecord an identified policy as a state of kind policy\n"
 	 "--label LABEL\tthe label of the registered policy\n"},
-	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] QSTATE",
+	{"quant", cmd_quant, "quant [--db PATH] [--jobs N] [--json] [--max-rel-err X] [--source STATE] [--strict] QSTATE",
 	 "check that an NVFP4 state decodes within bound of its source",
 	 "--max-rel-err X\tthe largest relative error allowed per tensor\n"
-	 "--source STATE\tthe source (a state or a path; default: the recorded parent)\n"},
+	 "--source STATE\tthe source (a state or a path; default: the recorded parent)\n"
+	 "--strict\texit 1 when there is no source to check against\n"},
 	{"sign", cmd_sign, "sign [--force] [--jobs N] [--json] [-o SIG] --key KEY.pem PATH",
 	 "sign a model directory (OpenSSF Model Signing, EC key)",
 	 "--force\treplace an existing SIG\n"

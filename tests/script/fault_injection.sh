@@ -59,6 +59,7 @@ if [ "$MS_RELIABILITY_FULL" = 1 ]; then
 		--jobs "$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)" \
 		--scenario add-small --scenario add-sharded --scenario add-adapter \
 		--scenario quantize-file --scenario quantize-dir \
+		--scenario quantize-fused --scenario quantize-fused3d \
 		--scenario split --scenario reshard --scenario import --scenario launch
 fi
 
@@ -71,4 +72,5 @@ else
 fi
 exec python3 tools/scripts/rel_fault.py --name "$name" --build "$FB" --valgrind-every 16 \
 	--scenario add-small --scenario quantize-file:alloc/64,write,fsync,rename \
+	--scenario quantize-fused3d:alloc/32,write --scenario quantize-fused:alloc/256,rename \
 	--scenario import:alloc/64,read,write,fsync,rename --scenario launch:alloc/64,read

@@ -9,7 +9,8 @@
 # give the per-GPU bytes that the arithmetic below (python3, from the model's
 # dimensions, independent of the library) gives, for nvfp4-both against
 # nvfp4-ondemand at EP 8 and 64, both placements, a base named twice, and
-# fused 3-D experts (which stay bf16, as msconvert leaves them).
+# fused 3-D experts (quantized per expert, as msconvert writes them by
+# default: the same bytes as the per-expert model).
 MS_BUILD=${MS_BUILD:-build}
 MS_ROOT=${MS_ROOT:-.}
 name=footprint_big
@@ -138,16 +139,11 @@ EXPERT = [(I, H), (I, H), (H, I)]
 ASIS0 = (2 * V * H + (2 * L + 1) * H + L * E * H) * BF             # embed, head, norms, routers
 
 def layer(ep, fused, col):
-    """one layer's quantized bytes on one GPU; fused 3-D experts are not
-    quantized (msconvert's selection is 2-D .weight projections)"""
+    """one layer's quantized bytes on one GPU; fused 3-D experts [E, 2I, H]
+    and [E, H, I] count as msconvert --experts per-expert writes them: a
+    gate, an up and a down module per expert, as in the per-expert model"""
     rep = sum(nv(r, c, col) for r, c in REP)
-    if fused:
-        return rep
     return rep + E // ep * sum(nv(r, c, col) for r, c in EXPERT)
-
-def fused_asis(ep):
-    """fused experts [E, 2I, H] + [E, H, I] stay bf16, split over the ranks"""
-    return L * E // ep * (2 * I * H + H * I) * BF
 
 def bf16_layer(ep):
     return sum(r * c for r, c in REP) * BF + E // ep * sum(r * c for r, c in EXPERT) * BF
@@ -171,8 +167,8 @@ def expect(case):
     fused = model == "fused"
     row, col = L * layer(ep, fused, 0), L * layer(ep, fused, 1)
     peak = layer(ep, fused, 1)           # every layer is the same size
-    nweights = L * (len(REP) + (0 if fused else 3 * E))
-    ASIS = ASIS0 + (fused_asis(ep) if fused else 0)
+    nweights = L * (len(REP) + (2 if fused else 3 * E))
+    ASIS = ASIS0
     reprs = [r for _, r in states]
     if reprs == ["nvfp4-both"]:
         total, od, dupw = ASIS + row + col, ASIS + row + peak, nweights

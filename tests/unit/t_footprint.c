@@ -168,8 +168,12 @@ static int test_quantizable_rule(void)
 	T_ASSERT(ms_fp_quantizable("model.layers.0.mlp.experts.3.down_proj.weight", MS_DTYPE_F32, 2, s2));
 	T_ASSERT(ms_fp_quantizable("model.layers.0.mlp.shared_expert.up_proj.weight", MS_DTYPE_F16, 2, s2));
 	T_ASSERT(ms_fp_quantizable("model.layers.0.mlp.down_proj.weight", MS_DTYPE_BF16, 2, s2));
-	/* kept at their dtype (msconvert leaves fused 3-D experts too) */
-	T_ASSERT(!ms_fp_quantizable("model.layers.0.mlp.experts.gate_up_proj", MS_DTYPE_BF16, 3, s3));
+	/* fused 3-D experts are quantized, as msconvert does */
+	T_ASSERT(ms_fp_quantizable("model.layers.0.mlp.experts.gate_up_proj", MS_DTYPE_BF16, 3, s3));
+	T_ASSERT(ms_fp_quantizable("model.layers.0.mlp.experts.down_proj", MS_DTYPE_F32, 3, s3));
+	T_ASSERT(!ms_fp_quantizable("model.layers.0.mlp.experts.gate_up_proj", MS_DTYPE_U8, 3, s3));
+	T_ASSERT(!ms_fp_quantizable("model.layers.0.mlp.experts.gate_up_proj", MS_DTYPE_BF16, 2, s2));
+	/* kept at their dtype */
 	T_ASSERT(!ms_fp_quantizable("model.embed_tokens.weight", MS_DTYPE_BF16, 2, s2));
 	T_ASSERT(!ms_fp_quantizable("lm_head.weight", MS_DTYPE_BF16, 2, s2));
 	T_ASSERT(!ms_fp_quantizable("model.layers.0.mlp.gate.weight", MS_DTYPE_BF16, 2, s2));
@@ -482,8 +486,11 @@ static int test_ragged_plan(void)
  *   shared_expert.up_proj [32,64] bf16: 4096 on every GPU
  *   fused experts.gate_up_proj [8,64,32] bf16: 8*64*32*2 = 32768, split
  *   evenly: 8192 per GPU
- *   nvfp4-rowwise: the shared expert becomes 1156; the fused tensor stays
- *   bf16 (msconvert does not quantize 3-D tensors either)
+ *   nvfp4-rowwise: the shared expert becomes 1156; the fused tensor is
+ *   quantized as msconvert does: per expert (default) a gate and an up
+ *   [32,32], 2 * (512 + 64 + 4) = 1160 per expert, 9280 in all, 2320 per
+ *   GPU; "experts": "fused" one [64,32] with one tensor scale per expert,
+ *   1024 + 128 + 4 = 1156 per expert, 9248 in all, 2312 per GPU
  */
 static int test_replicated_vs_expert(void)
 {
@@ -510,13 +517,22 @@ static int test_replicated_vs_expert(void)
 	row = find_row(r.rep, "b", MS_FP_LAYOUT_NVFP4_ROWWISE);
 	T_ASSERT(row);
 	T_ASSERT_EQ_INT(row->replicated_bytes, 1156);
-	T_ASSERT_EQ_INT(row->expert_bytes_per_gpu, 0);
-	T_ASSERT_EQ_INT(row->model_bytes, 1156);
-	row = find_row(r.rep, "b", MS_FP_LAYOUT_AS_IS);
+	T_ASSERT_EQ_INT(row->expert_bytes_per_gpu, 2320);
+	T_ASSERT_EQ_INT(row->model_bytes, 1156 + 9280);
+	T_ASSERT(!find_row(r.rep, "b", MS_FP_LAYOUT_AS_IS) ||
+		 find_row(r.rep, "b", MS_FP_LAYOUT_AS_IS)->bytes_per_gpu == 0);
+	T_ASSERT_EQ_INT(r.rep->total_bytes_per_gpu, 1156 + 2320);
+	run_free(&r);
+
+	T_ASSERT_EQ_INT(run_plan(&r, "{\"ep_size\": 4, \"states\": [{\"role\": \"b\","
+				     " \"state\": \"x\", \"repr\": \"nvfp4-rowwise\","
+				     " \"experts\": \"fused\"}]}", lists),
+			MS_OK);
+	row = find_row(r.rep, "b", MS_FP_LAYOUT_NVFP4_ROWWISE);
 	T_ASSERT(row);
-	T_ASSERT_EQ_INT(row->replicated_bytes, 0);
-	T_ASSERT_EQ_INT(row->expert_bytes_per_gpu, 8192);
-	T_ASSERT_EQ_INT(r.rep->total_bytes_per_gpu, 1156 + 8192);
+	T_ASSERT_EQ_INT(row->expert_bytes_per_gpu, 2312);
+	T_ASSERT_EQ_INT(row->model_bytes, 1156 + 9248);
+	T_ASSERT_EQ_INT(r.rep->total_bytes_per_gpu, 1156 + 2312);
 	run_free(&r);
 
 	/* 8 experts do not divide over 3 ranks */

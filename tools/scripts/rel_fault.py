@@ -101,6 +101,22 @@ def s_quant_dir(ctx):
             "--jobs", "1", "--layout", "both", "--db", "inv.db"]
 
 
+def s_quant_fused(ctx):
+    # fused 3-D experts written per expert (views of the slices)
+    ctx.copy(fx("hf", "qwen3moe-stacked"), "in")
+    ctx.tool("msinv", "init", "--db", "inv.db")
+    return ["msconvert", "quantize", "in", "-o", "out", "--device", "cpu",
+            "--jobs", "1", "--db", "inv.db"]
+
+
+def s_quant_fused3d(ctx):
+    # fused 3-D experts kept fused ([E, ...] tensors made whole)
+    ctx.copy(fx("hf", "qwen3moe-stacked", "model.safetensors"), "in.safetensors")
+    ctx.tool("msinv", "init", "--db", "inv.db")
+    return ["msconvert", "quantize", "in.safetensors", "-o", "out.safetensors",
+            "--experts", "fused", "--device", "cpu", "--jobs", "1", "--db", "inv.db"]
+
+
 def s_split(ctx):
     ctx.copy(fx("peft", "qwen3moe-E6-r3", "adapter"), "adapter")
     ctx.tool("msinv", "init", "--db", "inv.db")
@@ -142,6 +158,10 @@ SCENARIOS = {
                               ("msconvert", "quantize")),
     "quantize-dir": Scenario("msconvert quantize (sharded dir, both)", s_quant_dir,
                              True, ("msconvert", "quantize")),
+    "quantize-fused": Scenario("msconvert quantize (fused experts, per-expert)",
+                               s_quant_fused, True, ("msconvert", "quantize")),
+    "quantize-fused3d": Scenario("msconvert quantize (fused experts, --experts fused)",
+                                 s_quant_fused3d, True, ("msconvert", "quantize")),
     "split": Scenario("msshard split", s_split, True, ("msshard", "split")),
     "reshard": Scenario("msshard reshard", s_reshard, True, ("msshard", "reshard")),
     "import": Scenario("msinv import", s_import, True, ("msinv", "import")),
