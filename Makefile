@@ -58,7 +58,9 @@ KERN_OBJ :=
 CUDA_LIBS =
 endif
 
-LIB_SRC := $(wildcard src/*.c)
+# src/train/: the trainer core (model, LoRA, optimizer, data, checkpoints)
+LIB_SRC := $(wildcard src/*.c) $(wildcard src/train/*.c)
+LIB_HDR := $(wildcard src/*.h) $(wildcard src/train/*.h)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
 LIB      = $(BUILD)/libms.a
 SCHEMA   := $(sort $(wildcard schema/*.sql))
@@ -99,7 +101,7 @@ venv: .venv/.stamp
 	touch $@
 
 # ---- library ---------------------------------------------------------------
-$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src
+$(BUILD)/src/%.o: src/%.c $(LIB_HDR) | $(BUILD)/src $(BUILD)/src/train
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 # The schema migrations are embedded in the binary, in order.
@@ -115,13 +117,13 @@ $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
+$(BUILD)/tools/%.o: tools/%.c $(LIB_HDR) tools/cli.h | $(BUILD)/tools
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(CLI_OBJ) $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels:
+$(BUILD)/src $(BUILD)/src/train $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels:
 	mkdir -p $@
 
 # ---- tests -----------------------------------------------------------------
