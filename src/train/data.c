@@ -173,6 +173,14 @@ static int jsonl_line(struct ms_data *d, const char *line, size_t len, uint64_t 
 			k++;
 		}
 	}
+	for (k = 1; k < n && !d->msk[base + k]; k++)
+		;
+	if (k == n) {
+		/* a batch of such lines would have no loss to take a mean of */
+		rc = ms_err_set(err, MS_EINVAL, "'%s:%llu': 'loss_mask' selects no token",
+				d->path, (unsigned long long)lineno);
+		goto out;
+	}
 	d->off[d->nrec + 1] = base + (uint64_t)n;
 	d->nrec++;
 out:

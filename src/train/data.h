@@ -12,8 +12,8 @@
  * JSONL (one object per line; blank lines are skipped):
  *   {"input_ids": [12, 7, 99, ...], "loss_mask": [0, 0, 1, ...]}
  * input_ids: 2..seq_len integers in [0, vocab); loss_mask (optional): as
- * many 0/1 integers, and position 0 must be 0; without it every token but
- * the first is a target. Any other key is ignored. A line that breaks a rule
+ * many 0/1 integers, 0 at position 0 and 1 somewhere else; without it
+ * every token but the first is a target. Any other key is ignored. A line that breaks a rule
  * is MS_EINVAL, "'<file>:<line>: <rule>", and nothing is trained.
  *
  * Synthetic tasks (token 0 pad, 1 separator, 2 end; the alphabet is the A =

@@ -198,6 +198,8 @@ static int test_jsonl_bad_lines(void)
 		      "'loss_mask[1]' is not 0 or 1"));
 	T_ASSERT(!bad("{\"input_ids\": [1, 2], \"loss_mask\": [1, 1]}\n",
 		      "'loss_mask[0]' is 1"));
+	T_ASSERT(!bad("{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 0, 0]}\n",
+		      ":1': 'loss_mask' selects no token"));
 	T_ASSERT(!bad("\n  \n", "no examples"));
 	return 0;
 }
