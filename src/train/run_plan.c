@@ -1,5 +1,6 @@
 /*
- * run_plan.c: the "train" section of a run plan (run.h has the format).
+ * run_plan.c: the "train" section of a run plan (run.h has the format),
+ * and the environment `msinv launch` hands the trainer.
  * Strict: every key known, every value typed and in range, a key given
  * twice refused; a hyper-parameter misspelt in a plan would otherwise be
  * trained with its default and nobody would know.
@@ -13,6 +14,11 @@
 #include <string.h>
 
 #include "fsutil.h"
+
+static int oom(struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENOMEM, "out of memory");
+}
 
 struct pctx {
 	const char *label;
@@ -340,5 +346,71 @@ out:
 	cJSON_Delete(root);
 	if (rc != MS_OK)
 		ms_train_plan_release(out);
+	return rc;
+}
+
+/* ---- the launch's environment ------------------------------------------------ */
+
+void ms_train_launch_release(struct ms_train_launch *l)
+{
+	for (size_t i = 0; i < l->nroles; i++) {
+		ms_free(l->roles[i]);
+		ms_free(l->digests[i]);
+	}
+	ms_free(l->roles);
+	ms_free(l->digests);
+	memset(l, 0, sizeof(*l));
+}
+
+int ms_train_launch_parse(char *const *envp, struct ms_train_launch *out, struct ms_err *err)
+{
+	const char *run = NULL, *plan = NULL;
+	size_t n = 0;
+	int rc = MS_OK;
+
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; envp && envp[i]; i++) {
+		if (!strncmp(envp[i], "MSINV_RUN=", 10))
+			run = envp[i] + 10;
+		else if (!strncmp(envp[i], "MSINV_PLAN_DIGEST=", 18))
+			plan = envp[i] + 18;
+		else if (!strncmp(envp[i], "MSINV_STATE_", 12))
+			n++;
+	}
+	if (!run)
+		return MS_OK;
+	{
+		uint64_t v;
+
+		if (ms_parse_u64(run, INT64_MAX, &v) || v == 0)
+			return ms_err_set(err, MS_EINVAL, "MSINV_RUN='%s' is not a run number", run);
+		out->run_id = (int64_t)v;
+	}
+	if (!plan || strlen(plan) != MS_STATE_DIGEST_LEN - 1 || strncmp(plan, "sha256:", 7))
+		return ms_err_set(err, MS_EINVAL, "MSINV_RUN is set but MSINV_PLAN_DIGEST is %s",
+				  plan ? "not a sha256:<hex> digest" : "missing");
+	memcpy(out->plan_digest, plan, MS_STATE_DIGEST_LEN);
+	out->active = 1;
+	if (!(out->roles = ms_calloc(n + 1, sizeof(char *))) ||
+	    !(out->digests = ms_calloc(n + 1, sizeof(char *)))) {
+		rc = oom(err);
+		goto out;
+	}
+	for (size_t i = 0; envp[i]; i++) {
+		const char *e = envp[i], *eq;
+
+		if (strncmp(e, "MSINV_STATE_", 12) || !(eq = strchr(e, '=')))
+			continue;
+		if (!(out->roles[out->nroles] = ms_strndup(e + 12, (size_t)(eq - e - 12))) ||
+		    !(out->digests[out->nroles] = ms_strdup(eq + 1))) {
+			ms_free(out->roles[out->nroles]);
+			rc = oom(err);
+			goto out;
+		}
+		out->nroles++;
+	}
+out:
+	if (rc != MS_OK)
+		ms_train_launch_release(out);
 	return rc;
 }
