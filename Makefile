@@ -74,7 +74,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps test demo check-asan test-gpu bench bench-gpu install clean venv fault
+.PHONY: all deps test demo check-asan test-gpu bench bench-gpu install clean venv fault goldens-train
 
 all: $(LIB) $(TOOLS)
 
@@ -99,6 +99,18 @@ venv: .venv/.stamp
 	python3 -m venv .venv
 	.venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 	touch $@
+
+# The trainer's goldens (tests/fixtures/train): transformers + PEFT on the
+# CPU, at the versions pinned in tests/oracle/train_requirements.txt, in a
+# virtual environment of their own (torch is large; make test never needs it).
+TRAIN_VENV = $(BUILD)/venv-train
+$(TRAIN_VENV)/.stamp: tests/oracle/train_requirements.txt
+	python3 -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/pip install -q --disable-pip-version-check -r tests/oracle/train_requirements.txt
+	touch $@
+goldens-train: all $(TRAIN_VENV)/.stamp
+	$(TRAIN_VENV)/bin/python tests/oracle/train_golden.py \
+	  --msconvert $(BUILD)/msconvert --out tests/fixtures/train
 
 # ---- library ---------------------------------------------------------------
 $(BUILD)/src/%.o: src/%.c $(LIB_HDR) | $(BUILD)/src $(BUILD)/src/train
