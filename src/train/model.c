@@ -2301,3 +2301,77 @@ out:
 	m->train = 0;
 	return rc;
 }
+
+/* ---- adapter_config.json ------------------------------------------------------ */
+
+int ms_model_adapter_config(const struct ms_model *m, char **json,
+			    struct ms_err *err)
+{
+	static const char *mods[4] = {"k_proj", "o_proj", "q_proj", "v_proj"};
+	static const uint32_t bits[4] = {MS_LORA_K, MS_LORA_O, MS_LORA_Q, MS_LORA_V};
+	uint64_t mark = ms_json_mark();
+	cJSON *o, *am, *tm, *tp;
+	char lib[160];
+	char *s = NULL;
+
+	*json = NULL;
+	ms_json_init();
+	o = cJSON_CreateObject();
+	if (!o)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
+	am = cJSON_CreateObject();
+	snprintf(lib, sizeof lib, "transformers.models.%s.modeling_%s",
+		 m->cfg.model_type, m->cfg.model_type);
+	if (am) {
+		cJSON_AddStringToObject(am, "base_model_class", m->cfg.arch);
+		cJSON_AddStringToObject(am, "parent_library", lib);
+	}
+	cJSON_AddItemToObject(o, "auto_mapping", am);
+	cJSON_AddNullToObject(o, "base_model_name_or_path");
+	cJSON_AddStringToObject(o, "bias", "none");
+	cJSON_AddFalseToObject(o, "fan_in_fan_out");
+	cJSON_AddTrueToObject(o, "inference_mode");
+	cJSON_AddTrueToObject(o, "init_lora_weights");
+	cJSON_AddNullToObject(o, "layers_pattern");
+	cJSON_AddNullToObject(o, "layers_to_transform");
+	cJSON_AddNumberToObject(o, "lora_alpha", m->lora.alpha);
+	cJSON_AddFalseToObject(o, "lora_bias");
+	cJSON_AddNumberToObject(o, "lora_dropout", m->lora.dropout);
+	cJSON_AddNullToObject(o, "modules_to_save");
+	cJSON_AddStringToObject(o, "peft_type", "LORA");
+	cJSON_AddNumberToObject(o, "r", m->lora.r);
+	cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());
+	cJSON_AddNullToObject(o, "revision");
+	if (m->lora.targets & (MS_LORA_Q | MS_LORA_K | MS_LORA_V | MS_LORA_O)) {
+		tm = cJSON_CreateArray();
+		for (int i = 0; i < 4; i++)
+			if (m->lora.targets & bits[i])
+				cJSON_AddItemToArray(tm, cJSON_CreateString(mods[i]));
+		cJSON_AddItemToObject(o, "target_modules", tm);
+	} else {
+		cJSON_AddNullToObject(o, "target_modules");
+	}
+	if (m->lora.targets & MS_LORA_EXPERTS) {
+		/* as PEFT writes it; it wraps gate_up_proj first (the inner
+		 * "base_layer" of the saved keys) */
+		tp = cJSON_CreateArray();
+		cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.down_proj"));
+		cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.gate_up_proj"));
+		cJSON_AddItemToObject(o, "target_parameters", tp);
+	} else {
+		cJSON_AddNullToObject(o, "target_parameters");
+	}
+	cJSON_AddNullToObject(o, "task_type");
+	cJSON_AddFalseToObject(o, "use_dora");
+	cJSON_AddFalseToObject(o, "use_rslora");
+	if (!ms_json_failed(mark))
+		s = cJSON_Print(o);
+	cJSON_Delete(o);
+	if (!s || ms_json_failed(mark)) {
+		ms_free(s);
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	*json = s;
+	return MS_OK;
+}

@@ -239,7 +239,8 @@ static int test_golden_glm4moe(void) { return golden("glm4moe"); }
 
 /* ---- finite differences -------------------------------------------------------- */
 
-static double loss_of(struct ms_model *m, const int32_t *ids, uint32_t B, uint32_t S)
+static double loss_of(struct ms_model *m, const int32_t *ids, uint32_t B, uint32_t S,
+		      uint64_t step)
 {
 	double l = 0;
 	uint64_t nt;
@@ -247,7 +248,7 @@ static double loss_of(struct ms_model *m, const int32_t *ids, uint32_t B, uint32
 	const struct ms_param *ps;
 	size_t np = ms_model_params(m, &ps);
 	/* the step accumulates gradients; keep them out of the way */
-	if (ms_model_step(m, ids, NULL, B, S, 0.0, 0, &l, &nt, &err))
+	if (ms_model_step(m, ids, NULL, B, S, 0.0, step, &l, &nt, &err))
 		return NAN;
 	(void)np;
 	return l;
@@ -261,7 +262,7 @@ static double loss_of(struct ms_model *m, const int32_t *ids, uint32_t B, uint32
  * far above its rounding (the loss sums O(10) values) and the central
  * difference's h^2 term stays under the 2% the check allows.
  */
-static int fd(const char *name)
+static int fd_with(const char *name, const struct ms_lora_cfg *lc, uint64_t step)
 {
 	struct fam f;
 	struct ms_model *m;
@@ -274,13 +275,14 @@ static int fd(const char *name)
 	double l0;
 
 	T_ASSERT(fam_open(&f, name) == 0);
-	m = fam_model(&f, NULL, 1);
-	T_ASSERT(m);
+	m = NULL;
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, lc,
+				f.adapter.t, f.adapter.n, NULL, &err) == MS_OK);
 	for (int i = 0; i < 14; i++)
 		ids[i] = (i * 37 + 11) % (int)f.cfg.vocab;
 	np = ms_model_params(m, &ps);
 	ms_model_zero_grad(m);
-	T_ASSERT(ms_model_step(m, ids, NULL, 2, 7, 1.0, 0, &l0, &nt, &err) == MS_OK);
+	T_ASSERT(ms_model_step(m, ids, NULL, 2, 7, 1.0, step, &l0, &nt, &err) == MS_OK);
 	for (size_t i = 0; i < np; i++) {
 		float *g = malloc(ps[i].n * sizeof *g), *w0 = malloc(ps[i].n * sizeof *w0);
 		float *v = malloc(ps[i].n * sizeof *v);
@@ -313,10 +315,10 @@ static int fd(const char *name)
 			h = 1e-3;
 			for (uint64_t e = 0; e < ps[i].n; e++)
 				ps[i].w[e] = (float)(w0[e] + h * v[e]);
-			lp = loss_of(m, ids, 2, 7);
+			lp = loss_of(m, ids, 2, 7, step);
 			for (uint64_t e = 0; e < ps[i].n; e++)
 				ps[i].w[e] = (float)(w0[e] - h * v[e]);
-			lm = loss_of(m, ids, 2, 7);
+			lm = loss_of(m, ids, 2, 7, step);
 			memcpy(ps[i].w, w0, ps[i].n * sizeof *w0);
 			num = (lp - lm) / (2 * h);
 			T_ASSERT_MSG(fabs(num - gv) <= 0.02 * fabs(gv) + 1e-4,
@@ -338,9 +340,467 @@ static int fd(const char *name)
 	return 0;
 }
 
+static int fd(const char *name)
+{
+	return fd_with(name, &LORA_ALL, 0);
+}
+
+/* dropout: the gradient is that of the loss under the step's masks */
+static int test_fd_dropout(void)
+{
+	struct ms_lora_cfg lc = LORA_ALL;
+	lc.dropout = 0.3;
+	return fd_with("glm4moe", &lc, 5);
+}
+
 static int test_fd_qwen3moe(void) { return fd("qwen3moe"); }
 static int test_fd_mixtral(void) { return fd("mixtral"); }
 static int test_fd_glm4moe(void) { return fd("glm4moe"); }
+
+/* ---- bit-exact variants ------------------------------------------------------------ */
+
+/* One step of a model built with opts; copies of every gradient and the
+ * loss. */
+struct shot {
+	double loss;
+	size_t np;
+	float **g;
+	char **names;
+	float *logits;
+};
+
+static void shot_free(struct shot *s)
+{
+	for (size_t i = 0; i < s->np; i++) {
+		free(s->g[i]);
+		free(s->names[i]);
+	}
+	free(s->g);
+	free(s->names);
+	free(s->logits);
+	memset(s, 0, sizeof *s);
+}
+
+static int shot_take(struct fam *f, const struct ms_model_opts *o,
+		     const struct ms_lora_cfg *lc, uint32_t B, uint32_t S,
+		     uint64_t step, struct shot *s)
+{
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	const struct ms_param *ps;
+	int32_t *ids = calloc((size_t)B * S, sizeof *ids);
+	uint64_t nt;
+
+	memset(s, 0, sizeof *s);
+	if (!ids)
+		return -1;
+	for (size_t i = 0; i < (size_t)B * S; i++)
+		ids[i] = (int32_t)((i * 131 + 7 + i / S * 17) % f->cfg.vocab);
+	if (ms_model_build(&m, &f->cfg, f->base.t, f->base.n, f->quant.t, f->quant.n,
+			   lc ? lc : &LORA_ALL, f->adapter.t, f->adapter.n, o, &err) ||
+	    ms_model_step(m, ids, NULL, B, S, 1.0 / 64, step, &s->loss, &nt, &err)) {
+		fprintf(stderr, "shot: %s\n", err.msg);
+		ms_model_free(m);
+		free(ids);
+		return -1;
+	}
+	s->logits = calloc((size_t)B * S * f->cfg.vocab, sizeof *s->logits);
+	if (!s->logits || ms_model_forward(m, ids, B, S, s->logits, &err))
+		return -1;
+	s->np = ms_model_params(m, &ps);
+	s->g = calloc(s->np, sizeof *s->g);
+	s->names = calloc(s->np, sizeof *s->names);
+	for (size_t i = 0; i < s->np; i++) {
+		s->g[i] = malloc(ps[i].n * sizeof(float));
+		memcpy(s->g[i], ps[i].g, ps[i].n * sizeof(float));
+		s->names[i] = strdup(ps[i].name);
+	}
+	ms_model_free(m);
+	free(ids);
+	return 0;
+}
+
+static int shot_n(const struct fam *f, const struct shot *s, size_t i)
+{
+	(void)f;
+	(void)s;
+	(void)i;
+	return 0;
+}
+
+/* Resident and on-demand columnwise weights: the same loss, logits and
+ * gradients, bit for bit (the dgrad reads W^T built from the transposed
+ * NVFP4 bytes either at build time or inside the layer's backward). */
+static int colwise(const char *name)
+{
+	struct fam f;
+	struct shot a, b;
+	struct ms_model_opts ro = {MS_COLWISE_RESIDENT, 1, 2};
+	struct ms_model_opts od = {MS_COLWISE_ON_DEMAND, 1, 2};
+	size_t n = 0;
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	T_ASSERT(shot_take(&f, &ro, NULL, 2, 8, 0, &a) == 0);
+	T_ASSERT(shot_take(&f, &od, NULL, 2, 8, 0, &b) == 0);
+	T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+	T_ASSERT(memcmp(a.logits, b.logits, 2 * 8 * f.cfg.vocab * sizeof(float)) == 0);
+	T_ASSERT_EQ_INT(a.np, b.np);
+	for (size_t i = 0; i < a.np; i++) {
+		const struct ms_param *ps;
+		(void)ps;
+		T_ASSERT_STR(a.names[i], b.names[i]);
+	}
+	{
+		/* element counts from the golden's gradient shapes */
+		for (size_t i = 0; i < a.np; i++) {
+			char key[512];
+			const struct ms_wtensor *g;
+			snprintf(key, sizeof key, "grad:%s", a.names[i]);
+			g = tset_find(&f.gold, key);
+			T_ASSERT(g);
+			T_ASSERT_MSG(memcmp(a.g[i], b.g[i], g->nbytes) == 0,
+				     "%s: resident and on-demand gradients differ",
+				     a.names[i]);
+			n += g->nbytes / 4;
+		}
+	}
+	fprintf(stderr, "  %s: %zu gradient elements bit-identical\n", name, n);
+	(void)shot_n;
+	shot_free(&a);
+	shot_free(&b);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_colwise_qwen3moe(void) { return colwise("qwen3moe"); }
+static int test_colwise_glm4moe(void) { return colwise("glm4moe"); }
+
+/* Thread counts give bit-identical results. */
+static int test_threads_bitexact(void)
+{
+	struct fam f;
+	struct shot a, b;
+	struct ms_model_opts o1 = {MS_COLWISE_RESIDENT, 1, 1};
+	struct ms_model_opts o3 = {MS_COLWISE_RESIDENT, 1, 3};
+
+	T_ASSERT(fam_open(&f, "mixtral") == 0);
+	T_ASSERT(shot_take(&f, &o1, NULL, 2, 8, 0, &a) == 0);
+	T_ASSERT(shot_take(&f, &o3, NULL, 2, 8, 0, &b) == 0);
+	T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+	for (size_t i = 0; i < a.np; i++) {
+		char key[512];
+		const struct ms_wtensor *g;
+		snprintf(key, sizeof key, "grad:%s", a.names[i]);
+		g = tset_find(&f.gold, key);
+		T_ASSERT(g && memcmp(a.g[i], b.g[i], g->nbytes) == 0);
+	}
+	shot_free(&a);
+	shot_free(&b);
+	fam_close(&f);
+	return 0;
+}
+
+/*
+ * EP virtual ranks: 2 and 4 ranks (2 and 4 experts each of 8) against one.
+ * The forward is the same arithmetic on every token whichever rank runs
+ * it, so the loss and logits are bit-identical; the replicated attention
+ * LoRA gradients are per-rank partial sums reduced in rank order, equal to
+ * one rank's within float32 rounding (1e-6 of the tensor's largest value);
+ * the expert LoRA gradients come from one rank each.
+ */
+static int ep(const char *name)
+{
+	struct fam f;
+	struct shot one, k;
+	double worst = 0;
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	{
+		struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+		T_ASSERT(shot_take(&f, &o, NULL, 4, 6, 0, &one) == 0);
+	}
+	for (uint32_t n = 2; n <= 4; n *= 2) {
+		struct ms_model_opts o = {MS_COLWISE_ON_DEMAND, n, 2};
+		T_ASSERT(shot_take(&f, &o, NULL, 4, 6, 0, &k) == 0);
+		T_ASSERT(memcmp(&one.loss, &k.loss, sizeof k.loss) == 0);
+		T_ASSERT(memcmp(one.logits, k.logits, 4 * 6 * f.cfg.vocab * sizeof(float)) == 0);
+		for (size_t i = 0; i < k.np; i++) {
+			char key[512];
+			const struct ms_wtensor *g;
+			double gmax = 0, dmax = 0;
+			snprintf(key, sizeof key, "grad:%s", k.names[i]);
+			g = tset_find(&f.gold, key);
+			T_ASSERT(g);
+			for (uint64_t e = 0; e < g->nbytes / 4; e++) {
+				double d = fabs((double)one.g[i][e] - k.g[i][e]);
+				if (fabs(one.g[i][e]) > gmax)
+					gmax = fabs(one.g[i][e]);
+				if (d > dmax)
+					dmax = d;
+			}
+			T_ASSERT_MSG(dmax <= 1e-6 * gmax, "EP %u %s: differs by %g (max %g)",
+				     n, k.names[i], dmax, gmax);
+			if (gmax > 0 && dmax / gmax > worst)
+				worst = dmax / gmax;
+		}
+		shot_free(&k);
+	}
+	fprintf(stderr, "  %s: EP 2 and 4 vs EP 1: loss and logits identical, "
+		"gradients within %.3g relative\n", name, worst);
+	shot_free(&one);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_ep_qwen3moe(void) { return ep("qwen3moe"); }
+static int test_ep_glm4moe(void) { return ep("glm4moe"); }
+
+static int test_ep_refusals(void)
+{
+	struct fam f;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	struct ms_model_opts o3 = {MS_COLWISE_RESIDENT, 3, 1};
+	struct ms_model_opts o2 = {MS_COLWISE_RESIDENT, 2, 1};
+	int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+	double l;
+	uint64_t nt;
+
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				&LORA_ALL, NULL, 0, &o3, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "EP size 3"));
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				&LORA_ALL, NULL, 0, &o2, &err) == MS_OK);
+	T_ASSERT(ms_model_step(m, ids, NULL, 3, 3, 1, 0, &l, &nt, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "multiple of the EP size"));
+	ms_model_free(m);
+	fam_close(&f);
+	return 0;
+}
+
+/* Gradients accumulate: two steps equal twice one (exactly: x + x = 2x). */
+static int test_accumulate(void)
+{
+	struct fam f;
+	struct ms_model *m;
+	struct ms_err err = {0};
+	int32_t ids[12] = {5, 9, 13, 2, 77, 31, 8, 1, 200, 45, 3, 3};
+	const struct ms_param *ps;
+	size_t np;
+	double l1, l2;
+	uint64_t nt;
+	float *g1;
+
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	m = fam_model(&f, NULL, 1);
+	T_ASSERT(m);
+	np = ms_model_params(m, &ps);
+	T_ASSERT(ms_model_step(m, ids, NULL, 2, 6, 0.5, 0, &l1, &nt, &err) == MS_OK);
+	T_ASSERT_EQ_INT(nt, 10);
+	g1 = malloc(ps[0].n * sizeof *g1);
+	T_ASSERT(g1);
+	memcpy(g1, ps[0].g, ps[0].n * sizeof *g1);
+	T_ASSERT(ms_model_step(m, ids, NULL, 2, 6, 0.5, 0, &l2, &nt, &err) == MS_OK);
+	T_ASSERT(l1 == l2);
+	for (uint64_t e = 0; e < ps[0].n; e++)
+		T_ASSERT(ps[0].g[e] == 2 * g1[e]);
+	ms_model_zero_grad(m);
+	for (size_t i = 0; i < np; i++)
+		for (uint64_t e = 0; e < ps[i].n; e++)
+			T_ASSERT(ps[i].g[e] == 0);
+	free(g1);
+	ms_model_free(m);
+	fam_close(&f);
+	return 0;
+}
+
+/*
+ * LoRA dropout: masks depend on (seed, step), so one step is reproducible,
+ * another step differs, the loss differs from no dropout, the forward
+ * (inference) ignores it (test_fd_dropout checks its gradient).
+ */
+static int test_dropout(void)
+{
+	struct fam f;
+	struct ms_lora_cfg lc = LORA_ALL;
+	struct shot a, b, c, d;
+	struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+
+	lc.dropout = 0.25;
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	T_ASSERT(shot_take(&f, &o, &lc, 2, 8, 3, &a) == 0);
+	T_ASSERT(shot_take(&f, &o, &lc, 2, 8, 3, &b) == 0);
+	T_ASSERT(shot_take(&f, &o, &lc, 2, 8, 4, &c) == 0);
+	T_ASSERT(shot_take(&f, &o, NULL, 2, 8, 3, &d) == 0);
+	T_ASSERT(a.loss == b.loss);
+	T_ASSERT(a.loss != c.loss);
+	T_ASSERT(a.loss != d.loss);
+	T_ASSERT(memcmp(a.logits, d.logits, 16 * f.cfg.vocab * sizeof(float)) == 0);
+	for (size_t i = 0; i < a.np; i++) {
+		char key[512];
+		const struct ms_wtensor *g;
+		snprintf(key, sizeof key, "grad:%s", a.names[i]);
+		g = tset_find(&f.gold, key);
+		T_ASSERT(g && memcmp(a.g[i], b.g[i], g->nbytes) == 0);
+	}
+	shot_free(&a);
+	shot_free(&b);
+	shot_free(&c);
+	shot_free(&d);
+	fam_close(&f);
+	return 0;
+}
+
+/* ---- refusals ---------------------------------------------------------------------- */
+
+static int cfg_refused(const char *json, const char *field)
+{
+	struct ms_model_cfg c;
+	struct ms_err err = {0};
+	int rc = ms_model_cfg_parse(json, strlen(json), &c, &err);
+	if (rc != MS_EINVAL || !strstr(err.msg, field)) {
+		fprintf(stderr, "config not refused as expected (%d): %s\n", rc, err.msg);
+		return 1;
+	}
+	return 0;
+}
+
+#define QWEN_BASE "\"model_type\":\"qwen3_moe\",\"vocab_size\":256,\"hidden_size\":64," \
+	"\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2," \
+	"\"head_dim\":16,\"num_experts\":8,\"num_experts_per_tok\":2," \
+	"\"moe_intermediate_size\":32"
+
+static int test_cfg_refusals(void)
+{
+	struct ms_model_cfg c;
+	struct ms_err err = {0};
+	const char *ok = "{" QWEN_BASE "}";
+
+	T_ASSERT(ms_model_cfg_parse(ok, strlen(ok), &c, &err) == MS_OK);
+	T_ASSERT(c.family == MS_MODEL_QWEN3_MOE && c.n_experts == 8 && c.qk_norm);
+	T_ASSERT(!cfg_refused("{\"model_type\":\"llama\"}", "model_type"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"hidden_act\":\"gelu\"}", "hidden_act"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"rope_parameters\":{\"rope_type\":\"yarn\","
+			      "\"rope_theta\":10000}}", "rope_parameters.rope_type"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"rope_scaling\":{\"type\":\"linear\","
+			      "\"factor\":2}}", "rope_scaling"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"use_sliding_window\":true}",
+			      "use_sliding_window"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"output_router_logits\":true}",
+			      "output_router_logits"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"attention_dropout\":0.1}",
+			      "attention_dropout"));
+	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"layer_types\":[\"full_attention\","
+			      "\"sliding_attention\"]}", "layer_types"));
+	T_ASSERT(!cfg_refused("{\"model_type\":\"mixtral\",\"vocab_size\":256,"
+			      "\"hidden_size\":64,\"num_hidden_layers\":2,"
+			      "\"num_attention_heads\":4,\"num_local_experts\":8,"
+			      "\"num_experts_per_tok\":2,\"intermediate_size\":32,"
+			      "\"sliding_window\":4096}", "sliding_window"));
+	T_ASSERT(!cfg_refused("{\"model_type\":\"qwen3_moe\",\"vocab_size\":256,"
+			      "\"hidden_size\":64,\"num_hidden_layers\":2,"
+			      "\"num_attention_heads\":4,\"num_experts\":8,"
+			      "\"num_experts_per_tok\":9,\"moe_intermediate_size\":32}",
+			      "top-k"));
+	T_ASSERT(!cfg_refused("{\"model_type\":\"qwen3_moe\"}", "vocab_size"));
+	T_ASSERT(!cfg_refused("not json", "not JSON"));
+	return 0;
+}
+
+/* Weights: a missing or misshapen tensor, a 1D-block NVFP4 projection, a
+ * warm-start adapter of another rank or with a stray tensor: each refused
+ * with one line naming the tensor. */
+static int test_weight_refusals(void)
+{
+	struct fam f;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	struct ms_wtensor *b, *q;
+	struct ms_lora_cfg r3 = LORA_ALL;
+
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	b = calloc(f.base.n, sizeof *b);
+	q = calloc(f.quant.n, sizeof *q);
+	T_ASSERT(b && q);
+	/* missing */
+	memcpy(b, f.base.t, f.base.n * sizeof *b);
+	for (size_t i = 0; i < f.base.n; i++)
+		if (!strcmp(b[i].name, "model.layers.1.post_attention_layernorm.weight"))
+			b[i].name = "renamed";
+	T_ASSERT(ms_model_build(&m, &f.cfg, b, f.base.n, NULL, 0, &LORA_ALL, NULL, 0,
+				NULL, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "model.layers.1.post_attention_layernorm.weight") &&
+		 strstr(err.msg, "missing"));
+	/* misshapen */
+	memcpy(b, f.base.t, f.base.n * sizeof *b);
+	for (size_t i = 0; i < f.base.n; i++)
+		if (!strcmp(b[i].name, "model.layers.0.self_attn.k_proj.weight"))
+			b[i].shape[0] = 16;
+	T_ASSERT(ms_model_build(&m, &f.cfg, b, f.base.n, NULL, 0, &LORA_ALL, NULL, 0,
+				NULL, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "model.layers.0.self_attn.k_proj.weight"));
+	/* 1D blocks: a scale row of a 2D tile changed so the tile disagrees */
+	memcpy(q, f.quant.t, f.quant.n * sizeof *q);
+	for (size_t i = 0; i < f.quant.n; i++)
+		if (!strcmp(q[i].name, "model.layers.0.self_attn.o_proj.weight_scale")) {
+			uint8_t *s = malloc(q[i].nbytes);
+			T_ASSERT(s);
+			memcpy(s, q[i].data, q[i].nbytes);
+			s[q[i].shape[1]] ^= 1; /* row 1, block 0 */
+			q[i].data = s;
+		}
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, q, f.quant.n, &LORA_ALL,
+				NULL, 0, NULL, &err) == MS_EINVAL);
+	T_ASSERT_MSG(strstr(err.msg, "model.layers.0.self_attn.o_proj"), "%s", err.msg);
+	for (size_t i = 0; i < f.quant.n; i++)
+		if (q[i].data != f.quant.t[i].data)
+			free((void *)q[i].data);
+	/* the same tensors untouched build */
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				&LORA_ALL, f.adapter.t, f.adapter.n, NULL, &err) == MS_OK);
+	ms_model_free(m);
+	/* warm start of another rank */
+	r3.r = 3;
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				&r3, f.adapter.t, f.adapter.n, NULL, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "warm-start adapter") && strstr(err.msg, "lora_A"));
+	/* warm start with a tensor no target of the run uses */
+	r3 = LORA_ALL;
+	r3.targets = MS_LORA_EXPERTS;
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				&r3, f.adapter.t, f.adapter.n, NULL, &err) == MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "self_attn") && strstr(err.msg, "matches no"));
+	free(b);
+	free(q);
+	fam_close(&f);
+	return 0;
+}
+
+/* adapter_config.json says what PEFT needs to load the adapter back. */
+static int test_adapter_config(void)
+{
+	struct fam f;
+	struct ms_model *m;
+	struct ms_err err = {0};
+	char *js = NULL;
+
+	T_ASSERT(fam_open(&f, "mixtral") == 0);
+	m = fam_model(&f, NULL, 0);
+	T_ASSERT(m);
+	T_ASSERT(ms_model_adapter_config(m, &js, &err) == MS_OK);
+	T_ASSERT(strstr(js, "\"peft_type\":\t\"LORA\""));
+	T_ASSERT(strstr(js, "\"r\":\t4"));
+	T_ASSERT(strstr(js, "\"lora_alpha\":\t8"));
+	T_ASSERT(strstr(js, "\"MixtralForCausalLM\""));
+	T_ASSERT(strstr(js, "transformers.models.mixtral.modeling_mixtral"));
+	T_ASSERT(strstr(js, "\"mlp.experts.gate_up_proj\""));
+	T_ASSERT(strstr(js, "\"q_proj\""));
+	ms_free(js);
+	ms_model_free(m);
+	fam_close(&f);
+	return 0;
+}
 
 static const struct t_case cases[] = {
 	T_CASE(test_golden_qwen3moe),
@@ -349,6 +809,18 @@ static const struct t_case cases[] = {
 	T_CASE(test_fd_qwen3moe),
 	T_CASE(test_fd_mixtral),
 	T_CASE(test_fd_glm4moe),
+	T_CASE(test_fd_dropout),
+	T_CASE(test_colwise_qwen3moe),
+	T_CASE(test_colwise_glm4moe),
+	T_CASE(test_threads_bitexact),
+	T_CASE(test_ep_qwen3moe),
+	T_CASE(test_ep_glm4moe),
+	T_CASE(test_ep_refusals),
+	T_CASE(test_accumulate),
+	T_CASE(test_dropout),
+	T_CASE(test_cfg_refusals),
+	T_CASE(test_weight_refusals),
+	T_CASE(test_adapter_config),
 };
 
 T_MAIN(cases)
