@@ -1015,6 +1015,24 @@ void ms_model_zero_grad(struct ms_model *m)
 
 /* ---- kernels ------------------------------------------------------------------ */
 
+/* Dot product of float32 vectors in double: four independent accumulators
+ * (lanes i mod 4) summed in a fixed order, so the result is the same on
+ * every run and thread; the lanes let the CPU overlap the additions. */
+static double dotf(const float *a, const float *b, size_t n)
+{
+	double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+	size_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		s0 += (double)a[i] * b[i];
+		s1 += (double)a[i + 1] * b[i + 1];
+		s2 += (double)a[i + 2] * b[i + 2];
+		s3 += (double)a[i + 3] * b[i + 3];
+	}
+	for (; i < n; i++)
+		s0 += (double)a[i] * b[i];
+	return (s0 + s1) + (s2 + s3);
+}
+
 struct rms_job {
 	const float *x, *w;
 	float *y, *rstd;
@@ -1076,10 +1094,7 @@ static void lin_rows(void *p, size_t lo, size_t hi)
 		const float *x = j->x + t * l->in;
 		float *y = j->y + t * l->out;
 		for (uint32_t o = 0; o < l->out; o++) {
-			const float *w = l->w + (size_t)o * l->in;
-			double s = 0;
-			for (uint32_t i = 0; i < l->in; i++)
-				s += (double)w[i] * x[i];
+			double s = dotf(l->w + (size_t)o * l->in, x, l->in);
 			if (l->bias)
 				s += l->bias[o];
 			y[o] = (float)s;
@@ -1099,10 +1114,7 @@ static void lin_fwd(struct ms_model *m, const struct lin *l, const float *x,
 static void dgrad_row(const struct lin *l, const float *dy, float *dx, int acc)
 {
 	for (uint32_t i = 0; i < l->in; i++) {
-		const float *wt = l->wt + (size_t)i * l->out;
-		double s = 0;
-		for (uint32_t o = 0; o < l->out; o++)
-			s += (double)wt[o] * dy[o];
+		double s = dotf(l->wt + (size_t)i * l->out, dy, l->out);
 		dx[i] = acc ? dx[i] + (float)s : (float)s;
 	}
 }
@@ -1521,11 +1533,7 @@ static void route_row(const struct ms_model *m, const struct layer *L,
 	uint32_t E = c->n_experts, K = c->top_k;
 	float z[E], choice[E];
 	for (uint32_t e = 0; e < E; e++) {
-		const float *r = L->router + (size_t)e * c->hidden;
-		double s = 0;
-		for (uint32_t i = 0; i < c->hidden; i++)
-			s += (double)r[i] * h[i];
-		z[e] = (float)s;
+		z[e] = (float)dotf(L->router + (size_t)e * c->hidden, h, c->hidden);
 	}
 	if (c->router == MS_ROUTER_SOFTMAX) {
 		float mx = z[0];
@@ -2122,13 +2130,10 @@ static void logits_rows(void *p, size_t lo, size_t hi)
 	const struct ms_model_cfg *c = &j->m->cfg;
 	for (size_t t = lo; t < hi; t++) {
 		const float *h = j->m->hf + t * c->hidden;
-		for (uint32_t v = 0; v < c->vocab; v++) {
-			const float *w = j->m->lm_head + (size_t)v * c->hidden;
-			double s = 0;
-			for (uint32_t i = 0; i < c->hidden; i++)
-				s += (double)w[i] * h[i];
-			j->m->logits[t * c->vocab + v] = (float)s;
-		}
+		for (uint32_t v = 0; v < c->vocab; v++)
+			j->m->logits[t * c->vocab + v] =
+				(float)dotf(j->m->lm_head + (size_t)v * c->hidden, h,
+					    c->hidden);
 	}
 }
 
