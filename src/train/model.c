@@ -118,6 +118,16 @@ struct expert {
 	struct lin down;             /* [H, F] */
 };
 
+/* One EP rank: the experts [e0, e1) of every MoE layer (held by this rank
+ * only) and its gradient accumulators (its own tokens' contributions to
+ * the replicated parameters, and its experts' slices of the fused expert
+ * adapters), reduced over ranks at the end of a step. */
+struct ms_rank {
+	uint32_t e0, e1;
+	struct expert **ex;          /* [L] -> [e1 - e0], NULL: dense layer */
+	double **gacc;               /* [nparams] -> n doubles */
+};
+
 struct layer {
 	float *ln1, *ln2;            /* [H] */
 	struct lin q, k, v, o;
@@ -126,7 +136,6 @@ struct layer {
 	int moe;
 	float *router;               /* [E, H] */
 	float *ecb;                  /* [E] sigmoid routers' correction bias */
-	struct expert *ex;           /* [E]; only the owning rank's built */
 	struct lora *lgu, *ldown;    /* fused expert adapters */
 	int shared;                  /* shared experts (glm4_moe) */
 	struct expert sh;            /* shared experts, or the dense MLP */
@@ -154,6 +163,7 @@ struct acts {
 	float *act;                  /* [T*K, F] */
 	float *ugu, *udn;            /* [T*K, r] */
 	float *ye;                   /* [T*K, H] expert output before weight */
+	float *xin;                  /* [T*K, H] expert input as received */
 	/* shared / dense MLP */
 	float *sgu, *sact;           /* [T, 2Fs], [T, Fs] */
 };
@@ -181,7 +191,7 @@ struct ms_model {
 	float *xf, *hf, *rf;         /* final norm input, output, rstd */
 	float *logits;               /* [T, V] */
 	/* per-step gradient accumulators (double), one set per rank */
-	double ***gacc;              /* [ep][nparams] -> n doubles */
+	struct ms_rank *ranks;       /* [ep] */
 	int train;                   /* dropout on */
 	uint64_t step;
 };
@@ -772,11 +782,15 @@ static int load_layer(struct ms_model *m, uint32_t l, const struct tindex *bx,
 		if ((rc = vec_load(bx, nm, c->n_experts, &L->ecb, err)))
 			return rc;
 	}
-	if (!(L->ex = ms_calloc(c->n_experts, sizeof *L->ex)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	for (uint32_t e = 0; e < c->n_experts; e++)
-		if ((rc = load_expert(m, &L->ex[e], bx, qx, l, e, err)))
-			return rc;
+	for (uint32_t k = 0; k < m->ep; k++) {
+		struct ms_rank *rk = &m->ranks[k];
+		if (!(rk->ex[l] = ms_calloc(rk->e1 - rk->e0, sizeof *rk->ex[l])))
+			return ms_err_set(err, MS_ENOMEM, "out of memory");
+		for (uint32_t e = rk->e0; e < rk->e1; e++)
+			if ((rc = load_expert(m, &rk->ex[l][e - rk->e0], bx, qx, l, e,
+					      err)))
+				return rc;
+	}
 	if (c->n_shared_experts) {
 		L->shared = 1;
 		snprintf(nm, sizeof nm, "model.layers.%u.mlp.shared_experts", l);
@@ -826,12 +840,6 @@ void ms_model_free(struct ms_model *m)
 			ms_free(L->kn);
 			ms_free(L->router);
 			ms_free(L->ecb);
-			if (L->ex)
-				for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
-					lin_release(&L->ex[e].gu);
-					lin_release(&L->ex[e].down);
-				}
-			ms_free(L->ex);
 			lin_release(&L->sh.gu);
 			lin_release(&L->sh.down);
 		}
@@ -846,16 +854,21 @@ void ms_model_free(struct ms_model *m)
 	for (size_t i = 0; i < m->nloras; i++)
 		ms_free(m->loras[i]);
 	ms_free(m->loras);
-	if (m->gacc) {
-		for (uint32_t r = 0; r < m->ep; r++) {
-			if (!m->gacc[r])
-				continue;
-			for (size_t i = 0; i < m->nparams; i++)
-				ms_free(m->gacc[r][i]);
-			ms_free(m->gacc[r]);
+	for (uint32_t r = 0; m->ranks && r < m->ep; r++) {
+		struct ms_rank *rk = &m->ranks[r];
+		for (uint32_t l = 0; rk->ex && l < m->cfg.n_layers; l++) {
+			for (uint32_t e = 0; rk->ex[l] && e < rk->e1 - rk->e0; e++) {
+				lin_release(&rk->ex[l][e].gu);
+				lin_release(&rk->ex[l][e].down);
+			}
+			ms_free(rk->ex[l]);
 		}
-		ms_free(m->gacc);
+		ms_free(rk->ex);
+		for (size_t i = 0; rk->gacc && i < m->nparams; i++)
+			ms_free(rk->gacc[i]);
+		ms_free(rk->gacc);
 	}
+	ms_free(m->ranks);
 	ms_free(m->embed);
 	ms_free(m->norm);
 	if (m->lm_head != m->embed)
@@ -932,9 +945,18 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 				     m->lm_head, err)))
 			goto out;
 	}
-	if (!(m->layers = ms_calloc(cfg->n_layers, sizeof *m->layers))) {
+	if (!(m->layers = ms_calloc(cfg->n_layers, sizeof *m->layers)) ||
+	    !(m->ranks = ms_calloc(m->ep, sizeof *m->ranks))) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
+	}
+	for (uint32_t k = 0; k < m->ep; k++) {
+		m->ranks[k].e0 = k * (cfg->n_experts / m->ep);
+		m->ranks[k].e1 = (k + 1) * (cfg->n_experts / m->ep);
+		if (!(m->ranks[k].ex = ms_calloc(cfg->n_layers, sizeof(struct expert *)))) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
 	}
 	for (uint32_t l = 0; l < cfg->n_layers; l++)
 		if ((rc = load_layer(m, l, &bx, &qx, &ax, err)))
@@ -966,13 +988,9 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 			}
 		}
 	}
-	if (!(m->gacc = ms_calloc(m->ep, sizeof *m->gacc))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-		goto out;
-	}
 	for (uint32_t r = 0; r < m->ep; r++) {
 		double **g = ms_calloc(m->nparams ? m->nparams : 1, sizeof *g);
-		m->gacc[r] = g;
+		m->ranks[r].gacc = g;
 		if (!g) {
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 			goto out;
@@ -1219,7 +1237,7 @@ static void acts_free(struct ms_model *m)
 				       &a->qr, &a->kr, &a->rq, &a->rk, &a->q, &a->k,
 				       &a->p, &a->ctx, &a->uq, &a->uk, &a->uv, &a->uo,
 				       &a->x2, &a->h2, &a->r2, &a->probs, &a->wts,
-				       &a->gu, &a->act, &a->ugu, &a->udn, &a->ye,
+				       &a->gu, &a->act, &a->ugu, &a->udn, &a->ye, &a->xin,
 				       &a->sgu, &a->sact};
 			for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
 				ms_free(*f[i]);
@@ -1274,7 +1292,8 @@ static int acts_alloc(struct ms_model *m, uint32_t B, uint32_t S,
 		     !(a->sel = ms_calloc(T * K, sizeof *a->sel)) ||
 		     !(a->wts = alloc_f(T * K)) || !(a->gu = alloc_f(T * K * 2 * F)) ||
 		     !(a->act = alloc_f(T * K * F)) || !(a->ugu = alloc_f(T * K * r)) ||
-		     !(a->udn = alloc_f(T * K * r)) || !(a->ye = alloc_f(T * K * H))))
+		     !(a->udn = alloc_f(T * K * r)) || !(a->ye = alloc_f(T * K * H)) ||
+		     !(a->xin = alloc_f(T * K * H))))
 			goto oom;
 	}
 	if (!(m->xf = alloc_f(T * H)) || !(m->hf = alloc_f(T * H)) ||
@@ -1660,87 +1679,173 @@ static void route_bwd_row(const struct ms_model *m, const struct layer *L,
 	}
 }
 
+/* the rank owning token row t */
+static uint32_t token_rank(const struct ms_model *m, size_t t)
+{
+	return (uint32_t)((uint64_t)(t / m->S) * m->ep / m->B);
+}
+
 /*
- * The all-to-all of one MoE layer. Rows are (token t, slot k), id t*K+k;
- * rank src owns the tokens of its batch part. Sorting the rows by (expert,
- * id) lays them out as each destination rank receives them: experts of
- * rank d are contiguous, and within an expert the rows come in source-rank
- * then token order. recv[] is that concatenation, the buffer each rank
- * gets from the all-to-all; results travel back the same way.
+ * The all-to-all of one MoE layer, laid out as NCCL's all-to-all-v would
+ * carry it between processes. A row is (token t, slot k), id t*K+k; rank s
+ * owns the tokens of its part of the batch. Rank s's send buffer holds its
+ * rows grouped by destination rank d = owner of the row's expert, tokens in
+ * order within a group; rank d's receive buffer is the concatenation of
+ * what every source sent it, in source-rank order. a2a_exchange moves the
+ * (s, d) blocks forward (dispatch) or back (combine) and is the one place
+ * a collective replaces when the ranks are processes.
  */
 struct a2a {
-	uint32_t n;                  /* T*K rows */
-	uint32_t *rows;              /* [n] row ids, grouped by expert */
-	uint32_t *eoff;              /* [E+1] */
-	float *buf;                  /* [n, H] the exchanged rows */
+	uint32_t ep, n;              /* ranks; rows in all (T*K) */
+	uint32_t *cnt;               /* [s*ep+d] rows s sends d */
+	uint32_t *soff, *roff;       /* [s*ep+d] block start in s's send /
+					d's receive buffer (global index) */
+	uint32_t *sbase, *rbase;     /* [ep+1] each rank's buffer start */
+	uint32_t *srow;              /* [n] send order: row id */
+	uint32_t *rrow;              /* [n] receive order: row id */
+	uint32_t *eoff, *erows;      /* per expert: receive positions, in
+					receive order (the owning rank's) */
+	float *sbuf, *rbuf;          /* [n, H] */
 };
 
 static void a2a_free(struct a2a *x)
 {
-	ms_free(x->rows);
+	ms_free(x->cnt);
+	ms_free(x->soff);
+	ms_free(x->roff);
+	ms_free(x->sbase);
+	ms_free(x->rbase);
+	ms_free(x->srow);
+	ms_free(x->rrow);
 	ms_free(x->eoff);
-	ms_free(x->buf);
+	ms_free(x->erows);
+	ms_free(x->sbuf);
+	ms_free(x->rbuf);
 	memset(x, 0, sizeof *x);
 }
 
 static int a2a_plan(const struct ms_model *m, const struct acts *a,
 		    struct a2a *x, struct ms_err *err)
 {
-	uint32_t E = m->cfg.n_experts, K = m->cfg.top_k;
-	uint32_t *fill;
+	uint32_t E = m->cfg.n_experts, K = m->cfg.top_k, P = m->ep;
+	uint32_t *fill = NULL;
+	size_t H = m->cfg.hidden;
+
+	memset(x, 0, sizeof *x);
+	x->ep = P;
 	x->n = m->T * K;
-	x->rows = ms_malloc((x->n ? x->n : 1) * sizeof *x->rows);
+	x->cnt = ms_calloc((size_t)P * P, sizeof *x->cnt);
+	x->soff = ms_calloc((size_t)P * P, sizeof *x->soff);
+	x->roff = ms_calloc((size_t)P * P, sizeof *x->roff);
+	x->sbase = ms_calloc(P + 1, sizeof *x->sbase);
+	x->rbase = ms_calloc(P + 1, sizeof *x->rbase);
+	x->srow = ms_calloc(x->n + 1, sizeof *x->srow);
+	x->rrow = ms_calloc(x->n + 1, sizeof *x->rrow);
 	x->eoff = ms_calloc(E + 1, sizeof *x->eoff);
-	x->buf = alloc_f((uint64_t)x->n * m->cfg.hidden);
-	fill = ms_calloc(E + 1, sizeof *fill);
-	if (!x->rows || !x->eoff || !x->buf || !fill) {
+	x->erows = ms_calloc(x->n + 1, sizeof *x->erows);
+	x->sbuf = alloc_f(x->n * H);
+	x->rbuf = alloc_f(x->n * H);
+	fill = ms_calloc((size_t)P * P + E + 1, sizeof *fill);
+	if (!x->cnt || !x->soff || !x->roff || !x->sbase || !x->rbase || !x->srow ||
+	    !x->rrow || !x->eoff || !x->erows || !x->sbuf || !x->rbuf || !fill) {
 		ms_free(fill);
 		a2a_free(x);
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	}
-	for (uint32_t i = 0; i < x->n; i++)
-		x->eoff[a->sel[i] + 1]++;
+	/* counts, then block offsets of both layouts */
+	for (uint32_t i = 0; i < x->n; i++) {
+		uint32_t s = token_rank(m, i / K), d = rank_of(m, (uint32_t)a->sel[i]);
+		x->cnt[s * P + d]++;
+	}
+	for (uint32_t s = 0; s < P; s++) {
+		uint32_t o = x->sbase[s];
+		for (uint32_t d = 0; d < P; d++) {
+			x->soff[s * P + d] = o;
+			o += x->cnt[s * P + d];
+		}
+		x->sbase[s + 1] = o;
+	}
+	for (uint32_t d = 0; d < P; d++) {
+		uint32_t o = x->rbase[d];
+		for (uint32_t s = 0; s < P; s++) {
+			x->roff[s * P + d] = o;
+			o += x->cnt[s * P + d];
+		}
+		x->rbase[d + 1] = o;
+	}
+	/* send order; the metadata travels like the rows */
+	memcpy(fill, x->soff, (size_t)P * P * sizeof *fill);
+	for (uint32_t i = 0; i < x->n; i++) {
+		uint32_t s = token_rank(m, i / K), d = rank_of(m, (uint32_t)a->sel[i]);
+		x->srow[fill[s * P + d]++] = i;
+	}
+	for (uint32_t s = 0; s < P; s++)
+		for (uint32_t d = 0; d < P; d++)
+			memcpy(x->rrow + x->roff[s * P + d], x->srow + x->soff[s * P + d],
+			       x->cnt[s * P + d] * sizeof *x->rrow);
+	/* each destination groups what it received by expert, stably */
+	for (uint32_t q = 0; q < x->n; q++)
+		x->eoff[a->sel[x->rrow[q]] + 1]++;
 	for (uint32_t e = 0; e < E; e++)
 		x->eoff[e + 1] += x->eoff[e];
-	memcpy(fill, x->eoff, (E + 1) * sizeof *fill);
-	for (uint32_t i = 0; i < x->n; i++)
-		x->rows[fill[a->sel[i]]++] = i;
+	{
+		uint32_t *ef = fill + (size_t)P * P;
+		memcpy(ef, x->eoff, (E + 1) * sizeof *ef);
+		for (uint32_t q = 0; q < x->n; q++)
+			x->erows[ef[a->sel[x->rrow[q]]]++] = q;
+	}
 	ms_free(fill);
 	return MS_OK;
 }
 
-/* dispatch: buf[j] = src[rows[j] / K] (each destination's receive buffer) */
-static void a2a_dispatch(const struct ms_model *m, struct a2a *x,
-			 const float *src, uint32_t per_row_of_token)
+/* Move every (s, d) block of width floats per row: forward from the send
+ * buffers to the receive buffers, or back. */
+static void a2a_exchange(struct a2a *x, size_t width, int back)
 {
-	uint32_t H = m->cfg.hidden, K = m->cfg.top_k;
+	for (uint32_t s = 0; s < x->ep; s++)
+		for (uint32_t d = 0; d < x->ep; d++) {
+			size_t c = x->cnt[s * x->ep + d];
+			float *sb = x->sbuf + (size_t)x->soff[s * x->ep + d] * width;
+			float *rb = x->rbuf + (size_t)x->roff[s * x->ep + d] * width;
+			if (back)
+				memcpy(sb, rb, c * width * sizeof(float));
+			else
+				memcpy(rb, sb, c * width * sizeof(float));
+		}
+}
+
+/* Each source packs its rows: src row of token (per_token) or of row id. */
+static void a2a_pack(const struct ms_model *m, struct a2a *x, const float *src,
+		     int per_token)
+{
+	size_t H = m->cfg.hidden, K = m->cfg.top_k;
 	for (uint32_t j = 0; j < x->n; j++) {
-		uint32_t id = x->rows[j];
-		const float *s = per_row_of_token ? src + (size_t)(id / K) * H
-						  : src + (size_t)id * H;
-		memcpy(x->buf + (size_t)j * H, s, H * sizeof(float));
+		uint32_t id = x->srow[j];
+		memcpy(x->sbuf + j * H, src + (per_token ? id / K : id) * H,
+		       H * sizeof(float));
 	}
 }
 
-/* combine: dst[rows[j]] = buf[j] (back to each source rank) */
-static void a2a_combine(const struct ms_model *m, const struct a2a *x, float *dst)
+/* ... and unpacks what came back: dst[row id] */
+static void a2a_unpack(const struct ms_model *m, const struct a2a *x, float *dst)
 {
-	uint32_t H = m->cfg.hidden;
+	size_t H = m->cfg.hidden;
 	for (uint32_t j = 0; j < x->n; j++)
-		memcpy(dst + (size_t)x->rows[j] * H, x->buf + (size_t)j * H,
-		       H * sizeof(float));
+		memcpy(dst + (size_t)x->srow[j] * H, x->sbuf + j * H, H * sizeof(float));
 }
 
 struct moe_job {
 	struct ms_model *m;
+	uint32_t l;
 	struct layer *L;
 	struct acts *a;
 	struct a2a *x;
 	int oom;
 };
 
-/* forward of every row an expert received: in buf (its inputs), out buf
- * (its outputs before the routing weight) */
+/* The experts' forward on the ranks that own them: every row an expert
+ * received (rbuf: inputs in, outputs before the routing weight out). The
+ * inputs are kept for the backward, as the owning rank would keep them. */
 static void moe_fwd_experts(void *p, size_t lo, size_t hi)
 {
 	struct moe_job *j = p;
@@ -1751,28 +1856,32 @@ static void moe_fwd_experts(void *p, size_t lo, size_t hi)
 		__atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
 		return;
 	}
-	for (size_t e = lo; e < hi; e++)
+	for (size_t e = lo; e < hi; e++) {
+		const struct ms_rank *rk = &m->ranks[rank_of(m, (uint32_t)e)];
+		const struct expert *ex = &rk->ex[j->l][e - rk->e0];
 		for (uint32_t q = j->x->eoff[e]; q < j->x->eoff[e + 1]; q++) {
-			uint32_t id = j->x->rows[q];
-			float *io = j->x->buf + (size_t)q * H;
-			mlp_fwd_row(m, &j->L->ex[e], j->L->lgu, j->L->ldown,
-				    (uint32_t)e, id, io,
+			uint32_t pos = j->x->erows[q], id = j->x->rrow[pos];
+			float *io = j->x->rbuf + (size_t)pos * H;
+			memcpy(j->a->xin + (size_t)id * H, io, H * sizeof *io);
+			mlp_fwd_row(m, ex, j->L->lgu, j->L->ldown, (uint32_t)e, id, io,
 				    j->a->gu + (size_t)id * 2 * F,
 				    j->a->act + (size_t)id * F,
 				    j->a->ugu + (size_t)id * r,
 				    j->a->udn + (size_t)id * r, y);
 			memcpy(io, y, H * sizeof *y);
 		}
+	}
 	ms_free(y);
 }
 
-/* backward: buf holds each row's d(expert output); replaced by d(input) */
+/* Backward on the owning ranks: rbuf holds each row's d(expert output),
+ * replaced by d(expert input); the expert LoRA gradients go to the owning
+ * rank's accumulators (its slice of the fused tensors). */
 static void moe_bwd_experts(void *p, size_t lo, size_t hi)
 {
 	struct moe_job *j = p;
 	struct ms_model *m = j->m;
 	uint32_t H = m->cfg.hidden, F = m->cfg.moe_ffn, r = m->lora.r;
-	uint32_t K = m->cfg.top_k;
 	float *dact = ms_malloc(F * sizeof(float));
 	float *dgu = ms_malloc(2 * F * sizeof(float));
 	float *dh = ms_malloc(H * sizeof(float));
@@ -1781,13 +1890,13 @@ static void moe_bwd_experts(void *p, size_t lo, size_t hi)
 		goto out;
 	}
 	for (size_t e = lo; e < hi; e++) {
-		double **g = m->gacc[rank_of(m, (uint32_t)e)];
+		const struct ms_rank *rk = &m->ranks[rank_of(m, (uint32_t)e)];
+		const struct expert *ex = &rk->ex[j->l][e - rk->e0];
 		for (uint32_t q = j->x->eoff[e]; q < j->x->eoff[e + 1]; q++) {
-			uint32_t id = j->x->rows[q];
-			float *io = j->x->buf + (size_t)q * H;
-			mlp_bwd_row(m, &j->L->ex[e], j->L->lgu, j->L->ldown,
-				    (uint32_t)e, id, g,
-				    j->a->h2 + (size_t)(id / K) * H,
+			uint32_t pos = j->x->erows[q], id = j->x->rrow[pos];
+			float *io = j->x->rbuf + (size_t)pos * H;
+			mlp_bwd_row(m, ex, j->L->lgu, j->L->ldown, (uint32_t)e, id,
+				    rk->gacc, j->a->xin + (size_t)id * H,
 				    j->a->gu + (size_t)id * 2 * F,
 				    j->a->act + (size_t)id * F,
 				    j->a->ugu + (size_t)id * r,
@@ -1803,9 +1912,10 @@ out:
 
 /* ---- layers --------------------------------------------------------------- */
 
-static int colwise_layer(struct ms_model *m, struct layer *L, int build,
+static int colwise_layer(struct ms_model *m, uint32_t l, int build,
 			 struct ms_err *err)
 {
+	struct layer *L = &m->layers[l];
 	struct lin *ls[6] = {&L->q, &L->k, &L->v, &L->o, &L->sh.gu, &L->sh.down};
 	int rc;
 	if (m->opts.colwise == MS_COLWISE_RESIDENT)
@@ -1821,9 +1931,12 @@ static int colwise_layer(struct ms_model *m, struct layer *L, int build,
 			ls[i]->wt = NULL;
 		}
 	}
-	if (L->ex)
-		for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
-			struct lin *xl[2] = {&L->ex[e].gu, &L->ex[e].down};
+	for (uint32_t k = 0; k < m->ep; k++) {
+		struct ms_rank *rk = &m->ranks[k];
+		if (!rk->ex[l])
+			continue;
+		for (uint32_t e = 0; e < rk->e1 - rk->e0; e++) {
+			struct lin *xl[2] = {&rk->ex[l][e].gu, &rk->ex[l][e].down};
 			for (int i = 0; i < 2; i++) {
 				if (build) {
 					if ((rc = lin_colwise(xl[i], err)))
@@ -1834,13 +1947,8 @@ static int colwise_layer(struct ms_model *m, struct layer *L, int build,
 				}
 			}
 		}
+	}
 	return MS_OK;
-}
-
-/* the rank owning token row t */
-static uint32_t token_rank(const struct ms_model *m, size_t t)
-{
-	return (uint32_t)((uint64_t)(t / m->S) * m->ep / m->B);
 }
 
 static int layer_fwd(struct ms_model *m, uint32_t l, const float *xin,
@@ -1908,20 +2016,22 @@ static int layer_fwd(struct ms_model *m, uint32_t l, const float *xin,
 	if (L->moe) {
 		uint32_t K = c->top_k;
 		struct a2a x = {0};
-		struct moe_job mj = {m, L, a, &x, 0};
+		struct moe_job mj = {m, l, L, a, &x, 0};
 		for (size_t t = 0; t < T; t++)
 			route_row(m, L, a->h2 + t * H, a->probs + t * c->n_experts,
 				  a->sel + t * K, a->wts + t * K);
 		if ((rc = a2a_plan(m, a, &x, err)))
 			goto out;
-		a2a_dispatch(m, &x, a->h2, 1);
+		a2a_pack(m, &x, a->h2, 1);
+		a2a_exchange(&x, H, 0);
 		par_for(m->nthreads, c->n_experts, 1, moe_fwd_experts, &mj);
 		if (mj.oom) {
 			a2a_free(&x);
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 			goto out;
 		}
-		a2a_combine(m, &x, a->ye);
+		a2a_exchange(&x, H, 1);
+		a2a_unpack(m, &x, a->ye);
 		a2a_free(&x);
 		for (size_t t = 0; t < T; t++)
 			for (size_t i = 0; i < H; i++) {
@@ -1962,7 +2072,7 @@ static void lora_bwd_tokens(struct ms_model *m, const struct lora *L,
 			    float *dx)
 {
 	for (size_t t = 0; t < m->T; t++) {
-		double **g = m->gacc[token_rank(m, t)];
+		double **g = m->ranks[token_rank(m, t)].gacc;
 		lora_bwd_row(m, L, 0, t, x + t * L->in, u + t * L->r,
 			     dy + t * L->out, g[L->pA], g[L->pB], dx + t * L->in);
 	}
@@ -1987,13 +2097,13 @@ static int layer_bwd(struct ms_model *m, uint32_t l, const float *dxo,
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = colwise_layer(m, L, 1, err)))
+	if ((rc = colwise_layer(m, l, 1, err)))
 		goto out;
 	/* MLP: dY = dxo */
 	if (L->moe) {
 		uint32_t K = c->top_k;
 		struct a2a x = {0};
-		struct moe_job mj = {m, L, a, &x, 0};
+		struct moe_job mj = {m, l, L, a, &x, 0};
 		float *dye = alloc_f(T * K * H);
 		if (!dye || (rc = a2a_plan(m, a, &x, err))) {
 			ms_free(dye);
@@ -2016,7 +2126,8 @@ static int layer_bwd(struct ms_model *m, uint32_t l, const float *dxo,
 			route_bwd_row(m, L, a->probs + t * c->n_experts, a->sel + t * K,
 				      a->wts + t * K, dw, dh2 + t * H);
 		}
-		a2a_dispatch(m, &x, dye, 0);
+		a2a_pack(m, &x, dye, 0);
+		a2a_exchange(&x, H, 0);
 		par_for(m->nthreads, c->n_experts, 1, moe_bwd_experts, &mj);
 		if (mj.oom) {
 			ms_free(dye);
@@ -2024,7 +2135,8 @@ static int layer_bwd(struct ms_model *m, uint32_t l, const float *dxo,
 			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 			goto out;
 		}
-		a2a_combine(m, &x, dye);
+		a2a_exchange(&x, H, 1);
+		a2a_unpack(m, &x, dye);
 		a2a_free(&x);
 		for (size_t t = 0; t < T; t++)
 			for (size_t i = 0; i < H; i++) {
@@ -2103,7 +2215,7 @@ static int layer_bwd(struct ms_model *m, uint32_t l, const float *dxo,
 		rms_bwd_row(a->x + t * H, L->ln1, a->r1[t], dh1 + t * H, (uint32_t)H,
 			    dxi + t * H);
 out:
-	colwise_layer(m, L, 0, NULL);
+	colwise_layer(m, l, 0, NULL);
 	ms_free(dh2);
 	ms_free(dx2);
 	ms_free(dctx);
@@ -2288,8 +2400,8 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
 		for (uint64_t e = 0; e < p->n; e++) {
 			double s = 0;
 			for (uint32_t r = 0; r < m->ep; r++) {
-				s += m->gacc[r][i][e];
-				m->gacc[r][i][e] = 0;
+				s += m->ranks[r].gacc[i][e];
+				m->ranks[r].gacc[i][e] = 0;
 			}
 			p->g[e] += (float)s;
 		}
@@ -2300,7 +2412,8 @@ out:
 	if (rc)
 		for (uint32_t r = 0; r < m->ep; r++)
 			for (size_t i = 0; i < m->nparams; i++)
-				memset(m->gacc[r][i], 0, m->params[i].n * sizeof(double));
+				memset(m->ranks[r].gacc[i], 0,
+				       m->params[i].n * sizeof(double));
 	ms_free(d);
 	ms_free(d2);
 	m->train = 0;
