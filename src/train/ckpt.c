@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "fsutil.h"
 #include "hash.h"
 #include "safetensors.h"
@@ -36,13 +37,16 @@ static void remove_tree(const char *path)
 	(void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* The metadata JSON of optimizer.safetensors. */
+/* The metadata JSON of optimizer.safetensors. Nothing of the run's
+ * identity goes in (its number, its plan file): the file, and so the
+ * digest the edges record, is a function of the training trajectory
+ * alone, and the same checkpoint reached by two runs (an uninterrupted
+ * one and a resumed one) is recorded once, with the same edges. */
 static char *meta_json(const struct ms_train_ckpt_meta *m)
 {
 	return ms_asprintf("{\"version\":1,\"step\":%" PRIu64 ",\"data_cursor\":%" PRIu64
-			   ",\"data_seed\":%" PRIu64 ",\"lora_seed\":%" PRIu64
-			   ",\"plan\":\"%s\",\"run\":%" PRId64 "}",
-			   m->step, m->data_cursor, m->data_seed, m->lora_seed, m->plan, m->run_id);
+			   ",\"data_seed\":%" PRIu64 ",\"lora_seed\":%" PRIu64 "}",
+			   m->step, m->data_cursor, m->data_seed, m->lora_seed);
 }
 
 static int write_adapter(const struct ms_train_ckpt_save *s, const char *dir, struct ms_err *err)
@@ -112,20 +116,49 @@ out:
 	return rc;
 }
 
-/* The derivation parameters every edge of the checkpoint carries. */
+/* The derivation parameters every edge of the checkpoint carries (the run
+ * is the edge's own run column). */
 static char *edge_params(const struct ms_train_ckpt_save *s, const uint8_t sha[32])
 {
 	char hex[65];
 
 	ms_hex(sha, 32, hex);
-	return ms_asprintf("{\"run\":%" PRId64 ",\"step\":%" PRIu64 ",\"plan\":\"%s\","
-			   "\"optimizer_sha256\":\"%s\"}",
-			   s->meta.run_id, s->meta.step, s->meta.plan, hex);
+	return ms_asprintf("{\"step\":%" PRIu64 ",\"optimizer_sha256\":\"%s\"}", s->meta.step,
+			   hex);
+}
+
+/* The state the staged adapter directory holds, and the label it already
+ * carries in the inventory (NULL when it is new or unlabelled). */
+static int known_label(struct ms_inv *inv, const char *adir, int jobs, char **label,
+		       struct ms_err *err)
+{
+	struct ms_ckpt *ck = NULL;
+	struct ms_inv_state *st = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+	int rc;
+
+	*label = NULL;
+	if ((rc = ms_ckpt_open(adir, &ck, err)) != MS_OK ||
+	    (rc = ms_ckpt_hash(ck, jobs, 0, err)) != MS_OK ||
+	    (rc = ms_state_digest(ck->tensors, ck->ntensors, digest, err)) != MS_OK)
+		goto out;
+	rc = ms_inv_state_get(inv, digest, &st, err);
+	if (rc == MS_ENOTFOUND) {
+		rc = MS_OK;
+		goto out;
+	}
+	if (rc == MS_OK && st->label && !(*label = ms_strdup(st->label)))
+		rc = oom(err);
+out:
+	ms_inv_state_free(st);
+	ms_ckpt_close(ck);
+	return rc;
 }
 
 int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, char **dir_out,
-			char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err)
+			char digest_out[MS_STATE_DIGEST_LEN], char **label_out, struct ms_err *err)
 {
+	char *had = NULL;
 	char name[64], *final = NULL, *stage = NULL, *adir = NULL, *opath = NULL;
 	char *params = NULL, *reg = NULL;
 	uint8_t sha[32];
@@ -134,6 +167,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	int rc = MS_OK, have_stage = 0, published = 0, batch = 0;
 
 	*dir_out = NULL;
+	*label_out = NULL;
 	snprintf(name, sizeof(name), "step-%06" PRIu64, s->meta.step);
 	if ((rc = ms_mkdir_p(s->outputs, err)) != MS_OK)
 		goto out;
@@ -208,14 +242,17 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 		rc = oom(err);
 		goto out;
 	}
+	/* a state has one label: the same bytes from another run keep theirs */
+	if ((rc = known_label(inv, reg, s->jobs, &had, err)) != MS_OK)
+		goto out;
 	ms_inv_add_opts_init(&a);
 	a.kind = MS_INV_KIND_ADAPTER;
-	a.label = s->label;
+	a.label = had ? NULL : s->label;
 	a.parents = s->parents;
 	a.nparents = s->nparents;
 	a.operation = s->nparents ? "train" : NULL;
 	a.params_json = s->nparents ? params : NULL;
-	a.run_id = s->meta.run_id;
+	a.run_id = s->run_id;
 	a.jobs = s->jobs;
 	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
 		goto out;
@@ -232,6 +269,11 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	}
 	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)
 		goto out;
+	if (!(*label_out = had ? had : ms_strdup(s->label))) {
+		rc = oom(err);
+		goto out;
+	}
+	had = NULL;
 	*dir_out = final;
 	final = NULL;
 out:
@@ -263,6 +305,7 @@ out:
 	ms_free(opath);
 	ms_free(params);
 	ms_free(reg);
+	ms_free(had);
 	return rc;
 }
 
@@ -286,7 +329,6 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 	const char *ms;
 	uint8_t got[32];
 	size_t len = 0;
-	uint64_t run;
 	int rc, nomem = 0;
 
 	memset(meta, 0, sizeof(*meta));
@@ -314,17 +356,12 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 	    !(mj = ms_json_parse(ms, strlen(ms), &nomem)) || !cJSON_IsObject(mj) ||
 	    meta_u64(mj, "step", &meta->step) || meta_u64(mj, "data_cursor", &meta->data_cursor) ||
 	    meta_u64(mj, "data_seed", &meta->data_seed) ||
-	    meta_u64(mj, "lora_seed", &meta->lora_seed) || meta_u64(mj, "run", &run) ||
-	    !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(mj, "plan")) ||
-	    strlen(cJSON_GetObjectItemCaseSensitive(mj, "plan")->valuestring) >= MS_STATE_DIGEST_LEN) {
+	    meta_u64(mj, "lora_seed", &meta->lora_seed)) {
 		rc = nomem ? oom(err)
 			   : ms_err_set(err, MS_EINVAL, "'%s': metadata '%s' missing or malformed",
 					path, MS_TRAIN_CKPT_META);
 		goto out;
 	}
-	meta->run_id = (int64_t)run;
-	snprintf(meta->plan, sizeof(meta->plan), "%s",
-		 cJSON_GetObjectItemCaseSensitive(mj, "plan")->valuestring);
 	if (f->ntensors != 2 * opt->np) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': %zu tensors, the model's LoRA needs %zu", path,
 				f->ntensors, 2 * opt->np);

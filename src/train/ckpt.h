@@ -23,8 +23,6 @@ struct ms_train_ckpt_meta {
 	uint64_t step;          /* optimizer steps taken */
 	uint64_t data_cursor;   /* examples consumed */
 	uint64_t data_seed, lora_seed;
-	char plan[MS_STATE_DIGEST_LEN];
-	int64_t run_id;         /* 0: none */
 };
 
 struct ms_train_ckpt_save {
@@ -34,6 +32,7 @@ struct ms_train_ckpt_save {
 	const struct ms_adamw *opt;      /* moments parallel to params */
 	const char *adapter_config;      /* adapter_config.json text */
 	struct ms_train_ckpt_meta meta;
+	int64_t run_id;                  /* the run producing it (0: none) */
 	const char *label;               /* full label of the adapter state */
 	const char *const *parents;      /* state digests */
 	size_t nparents;
@@ -43,10 +42,13 @@ struct ms_train_ckpt_save {
 /* Write <outputs>/step-<NNNNNN>/ through a staging directory, publish it in
  * one rename and register its adapter/ in one inventory batch (taken away
  * again when that fails). *dir_out (caller frees) is the directory,
- * digest_out the adapter state. MS_EEXIST when the directory exists. */
+ * digest_out the adapter state, *label_out (caller frees) its label: s->label,
+ * or the label the state already had when another run produced the same
+ * bytes (training is deterministic: a resumed run's checkpoints are the
+ * uninterrupted run's states). MS_EEXIST when the directory exists. */
 int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s,
 			char **dir_out, char digest_out[MS_STATE_DIGEST_LEN],
-			struct ms_err *err);
+			char **label_out, struct ms_err *err);
 
 /* The optimizer state of a checkpoint directory, read into memory and
  * accepted only when the file's SHA-256 is expected (the bytes used are

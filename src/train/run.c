@@ -244,7 +244,8 @@ int ms_train_state_load(struct ms_inv *inv, const char *role, const char *ref, c
 		if (rc == MS_OK)
 			rc = ms_vstate_from_ckpt(ck, &vs, &lerr);
 		if (rc == MS_EINVAL || rc == MS_ENOTFOUND || rc == MS_EIO) {
-			rc = ms_err_set(err, MS_ECHECK, "role '%s': '%s': %s", role, path, lerr.msg);
+			/* the message names the path */
+			rc = ms_err_set(err, MS_ECHECK, "role '%s': %s", role, lerr.msg);
 			goto out;
 		}
 		if (rc != MS_OK) {
@@ -378,7 +379,7 @@ static int checkpoint(struct loop *L, uint64_t step, struct ms_err *err)
 {
 	struct ms_train_ckpt_save s;
 	struct ms_train_ckpt *c, *nc;
-	char *acfg = NULL, *label = NULL, *dir = NULL, digest[MS_STATE_DIGEST_LEN];
+	char *acfg = NULL, *label = NULL, *had = NULL, *dir = NULL, digest[MS_STATE_DIGEST_LEN];
 	int rc;
 
 	if ((rc = ms_model_adapter_config(L->model, &acfg, err)) != MS_OK)
@@ -397,13 +398,12 @@ static int checkpoint(struct loop *L, uint64_t step, struct ms_err *err)
 	s.meta.data_cursor = L->data->cursor;
 	s.meta.data_seed = L->tp->seed;
 	s.meta.lora_seed = L->tp->lora.seed;
-	snprintf(s.meta.plan, sizeof(s.meta.plan), "%s", L->plan_digest);
-	s.meta.run_id = L->run_id;
+	s.run_id = L->run_id;
 	s.label = label;
 	s.parents = L->parents;
 	s.nparents = L->nparents;
 	s.jobs = L->o->nthreads;
-	if ((rc = ms_train_ckpt_write(L->inv, &s, &dir, digest, err)) != MS_OK)
+	if ((rc = ms_train_ckpt_write(L->inv, &s, &dir, digest, &had, err)) != MS_OK)
 		goto out;
 	nc = ms_realloc(L->res->ckpts, (L->res->nckpts + 1) * sizeof(*nc));
 	if (!nc) {
@@ -414,14 +414,15 @@ static int checkpoint(struct loop *L, uint64_t step, struct ms_err *err)
 	c = &nc[L->res->nckpts++];
 	c->step = step;
 	c->path = dir;
-	c->label = label;
+	c->label = had;
 	memcpy(c->digest, digest, sizeof(digest));
-	dir = label = NULL;
+	dir = had = NULL;
 	if (L->o->on_ckpt)
 		L->o->on_ckpt(L->o->ctx, c);
 out:
 	ms_free(acfg);
 	ms_free(label);
+	ms_free(had);
 	ms_free(dir);
 	return rc;
 }
@@ -682,11 +683,12 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 		if ((rc = resume_record(inv, adapter.digest, o->resume, sha, err)) != MS_OK ||
 		    (rc = ms_train_ckpt_read_optim(o->resume, sha, L.opt, &meta, err)) != MS_OK)
 			goto out;
-		if (strcmp(meta.plan, res->plan_digest) || meta.data_seed != tp.seed ||
-		    meta.lora_seed != tp.lora.seed) {
-			rc = ms_err_set(err, MS_EINVAL, "'%s': written by plan %.23s..., not by this "
-					"plan (%.23s...): a resumed run continues its own plan",
-					o->resume, meta.plan, res->plan_digest);
+		/* another seed would draw other examples and dropout masks
+		 * than the run being continued */
+		if (meta.data_seed != tp.seed || meta.lora_seed != tp.lora.seed) {
+			rc = ms_err_set(err, MS_EINVAL, "'%s': written by a run of seed %" PRIu64
+					", the plan's seed is %" PRIu64, o->resume, meta.data_seed,
+					tp.seed);
 			goto out;
 		}
 		start = meta.step;

@@ -70,19 +70,21 @@
  *                                     per LoRA tensor (F32), metadata
  *                                     "msinv.train": {"version":1,"step":N,
  *                                     "data_cursor":C,"data_seed":S,
- *                                     "lora_seed":L,"plan":"sha256:..",
- *                                     "run":R}
+ *                                     "lora_seed":L}
  * adapter/ is registered as an adapter state labelled "<label>-step<N>",
- * derived (operation "train") from the base, the quantized state and the
- * starting adapter, each edge with parameters {"run": R, "step": N, "plan":
- * "sha256:..", "optimizer_sha256": "<hex of optimizer.safetensors>"}.
+ * derived (operation "train", the edge's run being the launch's run) from
+ * the base, the quantized state and the starting adapter, each edge with
+ * parameters {"step": N, "optimizer_sha256": "<hex of optimizer.safetensors>"}.
+ * Both files are functions of the training alone (no run number, no plan
+ * path), so a checkpoint two runs reach (an uninterrupted and a resumed
+ * one) is one state with one label (the first) and the same edges.
  *
  * Resume (--resume DIR, a checkpoint directory): the adapter is loaded
  * through the gate like any state (it must be inventoried), the optimizer
  * file must hash to the optimizer_sha256 its adapter's train edge records,
- * and the plan must be the one that wrote it. Moments, step and data
- * cursor are restored, so the losses after the resume are bit-identical to
- * those of a run that was never interrupted.
+ * and its seed must be the plan's. Moments, step and data cursor are
+ * restored, so with the same train section the losses after the resume
+ * are bit-identical to those of a run that was never interrupted.
  */
 #ifndef MS_TRAIN_RUN_H
 #define MS_TRAIN_RUN_H

@@ -83,8 +83,6 @@ static void fill_save(struct ms_train_ckpt_save *s, const char *outputs, struct 
 	s->meta.step = 3;
 	s->meta.data_cursor = 12;
 	s->meta.data_seed = s->meta.lora_seed = 7;
-	snprintf(s->meta.plan, sizeof(s->meta.plan), "sha256:%064d", 0);
-	s->meta.run_id = 0;
 	s->label = label;
 	s->parents = parents;
 	s->nparents = 1;
@@ -115,6 +113,7 @@ static int test_write_register_read(void)
 	struct ms_inv_state *st = NULL;
 	struct ms_inv_edge *e = NULL;
 	char base[MS_STATE_DIGEST_LEN], digest[MS_STATE_DIGEST_LEN], out[512], p[600], *dir = NULL;
+	char *lab = NULL;
 	const char *parents[1] = {base};
 	uint8_t sha[32];
 	size_t ne = 0;
@@ -124,9 +123,11 @@ static int test_write_register_read(void)
 	T_ASSERT(setup_opt(&o) == 0);
 	snprintf(out, sizeof(out), "%s/out", T_TMP);
 	fill_save(&s, out, o, parents, "run1-step3");
-	T_ASSERT_MSG(ms_train_ckpt_write(inv, &s, &dir, digest, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_train_ckpt_write(inv, &s, &dir, digest, &lab, &err) == MS_OK, "%s", err.msg);
 	snprintf(p, sizeof(p), "%s/step-000003", out);
 	T_ASSERT_STR(dir, p);
+	T_ASSERT_STR(lab, "run1-step3");
+	ms_free(lab);
 	/* the published directory, and nothing staged left beside it */
 	T_ASSERT_EQ_INT(count_entries(out), 1);
 	T_ASSERT_EQ_INT(count_entries(dir), 2);
@@ -205,9 +206,24 @@ static int test_write_register_read(void)
 	/* the same step again: refused, nothing staged left */
 	ms_free(dir);
 	dir = NULL;
-	T_ASSERT_EQ_INT(ms_train_ckpt_write(inv, &s, &dir, digest, &err), MS_EEXIST);
+	T_ASSERT_EQ_INT(ms_train_ckpt_write(inv, &s, &dir, digest, &lab, &err), MS_EEXIST);
 	T_ASSERT(strstr(err.msg, "step-000003") && strstr(err.msg, "exists"));
 	T_ASSERT_EQ_INT(count_entries(out), 1);
+	/* the same bytes from another run: a new copy, the state keeps its
+	 * label (a state has one) */
+	{
+		char out2[600], d2[MS_STATE_DIGEST_LEN];
+
+		snprintf(out2, sizeof(out2), "%s/out2", T_TMP);
+		s.outputs = out2;
+		s.label = "run2-step3";
+		T_ASSERT_MSG(ms_train_ckpt_write(inv, &s, &dir, d2, &lab, &err) == MS_OK, "%s",
+			     err.msg);
+		T_ASSERT_STR(d2, digest);
+		T_ASSERT_STR(lab, "run1-step3");
+		ms_free(lab);
+		ms_free(dir);
+	}
 	ms_adamw_free(o);
 	ms_adamw_free(o2);
 	ms_inv_close(inv);
@@ -223,6 +239,7 @@ static int test_failed_registration_unpublishes(void)
 	struct ms_train_ckpt_save s;
 	struct ms_err err = {0};
 	char base[MS_STATE_DIGEST_LEN], digest[MS_STATE_DIGEST_LEN], out[512], *dir = NULL;
+	char *lab = NULL;
 	const char *parents[1] = {base};
 	struct ms_inv_add_opts ao;
 	char bp[512];
@@ -238,7 +255,7 @@ static int test_failed_registration_unpublishes(void)
 	T_ASSERT(setup_opt(&o) == 0);
 	snprintf(out, sizeof(out), "%s/out-b", T_TMP);
 	fill_save(&s, out, o, parents, "taken");
-	T_ASSERT_EQ_INT(ms_train_ckpt_write(inv, &s, &dir, digest, &err), MS_EEXIST);
+	T_ASSERT_EQ_INT(ms_train_ckpt_write(inv, &s, &dir, digest, &lab, &err), MS_EEXIST);
 	T_ASSERT_MSG(strstr(err.msg, "taken"), "%s", err.msg);
 	T_ASSERT(dir == NULL);
 	T_ASSERT_EQ_INT(count_entries(out), 0);
