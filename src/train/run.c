@@ -532,7 +532,7 @@ static char *plan_dir(const char *plan_path)
 
 static char *under(const char *dir, const char *p)
 {
-	return p[0] == '/' ? ms_strdup(p) : ms_path_join(dir, p);
+	return p[0] == '/' || !strcmp(dir, ".") ? ms_strdup(p) : ms_path_join(dir, p);
 }
 
 int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_train_result *res,
