@@ -166,6 +166,51 @@ expect 1 "$B/mstrain" train --plan half.json --resume opt-bad
 has "optimizer.safetensors': optimizer state differs" "$W/err" "tampered optimizer"
 one_line "tampered optimizer"
 
+# ---- the columnwise mode and the EP ranks, at the trainer's level ----
+# on demand decodes the same bytes as resident: the same adapter, bit for
+# bit; EP 2 and 4 split tokens and experts over virtual ranks: the same
+# training within float32 rounding
+state_of() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoints"][-1]["state"])' "$1"; }
+plan cw1.json runs/cw1 6 0
+plan cw2.json runs/cw2 6 0
+expect 0 "$B/mstrain" train --plan cw1.json --colwise resident --json
+cp "$W/out" cw1.out
+expect 0 "$B/mstrain" train --plan cw2.json --colwise on-demand --json
+cp "$W/out" cw2.out
+[ "$(state_of cw1.out)" = "$(state_of cw2.out)" ] && ok || bad "on-demand adapter differs from resident"
+for ep in 2 4; do
+	plan ep$ep.json runs/ep$ep 6 0
+	expect 0 "$B/mstrain" train --plan ep$ep.json --ep $ep --metrics ep$ep.jsonl
+done
+plan ep1.json runs/ep1 6 0
+expect 0 "$B/mstrain" train --plan ep1.json --metrics ep1.jsonl
+python3 - ep1.jsonl ep2.jsonl ep4.jsonl <<'PY' && ok || bad "EP 2/4 losses differ from EP 1"
+import json, sys
+curves = [[json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:]]
+ref = curves[0]
+for c in curves[1:]:
+    assert len(c) == len(ref) == 6
+    for a, b in zip(ref, c):
+        assert abs(a - b) <= 1e-4 * abs(a), (a, b)
+PY
+sed 's/"ep_size": 1/"ep_size": 3/' ep1.json >ep3.json
+expect 2 "$B/mstrain" train --plan ep3.json
+has "do not divide over 3 EP ranks" "$W/err" "batch not divisible"
+
+# ---- a warm start from a PEFT adapter ----
+cp -r "$FX/peft/qwen3moe-E8-r4/adapter" adapter
+expect 0 "$B/msinv" add --label peft-lora --parent base --op train adapter
+plan warm.json runs/warm 2 0
+sed 's/{"role": "quantized", "state": "base-nvfp4"}/&, {"role": "adapter", "state": "peft-lora"}/' warm.json >warm2.json
+mv warm2.json warm.json
+expect 0 "$B/mstrain" train --plan warm.json --metrics warm.jsonl
+[ "$(q "SELECT p.label FROM derivations d JOIN states c ON c.id = d.child_id
+        JOIN states p ON p.id = d.parent_id WHERE c.label = 'warm-step2' AND p.kind = 'adapter'")" = peft-lora ] &&
+	ok || bad "warm start not a parent of the checkpoint"
+# the warm start changes what the model predicts from the first step
+[ "$(curve warm.jsonl 1 1 | cut -d' ' -f2)" != "$(curve ep1.jsonl 1 1 | cut -d' ' -f2)" ] &&
+	ok || bad "the warm-start adapter made no difference"
+
 # ---- JSONL data ----
 printf '{"input_ids": [3, 4, 1, 3, 4, 2]}\n{"input_ids": [5, 6, 1, 5, 6, 2], "loss_mask": [0, 0, 0, 1, 1, 1]}\n' >d.jsonl
 plan js.json runs/js 4 0 '{"jsonl": "d.jsonl"}'
@@ -209,6 +254,7 @@ expect 0 "$B/mstrain" train --plan t.json
 
 # ---- under msinv launch ----
 plan l.json runs/l 6 3
+sed -i 's/"seed": 1/"seed": 7/' l.json  # states no other run of this script reached
 expect 0 "$B/msinv" launch --plan l.json -- "$B/mstrain" train --plan l.json --json
 run=$(q "SELECT max(id) FROM runs")
 [ "$(q "SELECT status FROM runs WHERE id = $run")" = ok ] && ok || bad "launch run not ok"
