@@ -90,10 +90,19 @@ static int jsonl_line(struct ms_data *d, const char *line, size_t len, uint64_t 
 	const struct ms_data_cfg *c = &d->cfg;
 	cJSON *root = NULL;
 	const cJSON *ids, *mask, *it;
+	const char *end = NULL;
 	uint64_t base = d->off[d->nrec];
 	int nomem = 0, rc = MS_OK, n, k;
 
-	root = ms_json_parse_opts(line, len, NULL, 0, &nomem);
+	root = ms_json_parse_opts(line, len, &end, 0, &nomem);
+	/* one value per line: anything after it but blanks is an error */
+	while (root && end < line + len && (*end == ' ' || *end == '\t' || *end == '\r'))
+		end++;
+	if (root && end < line + len) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s:%llu': text after the JSON object", d->path,
+				(unsigned long long)lineno);
+		goto out;
+	}
 	if (!root) {
 		rc = nomem ? ms_err_set(err, MS_ENOMEM, "out of memory")
 			   : ms_err_set(err, MS_EINVAL, "'%s:%llu': not a JSON object", d->path,

@@ -185,6 +185,8 @@ static int test_jsonl_bad_lines(void)
 	T_ASSERT(!bad("{\"input_ids\": [1, 2]}\n{\"input_ids\": [1, 2\n",
 		      "d.jsonl:2': not a JSON object"));
 	T_ASSERT(!bad("\n\n{\"ids\": [1, 2]}\n", "d.jsonl:3': 'input_ids' is missing"));
+	T_ASSERT(!bad("{\"input_ids\": [1, 2]} {\"input_ids\": [3, 4]}\n",
+		      "d.jsonl:1': text after the JSON object"));
 	T_ASSERT(!bad("{\"input_ids\": 4}\n", ":1': 'input_ids' is not an array"));
 	T_ASSERT(!bad("{\"input_ids\": [1]}\n", ":1': 'input_ids' has 1 tokens, not 2..8"));
 	T_ASSERT(!bad("{\"input_ids\": [1,2,3,4,5,6,7,8,9]}\n", "has 9 tokens, not 2..8"));
