@@ -508,7 +508,8 @@ static int lin_load(struct ms_model *m, struct lin *l, const struct tindex *bx,
 							  in, l->part[i].tscale,
 							  l->part[i].kind, MS_DTYPE_F32,
 							  l->w + off * in, err)))
-				return ms_err_prefix(err, "module '%s'", srcs[i]);
+				return rc == MS_ENOMEM ? rc
+						       : ms_err_prefix(err, "module '%s'", srcs[i]);
 		} else {
 			uint64_t shape[2] = {rows[i], in};
 			snprintf(nm, sizeof nm, "%s.weight", srcs[i]);
@@ -544,7 +545,8 @@ static int lin_load(struct ms_model *m, struct lin *l, const struct tindex *bx,
 	 * the columnwise copy in resident mode. */
 	if (nq || m->opts.colwise == MS_COLWISE_RESIDENT) {
 		if ((rc = lin_colwise(l, err)))
-			return ms_err_prefix(err, "module '%s'", srcs[0]);
+			return rc == MS_ENOMEM ? rc
+					       : ms_err_prefix(err, "module '%s'", srcs[0]);
 		if (m->opts.colwise != MS_COLWISE_RESIDENT) {
 			ms_free(l->wt);
 			l->wt = NULL;
@@ -591,6 +593,9 @@ static int add_param(struct ms_model *m, const char *name, uint32_t d0,
 	*g = alloc_f((uint64_t)d0 * d1);
 	if (!nm || !*w || !*g) {
 		ms_free(nm);
+		ms_free(*w);
+		ms_free(*g);
+		*w = *g = NULL;
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	}
 	np[m->nparams].name = nm;
@@ -2422,6 +2427,15 @@ out:
 
 /* ---- adapter_config.json ------------------------------------------------------ */
 
+/* Attach item (which may be NULL after a failed allocation) or free it:
+ * a failed attach would otherwise leak it; ms_json_failed reports both. */
+static void json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (item && !(key ? cJSON_AddItemToObject(o, key, item)
+			  : cJSON_AddItemToArray(o, item)))
+		cJSON_Delete(item);
+}
+
 int ms_model_adapter_config(const struct ms_model *m, char **json,
 			    struct ms_err *err)
 {
@@ -2437,7 +2451,7 @@ int ms_model_adapter_config(const struct ms_model *m, char **json,
 	o = cJSON_CreateObject();
 	if (!o)
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
+	json_put(o, "alpha_pattern", cJSON_CreateObject());
 	am = cJSON_CreateObject();
 	snprintf(lib, sizeof lib, "transformers.models.%s.modeling_%s",
 		 m->cfg.model_type, m->cfg.model_type);
@@ -2445,7 +2459,7 @@ int ms_model_adapter_config(const struct ms_model *m, char **json,
 		cJSON_AddStringToObject(am, "base_model_class", m->cfg.arch);
 		cJSON_AddStringToObject(am, "parent_library", lib);
 	}
-	cJSON_AddItemToObject(o, "auto_mapping", am);
+	json_put(o, "auto_mapping", am);
 	cJSON_AddNullToObject(o, "base_model_name_or_path");
 	cJSON_AddStringToObject(o, "bias", "none");
 	cJSON_AddFalseToObject(o, "fan_in_fan_out");
@@ -2459,14 +2473,14 @@ int ms_model_adapter_config(const struct ms_model *m, char **json,
 	cJSON_AddNullToObject(o, "modules_to_save");
 	cJSON_AddStringToObject(o, "peft_type", "LORA");
 	cJSON_AddNumberToObject(o, "r", m->lora.r);
-	cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());
+	json_put(o, "rank_pattern", cJSON_CreateObject());
 	cJSON_AddNullToObject(o, "revision");
 	if (m->lora.targets & (MS_LORA_Q | MS_LORA_K | MS_LORA_V | MS_LORA_O)) {
 		tm = cJSON_CreateArray();
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; tm && i < 4; i++)
 			if (m->lora.targets & bits[i])
-				cJSON_AddItemToArray(tm, cJSON_CreateString(mods[i]));
-		cJSON_AddItemToObject(o, "target_modules", tm);
+				json_put(tm, NULL, cJSON_CreateString(mods[i]));
+		json_put(o, "target_modules", tm);
 	} else {
 		cJSON_AddNullToObject(o, "target_modules");
 	}
@@ -2474,9 +2488,11 @@ int ms_model_adapter_config(const struct ms_model *m, char **json,
 		/* as PEFT writes it; it wraps gate_up_proj first (the inner
 		 * "base_layer" of the saved keys) */
 		tp = cJSON_CreateArray();
-		cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.down_proj"));
-		cJSON_AddItemToArray(tp, cJSON_CreateString("mlp.experts.gate_up_proj"));
-		cJSON_AddItemToObject(o, "target_parameters", tp);
+		if (tp) {
+			json_put(tp, NULL, cJSON_CreateString("mlp.experts.down_proj"));
+			json_put(tp, NULL, cJSON_CreateString("mlp.experts.gate_up_proj"));
+		}
+		json_put(o, "target_parameters", tp);
 	} else {
 		cJSON_AddNullToObject(o, "target_parameters");
 	}

@@ -475,6 +475,112 @@ static int colwise(const char *name)
 static int test_colwise_qwen3moe(void) { return colwise("qwen3moe"); }
 static int test_colwise_glm4moe(void) { return colwise("glm4moe"); }
 
+/*
+ * transformers 5's fused 3D expert tensors (mlp.experts.gate_up_proj [E,
+ * 2F, H], gate rows first; down_proj [E, H, F]) load like the per-expert
+ * ones: the same base written both ways gives bit-identical logits and
+ * gradients (here without a quantized state: every projection from the
+ * base in its own dtype).
+ */
+static int test_fused_experts(void)
+{
+	struct fam f;
+	struct ms_wtensor *b;
+	float *fused[2][2];
+	char names[2][2][128];
+	size_t nb = 0;
+	uint32_t E, F, H;
+	struct shot a, c;
+	struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	E = f.cfg.n_experts;
+	F = f.cfg.moe_ffn;
+	H = f.cfg.hidden;
+	b = calloc(f.base.n + 4, sizeof *b);
+	T_ASSERT(b);
+	for (size_t i = 0; i < f.base.n; i++)
+		if (!strstr(f.base.t[i].name, ".mlp.experts."))
+			b[nb++] = f.base.t[i];
+	for (uint32_t l = 0; l < 2; l++) {
+		fused[l][0] = calloc((size_t)E * 2 * F * H, sizeof(float));
+		fused[l][1] = calloc((size_t)E * H * F, sizeof(float));
+		T_ASSERT(fused[l][0] && fused[l][1]);
+		for (uint32_t e = 0; e < E; e++) {
+			static const char *pn[3] = {"gate_proj", "up_proj", "down_proj"};
+			for (int k = 0; k < 3; k++) {
+				char nm[128];
+				const struct ms_wtensor *t;
+				float *dst = k < 2 ? fused[l][0] + ((size_t)e * 2 * F + k * F) * H
+						   : fused[l][1] + (size_t)e * H * F;
+				snprintf(nm, sizeof nm, "model.layers.%u.mlp.experts.%u.%s.weight",
+					 l, e, pn[k]);
+				t = tset_find(&f.base, nm);
+				T_ASSERT(t && t->dtype == MS_DTYPE_BF16);
+				for (uint64_t i = 0; i < t->nbytes / 2; i++) {
+					uint16_t h;
+					memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+					dst[i] = ms_bf16_to_f32(h);
+				}
+			}
+		}
+		snprintf(names[l][0], 128, "model.layers.%u.mlp.experts.gate_up_proj", l);
+		snprintf(names[l][1], 128, "model.layers.%u.mlp.experts.down_proj", l);
+		for (int k = 0; k < 2; k++) {
+			struct ms_wtensor *t = &b[nb++];
+			t->name = names[l][k];
+			t->dtype = MS_DTYPE_F32;
+			t->ndim = 3;
+			t->shape[0] = E;
+			t->shape[1] = k ? H : 2 * F;
+			t->shape[2] = k ? F : H;
+			t->data = fused[l][k];
+			t->nbytes = (uint64_t)E * 2 * F * H * 4 / (k ? 2 : 1);
+		}
+	}
+	/* per-expert, no quantized state */
+	tset_close(&f.quant);
+	T_ASSERT(shot_take(&f, &o, NULL, 2, 8, 0, &a) == 0);
+	/* fused */
+	{
+		struct ms_wtensor *keep = f.base.t;
+		size_t keepn = f.base.n;
+		f.base.t = b;
+		f.base.n = nb;
+		T_ASSERT(shot_take(&f, &o, NULL, 2, 8, 0, &c) == 0);
+		f.base.t = keep;
+		f.base.n = keepn;
+	}
+	T_ASSERT(memcmp(&a.loss, &c.loss, sizeof a.loss) == 0);
+	T_ASSERT(memcmp(a.logits, c.logits, 16 * f.cfg.vocab * sizeof(float)) == 0);
+	for (size_t i = 0; i < a.np; i++) {
+		char key[512];
+		const struct ms_wtensor *g;
+		snprintf(key, sizeof key, "grad:%s", a.names[i]);
+		g = tset_find(&f.gold, key);
+		T_ASSERT(g && memcmp(a.g[i], c.g[i], g->nbytes) == 0);
+	}
+	/* and the NVFP4 base is not the bf16 one: the quantized state matters */
+	{
+		struct shot qz;
+		char p[512];
+		snprintf(p, sizeof p, "%s/train/qwen3moe/quant", T_FIXTURES);
+		T_ASSERT(tset_open(&f.quant, p) == 0);
+		T_ASSERT(shot_take(&f, &o, NULL, 2, 8, 0, &qz) == 0);
+		T_ASSERT(qz.loss != a.loss);
+		shot_free(&qz);
+	}
+	shot_free(&a);
+	shot_free(&c);
+	for (uint32_t l = 0; l < 2; l++) {
+		free(fused[l][0]);
+		free(fused[l][1]);
+	}
+	free(b);
+	fam_close(&f);
+	return 0;
+}
+
 /* Thread counts give bit-identical results. */
 static int test_threads_bitexact(void)
 {
@@ -812,6 +918,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_fd_dropout),
 	T_CASE(test_colwise_qwen3moe),
 	T_CASE(test_colwise_glm4moe),
+	T_CASE(test_fused_experts),
 	T_CASE(test_threads_bitexact),
 	T_CASE(test_ep_qwen3moe),
 	T_CASE(test_ep_glm4moe),
