@@ -268,6 +268,9 @@ int ms_train_state_load(struct ms_inv *inv, const char *role, const char *ref, c
 		rc = oom(err);
 		goto out;
 	}
+	out->kind = st->kind;
+	out->ep_size = st->ep_size;
+	out->ep_rank = st->ep_rank;
 	state_name(out, who, sizeof(who));
 	if (launch && launch->active) {
 		const char *d = launch_digest(launch, role);
@@ -628,6 +631,23 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 		if ((rc = ms_train_state_load(inv, "resume", NULL, rdir, NULL, o->nthreads, &adapter,
 					      err)) != MS_OK)
 			goto out;
+	}
+	if (adapter.role && adapter.kind == MS_INV_KIND_ADAPTER_SHARD) {
+		/* one rank's slice is not the adapter: starting from it would
+		 * train every rank on the same experts */
+		uint32_t ep = o->ep_size ? o->ep_size : fp->ep_size;
+
+		if (adapter.ep_size >= 0 && (uint32_t)adapter.ep_size != ep)
+			rc = ms_err_set(err, MS_ECHECK, "role 'adapter': state %.23s... is a shard of "
+					"an EP=%d split, this run is EP=%u: run 'msshard reshard "
+					"--ep-size %u' (or 'msshard merge') and add the result",
+					adapter.digest, adapter.ep_size, ep, ep);
+		else
+			rc = ms_err_set(err, MS_EINVAL, "role 'adapter': state %.23s... is the shard of "
+					"rank %d of an EP set: mstrain starts from a whole adapter "
+					"(run 'msshard merge' and add the result)", adapter.digest,
+					adapter.ep_rank);
+		goto out;
 	}
 	if (!base.config) {
 		rc = ms_err_set(err, MS_EINVAL, "role 'base': state %.23s... has no config.json",

@@ -143,6 +143,8 @@ struct ms_train_state {
 	char *role;
 	char digest[MS_STATE_DIGEST_LEN];
 	char *label;           /* NULL when none */
+	enum ms_inv_kind kind;
+	int32_t ep_size, ep_rank; /* -1 unless an adapter shard */
 	char *where;           /* the directory or file it was loaded from */
 	size_t n;
 	struct ms_wtensor *t;  /* names and bytes owned here */

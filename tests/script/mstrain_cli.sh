@@ -211,6 +211,17 @@ expect 0 "$B/mstrain" train --plan warm.json --metrics warm.jsonl
 [ "$(curve warm.jsonl 1 1 | cut -d' ' -f2)" != "$(curve ep1.jsonl 1 1 | cut -d' ' -f2)" ] &&
 	ok || bad "the warm-start adapter made no difference"
 
+# a warm start from one EP shard of the adapter: refused (wrong EP size:
+# exit 1 with the reshard command; the right size: exit 2, merge it first)
+expect 0 "$B/msshard" split adapter -o lora-ep2 --ep-size 2
+shard=$(q "SELECT digest FROM states WHERE kind = 'adapter_shard' AND ep_rank = 0 LIMIT 1")
+sed "s/\"state\": \"peft-lora\"/\"state\": \"$shard\"/" warm.json >shard.json
+expect 1 "$B/mstrain" train --plan shard.json
+has "is a shard of an EP=2 split, this run is EP=1: run 'msshard reshard --ep-size 1'" "$W/err" "shard of another EP size"
+one_line "shard of another EP size"
+expect 2 "$B/mstrain" train --plan shard.json --ep 2
+has "is the shard of rank 0 of an EP set" "$W/err" "shard of this EP size"
+
 # ---- JSONL data ----
 printf '{"input_ids": [3, 4, 1, 3, 4, 2]}\n{"input_ids": [5, 6, 1, 5, 6, 2], "loss_mask": [0, 0, 0, 1, 1, 1]}\n' >d.jsonl
 plan js.json runs/js 4 0 '{"jsonl": "d.jsonl"}'
