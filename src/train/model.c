@@ -611,14 +611,161 @@ static int add_param(struct ms_model *m, const char *name, uint32_t d0,
 
 /* Create an adapter named by its PEFT module key (without .lora_A.weight),
  * initialised as PEFT does, or from the warm-start adapter. */
+/* A warm-start tensor of the adapter, marked used. */
+static const struct ms_wtensor *warm_find(const struct tindex *ax, uint8_t *used,
+					  const char *name)
+{
+	const struct ms_wtensor *t = tfind(ax, name);
+	if (t)
+		used[t - ax->t] = 1;
+	return t;
+}
+
+/* Check a warm-start tensor is float [d0, d1]. */
+static int warm_check(const struct ms_wtensor *t, uint64_t d0, uint64_t d1,
+		      struct ms_err *err)
+{
+	uint64_t shape[2] = {d0, d1};
+	int rc = check_float(t, 2, shape, err);
+	return rc ? ms_err_prefix(err, "warm-start adapter") : MS_OK;
+}
+
+/*
+ * Warm start of L from a PEFT adapter of rank rt <= r (PEFT's rank_pattern
+ * may give each module its own): rank k < rt of every expert from the
+ * adapter, the rest as a fresh adapter (A initialised, B zero), and B
+ * scaled by (alpha_a / rt) / (alpha / r) so that the delta s B A is the
+ * adapter's exactly.
+ */
+static int lora_warm_fused(struct ms_model *m, struct lora *L, const char *key,
+			   const struct tindex *ax, uint8_t *used, int *found,
+			   struct ms_err *err)
+{
+	char na[400], nb[400];
+	const struct ms_wtensor *ta, *tb;
+	uint32_t E = L->E, r = L->r, rt;
+	double f;
+	int rc;
+
+	snprintf(na, sizeof na, "%s.lora_A.weight", key);
+	snprintf(nb, sizeof nb, "%s.lora_B.weight", key);
+	ta = warm_find(ax, used, na);
+	tb = warm_find(ax, used, nb);
+	*found = ta || tb;
+	if (!ta || !tb)
+		return ta || tb ? ms_err_set(err, MS_EINVAL,
+					     "warm-start adapter: tensor '%s' is missing",
+					     ta ? nb : na)
+				: MS_OK;
+	if (ta->ndim != 2 || ta->shape[0] % E || !ta->shape[0] ||
+	    ta->shape[0] / E > r)
+		return ms_err_set(err, MS_EINVAL,
+				  "warm-start adapter: tensor '%s': %llu rows, not %u "
+				  "experts x a rank of at most %u (lora_A)", na,
+				  (unsigned long long)(ta->ndim ? ta->shape[0] : 0), E, r);
+	rt = (uint32_t)(ta->shape[0] / E);
+	if ((rc = warm_check(ta, (uint64_t)E * rt, L->in, err)) ||
+	    (rc = warm_check(tb, L->out, (uint64_t)rt * E, err)))
+		return rc;
+	f = (m->opts.warm_alpha > 0 ? m->opts.warm_alpha : m->lora.alpha) / rt /
+	    (m->lora.alpha / r);
+	for (uint32_t e = 0; e < E; e++)
+		for (uint32_t k = 0; k < rt; k++)
+			for (uint32_t i = 0; i < L->in; i++)
+				L->A[(size_t)(e * r + k) * L->in + i] =
+					half_to_f32(ta->dtype, ta->data,
+						    (uint64_t)(e * rt + k) * L->in + i);
+	for (uint32_t o = 0; o < L->out; o++)
+		for (uint32_t c = 0; c < rt * E; c++)
+			L->B[(size_t)o * r * E + c] =
+				(float)(f * half_to_f32(tb->dtype, tb->data,
+							(uint64_t)o * rt * E + c));
+	return MS_OK;
+}
+
+/*
+ * Mixtral adapters made before transformers fused the experts: one LoRA
+ * per expert module (block_sparse_moe.experts.E.w1 / w3 / w2, PEFT
+ * target_modules). w2 maps onto the fused down_proj rank for rank; w1 and
+ * w3 have separate A matrices, so gate_up_proj holds them exactly only at
+ * twice their rank: A_e = [A1; A3], B_e = [[B1, 0], [0, B3]].
+ */
+static int lora_warm_perexpert(struct ms_model *m, struct lora *L, uint32_t l,
+			       int gate_up, const struct tindex *ax,
+			       uint8_t *used, int *found, struct ms_err *err)
+{
+	uint32_t E = L->E, r = L->r, F = m->cfg.moe_ffn, H = m->cfg.hidden;
+	double alpha_a = m->opts.warm_alpha > 0 ? m->opts.warm_alpha : m->lora.alpha;
+	static const char *wn[2] = {"w1", "w3"};
+	int rc, nparts = gate_up ? 2 : 1;
+
+	*found = 0;
+	for (uint32_t e = 0; e < E; e++) {
+		uint32_t col = 0;
+		for (int p = 0; p < nparts; p++) {
+			char na[400], nb[400];
+			const struct ms_wtensor *ta, *tb;
+			uint32_t rt, in = gate_up ? H : F, out = gate_up ? F : H;
+			uint32_t orow = gate_up ? (uint32_t)p * F : 0;
+			double f;
+			snprintf(na, sizeof na,
+				 "base_model.model.model.layers.%u.block_sparse_moe.experts."
+				 "%u.%s.lora_A.weight", l, e, gate_up ? wn[p] : "w2");
+			snprintf(nb, sizeof nb,
+				 "base_model.model.model.layers.%u.block_sparse_moe.experts."
+				 "%u.%s.lora_B.weight", l, e, gate_up ? wn[p] : "w2");
+			ta = warm_find(ax, used, na);
+			tb = warm_find(ax, used, nb);
+			if (!ta && !tb && !*found && e == 0 && p == 0)
+				return MS_OK; /* no per-expert adapter either */
+			*found = 1;
+			if (!ta || !tb)
+				return ms_err_set(err, MS_EINVAL,
+						  "warm-start adapter: tensor '%s' is missing",
+						  ta ? nb : na);
+			rt = ta->ndim == 2 ? (uint32_t)ta->shape[0] : 0;
+			if (!rt || col + rt > r)
+				return ms_err_set(err, MS_EINVAL,
+						  "warm-start adapter: tensor '%s': per-expert "
+						  "w1/w3 adapters of rank %u need a LoRA rank of "
+						  "at least %u for the fused gate_up_proj (run "
+						  "rank %u)", na, rt, gate_up ? 2 * rt : rt, r);
+			if ((rc = warm_check(ta, rt, in, err)) ||
+			    (rc = warm_check(tb, out, rt, err)))
+				return rc;
+			f = alpha_a / rt / (m->lora.alpha / r);
+			for (uint32_t k = 0; k < rt; k++)
+				for (uint32_t i = 0; i < in; i++)
+					L->A[(size_t)(e * r + col + k) * in + i] =
+						half_to_f32(ta->dtype, ta->data,
+							    (uint64_t)k * in + i);
+			for (uint32_t o = 0; o < out; o++)
+				for (uint32_t k = 0; k < rt; k++)
+					L->B[(size_t)(orow + o) * r * E + (col + k) * E + e] =
+						(float)(f * half_to_f32(tb->dtype, tb->data,
+									(uint64_t)o * rt + k));
+			col += rt;
+		}
+	}
+	return MS_OK;
+}
+
+/* What an adapter adapts: an attention projection, or the fused experts'
+ * gate_up_proj / down_proj of layer l. */
+enum lora_kind { LORA_ATTN, LORA_GATE_UP, LORA_DOWN };
+
+/* Create an adapter named by its PEFT module key (without .lora_A.weight),
+ * initialised as PEFT does, then overwritten from the warm-start adapter
+ * when it has one for the module. */
 static int lora_new(struct ms_model *m, const char *key, uint32_t in,
-		    uint32_t out, uint32_t E, const struct tindex *ax,
-		    struct lora **res, struct ms_err *err)
+		    uint32_t out, uint32_t E, enum lora_kind kind, uint32_t l,
+		    const struct tindex *ax, uint8_t *used, struct lora **res,
+		    struct ms_err *err)
 {
 	struct lora *L = ms_calloc(1, sizeof *L);
 	char nm[400];
 	uint32_t r = m->lora.r;
-	int rc;
+	int rc, found = 0;
 	double bound = 1.0 / sqrt((double)in);
 
 	if (!L)
@@ -646,19 +793,21 @@ static int lora_new(struct ms_model *m, const char *key, uint32_t in,
 	L->pB = (int)m->nparams;
 	if ((rc = add_param(m, nm, out, r * E, &L->B, &L->gB, err)))
 		return rc;
-	if (ax && ax->n) {
-		uint64_t sa[2] = {(uint64_t)E * r, in}, sb[2] = {out, (uint64_t)r * E};
-		snprintf(nm, sizeof nm, "%s.lora_A.weight", key);
-		if ((rc = load_float(ax, nm, 2, sa, 0, sa[0] * sa[1], L->A, err)))
-			return ms_err_prefix(err, "warm-start adapter");
-		snprintf(nm, sizeof nm, "%s.lora_B.weight", key);
-		if ((rc = load_float(ax, nm, 2, sb, 0, sb[0] * sb[1], L->B, err)))
-			return ms_err_prefix(err, "warm-start adapter");
-		return MS_OK;
-	}
 	/* kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
 	for (uint64_t i = 0; i < (uint64_t)E * r * in; i++)
 		L->A[i] = (float)((2.0 * unif(m->lora.seed, L->id, i) - 1.0) * bound);
+	if (!ax || !ax->n)
+		return MS_OK;
+	if ((rc = lora_warm_fused(m, L, key, ax, used, &found, err)))
+		return rc;
+	if (!found && kind != LORA_ATTN && m->cfg.family == MS_MODEL_MIXTRAL &&
+	    (rc = lora_warm_perexpert(m, L, l, kind == LORA_GATE_UP, ax, used, &found,
+				      err)))
+		return rc;
+	if (!found)
+		return ms_err_set(err, MS_EINVAL,
+				  "warm-start adapter: tensor '%s.lora_A.weight' is "
+				  "missing (the run adapts this module)", key);
 	return MS_OK;
 }
 
@@ -722,7 +871,7 @@ static int load_mlp(struct ms_model *m, struct expert *x, const struct tindex *b
 
 static int load_layer(struct ms_model *m, uint32_t l, const struct tindex *bx,
 		      const struct tindex *qx, const struct tindex *ax,
-		      struct ms_err *err)
+		      uint8_t *used, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;
 	struct layer *L = &m->layers[l];
@@ -754,7 +903,8 @@ static int load_layer(struct ms_model *m, uint32_t l, const struct tindex *bx,
 		if (m->lora.targets & bits[i]) {
 			snprintf(key, sizeof key,
 				 "base_model.model.model.layers.%u.self_attn.%s", l, pn[i]);
-			if ((rc = lora_new(m, key, ins[i], rws[i][0], 1, ax, lls[i], err)))
+			if ((rc = lora_new(m, key, ins[i], rws[i][0], 1, LORA_ATTN, l, ax, used,
+					    lls[i], err)))
 				return rc;
 		}
 	}
@@ -808,12 +958,12 @@ static int load_layer(struct ms_model *m, uint32_t l, const struct tindex *bx,
 		 * inner "base_layer"), then down_proj (the outer wrapper) */
 		snprintf(key, sizeof key,
 			 "base_model.model.model.layers.%u.mlp.experts.base_layer", l);
-		if ((rc = lora_new(m, key, H, 2 * c->moe_ffn, c->n_experts, ax, &L->lgu,
-				   err)))
+		if ((rc = lora_new(m, key, H, 2 * c->moe_ffn, c->n_experts,
+				   LORA_GATE_UP, l, ax, used, &L->lgu, err)))
 			return rc;
 		snprintf(key, sizeof key, "base_model.model.model.layers.%u.mlp.experts", l);
-		if ((rc = lora_new(m, key, c->moe_ffn, H, c->n_experts, ax, &L->ldown,
-				   err)))
+		if ((rc = lora_new(m, key, c->moe_ffn, H, c->n_experts, LORA_DOWN, l,
+				   ax, used, &L->ldown, err)))
 			return rc;
 	}
 	return MS_OK;
@@ -892,6 +1042,7 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 {
 	struct ms_model *m = NULL;
 	struct tindex bx = {0}, qx = {0}, ax = {0};
+	uint8_t *used = NULL;
 	int rc = MS_OK;
 	uint64_t es[2];
 
@@ -928,6 +1079,10 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 	    (rc = tindex_init(&qx, quant, quant ? nquant : 0, err)) ||
 	    (rc = tindex_init(&ax, adapter, adapter ? nadapter : 0, err)))
 		goto out;
+	if (!(used = ms_calloc(ax.n + 1, 1))) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
 	es[0] = cfg->vocab;
 	es[1] = cfg->hidden;
 	if (!(m->embed = alloc_f(es[0] * es[1]))) {
@@ -964,21 +1119,16 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 		}
 	}
 	for (uint32_t l = 0; l < cfg->n_layers; l++)
-		if ((rc = load_layer(m, l, &bx, &qx, &ax, err)))
+		if ((rc = load_layer(m, l, &bx, &qx, &ax, used, err)))
 			goto out;
 	/* every warm-start tensor must be one we use */
-	for (size_t i = 0; adapter && i < nadapter; i++) {
-		size_t j;
-		for (j = 0; j < m->nparams; j++)
-			if (!strcmp(m->params[j].name, adapter[i].name))
-				break;
-		if (j == m->nparams) {
+	for (size_t i = 0; i < ax.n; i++)
+		if (!used[i]) {
 			rc = ms_err_set(err, MS_EINVAL,
 					"warm-start adapter: tensor '%s' matches no "
 					"LoRA target of the run", adapter[i].name);
 			goto out;
 		}
-	}
 	/* params sorted by name; the loras keep their indices by name */
 	{
 		struct ms_param *sorted = m->params;
@@ -1011,6 +1161,7 @@ out:
 	ms_free(bx.ord);
 	ms_free(qx.ord);
 	ms_free(ax.ord);
+	ms_free(used);
 	if (rc) {
 		ms_model_free(m);
 		return rc;

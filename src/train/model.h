@@ -155,6 +155,8 @@ struct ms_model_opts {
 	enum ms_colwise_mode colwise;
 	uint32_t ep_size;            /* virtual EP ranks; 0 or 1: none */
 	int nthreads;                /* 0: one per CPU */
+	double warm_alpha;           /* the warm-start adapter's lora_alpha
+					(adapter_config.json); 0: the run's */
 };
 
 struct ms_model;
@@ -173,7 +175,14 @@ struct ms_model;
  *           here; a 1D-block tensor is refused (MS_EINVAL naming it).
  *   lora:   the adapter configuration.
  *   adapter: a warm-start PEFT adapter's tensors (adapter_model.safetensors
- *           names) or NULL/0. Shapes must match lora->r.
+ *           names) or NULL/0. It must adapt every module the run targets
+ *           and nothing else. A module's rank rt (from its shapes, so
+ *           PEFT's rank_pattern works) may be below lora->r: ranks rt..r-1
+ *           start fresh (A initialised, B zero) and B is rescaled by
+ *           (warm_alpha / rt) / (alpha / r), so the model starts with the
+ *           adapter's delta exactly. Mixtral adapters with one LoRA per
+ *           expert module (block_sparse_moe.experts.E.w1/w2/w3) load into
+ *           the fused layout; w1 and w3 need 2 * rt <= lora->r there.
  *   opts:   NULL for defaults (resident, EP 1, one thread per CPU).
  * MS_EINVAL (missing tensor, shape or dtype wrong: one line naming the
  * tensor), MS_ENOMEM.

@@ -435,8 +435,10 @@ static int colwise(const char *name)
 {
 	struct fam f;
 	struct shot a, b;
-	struct ms_model_opts ro = {MS_COLWISE_RESIDENT, 1, 2};
-	struct ms_model_opts od = {MS_COLWISE_ON_DEMAND, 1, 2};
+	struct ms_model_opts ro = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 2};
+	struct ms_model_opts od = {
+			.colwise = MS_COLWISE_ON_DEMAND, .ep_size = 1, .nthreads = 2};
 	size_t n = 0;
 
 	T_ASSERT(fam_open(&f, name) == 0);
@@ -491,7 +493,8 @@ static int test_fused_experts(void)
 	size_t nb = 0;
 	uint32_t E, F, H;
 	struct shot a, c;
-	struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+	struct ms_model_opts o = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 2};
 
 	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
 	E = f.cfg.n_experts;
@@ -586,8 +589,10 @@ static int test_threads_bitexact(void)
 {
 	struct fam f;
 	struct shot a, b;
-	struct ms_model_opts o1 = {MS_COLWISE_RESIDENT, 1, 1};
-	struct ms_model_opts o3 = {MS_COLWISE_RESIDENT, 1, 3};
+	struct ms_model_opts o1 = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 1};
+	struct ms_model_opts o3 = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 3};
 
 	T_ASSERT(fam_open(&f, "mixtral") == 0);
 	T_ASSERT(shot_take(&f, &o1, NULL, 2, 8, 0, &a) == 0);
@@ -622,11 +627,13 @@ static int ep(const char *name)
 
 	T_ASSERT(fam_open(&f, name) == 0);
 	{
-		struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+		struct ms_model_opts o = {
+				.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 2};
 		T_ASSERT(shot_take(&f, &o, NULL, 4, 6, 0, &one) == 0);
 	}
 	for (uint32_t n = 2; n <= 4; n *= 2) {
-		struct ms_model_opts o = {MS_COLWISE_ON_DEMAND, n, 2};
+		struct ms_model_opts o = {
+				.colwise = MS_COLWISE_ON_DEMAND, .ep_size = n, .nthreads = 2};
 		T_ASSERT(shot_take(&f, &o, NULL, 4, 6, 0, &k) == 0);
 		T_ASSERT(memcmp(&one.loss, &k.loss, sizeof k.loss) == 0);
 		T_ASSERT(memcmp(one.logits, k.logits, 4 * 6 * f.cfg.vocab * sizeof(float)) == 0);
@@ -666,8 +673,10 @@ static int test_ep_refusals(void)
 	struct fam f;
 	struct ms_model *m = NULL;
 	struct ms_err err = {0};
-	struct ms_model_opts o3 = {MS_COLWISE_RESIDENT, 3, 1};
-	struct ms_model_opts o2 = {MS_COLWISE_RESIDENT, 2, 1};
+	struct ms_model_opts o3 = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 3, .nthreads = 1};
+	struct ms_model_opts o2 = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 2, .nthreads = 1};
 	int32_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 	double l;
 	uint64_t nt;
@@ -731,7 +740,8 @@ static int test_dropout(void)
 	struct fam f;
 	struct ms_lora_cfg lc = LORA_ALL;
 	struct shot a, b, c, d;
-	struct ms_model_opts o = {MS_COLWISE_RESIDENT, 1, 2};
+	struct ms_model_opts o = {
+			.colwise = MS_COLWISE_RESIDENT, .ep_size = 1, .nthreads = 2};
 
 	lc.dropout = 0.25;
 	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
@@ -754,6 +764,188 @@ static int test_dropout(void)
 	shot_free(&b);
 	shot_free(&c);
 	shot_free(&d);
+	fam_close(&f);
+	return 0;
+}
+
+/* ---- warm start ---------------------------------------------------------------------- */
+
+static const struct ms_param *param_named(struct ms_model *m, const char *name)
+{
+	const struct ms_param *ps;
+	size_t np = ms_model_params(m, &ps);
+	for (size_t i = 0; i < np; i++)
+		if (!strcmp(ps[i].name, name))
+			return &ps[i];
+	return NULL;
+}
+
+/* The expert e block [rows r0 .. r0+nr) of s B_e A_e from the fused
+ * parameters of module key, against PEFT's delta (float32 [nr, in] at
+ * want); returns the largest difference relative to the largest value. */
+static double delta_diff(struct ms_model *m, const char *key, uint32_t E,
+			 uint32_t r, double s, uint32_t e, uint32_t r0, uint32_t nr,
+			 uint32_t in, const struct ms_wtensor *want, size_t woff)
+{
+	char na[400], nb[400];
+	const struct ms_param *A, *B;
+	double dmax = 0, vmax = 0;
+	snprintf(na, sizeof na, "%s.lora_A.weight", key);
+	snprintf(nb, sizeof nb, "%s.lora_B.weight", key);
+	A = param_named(m, na);
+	B = param_named(m, nb);
+	if (!A || !B)
+		return INFINITY;
+	for (uint32_t o = 0; o < nr; o++)
+		for (uint32_t i = 0; i < in; i++) {
+			double d = 0, w = fget(want, woff + (size_t)o * in + i);
+			for (uint32_t k = 0; k < r; k++)
+				d += (double)B->w[(size_t)(r0 + o) * r * E + k * E + e] *
+				     A->w[(size_t)(e * r + k) * in + i];
+			d *= s;
+			if (fabs(w) > vmax)
+				vmax = fabs(w);
+			if (fabs(d - w) > dmax)
+				dmax = fabs(d - w);
+		}
+	return vmax > 0 ? dmax / vmax : INFINITY;
+}
+
+static int open_peft(struct fam *f, const char *dir)
+{
+	char p[512];
+	const struct ms_ckpt_config *cj;
+	struct ms_err err = {0};
+	memset(f, 0, sizeof *f);
+	snprintf(p, sizeof p, "%s/peft/%s/base", T_FIXTURES, dir);
+	if (tset_open(&f->base, p))
+		return -1;
+	snprintf(p, sizeof p, "%s/peft/%s/adapter", T_FIXTURES, dir);
+	if (tset_open(&f->adapter, p))
+		return -1;
+	snprintf(p, sizeof p, "%s/peft/%s/peft_delta_truth.safetensors", T_FIXTURES, dir);
+	if (tset_open(&f->gold, p))
+		return -1;
+	cj = ms_ckpt_config(f->base.c, "config.json");
+	if (!cj || ms_model_cfg_parse(cj->text, cj->len, &f->cfg, &err)) {
+		fprintf(stderr, "%s: %s\n", dir, err.msg);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * A PEFT adapter with rank_pattern (layer 1's down_proj at rank 2 of 3)
+ * warm-starts the fused expert adapters with PEFT's own delta
+ * (get_delta_weight in peft_delta_truth): at the adapter's rank and alpha,
+ * and at a larger run rank with another alpha (ranks padded, B rescaled).
+ */
+static int test_warm_rank_pattern(void)
+{
+	struct fam f;
+	struct ms_err err = {0};
+	double worst = 0;
+	static const struct { uint32_t r; double alpha; } runs[2] = {{3, 5}, {5, 8}};
+
+	T_ASSERT(open_peft(&f, "qwen3moe-E6-r3") == 0);
+	for (int v = 0; v < 2; v++) {
+		struct ms_model *m = NULL;
+		struct ms_lora_cfg lc = {.r = runs[v].r, .alpha = runs[v].alpha,
+					 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_V,
+					 .seed = 3};
+		struct ms_model_opts o = {.nthreads = 1, .warm_alpha = 5};
+		uint32_t E = f.cfg.n_experts, F = f.cfg.moe_ffn, H = f.cfg.hidden;
+		double s = lc.alpha / lc.r;
+		T_ASSERT_MSG(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, NULL, 0, &lc,
+					    f.adapter.t, f.adapter.n, &o, &err) == MS_OK,
+			     "%s", err.msg);
+		for (uint32_t l = 0; l < f.cfg.n_layers; l++) {
+			char key[300], tk[300];
+			const struct ms_wtensor *gu, *dn;
+			snprintf(tk, sizeof tk, "base_model.model.model.layers.%u.mlp.experts."
+				 "base_layer::gate_up_proj", l);
+			gu = tset_find(&f.gold, tk);
+			snprintf(tk, sizeof tk, "base_model.model.model.layers.%u.mlp.experts::"
+				 "down_proj", l);
+			dn = tset_find(&f.gold, tk);
+			T_ASSERT(gu && dn);
+			for (uint32_t e = 0; e < E; e++) {
+				double d1, d2;
+				snprintf(key, sizeof key, "base_model.model.model.layers.%u."
+					 "mlp.experts.base_layer", l);
+				d1 = delta_diff(m, key, E, lc.r, s, e, 0, 2 * F, H, gu,
+						(size_t)e * 2 * F * H);
+				snprintf(key, sizeof key, "base_model.model.model.layers.%u."
+					 "mlp.experts", l);
+				d2 = delta_diff(m, key, E, lc.r, s, e, 0, H, F, dn,
+						(size_t)e * H * F);
+				T_ASSERT_MSG(d1 < 1e-6 && d2 < 1e-6,
+					     "r %u layer %u expert %u: delta differs %g %g",
+					     lc.r, l, e, d1, d2);
+				worst = fmax(worst, fmax(d1, d2));
+			}
+		}
+		ms_model_free(m);
+	}
+	fprintf(stderr, "  fused experts with rank_pattern: delta within %.3g of PEFT's\n",
+		worst);
+	fam_close(&f);
+	return 0;
+}
+
+/*
+ * A Mixtral adapter of per-expert modules (w1, w3, w2 each with its own
+ * LoRA, r = 3) warm-starts the fused layout at rank 6 with PEFT's deltas
+ * for every expert (w1 -> gate rows, w3 -> up rows, w2 -> down); at rank 3
+ * it is refused: w1 and w3 cannot share one A.
+ */
+static int test_warm_perexpert_mixtral(void)
+{
+	struct fam f;
+	struct ms_err err = {0};
+	struct ms_model *m = NULL;
+	struct ms_lora_cfg lc = {.r = 6, .alpha = 12, .seed = 3,
+				 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_V};
+	struct ms_model_opts o = {.nthreads = 1, .warm_alpha = 5};
+	uint32_t E, F, H;
+	double worst = 0;
+
+	T_ASSERT(open_peft(&f, "mixtral-perexpert-E6-r3") == 0);
+	E = f.cfg.n_experts;
+	F = f.cfg.moe_ffn;
+	H = f.cfg.hidden;
+	T_ASSERT_MSG(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, NULL, 0, &lc,
+				    f.adapter.t, f.adapter.n, &o, &err) == MS_OK, "%s",
+		     err.msg);
+	for (uint32_t l = 0; l < f.cfg.n_layers; l++)
+		for (uint32_t e = 0; e < E; e++) {
+			static const char *wn[3] = {"w1", "w3", "w2"};
+			for (int p = 0; p < 3; p++) {
+				char key[300], tk[300];
+				const struct ms_wtensor *t;
+				double d;
+				snprintf(tk, sizeof tk, "base_model.model.model.layers.%u."
+					 "block_sparse_moe.experts.%u.%s::weight", l, e, wn[p]);
+				t = tset_find(&f.gold, tk);
+				T_ASSERT(t);
+				snprintf(key, sizeof key, "base_model.model.model.layers.%u."
+					 "mlp.experts%s", l, p < 2 ? ".base_layer" : "");
+				d = p < 2 ? delta_diff(m, key, E, 6, 2.0, e, (uint32_t)p * F, F,
+						       H, t, 0)
+					  : delta_diff(m, key, E, 6, 2.0, e, 0, H, F, t, 0);
+				T_ASSERT_MSG(d < 1e-6, "layer %u expert %u %s: delta differs %g",
+					     l, e, wn[p], d);
+				worst = fmax(worst, d);
+			}
+		}
+	ms_model_free(m);
+	fprintf(stderr, "  per-expert Mixtral adapter: delta within %.3g of PEFT's\n",
+		worst);
+	lc.r = 3;
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, NULL, 0, &lc,
+				f.adapter.t, f.adapter.n, &o, &err) == MS_EINVAL);
+	T_ASSERT_MSG(strstr(err.msg, "w3.lora_A.weight") &&
+		     strstr(err.msg, "at least 6"), "%s", err.msg);
 	fam_close(&f);
 	return 0;
 }
@@ -925,6 +1117,8 @@ static const struct t_case cases[] = {
 	T_CASE(test_ep_refusals),
 	T_CASE(test_accumulate),
 	T_CASE(test_dropout),
+	T_CASE(test_warm_rank_pattern),
+	T_CASE(test_warm_perexpert_mixtral),
 	T_CASE(test_cfg_refusals),
 	T_CASE(test_weight_refusals),
 	T_CASE(test_adapter_config),
