@@ -155,16 +155,47 @@ out:
 	return rc;
 }
 
+/* The directories of path that do not exist yet, deepest first (NULL-
+ * terminated, caller frees each and the array): what a failed first
+ * checkpoint removes again, so that it leaves nothing behind. */
+static char **missing_dirs(const char *path)
+{
+	char **v = NULL, *p = ms_strdup(path);
+	size_t n = 0;
+	struct stat sb;
+
+	if (!p)
+		return NULL;
+	while (*p && strcmp(p, "/") && strcmp(p, ".") && lstat(p, &sb) != 0 && errno == ENOENT) {
+		char **nv = ms_realloc(v, (n + 2) * sizeof(*nv)), *slash;
+
+		if (!nv)
+			break;
+		v = nv;
+		v[n++] = p;
+		v[n] = NULL;
+		if (!(p = ms_strdup(p)))
+			break;
+		slash = strrchr(p, '/');
+		if (!slash)
+			break;
+		*(slash == p ? slash + 1 : slash) = '\0';
+	}
+	ms_free(p);
+	return v;
+}
+
 int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, char **dir_out,
 			char digest_out[MS_STATE_DIGEST_LEN], char **label_out, struct ms_err *err)
 {
+	char **created = missing_dirs(s->outputs);
 	char *had = NULL;
 	char name[64], *final = NULL, *stage = NULL, *adir = NULL, *opath = NULL;
 	char *params = NULL, *reg = NULL;
 	uint8_t sha[32];
 	struct ms_inv_add_opts a;
 	struct stat sb;
-	int rc = MS_OK, have_stage = 0, published = 0, batch = 0;
+	int rc = MS_OK, have_stage = 0, published = 0, batch = 0, injected;
 
 	*dir_out = NULL;
 	*label_out = NULL;
@@ -218,8 +249,8 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 				strerror(errno));
 		goto out;
 	}
-	if (ms_fault("rename") || ms_rename_noreplace(stage, final, 1)) {
-		int e = ms_fault("rename") ? EIO : errno;
+	if ((injected = ms_fault("rename")) || ms_rename_noreplace(stage, final, 1)) {
+		int e = injected ? EIO : errno;
 
 		rc = e == EEXIST || e == ENOTEMPTY
 			     ? ms_err_set(err, MS_EEXIST, "'%s': checkpoint appeared while writing "
@@ -306,6 +337,13 @@ out:
 	ms_free(params);
 	ms_free(reg);
 	ms_free(had);
+	for (size_t i = 0; created && created[i]; i++) {
+		/* only the empty ones this call made: a failure leaves no trace */
+		if (rc != MS_OK)
+			(void)rmdir(created[i]);
+		ms_free(created[i]);
+	}
+	ms_free(created);
 	return rc;
 }
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "fsutil.h"
@@ -104,9 +105,13 @@ static int load_configs(const struct ms_vstate *vs, struct ms_train_state *s, co
 		if (!p)
 			return oom(err);
 		rc = ms_read_file(p, MS_CKPT_MAX_CONFIG, &text, &len, err);
-		if (rc == MS_EIO || rc == MS_ENOTFOUND || rc == MS_EINVAL) {
-			rc = ms_err_set(err, MS_ECHECK, "role '%s': state %s: '%s': missing or "
-					"unreadable", s->role, who, p);
+		if (rc != MS_OK && rc != MS_ENOMEM && access(p, F_OK) != 0 && errno == ENOENT) {
+			rc = ms_err_set(err, MS_ECHECK, "role '%s': state %s: '%s': missing", s->role,
+					who, p);
+		} else if (rc == MS_EINVAL) {
+			/* too large or not a regular file: not what was recorded */
+			rc = ms_err_set(err, MS_ECHECK, "role '%s': state %s: '%s': %s", s->role, who,
+					p, err->msg);
 		} else if (rc == MS_OK && (rc = ms_sha256(text, len, d)) != MS_OK) {
 			rc = ms_sha256_err(err, rc);
 		} else if (rc == MS_OK && memcmp(d, vs->configs[i].digest, 32)) {
@@ -243,8 +248,10 @@ int ms_train_state_load(struct ms_inv *inv, const char *role, const char *ref, c
 			rc = ms_state_digest(ck->tensors, ck->ntensors, out->digest, &lerr);
 		if (rc == MS_OK)
 			rc = ms_vstate_from_ckpt(ck, &vs, &lerr);
-		if (rc == MS_EINVAL || rc == MS_ENOTFOUND || rc == MS_EIO) {
-			/* the message names the path */
+		if (rc == MS_EINVAL || rc == MS_ENOTFOUND ||
+		    (rc == MS_EIO && access(path, F_OK) != 0 && errno == ENOENT)) {
+			/* missing or not a checkpoint: a refusal (the message
+			 * names the path); a read that failed stays an I/O error */
 			rc = ms_err_set(err, MS_ECHECK, "role '%s': %s", role, lerr.msg);
 			goto out;
 		}

@@ -154,6 +154,17 @@ has '"label":"full-step24"' resumed.json "label of the resumed checkpoint"
 [ "$(q "SELECT p.label FROM derivations d JOIN states c ON c.id = d.child_id
         JOIN states p ON p.id = d.parent_id WHERE c.label = 'full-step24' AND p.kind = 'adapter'")" = full-step12 ] &&
 	ok || bad "resumed checkpoint's parent"
+# with LoRA dropout too: its masks are drawn from (seed, step), which the
+# checkpoint carries
+plan dfull.json runs/dfull 8 4
+plan dhalf.json runs/dhalf 8 4
+sed -i 's/"alpha": 8,/"alpha": 8, "dropout": 0.2,/; s/"seed": 1/"seed": 5/' dfull.json dhalf.json
+expect 0 "$B/mstrain" train --plan dfull.json --metrics dfull.jsonl
+expect 0 "$B/mstrain" train --plan dhalf.json --steps 4
+expect 0 "$B/mstrain" train --plan dhalf.json --resume runs/dhalf/step-000004 --metrics dhalf.jsonl
+curve dfull.jsonl 5 8 >want
+curve dhalf.jsonl 1 8 >got
+[ -s want ] && cmp -s want got && ok || { bad "resumed losses with dropout differ"; diff want got | head -n 4; }
 sed 's/"seed": 1/"seed": 2/' full.json >seed2.json
 expect 2 "$B/mstrain" train --plan seed2.json --resume runs/half/step-000012
 has "written by a run of seed 1, the plan's seed is 2" "$W/err" "resume under another seed"
