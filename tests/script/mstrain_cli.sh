@@ -273,6 +273,21 @@ has "unverified: its last verification" "$W/err" "unverified state"
 one_line "unverified state"
 expect 0 "$B/msverify" files base-nvfp4
 expect 0 "$B/mstrain" train --plan t.json
+# a configuration file changed after registration (it decides how the
+# tensors are read): refused like a tensor
+cp base/config.json config.orig
+sed 's/"rms_norm_eps": 1e-06/"rms_norm_eps": 1e-05/' config.orig >base/config.json
+plan c.json runs/c 2 0
+expect 1 "$B/mstrain" train --plan c.json
+has "role 'base': state 'base'.*config.json': changed since it was recorded" "$W/err" "changed config"
+one_line "changed config"
+cp config.orig base/config.json
+# what a killed trainer leaves (its staging directory) msinv gc removes
+mkdir -p runs/t/.step-000009.tmp-999999-0badcafe/adapter
+: >runs/t/.step-000009.tmp-999999-0badcafe/adapter/adapter_config.json
+expect 0 "$B/msinv" gc runs/t
+[ ! -e runs/t/.step-000009.tmp-999999-0badcafe ] && [ -d runs/t/step-000002 ] && ok ||
+	bad "msinv gc and a trainer's staging directory"
 
 # ---- under msinv launch ----
 plan l.json runs/l 6 3
