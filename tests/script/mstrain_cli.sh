@@ -316,5 +316,47 @@ expect 1 env MSINV_RUN=1 MSINV_PLAN_DIGEST="sha256:$digest" MSINV_STATE_BASE="$b
 	"$B/mstrain" train --plan l2.json
 has "role 'quantized'.* was not verified by the launch" "$W/err" "role not verified"
 
+# ---- the man page's EXAMPLES, as written ----
+# "$ cat FILE" followed by text is the file's content; every other "$ "
+# line (with its "\" continuations) runs, in order, in a directory holding
+# the fixture checkpoint as base/, with an inventory of its own
+ROOT=${MS_ROOT:-.}
+mkdir ex && cp -r "$FX/peft/qwen3moe-E8-r4/base" ex/base
+python3 - "$ROOT/man/mstrain.1" ex <<'PY' >ex/run.sh || bad "could not read the EXAMPLES"
+import re, sys
+text = open(sys.argv[1]).read()
+ex = text[text.index(".Sh EXAMPLES"):text.index(".Sh SEE ALSO")]
+lines, out, cur, cat = [], [], None, None
+for blk in re.findall(r"\.Bd -literal[^\n]*\n(.*?)\.Ed", ex, re.S):
+    lines += blk.replace("\\e", "\\").splitlines()
+for l in lines:
+    if l.startswith("$ "):
+        if cat:
+            out.append("cat >%s <<'JSON'\n%s\nJSON" % (cat[0], "\n".join(cat[1])))
+            cat = None
+        m = re.match(r"\$ cat (\S+)$", l)
+        if m:
+            cat = (m.group(1), [])
+            continue
+        cur = l[2:]
+    elif cat:
+        cat[1].append(l)
+        continue
+    else:
+        cur = out.pop() + "\n" + l
+    out.append(cur)
+print("set -e")
+print("\n".join(out))
+PY
+n=$(grep -c 'mstrain train' ex/run.sh)
+[ "$n" -ge 3 ] && ok || bad "found $n mstrain commands in the EXAMPLES"
+(cd ex && MSINV_DB="$PWD/msinv.db" PATH="$B:$PATH" sh run.sh) >ex.out 2>&1 && ok ||
+	{ bad "man page EXAMPLES failed"; tail -n 5 ex.out; }
+has "copy-lora-step40" ex.out "EXAMPLES: lineage of the trained adapter"
+# as the page says: the resumed run ends on the state the first run labelled
+has "^checkpoint step 40 runs/copy2/step-000040 sha256:.* (copy-lora-step40)$" ex.out "EXAMPLES: resumed = uninterrupted"
+curve ex/a.jsonl 1 20 >/dev/null && curve ex/b.jsonl 21 40 >got && [ "$(wc -l <got)" -eq 20 ] && ok ||
+	bad "EXAMPLES: the resumed run's metrics"
+
 echo "mstrain_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
