@@ -120,7 +120,10 @@ static int parse_rope(const cJSON *root, double *theta, double *partial,
 	} else if ((rc = get_num(root, "rope_theta", 10000.0, 0, theta, err))) {
 		return rc;
 	}
-	if (get(root, "partial_rotary_factor") &&
+	/* transformers reads rope_parameters; a top-level factor (GLM's config
+	 * class writes its default there too) counts only when that has none */
+	if ((!rp || !get(rp, "partial_rotary_factor")) &&
+	    get(root, "partial_rotary_factor") &&
 	    (rc = get_num(root, "partial_rotary_factor", 1.0, 0, partial, err)))
 		return rc;
 	if (!(*theta > 0))

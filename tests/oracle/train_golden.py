@@ -41,15 +41,63 @@ from safetensors.torch import load_file, save_file
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FAMILIES = {
-    # name: (base dir or None to create, msconvert options)
+    # name: (base dir, or the function that writes one, msconvert options)
     "qwen3moe": ("tests/fixtures/hf/qwen3moe", ["--recipe", "modelopt"]),
     "mixtral": ("tests/fixtures/hf/mixtral",
                 ["--recipe", "compressed-tensors", "--format", "compressed-tensors"]),
-    "glm4moe": (None, ["--recipe", "te"]),
+    "glm4moe": ("make_glm", ["--recipe", "te"]),
+    # the config branches the three above leave out
+    "qwen3moe-var": ("make_qwen_var", ["--recipe", "te", "--format", "compressed-tensors"]),
+    "glm4moe-var": ("make_glm_var", ["--recipe", "modelopt"]),
 }
 
 LUT = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6],
                    dtype=torch.float32)
+
+
+def randomize_and_save(model, out, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.02 if p.dim() > 1 else 1.0)
+                    + (1.0 if n.endswith("norm.weight") else 0.0))
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.rand_like(b) * 0.1)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(out)
+
+
+def make_qwen_var(out):
+    """Qwen3-MoE with norm_topk_prob, a dense layer (mlp_only_layers), tied
+    embeddings and attention biases."""
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=48, intermediate_size=40,
+        moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, num_experts=6, num_experts_per_tok=3,
+        norm_topk_prob=True, mlp_only_layers=[1], decoder_sparse_step=1,
+        attention_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    torch.manual_seed(99)
+    randomize_and_save(transformers.Qwen3MoeForCausalLM(cfg), out, 4321)
+
+
+def make_glm_var(out):
+    """GLM-4-MoE without norm_topk_prob, q/k norm or biases; one group,
+    full rotary, two shared experts, no dense layer, tied embeddings."""
+    cfg = transformers.Glm4MoeConfig(
+        vocab_size=128, hidden_size=48, intermediate_size=64,
+        moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, n_routed_experts=4,
+        n_shared_experts=2, num_experts_per_tok=2, n_group=1, topk_group=1,
+        routed_scaling_factor=1.5, norm_topk_prob=False, first_k_dense_replace=0,
+        use_qk_norm=False, attention_bias=False, tie_word_embeddings=True,
+        max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 1.0})
+    torch.manual_seed(98)
+    randomize_and_save(transformers.Glm4MoeForCausalLM(cfg), out, 8765)
 
 
 def make_glm(out):
@@ -140,10 +188,10 @@ def set_weights(model, family, deq):
 def run_family(name, base_rel, qopts, args, versions):
     out = os.path.join(args.out, name)
     os.makedirs(out, exist_ok=True)
-    if base_rel is None:
+    if base_rel.startswith("make_"):
         base = os.path.join(out, "base")
         shutil.rmtree(base, ignore_errors=True)
-        make_glm(base)
+        globals()[base_rel](base)
     else:
         base = os.path.join(ROOT, base_rel)
     qdir = os.path.join(out, "quant")
@@ -159,7 +207,7 @@ def run_family(name, base_rel, qopts, args, versions):
     print(f"{name}: {n} NVFP4 modules decoded", file=sys.stderr)
 
     lcfg = peft.LoraConfig(
-        r=4, lora_alpha=8, lora_dropout=0.0,
+        r=3 if name.endswith("-var") else 4, lora_alpha=8, lora_dropout=0.0,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
         init_lora_weights=True)

@@ -60,8 +60,15 @@ static const struct ms_wtensor *tset_find(const struct tset *s, const char *name
 	return NULL;
 }
 
+static const struct ms_lora_cfg LORA_ALL = {
+	.r = 4, .alpha = 8, .dropout = 0,
+	.targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V | MS_LORA_O,
+	.seed = 1,
+};
+
 struct fam {
 	struct ms_model_cfg cfg;
+	struct ms_lora_cfg lora;     /* the golden adapter's */
 	struct tset base, quant, adapter, gold;
 };
 
@@ -72,12 +79,15 @@ static int fam_open(struct fam *f, const char *name)
 	struct ms_err err = {0};
 
 	memset(f, 0, sizeof *f);
-	if (!strcmp(name, "glm4moe"))
-		snprintf(p, sizeof p, "%s/train/glm4moe/base", T_FIXTURES);
-	else
+	/* the bundled checkpoint, or one the golden generator wrote */
+	snprintf(p, sizeof p, "%s/train/%s/base", T_FIXTURES, name);
+	if (access(p, F_OK))
 		snprintf(p, sizeof p, "%s/hf/%s", T_FIXTURES, name);
 	if (tset_open(&f->base, p))
 		return -1;
+	f->lora = LORA_ALL;
+	if (strstr(name, "-var"))
+		f->lora.r = 3;
 	snprintf(p, sizeof p, "%s/train/%s/quant", T_FIXTURES, name);
 	if (tset_open(&f->quant, p))
 		return -1;
@@ -103,19 +113,13 @@ static void fam_close(struct fam *f)
 	tset_close(&f->gold);
 }
 
-static const struct ms_lora_cfg LORA_ALL = {
-	.r = 4, .alpha = 8, .dropout = 0,
-	.targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V | MS_LORA_O,
-	.seed = 1,
-};
-
 static struct ms_model *fam_model(struct fam *f, const struct ms_model_opts *o,
 				  int warm)
 {
 	struct ms_model *m = NULL;
 	struct ms_err err = {0};
 	if (ms_model_build(&m, &f->cfg, f->base.t, f->base.n, f->quant.t, f->quant.n,
-			   &LORA_ALL, warm ? f->adapter.t : NULL,
+			   &f->lora, warm ? f->adapter.t : NULL,
 			   warm ? f->adapter.n : 0, o, &err)) {
 		fprintf(stderr, "build: %s\n", err.msg);
 		return NULL;
@@ -236,6 +240,8 @@ static int golden(const char *name)
 static int test_golden_qwen3moe(void) { return golden("qwen3moe"); }
 static int test_golden_mixtral(void) { return golden("mixtral"); }
 static int test_golden_glm4moe(void) { return golden("glm4moe"); }
+static int test_golden_qwen3moe_var(void) { return golden("qwen3moe-var"); }
+static int test_golden_glm4moe_var(void) { return golden("glm4moe-var"); }
 
 /* ---- finite differences -------------------------------------------------------- */
 
@@ -339,7 +345,10 @@ static int fd_with(const char *name, const struct ms_lora_cfg *lc, uint64_t step
 
 static int fd(const char *name)
 {
-	return fd_with(name, &LORA_ALL, 0);
+	struct ms_lora_cfg lc = LORA_ALL;
+	if (strstr(name, "-var"))
+		lc.r = 3;
+	return fd_with(name, &lc, 0);
 }
 
 /* dropout: the gradient is that of the loss under the step's masks */
@@ -353,6 +362,8 @@ static int test_fd_dropout(void)
 static int test_fd_qwen3moe(void) { return fd("qwen3moe"); }
 static int test_fd_mixtral(void) { return fd("mixtral"); }
 static int test_fd_glm4moe(void) { return fd("glm4moe"); }
+static int test_fd_qwen3moe_var(void) { return fd("qwen3moe-var"); }
+static int test_fd_glm4moe_var(void) { return fd("glm4moe-var"); }
 
 /* ---- bit-exact variants ------------------------------------------------------------ */
 
@@ -1089,9 +1100,13 @@ static const struct t_case cases[] = {
 	T_CASE(test_golden_qwen3moe),
 	T_CASE(test_golden_mixtral),
 	T_CASE(test_golden_glm4moe),
+	T_CASE(test_golden_qwen3moe_var),
+	T_CASE(test_golden_glm4moe_var),
 	T_CASE(test_fd_qwen3moe),
 	T_CASE(test_fd_mixtral),
 	T_CASE(test_fd_glm4moe),
+	T_CASE(test_fd_qwen3moe_var),
+	T_CASE(test_fd_glm4moe_var),
 	T_CASE(test_fd_dropout),
 	T_CASE(test_colwise_qwen3moe),
 	T_CASE(test_colwise_glm4moe),
