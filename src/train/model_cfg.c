@@ -112,7 +112,9 @@ static int parse_rope(const cJSON *root, double *theta, double *partial,
 					  "config.json: 'rope_parameters.rope_type' is "
 					  "'%s': only 'default' is implemented",
 					  cJSON_IsString(t) ? t->valuestring : "?");
-		if ((rc = get_num(rp, "rope_theta", 10000.0, 0, theta, err)))
+		if ((rc = get_num(rp, "rope_theta", 10000.0, 0, theta, err)) ||
+		    (!get(rp, "rope_theta") &&
+		     (rc = get_num(root, "rope_theta", 10000.0, 0, theta, err))))
 			return rc;
 		if (get(rp, "partial_rotary_factor") &&
 		    (rc = get_num(rp, "partial_rotary_factor", 1.0, 0, partial, err)))

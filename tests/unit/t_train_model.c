@@ -973,6 +973,21 @@ static int test_cfg_refusals(void)
 
 	T_ASSERT(ms_model_cfg_parse(ok, strlen(ok), &c, &err) == MS_OK);
 	T_ASSERT(c.family == MS_MODEL_QWEN3_MOE && c.n_experts == 8 && c.qk_norm);
+	/* RoPE: rope_parameters first, top-level fields where it has none */
+	{
+		const char *a = "{" QWEN_BASE ",\"partial_rotary_factor\":0.5,"
+				"\"rope_parameters\":{\"rope_type\":\"default\","
+				"\"partial_rotary_factor\":1.0}}";
+		const char *b = "{" QWEN_BASE ",\"partial_rotary_factor\":0.5,"
+				"\"rope_theta\":500000,\"rope_parameters\":"
+				"{\"rope_type\":\"default\"}}";
+		T_ASSERT(ms_model_cfg_parse(a, strlen(a), &c, &err) == MS_OK);
+		T_ASSERT_EQ_INT(c.rotary_dim, 16);
+		T_ASSERT(c.rope_theta == 10000.0);
+		T_ASSERT(ms_model_cfg_parse(b, strlen(b), &c, &err) == MS_OK);
+		T_ASSERT_EQ_INT(c.rotary_dim, 8);
+		T_ASSERT(c.rope_theta == 500000.0);
+	}
 	T_ASSERT(!cfg_refused("{\"model_type\":\"llama\"}", "model_type"));
 	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"hidden_act\":\"gelu\"}", "hidden_act"));
 	T_ASSERT(!cfg_refused("{" QWEN_BASE ",\"rope_parameters\":{\"rope_type\":\"yarn\","
