@@ -56,10 +56,15 @@
  * everything else; the batch is split into N equal parts (batch % N == 0),
  * rank k runs attention on part k; each MoE layer dispatches token rows to
  * the ranks owning their experts through explicit per-(src, dst) buffers
- * and combines the results back in the same fixed order, so NCCL's
- * all-to-all drops in later. Replicated LoRA gradients are reduced (summed
- * over ranks, in rank order) at the end of ms_model_step. Results equal EP 1
- * within float32 rounding (tested).
+ * (send buffers grouped by destination, receive buffers by source: the
+ * layout of an all-to-all-v, done by one exchange function that NCCL
+ * replaces later) and combines the results back the same way; each token
+ * sums its experts' outputs in slot order whichever rank computed them.
+ * Each rank accumulates its own gradients (its tokens' share of the
+ * replicated attention adapters, its experts' slices of the fused expert
+ * adapters), reduced in rank order at the end of ms_model_step. Loss and
+ * logits are bit-identical to EP 1; gradients equal it up to the order of
+ * that reduction (bit-identical on the test models, accumulated in double).
  *
  * The model never opens a file: every tensor comes in as host bytes the
  * caller loaded through the verified load (vload.h).
