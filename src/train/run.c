@@ -16,6 +16,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,7 @@ void ms_train_state_release(struct ms_train_state *s)
 	ms_free(s->label);
 	ms_free(s->where);
 	ms_free(s->config);
+	ms_free(s->adapter_config);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -120,6 +122,10 @@ static int load_configs(const struct ms_vstate *vs, struct ms_train_state *s, co
 		} else if (rc == MS_OK && !strcmp(ms_path_base(p), "config.json") && !s->config) {
 			s->config = text;
 			s->config_len = len;
+			text = NULL;
+		} else if (rc == MS_OK && !strcmp(ms_path_base(p), "adapter_config.json") &&
+			   !s->adapter_config) {
+			s->adapter_config = text;
 			text = NULL;
 		}
 		ms_free(text);
@@ -525,6 +531,27 @@ static int keep_state(struct ms_train_result *res, struct ms_train_state *s, str
 	return MS_OK;
 }
 
+/* lora_alpha of a warm-start adapter's (verified) adapter_config.json. */
+static int warm_alpha(const struct ms_train_state *a, double *alpha, struct ms_err *err)
+{
+	int nomem = 0;
+	cJSON *j = ms_json_parse(a->adapter_config, strlen(a->adapter_config), &nomem);
+	const cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "lora_alpha") : NULL;
+	int rc = MS_OK;
+
+	if (!j)
+		rc = nomem ? oom(err)
+			   : ms_err_set(err, MS_EINVAL, "role '%s': adapter_config.json: not JSON",
+					a->role);
+	else if (cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble > 0)
+		*alpha = v->valuedouble;
+	else if (v)
+		rc = ms_err_set(err, MS_EINVAL, "role '%s': adapter_config.json: 'lora_alpha' is "
+				"not a positive number", a->role);
+	cJSON_Delete(j);
+	return rc;
+}
+
 static const struct ms_fp_entry *plan_role(const struct ms_fp_plan *p, const char *role)
 {
 	for (size_t i = 0; i < p->nentries; i++)
@@ -669,6 +696,10 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	mo.colwise = o->colwise >= 0 ? (enum ms_colwise_mode)o->colwise : tp.colwise;
 	mo.ep_size = o->ep_size ? o->ep_size : fp->ep_size;
 	mo.nthreads = o->nthreads;
+	/* a warm start keeps its own delta: the model rescales B from the
+	 * adapter's alpha to the run's */
+	if (adapter.adapter_config && (rc = warm_alpha(&adapter, &mo.warm_alpha, err)) != MS_OK)
+		goto out;
 	if (tp.batch % mo.ep_size) {
 		rc = ms_err_set(err, MS_EINVAL, "plan '%s': key 'train.batch': %u sequences do not "
 				"divide over %u EP ranks", o->plan_path, tp.batch, mo.ep_size);

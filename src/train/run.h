@@ -150,6 +150,7 @@ struct ms_train_state {
 	struct ms_wtensor *t;  /* names and bytes owned here */
 	char *config;          /* config.json (base) text, NUL-terminated */
 	size_t config_len;
+	char *adapter_config;  /* adapter_config.json (adapter), or NULL */
 	uint64_t bytes;        /* tensor bytes loaded (and hashed) */
 };
 

@@ -222,6 +222,16 @@ expect 0 "$B/mstrain" train --plan warm.json --metrics warm.jsonl
 [ "$(curve warm.jsonl 1 1 | cut -d' ' -f2)" != "$(curve ep1.jsonl 1 1 | cut -d' ' -f2)" ] &&
 	ok || bad "the warm-start adapter made no difference"
 
+# the run's alpha may differ from the adapter's (its adapter_config.json):
+# the model starts from the adapter's delta all the same, so the first
+# loss (before any update) is the one of a run with the adapter's alpha
+sed 's/"alpha": 8,/"alpha": 16,/; s#runs/warm#runs/warm16#; s/"label": "warm"/"label": "warm16"/' warm.json >warm16.json
+expect 0 "$B/mstrain" train --plan warm16.json --metrics warm16.jsonl
+python3 -c "
+import json, sys
+a, b = (json.loads(open(f).readline())['loss'] for f in sys.argv[1:])
+sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" warm.jsonl warm16.jsonl && ok ||
+	bad "warm start under another alpha: first loss $(curve warm16.jsonl 1 1) differs from $(curve warm.jsonl 1 1)"
 # a warm start from one EP shard of the adapter: refused (wrong EP size:
 # exit 1 with the reshard command; the right size: exit 2, merge it first)
 expect 0 "$B/msshard" split adapter -o lora-ep2 --ep-size 2
