@@ -94,7 +94,7 @@ static int count_entries(const char *dir)
 	FILE *p;
 	int n = -1;
 
-	snprintf(cmd, sizeof(cmd), "ls -A '%s' | wc -l", dir);
+	snprintf(cmd, sizeof(cmd), "ls -A '%s' 2>/dev/null | wc -l", dir);
 	if (!(p = popen(cmd, "r")))
 		return -1;
 	if (fscanf(p, "%d", &n) != 1)
