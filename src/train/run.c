@@ -531,6 +531,33 @@ static int keep_state(struct ms_train_result *res, struct ms_train_state *s, str
 	return MS_OK;
 }
 
+/* What the run trained, as an event of the launch's run: the inventory
+ * keeps the outcome beside the states the run consumed and produced. */
+static int summary_event(struct ms_inv *inv, const struct ms_train_result *r,
+			 struct ms_err *err)
+{
+	struct ms_buf b;
+	char *js = NULL;
+	int rc;
+
+	ms_buf_init(&b);
+	ms_buf_printf(&b, "{\"first_step\":%" PRIu64 ",\"last_step\":%" PRIu64 ",\"first_loss\":"
+		      "%.17g,\"last_loss\":%.17g,\"tokens\":%" PRIu64 ",\"seconds\":%.3f,"
+		      "\"checkpoints\":[", r->first_step, r->last_step, r->first_loss,
+		      r->last_loss, r->tokens, r->seconds);
+	for (size_t i = 0; i < r->nckpts; i++)
+		ms_buf_printf(&b, "%s{\"step\":%" PRIu64 ",\"state\":\"%s\"}", i ? "," : "",
+			      r->ckpts[i].step, r->ckpts[i].digest);
+	ms_buf_puts(&b, "]}");
+	if (b.oom || !(js = ms_buf_detach(&b, NULL))) {
+		ms_buf_release(&b);
+		return oom(err);
+	}
+	rc = ms_inv_event_add(inv, r->run_id, "train_summary", js, NULL, err);
+	ms_free(js);
+	return rc;
+}
+
 /* lora_alpha of a warm-start adapter's (verified) adapter_config.json. */
 static int warm_alpha(const struct ms_train_state *a, double *alpha, struct ms_err *err)
 {
@@ -771,6 +798,8 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	if (adapter.role)
 		L.parents[L.nparents++] = adapter.digest;
 	rc = train_loop(&L, start, stop, err);
+	if (rc == MS_OK && res->run_id)
+		rc = summary_event(inv, res, err);
 out:
 	{
 		/* the identities are a report; losing them to memory is no

@@ -54,7 +54,9 @@
  * also checks that the plan file is the one the launch verified (its
  * SHA-256 is MSINV_PLAN_DIGEST) and that every state it loads is the one
  * the launch verified (MSINV_STATE_<ROLE>); its checkpoints are recorded
- * as outputs of that run.
+ * as outputs of that run, and at the end a "train_summary" event of the
+ * run holds {"first_step", "last_step", "first_loss", "last_loss",
+ * "tokens", "seconds", "checkpoints": [{"step", "state"}]}.
  *
  * ---- Checkpoints --------------------------------------------------------------
  *

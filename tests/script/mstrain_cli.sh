@@ -308,6 +308,11 @@ run=$(q "SELECT max(id) FROM runs")
 [ "$(q "SELECT count(*) FROM run_outputs o JOIN states s ON s.id = o.state_id
         WHERE o.run_id = $run AND s.label IN ('l-step3', 'l-step6')")" = 2 ] && ok || bad "checkpoints not the run's outputs"
 has "\"run\":$run" "$W/out" "json names the run"
+q "SELECT data FROM events WHERE run_id = $run AND kind = 'train_summary'" >ev
+has '"last_step":6,' ev "the run's train_summary event"
+has "\"state\":\"$(q "SELECT digest FROM states WHERE label = 'l-step6'")\"" ev "summary names the checkpoint"
+# the same plan drives the footprint
+expect 0 "$B/msinv" footprint l.json
 expect 0 "$B/msinv" lineage l-step6
 has "train" "$W/out" "lineage edge"
 has "base-nvfp4" "$W/out" "lineage parent"
