@@ -26,6 +26,8 @@
 #include "checkpoint.h"
 #include "fsutil.h"
 #include "hash.h"
+#include "names.h"
+#include "shard.h"
 #include "train/ckpt.h"
 #include "verify.h"
 #include "vload.h"
@@ -329,6 +331,192 @@ out:
 	return rc;
 }
 
+/* ---- a warm start from an EP shard set ------------------------------------------- */
+
+/* Append one tensor (name copied, bytes owned) to s->t. */
+static struct ms_wtensor *state_push(struct ms_train_state *s, const char *name,
+				     enum ms_dtype dt, uint32_t ndim, const uint64_t *shape,
+				     uint64_t nbytes, struct ms_err *err)
+{
+	struct ms_wtensor *nt = ms_realloc(s->t, (s->n + 1) * sizeof(*nt)), *w;
+
+	if (!nt)
+		return oom(err), NULL;
+	s->t = nt;
+	w = &nt[s->n];
+	memset(w, 0, sizeof(*w));
+	if (!(w->name = ms_strdup(name)) || !(w->data = ms_calloc(1, nbytes ? nbytes : 1))) {
+		ms_free((void *)w->name);
+		ms_free((void *)w->data);
+		return oom(err), NULL;
+	}
+	w->dtype = dt;
+	w->ndim = ndim;
+	memcpy(w->shape, shape, ndim * sizeof(shape[0]));
+	w->nbytes = nbytes;
+	s->n++;
+	return w;
+}
+
+static struct ms_wtensor *state_find(struct ms_train_state *s, const char *name)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (!strcmp(s->t[i].name, name))
+			return &s->t[i];
+	return NULL;
+}
+
+/*
+ * One rank's verified shard into the whole adapter being rebuilt: fused
+ * expert LoRA factors go back to their global rows (A [E*r, in]: row
+ * e*r+k) and columns (B [out, r*E]: column k*E+e) from the shard's local
+ * ones (le*r+k, k*El+le), the expert ids the manifest gives; per-expert and
+ * replicated tensors are taken once (ms_ep_load_rank checked every rank's
+ * replicas against the manifest).
+ */
+static int shard_merge(struct ms_train_state *s, const struct ms_ep_rank *r,
+		       const struct ms_wtensor *t, struct ms_err *err)
+{
+	struct ms_name_info ni;
+	struct ms_wtensor *w;
+	uint64_t es, shape[MS_ST_MAX_RANK], El = r->nexperts, E = r->num_experts, rk;
+	int a;
+
+	if (ms_name_parse(t->name, &ni) != MS_OK || ni.part != MS_NAME_PART_EXPERTS_FUSED ||
+	    (ni.role != MS_NAME_ROLE_LORA_A && ni.role != MS_NAME_ROLE_LORA_B)) {
+		if (state_find(s, t->name))
+			return MS_OK;
+		if (!(w = state_push(s, t->name, t->dtype, t->ndim, t->shape, t->nbytes, err)))
+			return MS_ENOMEM;
+		memcpy((void *)w->data, t->data, t->nbytes);
+		return MS_OK;
+	}
+	a = ni.role == MS_NAME_ROLE_LORA_A;
+	if (t->ndim != 2 || !El || !E || (a ? t->shape[0] : t->shape[1]) % El)
+		return ms_err_set(err, MS_EINVAL, "shard '%s': tensor '%s' is not a fused LoRA "
+				  "factor of %llu experts", r->shard_path, t->name,
+				  (unsigned long long)El);
+	if (ms_dtype_nbytes(t->dtype, 1, &es) != MS_OK || es == 0 ||
+	    t->nbytes != t->shape[0] * t->shape[1] * es)
+		return ms_err_set(err, MS_EINVAL, "shard '%s': tensor '%s': unsupported dtype",
+				  r->shard_path, t->name);
+	rk = (a ? t->shape[0] : t->shape[1]) / El;
+	shape[0] = a ? E * rk : t->shape[0];
+	shape[1] = a ? t->shape[1] : rk * E;
+	if (!(w = state_find(s, t->name)) &&
+	    !(w = state_push(s, t->name, t->dtype, 2, shape, shape[0] * shape[1] * es, err)))
+		return MS_ENOMEM;
+	if (w->shape[0] != shape[0] || w->shape[1] != shape[1] || w->dtype != t->dtype)
+		return ms_err_set(err, MS_EINVAL, "shard '%s': tensor '%s' disagrees with the other "
+				  "ranks' shape", r->shard_path, t->name);
+	for (uint64_t le = 0; le < El; le++) {
+		uint64_t g = r->experts[le];
+		uint8_t *dst = (uint8_t *)w->data;
+		const uint8_t *src = t->data;
+
+		if (g >= E)
+			return ms_err_set(err, MS_EINVAL, "shard '%s': expert %llu out of range",
+					  r->shard_path, (unsigned long long)g);
+		for (uint64_t k = 0; k < rk; k++) {
+			if (a) {
+				memcpy(dst + (g * rk + k) * t->shape[1] * es,
+				       src + (le * rk + k) * t->shape[1] * es, t->shape[1] * es);
+			} else {
+				for (uint64_t o = 0; o < t->shape[0]; o++)
+					memcpy(dst + (o * shape[1] + k * E + g) * es,
+					       src + (o * t->shape[1] + k * El + le) * es, es);
+			}
+		}
+	}
+	return MS_OK;
+}
+
+/*
+ * The plan's adapter as an msshard set (a directory with ep_manifest.json)
+ * for ep ranks: each rank's shard through the EP-aware loader (a set of
+ * another EP size, a placement or an expert's bytes that disagree with the
+ * manifest, every rank holding the same block: refused), each shard an
+ * inventoried state loaded through the verified load, then put together
+ * into the whole adapter the model takes (its virtual ranks slice it
+ * again).
+ */
+static int load_shard_set(struct ms_inv *inv, const char *dir, uint32_t ep, int nthreads,
+			  struct ms_train_state *out, struct ms_err *err)
+{
+	struct ms_ep_rank *r = NULL;
+	struct ms_train_state sh;
+	struct ms_err lerr = {0};
+	int rc = MS_OK;
+
+	memset(out, 0, sizeof(*out));
+	memset(&sh, 0, sizeof(sh));
+	if (!(out->role = ms_strdup("adapter")) || !(out->where = ms_strdup(dir))) {
+		rc = oom(err);
+		goto out;
+	}
+	out->kind = MS_INV_KIND_ADAPTER;
+	out->ep_size = out->ep_rank = -1;
+	for (uint32_t k = 0; k < ep; k++) {
+		rc = ms_ep_load_rank(dir, ep, k, &r, &lerr);
+		if (rc == MS_EINVAL || rc == MS_ECHECK || rc == MS_ENOTFOUND) {
+			rc = ms_err_set(err, MS_ECHECK, "role 'adapter': %s", lerr.msg);
+			goto out;
+		}
+		if (rc != MS_OK) {
+			rc = ms_err_set(err, rc, "role 'adapter': %s", lerr.msg);
+			goto out;
+		}
+		/* the shard is a state like any other: inventoried, verified */
+		if ((rc = ms_train_state_load(inv, "adapter", NULL, r->shard_path, NULL, nthreads,
+					      &sh, err)) != MS_OK)
+			goto out;
+		if (strcmp(sh.digest, r->state_digest)) {
+			rc = ms_err_set(err, MS_ECHECK, "role 'adapter': '%s' changed while it was "
+					"read", r->shard_path);
+			goto out;
+		}
+		if (k == 0)
+			memcpy(out->digest, r->source_digest, sizeof(out->digest));
+		for (size_t i = 0; i < sh.n; i++)
+			if ((rc = shard_merge(out, r, &sh.t[i], err)) != MS_OK)
+				goto out;
+		out->bytes += sh.bytes;
+		ms_train_state_release(&sh);
+		ms_ep_rank_free(r);
+		r = NULL;
+	}
+	/* the adapter's alpha: from the recorded adapter_config.json of the
+	 * unsharded adapter, when the inventory has it (else the run's) */
+	{
+		struct ms_inv_config *c = NULL;
+		size_t nc = 0;
+
+		if (ms_inv_state_configs(inv, out->digest, &c, &nc, &lerr) == MS_OK) {
+			for (size_t i = 0; i < nc && !out->adapter_config; i++)
+				if (!strcmp(c[i].name, "adapter_config.json") &&
+				    !(out->adapter_config = ms_strndup(c[i].text, c[i].len)))
+					rc = oom(err);
+			ms_inv_configs_free(c, nc);
+		}
+		if (rc == MS_OK) {
+			/* a lineage parent must be a recorded state: without the
+			 * unsharded adapter in the inventory the checkpoints
+			 * derive from the base states only */
+			struct ms_inv_state *st = NULL;
+
+			if (ms_inv_state_get(inv, out->digest, &st, &lerr) == MS_ENOTFOUND)
+				memset(out->digest, 0, sizeof(out->digest));
+			ms_inv_state_free(st);
+		}
+	}
+out:
+	ms_ep_rank_free(r);
+	ms_train_state_release(&sh);
+	if (rc != MS_OK)
+		ms_train_state_release(out);
+	return rc;
+}
+
 /* ---- the run ------------------------------------------------------------------- */
 
 void ms_train_result_release(struct ms_train_result *r)
@@ -594,6 +782,17 @@ static char *plan_dir(const char *plan_path)
 	return b == plan_path ? ms_strdup(".") : ms_strndup(plan_path, (size_t)(b - plan_path - 1));
 }
 
+/* A directory holding an msshard set's manifest. */
+static int is_shard_set(const char *p)
+{
+	char *m = ms_path_join(p, MS_EP_MANIFEST);
+	struct stat sb;
+	int yes = m && stat(m, &sb) == 0 && S_ISREG(sb.st_mode);
+
+	ms_free(m);
+	return yes;
+}
+
 static char *under(const char *dir, const char *p)
 {
 	return p[0] == '/' || !strcmp(dir, ".") ? ms_strdup(p) : ms_path_join(dir, p);
@@ -676,6 +875,12 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 			if (e->path && !(p = under(dir, e->path))) {
 				rc = oom(err);
 				goto out;
+			}
+			if (i == 2 && p && is_shard_set(p)) {
+				if ((rc = load_shard_set(inv, p, o->ep_size ? o->ep_size : fp->ep_size,
+							 o->nthreads, dst[i], err)) != MS_OK)
+					goto out;
+				continue;
 			}
 			if ((rc = ms_train_state_load(inv, roles[i], e->state, p, o->launch,
 						      o->nthreads, dst[i], err)) != MS_OK)
@@ -795,7 +1000,7 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	L.parents[L.nparents++] = base.digest;
 	if (quant.role)
 		L.parents[L.nparents++] = quant.digest;
-	if (adapter.role)
+	if (adapter.role && adapter.digest[0])
 		L.parents[L.nparents++] = adapter.digest;
 	rc = train_loop(&L, start, stop, err);
 	if (rc == MS_OK && res->run_id)

@@ -11,7 +11,13 @@
  *              norms, routers, lm_head, and every projection not in quantized)
  *   quantized  optional: the NVFP4 state (2D blocks) the attention and
  *              expert projections are taken from
- *   adapter    optional: a PEFT adapter to start from
+ *   adapter    optional: a PEFT adapter to start from, or (a "path" entry)
+ *              an msshard set of the run's EP size: each rank's shard is
+ *              loaded through ms_ep_load_rank (EP size, placement and every
+ *              expert's bytes against the set's manifest: the same-block
+ *              fault is refused) and the verified load, and the whole
+ *              adapter put back together from them; one shard alone is
+ *              refused
  * and "outputs" (required: the directory checkpoints go to; a relative path
  * is relative to the plan's directory), "ep_size" (the virtual EP ranks of
  * the CPU path), and this object:

@@ -243,6 +243,40 @@ one_line "shard of another EP size"
 expect 2 "$B/mstrain" train --plan shard.json --ep 2
 has "is the shard of rank 0 of an EP set" "$W/err" "shard of this EP size"
 
+# a warm start from the whole shard set (a directory with ep_manifest.json):
+# each rank's shard through the EP-aware loader and the verified load, put
+# back together: the same training as from the unsharded adapter, bit for
+# bit, whatever the placement
+sed 's#"state": "peft-lora"#"path": "lora-ep2"#; s/"ep_size": 1/"ep_size": 2/; s#runs/warm#runs/set#; s/"label": "warm"/"label": "set"/' warm.json >set.json
+sed 's/"ep_size": 1/"ep_size": 2/; s#runs/warm#runs/warm2#; s/"label": "warm"/"label": "warm2"/' warm.json >warm2.json
+expect 0 "$B/mstrain" train --plan warm2.json --metrics warm2.jsonl
+expect 0 "$B/mstrain" train --plan set.json --metrics set.jsonl --json
+curve warm2.jsonl 1 2 >want
+curve set.jsonl 1 2 >got
+cmp -s want got && ok || { bad "warm start from the shard set differs from the adapter"; diff want got; }
+has "\"role\":\"adapter\",\"state\":\"$(q "SELECT digest FROM states WHERE label = 'peft-lora'")\"" "$W/out" "set names the unsharded adapter"
+expect 0 "$B/msshard" split adapter -o lora-rr2 --ep-size 2 --placement round-robin
+sed 's#"lora-ep2"#"lora-rr2"#; s#runs/set#runs/setrr#; s/"label": "set"/"label": "setrr"/' set.json >setrr.json
+expect 0 "$B/mstrain" train --plan setrr.json --metrics setrr.jsonl
+curve setrr.jsonl 1 2 >got
+cmp -s want got && ok || { bad "warm start from a round-robin set differs"; diff want got; }
+# the set of another EP size, every rank holding rank 0's block, a set
+# that is not in the inventory: refused
+expect 1 "$B/mstrain" train --plan set.json --ep 1
+has "msshard reshard" "$W/err" "set of another EP size"
+one_line "set of another EP size"
+cp -r lora-ep2 lora-same
+python3 "${MS_ROOT:-.}/tools/scripts/plant_same_block.py" lora-same >/dev/null
+sed 's#"lora-ep2"#"lora-same"#' set.json >same.json
+expect 1 "$B/mstrain" train --plan same.json
+one_line "same block on every rank"
+cp -r adapter adapter-other
+flip adapter-other/adapter_model.safetensors 9 2
+expect 0 "$B/msshard" split adapter-other -o lora-unreg --ep-size 2 --no-register
+sed 's#"lora-ep2"#"lora-unreg"#' set.json >unreg.json
+expect 1 "$B/mstrain" train --plan unreg.json
+has "not in the inventory" "$W/err" "unregistered shard set"
+
 # ---- JSONL data ----
 printf '{"input_ids": [3, 4, 1, 3, 4, 2]}\n{"input_ids": [5, 6, 1, 5, 6, 2], "loss_mask": [0, 0, 0, 1, 1, 1]}\n' >d.jsonl
 plan js.json runs/js 4 0 '{"jsonl": "d.jsonl"}'
