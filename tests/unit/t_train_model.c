@@ -8,6 +8,8 @@
  */
 #include <math.h>
 
+#include <cjson/cJSON.h>
+
 #include "test.h"
 #include "checkpoint.h"
 #include "nvfp4.h"
@@ -1111,6 +1113,83 @@ static int test_adapter_config(void)
 	return 0;
 }
 
+/* adapter_config.json as the library writes it against the one PEFT wrote
+ * for the same adapter (tests/fixtures/train/<family>/adapter): every key
+ * ours has, PEFT's has too; the fields PEFT reads to rebuild the adapter
+ * are equal (target_modules and target_parameters as sets: PEFT writes
+ * them from Python sets, in no fixed order, and nests the fused expert
+ * wrappers by the parameters' declaration order, not the list's). */
+static int same_json(const cJSON *a, const cJSON *b)
+{
+	char *x = cJSON_PrintUnformatted(a), *y = cJSON_PrintUnformatted(b);
+	int eq = x && y && !strcmp(x, y);
+	cJSON_free(x);
+	cJSON_free(y);
+	return eq;
+}
+
+static int adapter_config_vs_peft(const char *name)
+{
+	struct fam f;
+	struct ms_model *m;
+	struct ms_err err = {0};
+	const struct ms_ckpt_config *pc;
+	char *js = NULL;
+	cJSON *ours, *peft, *it;
+	static const char *same[] = {"r", "lora_alpha", "lora_dropout", "peft_type",
+				     "auto_mapping", "bias",
+				     "fan_in_fan_out", "use_dora", "use_rslora",
+				     "modules_to_save", "lora_bias", "layers_to_transform",
+				     "rank_pattern", "alpha_pattern"};
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	m = fam_model(&f, NULL, 0);
+	T_ASSERT(m);
+	T_ASSERT(ms_model_adapter_config(m, &js, &err) == MS_OK);
+	pc = ms_ckpt_config(f.adapter.c, "adapter_config.json");
+	T_ASSERT(pc);
+	ours = cJSON_Parse(js);
+	peft = cJSON_Parse(pc->text);
+	T_ASSERT(ours && peft);
+	cJSON_ArrayForEach(it, ours)
+		T_ASSERT_MSG(cJSON_GetObjectItemCaseSensitive(peft, it->string),
+			     "key '%s' is not PEFT's", it->string);
+	for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+		T_ASSERT_MSG(same_json(cJSON_GetObjectItemCaseSensitive(ours, same[i]),
+				       cJSON_GetObjectItemCaseSensitive(peft, same[i])),
+			     "%s: '%s' differs from PEFT's", name, same[i]);
+	for (int k = 0; k < 2; k++) {
+		const char *key = k ? "target_parameters" : "target_modules";
+		const cJSON *a = cJSON_GetObjectItemCaseSensitive(ours, key);
+		const cJSON *b = cJSON_GetObjectItemCaseSensitive(peft, key);
+		const cJSON *x;
+		T_ASSERT(cJSON_IsArray(a) && cJSON_IsArray(b));
+		T_ASSERT(cJSON_GetArraySize(a) == cJSON_GetArraySize(b));
+		cJSON_ArrayForEach(x, a) {
+			const cJSON *y;
+			int hit = 0;
+			cJSON_ArrayForEach(y, b)
+				hit |= !strcmp(x->valuestring, y->valuestring);
+			T_ASSERT_MSG(hit, "%s: %s", key, x->valuestring);
+		}
+	}
+	cJSON_Delete(ours);
+	cJSON_Delete(peft);
+	ms_free(js);
+	ms_model_free(m);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_adapter_config_peft(void)
+{
+	static const char *fams[] = {"qwen3moe", "mixtral", "glm4moe", "qwen3moe-var"};
+	for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
+		if (adapter_config_vs_peft(fams[i]))
+			return 1;
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_golden_qwen3moe),
 	T_CASE(test_golden_mixtral),
@@ -1137,6 +1216,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_cfg_refusals),
 	T_CASE(test_weight_refusals),
 	T_CASE(test_adapter_config),
+	T_CASE(test_adapter_config_peft),
 };
 
 T_MAIN(cases)
