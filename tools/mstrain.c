@@ -57,7 +57,11 @@ static void print_json(const struct ms_train_result *r)
 
 		printf("%s{\"role\":", i ? "," : "");
 		cli_json_str(stdout, s->role);
-		printf(",\"state\":\"%s\",\"label\":", s->digest);
+		/* a shard set whose unsharded adapter is not recorded has none */
+		if (s->digest[0])
+			printf(",\"state\":\"%s\",\"label\":", s->digest);
+		else
+			printf(",\"state\":null,\"label\":");
 		if (s->label)
 			cli_json_str(stdout, s->label);
 		else
@@ -83,7 +87,8 @@ static void print_text(const struct ms_train_result *r)
 	if (r->run_id)
 		printf(" (run %" PRId64 ")\n", r->run_id);
 	for (size_t i = 0; i < r->nstates; i++)
-		printf("%-10s %s%s%s%s\n", r->states[i].role, r->states[i].digest,
+		printf("%-10s %s%s%s%s\n", r->states[i].role,
+		       r->states[i].digest[0] ? r->states[i].digest : r->states[i].where,
 		       r->states[i].label ? " (" : "", r->states[i].label ? r->states[i].label : "",
 		       r->states[i].label ? ")" : "");
 	printf("trained steps %" PRIu64 "..%" PRIu64 ": loss %.6f -> %.6f, %" PRIu64

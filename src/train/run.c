@@ -506,6 +506,8 @@ static int load_shard_set(struct ms_inv *inv, const char *dir, uint32_t ep, int 
 
 			if (ms_inv_state_get(inv, out->digest, &st, &lerr) == MS_ENOTFOUND)
 				memset(out->digest, 0, sizeof(out->digest));
+			else if (st && st->label && !(out->label = ms_strdup(st->label)))
+				rc = oom(err);
 			ms_inv_state_free(st);
 		}
 	}
