@@ -340,15 +340,18 @@ static struct ms_wtensor *state_push(struct ms_train_state *s, const char *name,
 {
 	struct ms_wtensor *nt = ms_realloc(s->t, (s->n + 1) * sizeof(*nt)), *w;
 
-	if (!nt)
-		return oom(err), NULL;
+	if (!nt) {
+		oom(err);
+		return NULL;
+	}
 	s->t = nt;
 	w = &nt[s->n];
 	memset(w, 0, sizeof(*w));
 	if (!(w->name = ms_strdup(name)) || !(w->data = ms_calloc(1, nbytes ? nbytes : 1))) {
 		ms_free((void *)w->name);
 		ms_free((void *)w->data);
-		return oom(err), NULL;
+		oom(err);
+		return NULL;
 	}
 	w->dtype = dt;
 	w->ndim = ndim;
