@@ -342,6 +342,9 @@ run=$(q "SELECT max(id) FROM runs")
 [ "$(q "SELECT count(*) FROM run_outputs o JOIN states s ON s.id = o.state_id
         WHERE o.run_id = $run AND s.label IN ('l-step3', 'l-step6')")" = 2 ] && ok || bad "checkpoints not the run's outputs"
 has "\"run\":$run" "$W/out" "json names the run"
+[ "$(q "SELECT count(*) FROM derivations d JOIN states c ON c.id = d.child_id
+        WHERE c.label = 'l-step6' AND d.operation = 'train' AND d.run_id = $run
+        AND d.params LIKE '{\"step\":6,%'")" = 2 ] && ok || bad "train edges carry the run and the step"
 q "SELECT data FROM events WHERE run_id = $run AND kind = 'train_summary'" >ev
 has '"last_step":6,' ev "the run's train_summary event"
 has "\"state\":\"$(q "SELECT digest FROM states WHERE label = 'l-step6'")\"" ev "summary names the checkpoint"
