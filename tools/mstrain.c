@@ -16,11 +16,10 @@ extern char **environ;
 struct train_ctx {
 	FILE *metrics;
 	const char *metrics_path;
-	int metrics_failed;
 	int json;
 };
 
-static void on_step(void *arg, const struct ms_train_step *s)
+static int on_step(void *arg, const struct ms_train_step *s, struct ms_err *err)
 {
 	struct train_ctx *c = arg;
 
@@ -28,14 +27,18 @@ static void on_step(void *arg, const struct ms_train_step *s)
 	fprintf(stderr, "%s: step %" PRIu64 "/%" PRIu64 " loss %.6f lr %.3e grad_norm %.4f "
 		"tokens/s %.0f\n", cli_prog, s->step, s->total, s->loss, s->lr, s->grad_norm,
 		s->tokens_per_s);
-	if (c->metrics && !c->metrics_failed) {
-		/* %.17g: the losses of two runs compare bit for bit */
-		if (fprintf(c->metrics, "{\"step\":%" PRIu64 ",\"loss\":%.17g,\"lr\":%.17g,"
-			    "\"grad_norm\":%.17g,\"tokens\":%" PRIu64 ",\"seconds\":%.6f,"
-			    "\"tokens_per_s\":%.1f}\n", s->step, s->loss, s->lr, s->grad_norm,
-			    s->tokens, s->seconds, s->tokens_per_s) < 0 || fflush(c->metrics))
-			c->metrics_failed = 1;
+	/* %.17g: the losses of two runs compare bit for bit. A metrics file
+	 * that cannot be written stops the run: training on without the
+	 * record asked for would be silent data loss. */
+	if (c->metrics &&
+	    (fprintf(c->metrics, "{\"step\":%" PRIu64 ",\"loss\":%.17g,\"lr\":%.17g,"
+		     "\"grad_norm\":%.17g,\"tokens\":%" PRIu64 ",\"seconds\":%.6f,"
+		     "\"tokens_per_s\":%.1f}\n", s->step, s->loss, s->lr, s->grad_norm,
+		     s->tokens, s->seconds, s->tokens_per_s) < 0 || fflush(c->metrics))) {
+		return ms_err_set(err, MS_EIO, "'%s': write failed: %s", c->metrics_path,
+				  strerror(errno));
 	}
+	return MS_OK;
 }
 
 static void on_ckpt(void *arg, const struct ms_train_ckpt *k)
@@ -210,7 +213,7 @@ static int cmd_train(int argc, char **argv)
 out:
 	ms_inv_close(inv);
 	ms_train_launch_release(&launch);
-	if (ctx.metrics && (fclose(ctx.metrics) || ctx.metrics_failed) && rc == MS_OK) {
+	if (ctx.metrics && fclose(ctx.metrics) && rc == MS_OK) {
 		cli_errorf("'%s': write failed", ctx.metrics_path);
 		return CLI_IO;
 	}

@@ -696,8 +696,8 @@ static int train_loop(struct loop *L, uint64_t start, uint64_t stop, struct ms_e
 		L->res->last_step = step;
 		L->res->last_loss = s.loss;
 		L->res->tokens += ntok;
-		if (L->o->on_step)
-			L->o->on_step(L->o->ctx, &s);
+		if (L->o->on_step && (rc = L->o->on_step(L->o->ctx, &s, err)) != MS_OK)
+			goto out;
 		if ((tp->checkpoint_every && step % tp->checkpoint_every == 0) || step == stop)
 			if ((rc = checkpoint(L, step, err)) != MS_OK)
 				goto out;

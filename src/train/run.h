@@ -205,8 +205,10 @@ struct ms_train_opts {
 	const char *resume;    /* a checkpoint directory, or NULL */
 	int nthreads;          /* 0: one per CPU */
 	const struct ms_train_launch *launch; /* NULL: not launched */
-	/* Told of every step and every checkpoint (may be NULL). */
-	void (*on_step)(void *ctx, const struct ms_train_step *s);
+	/* Told of every step and every checkpoint (may be NULL). on_step
+	 * returning other than MS_OK (err filled) stops the run with that
+	 * code after the step (a metrics file that cannot be written). */
+	int (*on_step)(void *ctx, const struct ms_train_step *s, struct ms_err *err);
 	void (*on_ckpt)(void *ctx, const struct ms_train_ckpt *c);
 	void *ctx;
 };

@@ -71,6 +71,15 @@ expect 2 "$B/mstrain" train --plan typo2.json
 has "key 'train.seqlen': unknown key" "$W/err" "misspelt key"
 one_line "misspelt key"
 
+# a metrics file that cannot be written stops the run at once (exit 3)
+if [ -w /dev/full ]; then
+	plan full-disk.json runs/full-disk 3 0
+	expect 3 "$B/mstrain" train --plan full-disk.json --metrics /dev/full
+	has "'/dev/full': write failed" "$W/err" "metrics on a full disk"
+	[ "$(grep -c 'step [0-9]*/3' "$W/err")" -eq 1 ] && [ ! -e runs/full-disk/step-000003 ] && ok ||
+		bad "the run went on after its metrics failed"
+fi
+
 # ---- training learns the task ----
 # The fixture's random lm_head (std 0.02) after a unit-RMS final norm caps
 # every logit near +-1.3, so no adapter could make a prediction confident
