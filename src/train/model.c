@@ -18,8 +18,8 @@
 #include "nvfp4.h"
 #include "train/model.h"
 
-/* Bounds that let per-row scratch live on the stack. */
-#define MS_MODEL_MAX_HEAD_DIM 512
+/* Bounds that let per-row scratch live on the stack (and
+ * MS_MODEL_MAX_HEAD_DIM, model.h, which the config parser enforces). */
 #define MS_MODEL_MAX_LORA_R 256
 
 /* ---- threads ---------------------------------------------------------------- */

@@ -90,6 +90,7 @@ enum ms_router_kind {
 };
 
 #define MS_MODEL_MAX_LAYERS 512
+#define MS_MODEL_MAX_HEAD_DIM 512
 
 /* config.json, parsed. */
 struct ms_model_cfg {

@@ -198,6 +198,10 @@ static int parse(const cJSON *root, struct ms_model_cfg *c, struct ms_err *err)
 		return rc;
 	if (!c->head_dim || c->head_dim % 2)
 		return ms_err_set(err, MS_EINVAL, "config.json: 'head_dim' must be even");
+	if (c->head_dim > MS_MODEL_MAX_HEAD_DIM)
+		return ms_err_set(err, MS_EINVAL,
+				  "config.json: 'head_dim' %u is over %d: not implemented",
+				  c->head_dim, MS_MODEL_MAX_HEAD_DIM);
 	c->rotary_dim = (uint32_t)((double)c->head_dim * partial);
 	if (c->rotary_dim % 2 || !c->rotary_dim)
 		return ms_err_set(err, MS_EINVAL,
