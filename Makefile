@@ -70,7 +70,9 @@ KERN_OBJ :=
 CUDA_LIBS =
 endif
 
-LIB_SRC := $(wildcard src/*.c)
+# src/train/: the trainer core (model, LoRA, optimizer, data, checkpoints)
+LIB_SRC := $(wildcard src/*.c) $(wildcard src/train/*.c)
+LIB_HDR := $(wildcard src/*.h) $(wildcard src/train/*.h)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
 LIB      = $(BUILD)/libms.a
 SCHEMA   := $(sort $(wildcard schema/*.sql))
@@ -84,7 +86,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault
+.PHONY: all deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault goldens-train
 
 all: $(LIB) $(TOOLS)
 
@@ -121,8 +123,20 @@ venv: .venv/.stamp
 	.venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 	touch $@
 
+# The trainer's goldens (tests/fixtures/train): transformers + PEFT on the
+# CPU, at the versions pinned in tests/oracle/train_requirements.txt, in a
+# virtual environment of their own (torch is large; make test never needs it).
+TRAIN_VENV = $(BUILD)/venv-train
+$(TRAIN_VENV)/.stamp: tests/oracle/train_requirements.txt
+	python3 -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/pip install -q --disable-pip-version-check -r tests/oracle/train_requirements.txt
+	touch $@
+goldens-train: all $(TRAIN_VENV)/.stamp
+	$(TRAIN_VENV)/bin/python tests/oracle/train_golden.py \
+	  --msconvert $(BUILD)/msconvert --out tests/fixtures/train
+
 # ---- library ---------------------------------------------------------------
-$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src pkgcheck
+$(BUILD)/src/%.o: src/%.c $(LIB_HDR) | $(BUILD)/src $(BUILD)/src/train pkgcheck
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 # The schema migrations are embedded in the binary, in order.
@@ -138,13 +152,13 @@ $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools pkgcheck
+$(BUILD)/tools/%.o: tools/%.c $(LIB_HDR) tools/cli.h | $(BUILD)/tools pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(CLI_OBJ) $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $(BUILD)/bench:
+$(BUILD)/src $(BUILD)/src/train $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $(BUILD)/bench:
 	mkdir -p $@
 
 # ---- benchmark programs ------------------------------------------------------

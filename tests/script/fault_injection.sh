@@ -7,8 +7,10 @@
 #
 # make test: the whole sweep of `msinv add` on the smallest fixture, of
 # `msconvert quantize` to one file (write, fsync, rename), of `msinv import`
-# (read, write, fsync, rename) and of `msinv launch` (read), with every 64th
-# allocation of the last three failed, in the fault-injection build (made
+# (read, write, fsync, rename), of `msinv launch` (read) and of `mstrain
+# train` (two steps and a checkpoint: read, write, fsync, rename), with every
+# 64th allocation of the last four failed (every 128th for mstrain, whose
+# model build allocates thousands of times), in the fault-injection build (made
 # here with `make fault` unless MS_BUILD is one), a sample of the allocation
 # trials under valgrind.
 # MS_RELIABILITY_FULL=1: every writing command, every kind, allocation
@@ -60,7 +62,8 @@ if [ "$MS_RELIABILITY_FULL" = 1 ]; then
 		--scenario add-small --scenario add-sharded --scenario add-adapter \
 		--scenario quantize-file --scenario quantize-dir \
 		--scenario quantize-fused --scenario quantize-fused3d \
-		--scenario split --scenario reshard --scenario import --scenario launch
+		--scenario split --scenario reshard --scenario import --scenario launch \
+		--scenario train
 fi
 
 if is_fault_build "$B"; then
@@ -73,4 +76,5 @@ fi
 exec python3 tools/scripts/rel_fault.py --name "$name" --build "$FB" --valgrind-every 16 \
 	--scenario add-small --scenario quantize-file:alloc/64,write,fsync,rename \
 	--scenario quantize-fused3d:alloc/32,write --scenario quantize-fused:alloc/256,rename \
-	--scenario import:alloc/64,read,write,fsync,rename --scenario launch:alloc/64,read
+	--scenario import:alloc/64,read,write,fsync,rename --scenario launch:alloc/64,read \
+	--scenario train:alloc/128,read,write,fsync,rename

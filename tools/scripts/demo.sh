@@ -9,6 +9,8 @@
 #   5. plant "every rank loaded the same block" and watch msverify catch it
 #   6. identify, sign and verify the served policy
 #   7. a gated launch refused on a tampered state, allowed on a good one
+#   8. mstrain trains a LoRA on the NVFP4 base under the gate; the new
+#      adapter shows in the lineage
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B="$ROOT/${BUILD:-build}"
@@ -101,5 +103,34 @@ fails 1 msinv launch --plan plan-run.json -- sh -c 'echo training on $MSINV_STAT
 cp model.safetensors.orig base/model.safetensors
 run msinv launch --plan plan-run.json -- sh -c 'echo training on $MSINV_STATE_BASE'
 run msinv log --check
+
+step "8. train a LoRA under the gate: mstrain loads only what the launch verified"
+# LoRA on the experts and q/v of the NVFP4 base (2D blocks: the backward's
+# columnwise weights are an exact transpose), warm-started from the
+# adapter, 2 virtual EP ranks, the copy task; the checkpoints every 15
+# steps are adapter states derived from the three inputs, outputs of the run
+cat >plan-train.json <<'EOF'
+{"name": "sft-copy", "ep_size": 2, "outputs": "runs/sft",
+ "states": [{"role": "base", "state": "base"},
+            {"role": "quantized", "state": "base-nvfp4"},
+            {"role": "adapter", "state": "lora"}],
+ "train": {"lora": {"r": 4, "alpha": 8, "targets": ["experts", "q_proj", "v_proj"]},
+           "optimizer": {"lr": 1e-2, "weight_decay": 0.0, "clip": 1.0, "warmup": 5},
+           "batch": 4, "seq_len": 16, "steps": 30, "seed": 1,
+           "data": {"task": "copy"}, "checkpoint_every": 15, "label": "sft-copy"}}
+EOF
+run msinv launch --plan plan-train.json -- mstrain train --plan plan-train.json --metrics train.jsonl
+run msinv lineage sft-copy-step30
+# one flipped bit in the quantized base: the launch refuses, mstrain never runs
+cp base-nvfp4/model.safetensors nvfp4.orig
+python3 - <<'EOF'
+with open("base-nvfp4/model.safetensors", "r+b") as f:
+    f.seek(-64, 2)
+    b = f.read(1)
+    f.seek(-64, 2)
+    f.write(bytes([b[0] ^ 0x01]))
+EOF
+fails 1 msinv launch --plan plan-train.json -- mstrain train --plan plan-train.json
+cp nvfp4.orig base-nvfp4/model.safetensors
 
 printf '\nThe demo ran to the end; its files are in %s\n' "$D"

@@ -139,6 +139,15 @@ DICT
 		lora_alpha mlp.experts.gate_up_proj mlp.experts.down_proj experts.gate_proj
 		experts.up_proj num_experts num_local_experts n_routed_experts moe_num_experts
 		quantization_config";;
+	model_config) words="model_type qwen3_moe mixtral glm4_moe architectures hidden_act
+		silu vocab_size hidden_size num_hidden_layers num_attention_heads
+		num_key_value_heads head_dim rms_norm_eps rope_theta rope_parameters rope_type
+		default yarn partial_rotary_factor rope_scaling num_experts num_local_experts
+		n_routed_experts num_experts_per_tok moe_intermediate_size intermediate_size
+		norm_topk_prob decoder_sparse_step mlp_only_layers n_shared_experts n_group
+		topk_group routed_scaling_factor first_k_dense_replace use_qk_norm
+		attention_bias tie_word_embeddings sliding_window use_sliding_window
+		attention_dropout output_router_logits router_jitter_noise layer_types";;
 	esac
 	for k in $words; do printf '"\\"%s\\""\n' "$k"; done
 }

@@ -150,6 +150,22 @@ def s_launch(ctx):
     return ["msinv", "launch", "--db", "inv.db", "--plan", "plan.json", "--", "true"]
 
 
+def s_train(ctx):
+    # two steps of LoRA on the NVFP4 base, one checkpoint at the end: the
+    # checkpoint directory and its registration are all or nothing
+    ctx.copy(fx("peft", "qwen3moe-E8-r4", "base"), "base")
+    ctx.tool("msinv", "init", "--db", "inv.db")
+    ctx.tool("msinv", "add", "--db", "inv.db", "--label", "base", "base")
+    ctx.tool("msconvert", "quantize", "base", "-o", "q", "--block", "2d", "--layout", "both",
+             "--device", "cpu", "--db", "inv.db")
+    ctx.write("plan.json",
+              '{"ep_size": 1, "outputs": "runs", "states": [{"role": "base", "state": "base"},'
+              ' {"role": "quantized", "path": "q"}], "train": {"lora": {"r": 2, "targets":'
+              ' ["experts", "q_proj"]}, "batch": 2, "seq_len": 8, "steps": 2, "seed": 3,'
+              ' "label": "fault"}}\n')
+    return ["mstrain", "train", "--db", "inv.db", "--plan", "plan.json"]
+
+
 SCENARIOS = {
     "add-small": Scenario("msinv add (one tensor)", s_add_small, True),
     "add-sharded": Scenario("msinv add (2 shards + index)", s_add_sharded, True),
@@ -167,6 +183,8 @@ SCENARIOS = {
     "import": Scenario("msinv import", s_import, True, ("msinv", "import")),
     "launch": Scenario("msinv launch", s_launch, True, ("msinv", "launch"),
                        info=r"^msinv: .* verified \(|^msinv: run [0-9]+: starting "),
+    "train": Scenario("mstrain train", s_train, True, ("mstrain", "train"),
+                      info=r"^mstrain: step [0-9]+/|^mstrain: checkpoint step "),
 }
 
 

@@ -1,0 +1,254 @@
+/*
+ * model.h: the trainer's model on the CPU: a frozen MoE transformer (the
+ * attention and expert projections dequantized exactly from NVFP4, the rest
+ * from the base state in its dtype) with trainable LoRA adapters, forward
+ * and backward written out in C.
+ *
+ * Families, each with the semantics of its transformers implementation
+ * (the version pinned in tests/oracle/train_requirements.txt):
+ *   qwen3_moe  q/k RMSNorm per head, GQA, RoPE, softmax router over all
+ *              experts then top-k (renormalised when norm_topk_prob),
+ *              SwiGLU experts, dense MLP layers (mlp_only_layers,
+ *              decoder_sparse_step)
+ *   mixtral    softmax router, top-k renormalised, SwiGLU experts w1/w3/w2
+ *   glm4_moe   partial rotary, optional q/k norm, q/k/v bias, sigmoid router
+ *              with e_score_correction_bias, n_group/topk_group group
+ *              selection, routed_scaling_factor, shared experts, the first
+ *              first_k_dense_replace layers dense
+ * Embedding -> L x (RMSNorm, attention, RMSNorm, MoE or dense MLP) -> final
+ * RMSNorm -> lm_head (or the tied embedding), causal, positions 0..seq-1 of
+ * each sequence, no padding.
+ *
+ * Arithmetic: float32 storage, float32 or float64 accumulation where a sum
+ * runs long (dot products of the hidden size and longer accumulate in
+ * double); the result of every operation is independent of the thread
+ * count (each output element is owned by one thread and summed in a fixed
+ * order), so runs are bit-reproducible.
+ *
+ * Frozen projections: y = x W^T with W [out, in]. The forward reads the
+ * rowwise orientation; the input gradient (dgrad) dx = dy W reads the
+ * columnwise one, W^T [in, out], obtained by ms_nvfp4_transpose of the 2D
+ * blocks (exact: same codes, same scales) and decoded. Resident mode builds
+ * every layer's columnwise copy at build time; on-demand mode builds one
+ * layer's during that layer's backward and frees it after. Both decode the
+ * same bytes, so gradients are bit-identical (tested).
+ *
+ * LoRA (PEFT semantics, scaling s = alpha / r):
+ *   attention (target_modules q_proj k_proj v_proj o_proj):
+ *     y += s * B (A x),  lora_A [r, in], lora_B [out, r]
+ *   experts (target_parameters mlp.experts.gate_up_proj, down_proj, fused
+ *   [E, out, in] parameters; PEFT's layout for expert e):
+ *     A_e = rows e*r .. e*r+r-1 of lora_A [E*r, in]
+ *     B_e = columns k*E + e (k = 0..r-1) of lora_B [out, r*E]
+ *     W_e += s * B_e A_e
+ *   gate_up_proj's out is [gate; up] (2 * ffn rows, gate first).
+ *   A is initialised as PEFT does (kaiming-uniform, a = sqrt(5): uniform in
+ *   +-1/sqrt(in) for attention, and per the fused parameter's fan-in for
+ *   experts) from a generator seeded by lora.seed, B to zero; a warm-start
+ *   adapter (PEFT names, F32/BF16/F16) replaces both.
+ *   Dropout (lora.dropout > 0) drops the LoRA branch's input elements with
+ *   a counter-based generator of (seed, step, module, element) and scales
+ *   the kept ones by 1/(1-p), as nn.Dropout in training mode.
+ *
+ * Expert parallelism (opts.ep_size = N > 1): N virtual ranks in this
+ * process. Rank k holds only the experts [k*E/N, (k+1)*E/N) (their frozen
+ * weights and their slices of the expert LoRA parameters) and a replica of
+ * everything else; the batch is split into N equal parts (batch % N == 0),
+ * rank k runs attention on part k; each MoE layer dispatches token rows to
+ * the ranks owning their experts through explicit per-(src, dst) buffers
+ * (send buffers grouped by destination, receive buffers by source: the
+ * layout of an all-to-all-v, done by one exchange function that NCCL
+ * replaces later) and combines the results back the same way; each token
+ * sums its experts' outputs in slot order whichever rank computed them.
+ * Each rank accumulates its own gradients (its tokens' share of the
+ * replicated attention adapters, its experts' slices of the fused expert
+ * adapters), reduced in rank order at the end of ms_model_step. Loss and
+ * logits are bit-identical to EP 1; gradients equal it up to the order of
+ * that reduction (bit-identical on the test models, accumulated in double).
+ *
+ * The model never opens a file: every tensor comes in as host bytes the
+ * caller loaded through the verified load (vload.h).
+ */
+#ifndef MS_TRAIN_MODEL_H
+#define MS_TRAIN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "safetensors.h"
+
+enum ms_model_family {
+	MS_MODEL_QWEN3_MOE,
+	MS_MODEL_MIXTRAL,
+	MS_MODEL_GLM4_MOE,
+};
+
+enum ms_router_kind {
+	MS_ROUTER_SOFTMAX,   /* softmax over every expert, then top-k */
+	MS_ROUTER_SIGMOID,   /* sigmoid, + correction bias for the choice */
+};
+
+#define MS_MODEL_MAX_LAYERS 512
+#define MS_MODEL_MAX_HEAD_DIM 512
+
+/* config.json, parsed. */
+struct ms_model_cfg {
+	enum ms_model_family family;
+	char model_type[32];         /* "qwen3_moe", "mixtral", "glm4_moe" */
+	char arch[64];               /* architectures[0], for adapter_config */
+	uint32_t vocab, hidden, n_layers;
+	uint32_t n_heads, n_kv_heads, head_dim;
+	uint32_t rotary_dim;         /* head_dim * partial_rotary_factor */
+	double rope_theta;
+	double rms_eps;
+	int attention_bias;          /* q/k/v carry a bias (glm4_moe) */
+	int qk_norm;                 /* per-head RMSNorm of q and k */
+	uint32_t moe_ffn;            /* expert intermediate size */
+	uint32_t dense_ffn;          /* dense MLP intermediate size */
+	uint32_t n_experts, top_k;
+	uint32_t n_shared_experts;   /* shared expert ffn = n * moe_ffn */
+	enum ms_router_kind router;
+	int norm_topk_prob;
+	uint32_t n_group, topk_group;
+	double routed_scaling_factor;
+	uint8_t dense[MS_MODEL_MAX_LAYERS]; /* layer i has a dense MLP */
+	int tie_word_embeddings;
+};
+
+/* Parse config.json text (len bytes). A config that asks for something not
+ * implemented (another model_type or activation, rope scaling, sliding
+ * window, a bias we do not model, ...) is MS_EINVAL with one line naming
+ * the field; MS_ENOMEM. */
+int ms_model_cfg_parse(const char *json, size_t len, struct ms_model_cfg *cfg,
+		       struct ms_err *err);
+
+/* LoRA targets (bits of ms_lora_cfg.targets). */
+#define MS_LORA_EXPERTS 0x01u  /* mlp.experts.gate_up_proj and down_proj */
+#define MS_LORA_Q       0x02u
+#define MS_LORA_K       0x04u
+#define MS_LORA_V       0x08u
+#define MS_LORA_O       0x10u
+
+/* "experts", "q_proj", "k_proj", "v_proj", "o_proj" -> bit; MS_EINVAL. */
+int ms_lora_target_parse(const char *name, uint32_t *bit);
+
+struct ms_lora_cfg {
+	uint32_t r;                  /* >= 1 */
+	double alpha;
+	double dropout;              /* [0, 1) */
+	uint32_t targets;            /* MS_LORA_* bits, not 0 */
+	uint64_t seed;               /* A's initialisation and dropout */
+};
+
+/* One tensor as host bytes (little-endian, row-major), borrowed for the
+ * duration of ms_model_build. */
+struct ms_wtensor {
+	const char *name;
+	enum ms_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[MS_ST_MAX_RANK];
+	const void *data;
+	uint64_t nbytes;
+};
+
+enum ms_colwise_mode {
+	MS_COLWISE_RESIDENT,         /* every layer's W^T built at build time */
+	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
+};
+
+struct ms_model_opts {
+	enum ms_colwise_mode colwise;
+	uint32_t ep_size;            /* virtual EP ranks; 0 or 1: none */
+	int nthreads;                /* 0: one per CPU */
+	double warm_alpha;           /* the warm-start adapter's lora_alpha
+					(adapter_config.json); 0: the run's */
+};
+
+struct ms_model;
+
+/*
+ * Build the model.
+ *   base:   the base state (embedding, norms, routers, correction biases,
+ *           lm_head; and every projection not found in quant). Experts as
+ *           per-expert 2D tensors (model.layers.N.mlp.experts.E.gate_proj
+ *           .weight, Mixtral's block_sparse_moe.experts.E.w1/w2/w3) or
+ *           fused 3D ones (mlp.experts.gate_up_proj [E, 2F, H], down_proj
+ *           [E, H, F]). BF16, F16 or F32.
+ *   quant:  the NVFP4 state (either msconvert format; names per quant.h;
+ *           any recipe) with 2D blocks, or NULL/0: projections then come
+ *           from base as they are. A projection found here is taken from
+ *           here; a 1D-block tensor is refused (MS_EINVAL naming it).
+ *   lora:   the adapter configuration.
+ *   adapter: a warm-start PEFT adapter's tensors (adapter_model.safetensors
+ *           names) or NULL/0. It must adapt every module the run targets
+ *           and nothing else. A module's rank rt (from its shapes, so
+ *           PEFT's rank_pattern works) may be below lora->r: ranks rt..r-1
+ *           start fresh (A initialised, B zero) and B is rescaled by
+ *           (warm_alpha / rt) / (alpha / r), so the model starts with the
+ *           adapter's delta exactly. Mixtral adapters with one LoRA per
+ *           expert module (block_sparse_moe.experts.E.w1/w2/w3) load into
+ *           the fused layout; w1 and w3 need 2 * rt <= lora->r there.
+ *   opts:   NULL for defaults (resident, EP 1, one thread per CPU).
+ * MS_EINVAL (missing tensor, shape or dtype wrong: one line naming the
+ * tensor), MS_ENOMEM.
+ */
+int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
+		   const struct ms_wtensor *base, size_t nbase,
+		   const struct ms_wtensor *quant, size_t nquant,
+		   const struct ms_lora_cfg *lora,
+		   const struct ms_wtensor *adapter, size_t nadapter,
+		   const struct ms_model_opts *opts, struct ms_err *err);
+void ms_model_free(struct ms_model *m);
+
+const struct ms_model_cfg *ms_model_config(const struct ms_model *m);
+
+/*
+ * Forward only (LoRA applied, dropout off). ids [batch, seq] in [0, vocab);
+ * logits (may be NULL) gets [batch, seq, vocab] float32. MS_EINVAL on an id
+ * out of range or batch % ep_size != 0; MS_ENOMEM.
+ */
+int ms_model_forward(struct ms_model *m, const int32_t *ids, uint32_t batch,
+		     uint32_t seq, float *logits, struct ms_err *err);
+
+/*
+ * Forward + backward of the next-token cross-entropy (transformers'
+ * ForCausalLMLoss: position t predicts ids[t+1]). loss_mask [batch, seq]
+ * (NULL: every position) masks LABELS: the prediction of ids[b, t] counts
+ * when loss_mask[b, t] != 0 (t >= 1; position 0 is never a label).
+ * *loss_sum gets the sum of -log p over counted labels (double), *n_tokens
+ * their number. Gradients ACCUMULATE (+=) grad_scale * d(loss_sum)/d(param)
+ * into each parameter's g, so gradient accumulation is repeated calls and
+ * the mean loss over N tokens is grad_scale = 1/N. step (the optimizer
+ * step, used only by dropout) makes the dropout masks differ per step.
+ */
+int ms_model_step(struct ms_model *m, const int32_t *ids,
+		  const uint8_t *loss_mask, uint32_t batch, uint32_t seq,
+		  double grad_scale, uint64_t step, double *loss_sum,
+		  uint64_t *n_tokens, struct ms_err *err);
+
+/* One trainable tensor: its key exactly as PEFT saves it in
+ * adapter_model.safetensors (e.g. "base_model.model.model.layers.0.
+ * self_attn.q_proj.lora_A.weight"), its shape, float32 values w and
+ * gradient g of n elements (owned by the model; stable for its lifetime). */
+struct ms_param {
+	const char *name;
+	uint32_t ndim;
+	uint64_t shape[2];
+	uint64_t n;
+	float *w;
+	float *g;
+};
+
+/* The trainable tensors in a fixed order (sorted by name). */
+size_t ms_model_params(struct ms_model *m, const struct ms_param **out);
+void ms_model_zero_grad(struct ms_model *m);
+
+/* adapter_config.json for the adapter these parameters form (PEFT 0.21
+ * keys: r, lora_alpha, lora_dropout, target_modules, target_parameters,
+ * peft_type, base_model class, ...), NUL-terminated, ms_free'd by the
+ * caller. MS_ENOMEM. */
+int ms_model_adapter_config(const struct ms_model *m, char **json,
+			    struct ms_err *err);
+
+#endif
