@@ -169,7 +169,7 @@ static int test_file_sha256_large(void)
 static int test_pool_matches_serial(void)
 {
 	enum { NJOBS = 57 };
-	struct ms_hash_job jobs[NJOBS];
+	struct ms_hash_job jobs[NJOBS] = {{0}};
 	uint8_t digests[NJOBS][MS_SHA256_LEN], want[NJOBS][MS_SHA256_LEN];
 	size_t total = 4u << 20, pos = 0;
 	uint8_t *buf = malloc(total);

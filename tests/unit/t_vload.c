@@ -104,7 +104,7 @@ static int all_zero(const uint8_t *p, uint64_t n)
 static int test_loads_and_checks(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "ok.safetensors") == 0);
@@ -123,7 +123,7 @@ static int test_loads_and_checks(void)
 static int test_mismatch_names_tensor_and_clears(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "bad.safetensors") == 0);
@@ -150,7 +150,7 @@ static int test_mismatch_names_tensor_and_clears(void)
 static int test_file_changed_after_open(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	uint8_t b;
 	int fd;
@@ -173,7 +173,7 @@ static int test_file_changed_after_open(void)
 static int test_truncated_file_is_io_error(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "short.safetensors") == 0);
@@ -193,7 +193,7 @@ static int test_memory_image(void)
 {
 	struct fixture fx;
 	struct ms_st_file *mf = NULL;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	char *img = NULL;
 	size_t len = 0;
@@ -222,7 +222,7 @@ static int test_memory_image(void)
 static int test_no_destination_is_bad_input(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	void *keep;
 
@@ -241,7 +241,7 @@ static int test_no_destination_is_bad_input(void)
 static int test_gpu_variant_without_gpu(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	void *arena = (void *)1;
 
