@@ -472,6 +472,7 @@ static int cmd_files(int argc, char **argv)
 		enum ms_inv_result res;
 
 		size_t added = 0;
+		int trc;
 
 		if ((rc = ms_vstate_from_inv(inv, digests[i], 0, &s, &err)) != MS_OK)
 			goto fail;
@@ -482,10 +483,11 @@ static int cmd_files(int argc, char **argv)
 		}
 		/* tensors whose plain digest matched gain the tree digest of the
 		 * same pass (ms(5), "Tree digests") */
-		if ((rc = ms_inv_record_trees(inv, digests[i], r.trees, r.ntrees, "verify", &added,
-					      &err)) != MS_OK) {
+		if ((trc = ms_inv_record_trees(inv, digests[i], r.trees, r.ntrees, "verify", &added,
+					       &err)) != MS_OK) {
 			ms_vreport_release(&r);
 			ms_vstate_free(s);
+			rc = trc;
 			goto fail;
 		}
 
