@@ -179,7 +179,11 @@ extern "C" int ms_load_verified_gpu(struct ms_vload_item *items, size_t n,
 	}
 	if ((rc = ms_gpu_ready(err)) != MS_OK)
 		return rc;
-	nt = ms_vload_threads(n, nthreads, MAX_WORKERS);
+	for (size_t i = 0; i < n; i++) {
+		if (!items[i].tensor)
+			return ms_err_set(err, MS_EINVAL, "item %zu has no tensor", i);
+	}
+	nt = ms_vload_threads(ms_vload_units(items, n), nthreads, MAX_WORKERS);
 	g.items = items;
 	g.offs = (uint64_t *)ms_calloc(n ? n : 1, sizeof(*g.offs));
 	g.coff = (uint64_t *)ms_calloc(n ? n : 1, sizeof(*g.coff));

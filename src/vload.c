@@ -57,6 +57,18 @@ struct worker {
 	int id;
 };
 
+size_t ms_vload_units(const struct ms_vload_item *items, size_t n)
+{
+	size_t u = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t nb = items[i].tensor ? items[i].tensor->nbytes : 0;
+
+		u += items[i].use_tree && nb ? (size_t)((nb - 1) / MS_VLOAD_SPAN + 1) : 1;
+	}
+	return u;
+}
+
 int ms_vload_threads(size_t n, int nthreads, int max)
 {
 	int t = nthreads > 0 ? nthreads : ms_ncpus();
@@ -275,7 +287,8 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 	struct engine e = {0};
 	struct worker *wk = NULL;
 	pthread_t *th = NULL;
-	int nt = ms_vload_threads(n, nthreads, 0), started = 0, rc;
+	/* one tree item of many spans keeps every thread busy */
+	int nt = ms_vload_threads(ms_vload_units(items, n), nthreads, 0), started = 0, rc;
 
 	if (!n)
 		return MS_OK;

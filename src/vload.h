@@ -126,7 +126,8 @@ struct ms_vload_ops {
 
 /* Run the engine with chunks of chunk bytes (a multiple of the tree chunk,
  * dividing MS_VLOAD_SPAN) and exactly
- * ms_vload_threads(n, nthreads, 0) workers (size per-worker state with it).
+ * ms_vload_threads(ms_vload_units(items, n), nthreads, 0) workers (size
+ * per-worker state with it).
  * Returns MS_OK, or the first failure: MS_ECHECK for a digest mismatch,
  * MS_EIO, MS_ENOMEM, or a callback's code. */
 int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
@@ -137,7 +138,10 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 int ms_vload_mismatch(const struct ms_tensor *t, const char *what,
 		      const uint8_t *want, const uint8_t *got,
 		      struct ms_err *err);
-/* The worker count ms_vload_run will use for n items and nthreads asked
+/* The pieces of work in items: one per item, or per span of a use_tree
+ * item (all items need a tensor). */
+size_t ms_vload_units(const struct ms_vload_item *items, size_t n);
+/* The worker count ms_vload_run will use for n units and nthreads asked
  * (0: one per CPU), at most max (0: no cap). */
 int ms_vload_threads(size_t n, int nthreads, int max);
 

@@ -5,6 +5,7 @@
  * it must refuse cleanly when there is no GPU.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "test.h"
@@ -407,6 +408,41 @@ static int test_tree_file_changed(void)
 	return 0;
 }
 
+static pthread_t seen[64];
+static int nseen;
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note_thread(enum ms_vload_hook_where where, void *p, uint64_t len, size_t item)
+{
+	pthread_t me = pthread_self();
+	int known = 0;
+
+	pthread_mutex_lock(&seen_lock);
+	for (int i = 0; i < nseen; i++)
+		known |= pthread_equal(seen[i], me);
+	if (!known && nseen < 64)
+		seen[nseen++] = me;
+	pthread_mutex_unlock(&seen_lock);
+}
+
+/* one large tensor alone is read and hashed by several threads (its tree
+ * spans), not bound to one as its sequential digest is */
+static int test_tree_one_tensor_many_threads(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(tfixture_make(&fx, "treeone.safetensors") == 0);
+	nseen = 0;
+	ms_vload_test_hook = note_thread;
+	T_ASSERT_MSG(ms_load_verified(fx.it, 1, 4, &err) == MS_OK, "%s", err.msg);
+	ms_vload_test_hook = NULL;
+	T_ASSERT_MSG(nseen > 1, "one 37 MiB tensor, 4 threads asked: %d used", nseen);
+	T_ASSERT(!memcmp(fx.it[0].dst, fx.src[0], tsizes[0]));
+	tfixture_free(&fx);
+	return 0;
+}
+
 /* without a recorded tree: the plain digest is checked and the tree of
  * the same pass handed out (what a caller records) */
 static int test_want_tree_host(void)
@@ -445,6 +481,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_tree_load_host),
 	T_CASE(test_tree_host_buffer_tampered),
 	T_CASE(test_tree_file_changed),
+	T_CASE(test_tree_one_tensor_many_threads),
 	T_CASE(test_want_tree_host),
 };
 

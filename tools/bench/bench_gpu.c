@@ -21,7 +21,8 @@
  * in 16 MiB bf16 tensors (expert-sized); --vload-file F times loading it
  * after one read (warm page cache), each the median of 5 runs, device
  * allocation included: the same pipelined loader without hashing (pread
- * into pinned buffers, cudaMemcpyAsync, same threads and chunk size),
+ * into pinned buffers, cudaMemcpyAsync, same threads and chunk size, every
+ * tensor cut into the verified load's 16 MiB spans),
  * ms_load_verified_gpu, and a naive loader (cudaMemcpy from the mapping,
  * one tensor at a time); --torch-load-ms adds safetensors.torch.load_file
  * to the GPU as bench_torch.py timed it on the same file.
@@ -369,8 +370,44 @@ static void bench_quant(const char *name, enum ms_nvfp4_recipe recipe, enum ms_n
 #define VL_TENSOR (16u << 20)
 #define VL_CHUNK (1u << 20)
 
+/* work of the plain loaders: tensors cut into MS_VLOAD_SPAN spans, as the
+ * verified load cuts tensors with trees, so a large tensor is shared by
+ * every thread in the baseline too */
+struct punit {
+	size_t item;
+	uint64_t off, len;
+};
+
+static struct punit *punits(struct ms_vload_item *items, size_t n, size_t *nu)
+{
+	struct punit *u = NULL;
+	size_t k = 0, cap = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t nb = items[i].tensor->nbytes, off = 0;
+
+		do {
+			uint64_t len = nb - off > MS_VLOAD_SPAN ? MS_VLOAD_SPAN : nb - off;
+
+			if (k == cap) {
+				cap = cap ? 2 * cap : 256;
+				u = realloc(u, cap * sizeof(*u));
+				if (!u)
+					die("memory", NULL);
+			}
+			u[k].item = i;
+			u[k].off = off;
+			u[k++].len = len;
+			off += len;
+		} while (off < nb);
+	}
+	*nu = k;
+	return u;
+}
+
 struct plain {
 	struct ms_vload_item *items;
+	struct punit *u;
 	size_t n, next;
 	pthread_mutex_t lock;
 	uint8_t *base;
@@ -392,20 +429,23 @@ static void *plain_worker(void *arg)
 	}
 	for (;;) {
 		const struct ms_tensor *t;
-		size_t i;
+		const struct punit *u;
+		size_t i, k;
 		int fd;
 
 		pthread_mutex_lock(&pl->lock);
-		i = pl->next++;
+		k = pl->next++;
 		pthread_mutex_unlock(&pl->lock);
-		if (i >= pl->n)
+		if (k >= pl->n)
 			break;
+		u = &pl->u[k];
+		i = u->item;
 		t = pl->items[i].tensor;
 		fd = open(t->file->path, O_RDONLY);
 		if (fd < 0)
 			die("open", NULL);
-		for (uint64_t off = 0; off < t->nbytes; off += VL_CHUNK) {
-			uint64_t len = t->nbytes - off < VL_CHUNK ? t->nbytes - off : VL_CHUNK;
+		for (uint64_t off = u->off; off < u->off + u->len; off += VL_CHUNK) {
+			uint64_t end = u->off + u->len, len = end - off < VL_CHUNK ? end - off : VL_CHUNK;
 
 			ck(cudaEventSynchronize(ev[slot]), "cudaEventSynchronize");
 			if (pread(fd, pin[slot], len, (off_t)(t->offset + off)) != (ssize_t)len)
@@ -435,7 +475,7 @@ static void *plain_load(struct ms_vload_item *items, size_t n, int nt)
 
 	memset(&pl, 0, sizeof(pl));
 	pl.items = items;
-	pl.n = n;
+	pl.u = punits(items, n, &pl.n);
 	pl.offs = calloc(n, sizeof(*pl.offs));
 	for (size_t i = 0; i < n; i++) {
 		pl.offs[i] = total;
@@ -449,6 +489,7 @@ static void *plain_load(struct ms_vload_item *items, size_t n, int nt)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&pl.lock);
 	free(pl.offs);
+	free(pl.u);
 	return pl.base;
 }
 
@@ -470,6 +511,7 @@ static void *naive_load(struct ms_vload_item *items, size_t n)
 
 struct hplain {
 	struct ms_vload_item *items;
+	struct punit *u;
 	size_t n, next;
 	pthread_mutex_t lock;
 };
@@ -480,22 +522,23 @@ static void *hplain_worker(void *arg)
 
 	for (;;) {
 		const struct ms_tensor *t;
-		size_t i;
+		const struct punit *u;
+		size_t i, k;
 		int fd;
 
 		pthread_mutex_lock(&hp->lock);
-		i = hp->next++;
+		k = hp->next++;
 		pthread_mutex_unlock(&hp->lock);
-		if (i >= hp->n)
+		if (k >= hp->n)
 			break;
+		u = &hp->u[k];
+		i = u->item;
 		t = hp->items[i].tensor;
 		fd = open(t->file->path, O_RDONLY);
 		if (fd < 0)
 			die("open", NULL);
-		/* one pread moves at most 2 GiB - 4 KiB */
-		for (uint64_t off = 0; off < t->nbytes;) {
-			ssize_t r = pread(fd, (uint8_t *)hp->items[i].dst + off,
-					  t->nbytes - off > (1u << 30) ? (1u << 30) : t->nbytes - off,
+		for (uint64_t off = u->off; off < u->off + u->len;) {
+			ssize_t r = pread(fd, (uint8_t *)hp->items[i].dst + off, u->off + u->len - off,
 					  (off_t)(t->offset + off));
 
 			if (r <= 0)
@@ -515,13 +558,14 @@ static void plain_host_load(struct ms_vload_item *items, size_t n, int nt)
 
 	memset(&hp, 0, sizeof(hp));
 	hp.items = items;
-	hp.n = n;
+	hp.u = punits(items, n, &hp.n);
 	pthread_mutex_init(&hp.lock, NULL);
 	for (int i = 0; i < nt; i++)
 		pthread_create(&th[i], NULL, hplain_worker, &hp);
 	for (int i = 0; i < nt; i++)
 		pthread_join(th[i], NULL);
 	pthread_mutex_destroy(&hp.lock);
+	free(hp.u);
 }
 
 static void make_vload(const char *path, uint64_t mb)
