@@ -91,13 +91,10 @@ __device__ __forceinline__ void compress(uint32_t h[8], uint32_t w[16])
 	h[7] += hh;
 }
 
-__global__ void sha256_chunks_kernel(const uint8_t *__restrict__ data, uint64_t n,
-				     unsigned log2, uint64_t nchunks, uint8_t *__restrict__ out)
+/* Chunk c of the n bytes at data into out + 32 c. */
+__device__ void hash_chunk(const uint8_t *__restrict__ data, uint64_t n, unsigned log2,
+			   uint64_t c, uint8_t *__restrict__ out)
 {
-	uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-
-	if (c >= nchunks)
-		return;
 	const uint64_t start = c << log2;
 	const uint64_t len = n - start < ((uint64_t)1 << log2) ? n - start : (uint64_t)1 << log2;
 	const uint8_t *p = data + start;
@@ -166,6 +163,37 @@ __global__ void sha256_chunks_kernel(const uint8_t *__restrict__ data, uint64_t 
 		o[k] = bswap(h[k]);
 }
 
+__global__ void sha256_chunks_kernel(const uint8_t *__restrict__ data, uint64_t n,
+				     unsigned log2, uint64_t nchunks, uint8_t *__restrict__ out)
+{
+	uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (c < nchunks)
+		hash_chunk(data, n, log2, c, out);
+}
+
+/* Many buffers in one launch: thread c finds its buffer by the chunk
+ * numbers the buffers start at (first, ascending; first[nseg] the total). */
+__global__ void sha256_chunks_batch_kernel(const struct ms_gpu_tree_seg *__restrict__ seg,
+					   const uint64_t *__restrict__ first, size_t nseg,
+					   unsigned log2)
+{
+	uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	size_t lo = 0, hi = nseg;
+
+	if (c >= first[nseg])
+		return;
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+
+		if (first[mid] <= c)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	hash_chunk(seg[lo].data, seg[lo].n, log2, c - first[lo], seg[lo].out);
+}
+
 extern "C" int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2, uint8_t *out,
 				  void *stream, struct ms_err *err)
 {
@@ -183,6 +211,48 @@ extern "C" int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2, u
 			       (cudaStream_t)stream>>>((const uint8_t *)data, n, log2, nchunks, out);
 	CK(cudaGetLastError());
 out:
+	return rc;
+}
+
+extern "C" int ms_gpu_tree_chunks_batch(const struct ms_gpu_tree_seg *segs, size_t nseg,
+					unsigned log2, struct ms_err *err)
+{
+	const unsigned threads = 128;
+	uint64_t *first = NULL, total = 0;
+	struct ms_gpu_tree_seg *dseg = NULL;
+	uint64_t *dfirst = NULL;
+	int rc = MS_OK;
+
+	if (log2 < MS_TREE_LOG2_MIN || log2 > MS_TREE_LOG2_MAX)
+		return ms_err_set(err, MS_EINVAL, "tree chunk size 2^%u out of range", log2);
+	if (!nseg)
+		return MS_OK;
+	first = (uint64_t *)ms_malloc((nseg + 1) * sizeof(*first));
+	if (!first)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < nseg; i++) {
+		first[i] = total;
+		total += ms_tree_nchunks(segs[i].n, log2);
+	}
+	first[nseg] = total;
+	if (!total)
+		goto out;
+	if (total / threads + 1 > 0x7fffffffu) {
+		rc = ms_err_set(err, MS_EINVAL, "too many chunks for one launch");
+		goto out;
+	}
+	CK(cudaMalloc((void **)&dseg, nseg * sizeof(*dseg)));
+	CK(cudaMalloc((void **)&dfirst, (nseg + 1) * sizeof(*dfirst)));
+	CK(cudaMemcpy(dseg, segs, nseg * sizeof(*dseg), cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dfirst, first, (nseg + 1) * sizeof(*dfirst), cudaMemcpyHostToDevice));
+	sha256_chunks_batch_kernel<<<(unsigned)((total + threads - 1) / threads), threads>>>(
+		dseg, dfirst, nseg, log2);
+	CK(cudaGetLastError());
+	CK(cudaDeviceSynchronize());
+out:
+	cudaFree(dseg);
+	cudaFree(dfirst);
+	ms_free(first);
 	return rc;
 }
 

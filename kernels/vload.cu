@@ -96,6 +96,11 @@ static int gpu_span_done(void *ctx, int worker, size_t item, uint64_t off, uint6
 		CK(cudaStreamSynchronize(w->stream));
 		ms_vload_test_hook(MS_VLOAD_HOOK_DEVICE, dev, len, item);
 	}
+	/* a short span (a small tensor, the end of a large one) waits for the
+	 * batch after the last copy: its kernel would take as long as a full
+	 * span's, and one stream's kernels run one after another */
+	if (len < MS_VLOAD_SPAN)
+		return MS_OK;
 	/* the kernel waits for this span's copies only; the copy stream
 	 * goes on with the next span meanwhile */
 	CK(cudaEventRecord(w->span_ev, w->stream));
@@ -126,11 +131,32 @@ out:
  * order is the error. */
 static int check_trees(struct gpu_sink *g, size_t n, uint64_t nchunks, struct ms_err *err)
 {
+	struct ms_gpu_tree_seg *segs = NULL;
+	size_t nseg = 0;
 	uint8_t *h = NULL;
 	int rc = MS_OK;
 
 	if (!nchunks)
 		goto fold;
+	/* the short spans gpu_span_done left, by the same rule, in one launch */
+	segs = (struct ms_gpu_tree_seg *)ms_calloc(n ? n : 1, sizeof(*segs));
+	if (!segs) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct ms_vload_item *it = &g->items[i];
+		uint64_t nb = it->tensor->nbytes;
+		uint64_t off = it->use_tree ? nb - nb % MS_VLOAD_SPAN : 0;
+
+		if (!hashed_on_device(it) || nb == off || nb - off >= MS_VLOAD_SPAN)
+			continue;
+		segs[nseg].data = g->base + g->offs[i] + off;
+		segs[nseg].n = nb - off;
+		segs[nseg++].out = g->dchunks + (g->coff[i] + (off >> MS_TREE_LOG2)) * MS_SHA256_LEN;
+	}
+	if ((rc = ms_gpu_tree_chunks_batch(segs, nseg, MS_TREE_LOG2, err)) != MS_OK)
+		goto out;
 	CK(cudaMallocHost((void **)&h, nchunks * MS_SHA256_LEN));
 	CK(cudaMemcpy(h, g->dchunks, nchunks * MS_SHA256_LEN, cudaMemcpyDeviceToHost));
 fold:
@@ -160,6 +186,7 @@ fold:
 	}
 out:
 	cudaFreeHost(h);
+	ms_free(segs);
 	return rc;
 }
 

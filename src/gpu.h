@@ -68,6 +68,17 @@ int ms_gpu_is_device_ptr(const void *p);
  * stream (a cudaStream_t; NULL: the default stream) and not waited for. */
 int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2,
 		       uint8_t *out, void *stream, struct ms_err *err);
+/* Many device buffers in one launch (small ones: one thread per chunk
+ * takes as long on a 64 KiB buffer as on a 64 MiB one, so their launches
+ * are batched): the chunk digests of segs[i].data into segs[i].out.
+ * Synchronous. */
+struct ms_gpu_tree_seg {
+	const uint8_t *data;   /* device */
+	uint64_t n;
+	uint8_t *out;          /* device, 32 bytes a chunk */
+};
+int ms_gpu_tree_chunks_batch(const struct ms_gpu_tree_seg *segs, size_t nseg,
+			     unsigned log2, struct ms_err *err);
 /* The tree digest of n bytes of device memory at data: the chunks hashed
  * on the GPU, folded on the CPU (ms_tree_fold). Synchronous. */
 int ms_gpu_tree_digest(const void *data, uint64_t n, unsigned log2,

@@ -119,6 +119,12 @@ int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2,
 	return nodev(err);
 }
 
+int ms_gpu_tree_chunks_batch(const struct ms_gpu_tree_seg *segs, size_t nseg,
+			     unsigned log2, struct ms_err *err)
+{
+	return nodev(err);
+}
+
 int ms_gpu_tree_digest(const void *data, uint64_t n, unsigned log2,
 		       uint8_t out[MS_SHA256_LEN], struct ms_err *err)
 {

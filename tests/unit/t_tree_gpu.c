@@ -81,6 +81,56 @@ static int test_chunks_match_openssl(void)
 	return 0;
 }
 
+/* the batched form: buffers of odd sizes (none, short, several chunks) at
+ * odd places, each chunk digest equal to OpenSSL's */
+static int test_batch_matches_openssl(void)
+{
+	static const uint64_t sizes[] = {0, 1, 65536, 70001, 3, 5 * 65536 + 9, 64};
+	enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
+	struct ms_gpu_tree_seg seg[NS];
+	uint64_t at[NS], pos = 0, outat[NS], nout = 0;
+	const uint64_t max = 1u << 20;
+	uint8_t *h = ms_malloc(max), *d = NULL, *dout = NULL, *got;
+	struct ms_err err = {0};
+
+	T_ASSERT(h);
+	fill(h, max);
+	T_ASSERT(ms_gpu_malloc((void **)&d, max, &err) == MS_OK);
+	T_ASSERT(ms_gpu_memcpy(d, h, max, &err) == MS_OK);
+	for (int i = 0; i < NS; i++) {
+		at[i] = pos + (uint64_t)(i % 3) * 7;
+		pos = at[i] + sizes[i];
+		outat[i] = nout;
+		nout += ms_tree_nchunks(sizes[i], MS_TREE_LOG2);
+	}
+	T_ASSERT(pos <= max);
+	T_ASSERT(ms_gpu_malloc((void **)&dout, nout * 32, &err) == MS_OK);
+	for (int i = 0; i < NS; i++) {
+		seg[i].data = d + at[i];
+		seg[i].n = sizes[i];
+		seg[i].out = dout + outat[i] * 32;
+	}
+	T_ASSERT_MSG(ms_gpu_tree_chunks_batch(seg, NS, MS_TREE_LOG2, &err) == MS_OK, "%s", err.msg);
+	got = ms_malloc(nout * 32);
+	T_ASSERT(got);
+	T_ASSERT(ms_gpu_memcpy(got, dout, nout * 32, &err) == MS_OK);
+	for (int i = 0; i < NS; i++) {
+		for (uint64_t c = 0; c < ms_tree_nchunks(sizes[i], MS_TREE_LOG2); c++) {
+			uint64_t s0 = c << MS_TREE_LOG2, len = sizes[i] - s0 < 65536 ? sizes[i] - s0 : 65536;
+			uint8_t want[32];
+
+			T_ASSERT(ms_sha256(h + at[i] + s0, len, want) == MS_OK);
+			T_ASSERT_MSG(!memcmp(got + (outat[i] + c) * 32, want, 32), "buffer %d chunk %llu", i,
+				     (unsigned long long)c);
+		}
+	}
+	ms_free(got);
+	ms_gpu_free(dout);
+	ms_gpu_free(d);
+	ms_free(h);
+	return 0;
+}
+
 /* a large buffer: many blocks of threads, the shape of a real tensor */
 static int test_large_tree(void)
 {
@@ -165,6 +215,7 @@ static int test_verify_state_on_device(void)
 
 static const struct t_case cases[] = {
 	T_CASE(test_chunks_match_openssl),
+	T_CASE(test_batch_matches_openssl),
 	T_CASE(test_large_tree),
 	T_CASE(test_verify_state_on_device),
 };

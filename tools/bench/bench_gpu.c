@@ -2,7 +2,7 @@
  * bench_gpu.c: the GPU codec and the verified load, timed on the device
  * (tools/bench/bench-gpu.sh builds and runs it; see there).
  *
- *   bench_gpu [--rows R] [--cols C] [--torch-ms MS] [--torch-check TEXT]
+ *   bench_gpu [--load-only] [--rows R] [--cols C] [--torch-ms MS] [--torch-check TEXT]
  *             [--vload-file F] [--torch-load-ms MS] [--out FILE]
  *             [--vload2-file F2]
  *   bench_gpu --make-vload F [--vload-mb MB] [--make-vload2 F2]
@@ -652,6 +652,10 @@ static void make_vload2(const char *path)
 	free(buf);
 }
 
+/* --load-only: no codec rows, and of the loads only plain and trees (a
+ * short run to try a change of the tree path) */
+static int load_only;
+
 static void bench_vload(const char *path, double torch_load_ms, int big)
 {
 	char shape[48];
@@ -713,6 +717,12 @@ static void bench_vload(const char *path, double torch_load_ms, int big)
 			die("ms_load_verified_gpu (trees)", &err);
 		tt[r] = (float)((ms_now() - t0) * 1e3);
 		ck(cudaFree(arena), "cudaFree");
+		for (uint64_t i = 0; i < n; i++)
+			items[i].use_tree = 0;
+		if (load_only) {
+			tv[r] = tw[r] = tn[r] = 0;
+			continue;
+		}
 		/* the first load of a state without trees: plain digests on
 		 * the CPU, trees on both sides, cross-checked */
 		for (uint64_t i = 0; i < n; i++) {
@@ -734,6 +744,16 @@ static void bench_vload(const char *path, double torch_load_ms, int big)
 		p = naive_load(items, n);
 		tn[r] = (float)((ms_now() - t0) * 1e3);
 		ck(cudaFree(p), "cudaFree");
+	}
+	if (load_only) {
+		float mp = median(tp, 5), mt = median(tt, 5);
+
+		printf("%s: plain %.3f ms, trees %.3f ms: %+.1f%%\n", big ? "2 GiB + small" : "16 MiB",
+		       mp, mt, 100.0 * (mt / mp - 1.0));
+		ms_st_close(f);
+		free(items);
+		free(buf);
+		return;
 	}
 	/* the hashing ceiling: SHA-256 of the same bytes (mapped, in the page
 	 * cache) on the same threads, with no copy at all; no verified load
@@ -954,6 +974,10 @@ int main(int argc, char **argv)
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		uint64_t u;
 
+		if (!strcmp(a, "--load-only")) {
+			load_only = 1;
+			continue;
+		}
 		if (!v) {
 			fprintf(stderr, "bench_gpu: %s needs a value\n", a);
 			return 2;
@@ -1006,6 +1030,13 @@ int main(int argc, char **argv)
 		dump_case(dump);
 		if (!out)
 			return 0;
+	}
+	if (load_only) {
+		if (vfile)
+			bench_vload(vfile, 0, 0);
+		if (vfile2)
+			bench_vload(vfile2, 0, 1);
+		return 0;
 	}
 	snprintf(shape, sizeof(shape), "[%llu, %llu]", (unsigned long long)R, (unsigned long long)C);
 	snprintf(shape32, sizeof(shape32), "[%llu, %llu] f32", (unsigned long long)(R / 2),
