@@ -18,10 +18,13 @@
  * Tree items (use_tree): the CPU does not hash. When a span (MS_VLOAD_SPAN)
  * of one is in device memory, the worker's hash stream waits for its copy
  * and runs the chunk kernel (kernels/sha256_tree.cu) on it, while the copy
- * stream goes on with the next span. At the end the chunk digests come
- * back (32 bytes per 64 KiB) and are folded into each tensor's tree and
- * compared with the recorded one. The device memory is handed to the
- * caller only after every digest matched.
+ * stream goes on with the next span. Shorter spans (small tensors, the end
+ * of a large one) are hashed in one batched launch after the last copy:
+ * one thread per chunk takes as long on a 64 KiB tensor as on a full span,
+ * so a kernel each would queue up behind a worker's fast small copies. At
+ * the end the chunk digests come back (32 bytes per 64 KiB) and are folded
+ * into each tensor's tree and compared with the recorded one. The device
+ * memory is handed to the caller only after every digest matched.
  */
 #include "gpu_internal.h"
 

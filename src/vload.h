@@ -84,7 +84,8 @@ int ms_load_verified(struct ms_vload_item *items, size_t n, int nthreads,
  * bytes through two pinned buffers (cudaMemcpyAsync on its own stream, an
  * event per buffer). Items with use_tree are not hashed by the CPU at all:
  * once a span of one is in device memory, a kernel on the worker's second
- * stream hashes its chunks there while the next spans are copied, and at
+ * stream hashes its chunks there while the next spans are copied (spans
+ * under MS_VLOAD_SPAN in one batched launch after the last copy), and at
  * the end the chunk digests (1/2048 of the bytes) are folded into each
  * tensor's tree and compared: the bytes checked are the bytes in HBM.
  * Other items are hashed on the CPU while the previous chunk is copied
