@@ -403,6 +403,33 @@ out:
 	return rc;
 }
 
+int ms_vload_tree_recs(const struct ms_vload_item *items, size_t n, struct ms_tree_rec **out,
+		       size_t *nout, struct ms_err *err)
+{
+	size_t k = 0;
+
+	*out = NULL;
+	*nout = 0;
+	for (size_t i = 0; i < n; i++)
+		k += items[i].has_got_tree && items[i].tensor;
+	if (!k)
+		return MS_OK;
+	if (!(*out = ms_calloc(k, sizeof(**out))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		struct ms_tree_rec *r = &(*out)[*nout];
+
+		if (!items[i].has_got_tree || !items[i].tensor)
+			continue;
+		memcpy(r->digest, items[i].expected, MS_SHA256_LEN);
+		memcpy(r->tree, items[i].got_tree, MS_SHA256_LEN);
+		r->nbytes = items[i].tensor->nbytes;
+		r->log2 = MS_TREE_LOG2;
+		(*nout)++;
+	}
+	return MS_OK;
+}
+
 /* ---- host variant --------------------------------------------------------- */
 
 static int host_buffer(void *ctx, int worker, size_t item, uint64_t off,

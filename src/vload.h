@@ -53,6 +53,17 @@ struct ms_vload_item {
 };
 
 /*
+ * The trees a load handed out (items with has_got_tree), as records for
+ * ms_inv_record_trees with source "load": the tree of the bytes whose
+ * plain digest is item->expected. *out (caller frees with ms_free) has
+ * *nout records; NULL and 0 when there are none. MS_ENOMEM.
+ */
+struct ms_tree_rec;
+int ms_vload_tree_recs(const struct ms_vload_item *items, size_t n,
+		       struct ms_tree_rec **out, size_t *nout,
+		       struct ms_err *err);
+
+/*
  * Tests only: when set, called during a load with bytes of item at p (len
  * bytes): where MS_VLOAD_HOOK_STAGED after they were read from the file
  * into host memory, before anything hashed or copied them;

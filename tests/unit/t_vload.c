@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
+#include <sqlite3.h>
+
 #include "test.h"
 #include "gpu.h"
 #include "vload.h"
@@ -470,6 +472,79 @@ static int test_want_tree_host(void)
 	return 0;
 }
 
+/* An inventory without tree digests (made before them) gains them at the
+ * first verified load: the load checks the recorded plain digests, hands
+ * out the trees of the same pass, and the inventory records them; a
+ * tensor whose bytes changed gains none. */
+static int test_first_load_records_trees(void)
+{
+	struct tfixture fx;
+	struct ms_inv *inv = NULL;
+	struct ms_vstate *s = NULL;
+	struct ms_tree_rec *recs = NULL;
+	struct ms_err err = {0};
+	char db[512], digest[MS_STATE_DIGEST_LEN];
+	const char *paths[1];
+	size_t nrecs = 0, added = 0;
+	sqlite3 *raw = NULL;
+
+	T_ASSERT(tfixture_make(&fx, "treeinv.safetensors") == 0);
+	snprintf(db, sizeof(db), "%s/treeinv.db", T_TMP);
+	paths[0] = fx.path;
+	T_ASSERT_MSG(ms_inv_open(db, MS_INV_CREATE, &inv, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_inv_add_paths(inv, paths, 1, NULL, digest, &err) == MS_OK, "%s", err.msg);
+	ms_inv_close(inv);
+	/* as if recorded before tree digests existed */
+	T_ASSERT(sqlite3_open(db, &raw) == SQLITE_OK);
+	T_ASSERT(sqlite3_exec(raw, "DELETE FROM tree_digests", NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(raw);
+	T_ASSERT(ms_inv_open(db, 0, &inv, &err) == MS_OK);
+	T_ASSERT(ms_vstate_from_inv(inv, digest, 0, &s, &err) == MS_OK);
+	for (int i = 0; i < TN; i++) {
+		const struct ms_vtensor *vt = NULL;
+
+		for (size_t k = 0; k < s->files[0].ntensors; k++)
+			if (!strcmp(s->files[0].tensors[k].name, fx.it[i].tensor->name))
+				vt = &s->files[0].tensors[k];
+		T_ASSERT(vt && !vt->has_tree);
+		fx.it[i].use_tree = 0;
+		fx.it[i].want_tree = 1;
+		memcpy(fx.it[i].expected, vt->digest, MS_SHA256_LEN);
+	}
+	ms_vstate_free(s);
+	s = NULL;
+	T_ASSERT_MSG(ms_load_verified(fx.it, TN, 4, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT(ms_vload_tree_recs(fx.it, TN, &recs, &nrecs, &err) == MS_OK);
+	T_ASSERT_EQ_INT(nrecs, TN);
+	T_ASSERT(ms_inv_record_trees(inv, digest, recs, nrecs, "load", &added, &err) == MS_OK);
+	/* t1 is empty and shares no bytes with another; every tensor is new */
+	T_ASSERT_EQ_INT(added, TN);
+	ms_free(recs);
+	T_ASSERT(ms_vstate_from_inv(inv, digest, 0, &s, &err) == MS_OK);
+	for (size_t k = 0; k < s->files[0].ntensors; k++) {
+		const struct ms_vtensor *vt = &s->files[0].tensors[k];
+		int i = vt->name[1] - '0';
+
+		T_ASSERT(vt->has_tree);
+		T_ASSERT(!memcmp(vt->tree, fx.tree[i], MS_SHA256_LEN));
+	}
+	ms_vstate_free(s);
+	/* a different tree for the same bytes is refused, nothing recorded */
+	{
+		struct ms_tree_rec bad = {{0}, 0, MS_TREE_LOG2, {0}};
+
+		memcpy(bad.digest, fx.digest[3], MS_SHA256_LEN);
+		bad.nbytes = tsizes[3];
+		memcpy(bad.tree, fx.tree[3], MS_SHA256_LEN);
+		bad.tree[0] ^= 1;
+		T_ASSERT_EQ_INT(ms_inv_record_trees(inv, digest, &bad, 1, "load", NULL, &err),
+				MS_ECHECK);
+	}
+	ms_inv_close(inv);
+	tfixture_free(&fx);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_loads_and_checks),
 	T_CASE(test_mismatch_names_tensor_and_clears),
@@ -483,6 +558,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_tree_file_changed),
 	T_CASE(test_tree_one_tensor_many_threads),
 	T_CASE(test_want_tree_host),
+	T_CASE(test_first_load_records_trees),
 };
 
 T_MAIN(cases)
