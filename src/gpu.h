@@ -60,6 +60,30 @@ int ms_gpu_sync(struct ms_err *err);
 /* 1 when p is device (or managed) memory, 0 when host memory. */
 int ms_gpu_is_device_ptr(const void *p);
 
+/* ---- tree digests (hash.h) ------------------------------------------------ */
+
+/* The SHA-256 of every 2^log2-byte chunk of n bytes of device memory at
+ * data (the last chunk short) into out (device memory, 32 bytes a chunk,
+ * in order), one thread per chunk (kernels/sha256_tree.cu). Queued on
+ * stream (a cudaStream_t; NULL: the default stream) and not waited for. */
+int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2,
+		       uint8_t *out, void *stream, struct ms_err *err);
+/* Many device buffers in one launch (small ones: one thread per chunk
+ * takes as long on a 64 KiB buffer as on a 64 MiB one, so their launches
+ * are batched): the chunk digests of segs[i].data into segs[i].out.
+ * Synchronous. */
+struct ms_gpu_tree_seg {
+	const uint8_t *data;   /* device */
+	uint64_t n;
+	uint8_t *out;          /* device, 32 bytes a chunk */
+};
+int ms_gpu_tree_chunks_batch(const struct ms_gpu_tree_seg *segs, size_t nseg,
+			     unsigned log2, struct ms_err *err);
+/* The tree digest of n bytes of device memory at data: the chunks hashed
+ * on the GPU, folded on the CPU (ms_tree_fold). Synchronous. */
+int ms_gpu_tree_digest(const void *data, uint64_t n, unsigned log2,
+		       uint8_t out[MS_SHA256_LEN], struct ms_err *err);
+
 /* ---- NVFP4 --------------------------------------------------------------- */
 
 /* ms_nvfp4_amax_ref on the GPU: largest finite |x| of src; a NaN or Inf is

@@ -113,6 +113,24 @@ int ms_gpu_nvfp4_transpose(enum ms_nvfp4_block block, uint64_t rows,
 	return nodev(err);
 }
 
+int ms_gpu_tree_chunks(const void *data, uint64_t n, unsigned log2,
+		       uint8_t *out, void *stream, struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gpu_tree_chunks_batch(const struct ms_gpu_tree_seg *segs, size_t nseg,
+			     unsigned log2, struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gpu_tree_digest(const void *data, uint64_t n, unsigned log2,
+		       uint8_t out[MS_SHA256_LEN], struct ms_err *err)
+{
+	return nodev(err);
+}
+
 int ms_load_verified_gpu(struct ms_vload_item *items, size_t n, int nthreads,
 			 void **arena, struct ms_err *err)
 {

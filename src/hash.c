@@ -1,6 +1,7 @@
 /*
- * hash.c: SHA-256 through OpenSSL EVP and a pool that hashes many tensors
- * in parallel, largest first.
+ * hash.c: SHA-256 through OpenSSL EVP, a pool that hashes many tensors
+ * in parallel, largest first, and the chunk-tree digest (hash.h) computed
+ * by that pool: the chunks of one tensor spread over every core.
  *
  * Only the EVP interface is used: the deprecated SHA256_* calls bypass the
  * provider dispatch that selects the CPU's SHA extensions.
@@ -62,6 +63,11 @@ int ms_sha256_final(struct ms_sha256_ctx *c, uint8_t out[MS_SHA256_LEN])
 
 	return EVP_DigestFinal_ex(c->md, out, &len) == 1 && len == MS_SHA256_LEN ? MS_OK
 										  : MS_EIO;
+}
+
+int ms_sha256_reset(struct ms_sha256_ctx *c)
+{
+	return EVP_DigestInit_ex(c->md, md(), NULL) == 1 ? MS_OK : MS_EIO;
 }
 
 void ms_sha256_free(struct ms_sha256_ctx *c)
@@ -137,6 +143,126 @@ out:
 	return rc;
 }
 
+/* ---- chunk-tree digests ------------------------------------------------ */
+
+uint64_t ms_tree_nchunks(uint64_t n, unsigned log2)
+{
+	return n ? ((n - 1) >> log2) + 1 : 0;
+}
+
+void ms_tree_prefix(unsigned log2, uint64_t n, uint8_t out[MS_TREE_PREFIX_LEN])
+{
+	memcpy(out, MS_TREE_TAG, MS_TREE_TAG_LEN);
+	out[MS_TREE_TAG_LEN] = (uint8_t)log2;
+	for (int i = 0; i < 8; i++)
+		out[MS_TREE_TAG_LEN + 1 + i] = (uint8_t)(n >> (8 * i));
+}
+
+int ms_tree_fold(unsigned log2, uint64_t n, const uint8_t *chunks, uint8_t out[MS_SHA256_LEN])
+{
+	uint8_t pre[MS_TREE_PREFIX_LEN];
+	struct ms_sha256_ctx *c = ms_sha256_new();
+	int rc;
+
+	if (!c)
+		return MS_ENOMEM;
+	ms_tree_prefix(log2, n, pre);
+	rc = ms_sha256_update(c, pre, sizeof(pre));
+	if (rc == MS_OK && n)
+		rc = ms_sha256_update(c, chunks, (size_t)ms_tree_nchunks(n, log2) * MS_SHA256_LEN);
+	if (rc == MS_OK)
+		rc = ms_sha256_final(c, out);
+	ms_sha256_free(c);
+	return rc;
+}
+
+/* The SHA-256 of each 2^log2 chunk of p[0, n) into out, one context reused. */
+static int hash_chunks(const uint8_t *p, uint64_t n, unsigned log2, uint8_t *out)
+{
+	struct ms_sha256_ctx *c = ms_sha256_new();
+	uint64_t size = (uint64_t)1 << log2;
+	int rc = MS_OK;
+
+	if (!c)
+		return MS_ENOMEM;
+	for (uint64_t off = 0; rc == MS_OK && off < n; off += size) {
+		uint64_t len = n - off < size ? n - off : size;
+
+		if (off)
+			rc = ms_sha256_reset(c);
+		if (rc == MS_OK)
+			rc = ms_sha256_update(c, p + off, (size_t)len);
+		if (rc == MS_OK)
+			rc = ms_sha256_final(c, out + (off >> log2) * MS_SHA256_LEN);
+	}
+	ms_sha256_free(c);
+	return rc;
+}
+
+int ms_tree_chunks(const void *p, uint64_t n, unsigned log2, uint8_t *out)
+{
+	return hash_chunks(p, n, log2, out);
+}
+
+/* Bytes copied at a time in a same-pass job: a piece stays in the core's
+ * cache while both digests read it. */
+#define PIECE (64u << 10)
+
+/* Plain digest (when wanted) and tree digest of one buffer in one pass.
+ * Each piece is copied once into a private buffer and both digests read
+ * that copy: the source may be a shared mapping another process writes, and
+ * the two digests must be of the same bytes for the tree to stand in for
+ * the plain digest later. The fold streams, so no chunk list is kept. */
+static int hash_same_pass(const struct ms_hash_job *j, unsigned log2)
+{
+	struct ms_sha256_ctx *plain = NULL, *chunk = NULL, *fold = NULL;
+	uint64_t size = (uint64_t)1 << log2;
+	uint8_t pre[MS_TREE_PREFIX_LEN], d[MS_SHA256_LEN];
+	uint8_t *buf = ms_malloc(PIECE);
+	int rc = MS_OK;
+
+	plain = j->digest ? ms_sha256_new() : NULL;
+	chunk = ms_sha256_new();
+	fold = ms_sha256_new();
+	if (!buf || (j->digest && !plain) || !chunk || !fold) {
+		rc = MS_ENOMEM;
+		goto out;
+	}
+	ms_tree_prefix(log2, j->n, pre);
+	rc = ms_sha256_update(fold, pre, sizeof(pre));
+	for (uint64_t off = 0; rc == MS_OK && off < j->n;) {
+		uint64_t end = j->n - off < size ? j->n : off + size;
+
+		/* one chunk, in pieces */
+		while (rc == MS_OK && off < end) {
+			size_t len = end - off < PIECE ? (size_t)(end - off) : PIECE;
+
+			memcpy(buf, j->data + off, len);
+			if (plain)
+				rc = ms_sha256_update(plain, buf, len);
+			if (rc == MS_OK)
+				rc = ms_sha256_update(chunk, buf, len);
+			off += len;
+		}
+		if (rc == MS_OK)
+			rc = ms_sha256_final(chunk, d);
+		if (rc == MS_OK)
+			rc = ms_sha256_update(fold, d, sizeof(d));
+		if (rc == MS_OK)
+			rc = ms_sha256_reset(chunk);
+	}
+	if (rc == MS_OK && plain)
+		rc = ms_sha256_final(plain, j->digest);
+	if (rc == MS_OK)
+		rc = ms_sha256_final(fold, j->tree);
+out:
+	ms_sha256_free(plain);
+	ms_sha256_free(chunk);
+	ms_sha256_free(fold);
+	ms_free(buf);
+	return rc;
+}
+
 struct pool {
 	struct ms_hash_job **order;
 	size_t n;
@@ -147,18 +273,16 @@ struct pool {
 	int running;     /* workers not finished (atomic) */
 };
 
-/* A job's digest, in pieces, so that a multi-GB tensor shows progress
+/* A plain digest, in pieces, so that a multi-GB tensor shows progress
  * and an interrupted hash stops within one piece (MS_EINTR). */
 #define HASH_PIECE (64u << 20)
 
-static int hash_job(struct pool *p, struct ms_hash_job *j)
+static int hash_plain(struct pool *p, struct ms_hash_job *j)
 {
 	struct ms_sha256_ctx *c;
 	uint64_t off = 0;
 	int rc = MS_OK;
 
-	if (ms_interrupted())
-		return MS_EINTR;
 	if (!(c = ms_sha256_new()))
 		return MS_ENOMEM;
 	while (rc == MS_OK && off < j->n) {
@@ -174,6 +298,29 @@ static int hash_job(struct pool *p, struct ms_hash_job *j)
 	if (rc == MS_OK)
 		rc = ms_sha256_final(c, j->digest);
 	ms_sha256_free(c);
+	return rc;
+}
+
+/* One job: plain and tree digests in the same pass, or the plain digest
+ * and/or the chunk digests of a span. */
+static int hash_job(struct pool *p, struct ms_hash_job *j)
+{
+	unsigned log2 = j->log2 ? j->log2 : MS_TREE_LOG2;
+	int rc = MS_OK;
+
+	if (ms_interrupted())
+		return MS_EINTR;
+	if (j->tree) {
+		rc = hash_same_pass(j, log2);
+		__atomic_add_fetch(&p->done, j->n, __ATOMIC_RELAXED);
+		return rc;
+	}
+	if (j->digest)
+		rc = hash_plain(p, j);
+	if (rc == MS_OK && j->chunks)
+		rc = hash_chunks(j->data, j->n, log2, j->chunks);
+	if (!j->digest)
+		__atomic_add_fetch(&p->done, j->n, __ATOMIC_RELAXED);
 	return rc;
 }
 
@@ -286,15 +433,73 @@ out:
 	return rc;
 }
 
+/* Bytes of one pool job of a parallel tree: many chunks, so the pool's
+ * per-job lock is noise, and enough jobs to keep 16 cores busy on a 64 MiB
+ * tensor. */
+#define TREE_SPAN (4u << 20)
+
+int ms_tree_digest(const void *p, uint64_t n, unsigned log2, int nthreads,
+		   uint8_t out[MS_SHA256_LEN], struct ms_err *err)
+{
+	struct ms_hash_job *jobs = NULL;
+	uint8_t *chunks = NULL;
+	uint64_t span, nchunks, njobs;
+	int rc;
+
+	if (log2 < MS_TREE_LOG2_MIN || log2 > MS_TREE_LOG2_MAX)
+		return ms_err_set(err, MS_EINVAL, "tree chunk size 2^%u out of range (2^%d..2^%d)",
+				  log2, MS_TREE_LOG2_MIN, MS_TREE_LOG2_MAX);
+	span = TREE_SPAN > ((uint64_t)1 << log2) ? TREE_SPAN : (uint64_t)1 << log2;
+	nchunks = ms_tree_nchunks(n, log2);
+	njobs = n ? (n - 1) / span + 1 : 0;
+	if (nchunks > SIZE_MAX / MS_SHA256_LEN)
+		return ms_err_set(err, MS_EINVAL, "tensor too large for a tree digest");
+	chunks = ms_malloc(nchunks ? (size_t)nchunks * MS_SHA256_LEN : 1);
+	jobs = ms_calloc(njobs ? (size_t)njobs : 1, sizeof(*jobs));
+	if (!chunks || !jobs) {
+		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (uint64_t i = 0; i < njobs; i++) {
+		uint64_t off = i * span;
+
+		jobs[i].data = (const uint8_t *)p + off;
+		jobs[i].n = n - off < span ? n - off : span;
+		jobs[i].chunks = chunks + (off >> log2) * MS_SHA256_LEN;
+		jobs[i].log2 = log2;
+	}
+	if ((rc = ms_hash_run(jobs, (size_t)njobs, nthreads, err)) != MS_OK)
+		goto out;
+	if ((rc = ms_tree_fold(log2, n, chunks, out)) != MS_OK)
+		ms_sha256_err(err, rc);
+out:
+	ms_free(chunks);
+	ms_free(jobs);
+	return rc;
+}
+
 int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
 		     int file_digests, struct ms_err *err)
 {
-	return ms_st_hash_files_progress(files, nfiles, nthreads, file_digests, NULL, err);
+	return ms_st_hash_files_ex(files, nfiles, nthreads, file_digests, 0, NULL, err);
 }
 
 int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
 			      int file_digests, const struct ms_progress *progress,
 			      struct ms_err *err)
+{
+	return ms_st_hash_files_ex(files, nfiles, nthreads, file_digests, 0, progress, err);
+}
+
+int ms_st_hash_files_trees(struct ms_st_file **files, size_t nfiles, int nthreads,
+			   int file_digests, int trees, struct ms_err *err)
+{
+	return ms_st_hash_files_ex(files, nfiles, nthreads, file_digests, trees, NULL, err);
+}
+
+int ms_st_hash_files_ex(struct ms_st_file **files, size_t nfiles, int nthreads,
+			int file_digests, int trees, const struct ms_progress *progress,
+			struct ms_err *err)
 {
 	struct ms_hash_job *jobs = NULL;
 	size_t n = 0, k = 0;
@@ -314,6 +519,7 @@ int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthr
 		for (size_t t = 0; t < f->ntensors; t++) {
 			jobs[k].data = f->tensors[t].data;
 			jobs[k].n = f->tensors[t].nbytes;
+			jobs[k].tree = trees ? f->tensors[t].tree : NULL;
 			jobs[k++].digest = f->tensors[t].digest;
 		}
 		if (file_digests) {
@@ -328,8 +534,10 @@ int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthr
 			files[i]->has_header_digest = 1;
 			if (file_digests)
 				files[i]->has_file_digest = 1;
-			for (size_t t = 0; t < files[i]->ntensors; t++)
+			for (size_t t = 0; t < files[i]->ntensors; t++) {
 				files[i]->tensors[t].has_digest = 1;
+				files[i]->tensors[t].has_tree = trees;
+			}
 		}
 	}
 	ms_free(jobs);

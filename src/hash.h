@@ -30,11 +30,77 @@ void ms_sha256_free(struct ms_sha256_ctx *c);
 int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN],
 		   struct ms_err *err);
 
-/* A unit of parallel hashing: hash n bytes at data into digest. */
+/* Start c over, as if new (one context hashes many chunks). */
+int ms_sha256_reset(struct ms_sha256_ctx *c);
+
+/*
+ * Chunk-tree digests (ms(5), "Tree digests"). A tensor's plain SHA-256 is
+ * one sequential stream; its tree digest hashes fixed-size chunks
+ * independently, so one tensor can be checked by many cores or by a GPU:
+ *
+ *   tree = SHA-256( "msinv-tree-v1\n"            14 bytes
+ *                   || k                         1 byte, chunk size 2^k
+ *                   || n                         8 bytes, little-endian
+ *                   || SHA-256(chunk 0) || ... || SHA-256(chunk m-1) )
+ *
+ * with m = ceil(n / 2^k) chunks of 2^k bytes, the last one short (none
+ * when n is 0). The library records trees with k = MS_TREE_LOG2 (64 KiB:
+ * a GPU hashes such chunks at over 700 GB/s, the CPU's per-chunk cost is
+ * noise, and the chunk digests are 1/2048 of the bytes).
+ */
+#define MS_TREE_LOG2 16
+#define MS_TREE_LOG2_MIN 10
+#define MS_TREE_LOG2_MAX 30
+#define MS_TREE_TAG "msinv-tree-v1\n"
+#define MS_TREE_TAG_LEN 14
+#define MS_TREE_PREFIX_LEN (MS_TREE_TAG_LEN + 1 + 8)
+
+/* A tree digest as recorded: of the bytes whose plain SHA-256 is digest. */
+struct ms_tree_rec {
+	uint8_t digest[MS_SHA256_LEN];   /* the plain SHA-256 of the bytes */
+	uint64_t nbytes;
+	unsigned log2;                   /* chunk size 2^log2 */
+	uint8_t tree[MS_SHA256_LEN];
+};
+
+/* Number of chunks of n bytes (0 for n == 0). */
+uint64_t ms_tree_nchunks(uint64_t n, unsigned log2);
+/* The bytes hashed before the chunk digests. */
+void ms_tree_prefix(unsigned log2, uint64_t n, uint8_t out[MS_TREE_PREFIX_LEN]);
+/* Fold the ms_tree_nchunks(n, log2) chunk digests at chunks (32 bytes
+ * each, in order) into the tree digest. */
+int ms_tree_fold(unsigned log2, uint64_t n, const uint8_t *chunks,
+		 uint8_t out[MS_SHA256_LEN]);
+/* The SHA-256 of each 2^log2 chunk of n bytes at p (the last may be
+ * short) into out, 32 bytes each: a span of a tree whose offset is a
+ * multiple of the chunk size. */
+int ms_tree_chunks(const void *p, uint64_t n, unsigned log2, uint8_t *out);
+/* The tree digest of n bytes at p, its chunks hashed by nthreads threads
+ * of the hashing pool (0: one per CPU): one large tensor uses every core.
+ * MS_EINVAL for a log2 out of range, MS_ENOMEM. */
+int ms_tree_digest(const void *p, uint64_t n, unsigned log2, int nthreads,
+		   uint8_t out[MS_SHA256_LEN], struct ms_err *err);
+
+/*
+ * A unit of parallel hashing over n bytes at data, any of:
+ *   digest: the plain SHA-256 of the bytes;
+ *   tree:   their tree digest with chunks of 2^log2 bytes (0: MS_TREE_LOG2),
+ *           in the same pass as digest: each piece is copied once into a
+ *           private buffer and both digests are taken from that copy, so
+ *           they are of the same bytes even if the source (a mapping of a
+ *           file) changes meanwhile;
+ *   chunks: the SHA-256 of each 2^log2 chunk (the last may be short),
+ *           consecutively, 32 bytes each (a span of one tree).
+ * Unused outputs are NULL; a zeroed job with data, n and digest set is a
+ * plain one.
+ */
 struct ms_hash_job {
 	const uint8_t *data;
 	uint64_t n;
 	uint8_t *digest;   /* MS_SHA256_LEN bytes, caller-owned */
+	uint8_t *tree;     /* MS_SHA256_LEN bytes, caller-owned */
+	uint8_t *chunks;   /* ms_tree_nchunks(n, log2) * MS_SHA256_LEN bytes */
+	unsigned log2;
 };
 
 /* Hash every job with a pool of jobs threads (0: one per CPU), largest
@@ -62,5 +128,15 @@ int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
 int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
 			      int file_digests, const struct ms_progress *progress,
 			      struct ms_err *err);
+/* The same; with trees, every tensor's tree digest (MS_TREE_LOG2) too, in
+ * the same pass as its plain digest (tensor->tree, has_tree). */
+int ms_st_hash_files_trees(struct ms_st_file **files, size_t nfiles,
+			   int nthreads, int file_digests, int trees,
+			   struct ms_err *err);
+/* The general form: trees as ms_st_hash_files_trees, progress as
+ * ms_st_hash_files_progress. */
+int ms_st_hash_files_ex(struct ms_st_file **files, size_t nfiles, int nthreads,
+			int file_digests, int trees, const struct ms_progress *progress,
+			struct ms_err *err);
 
 #endif

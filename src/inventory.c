@@ -31,6 +31,10 @@
 #include "names.h"
 #include "schema_sql.h"
 
+/* MS_TREE_LOG2 as SQL text */
+#define TREE_LOG2_TEXT_(x) #x
+#define TREE_LOG2_TEXT_X(x) TREE_LOG2_TEXT_(x)
+#define TREE_LOG2_TEXT TREE_LOG2_TEXT_X(MS_TREE_LOG2)
 #define NMIGRATIONS ((int)(sizeof(ms_schema_migrations) / sizeof(ms_schema_migrations[0])))
 #define BUSY_TIMEOUT_MS 10000
 #define BUSY_DEADLINE_S 300.0
@@ -1268,6 +1272,7 @@ struct addctx {
 	uint64_t nbytes;
 	char now[ISO_LEN];
 	struct ms_inv_add_stats st;
+	size_t trees_added;        /* tree digests this add recorded */
 };
 
 /* Digests of a file recorded with the same size, mtime, ctime, device and
@@ -2002,6 +2007,113 @@ static cJSON *files_json(const struct addctx *x)
 	return a;
 }
 
+/* Insert tree digests inside the caller's transaction (see
+ * ms_inv_record_trees); *added counts the new rows. */
+static int put_trees(struct ms_inv *inv, const struct ms_tree_rec *r, size_t n,
+		     const char *source, const char *at, size_t *added, struct ms_err *err)
+{
+	sqlite3_stmt *sel = NULL, *ins = NULL;
+	int rc;
+
+	*added = 0;
+	if ((rc = prep(inv, "SELECT tree FROM tree_digests WHERE digest = ?1 AND chunk_log2 = ?2",
+		       &sel, err)) != MS_OK ||
+	    (rc = prep(inv, "INSERT INTO tree_digests (digest, chunk_log2, nbytes, tree, source, "
+			    "recorded_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM "
+			    "tensors WHERE digest = ?1 AND nbytes = ?3)", &ins, err)) != MS_OK)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		char hd[65], ht[65];
+
+		if (r[i].log2 < MS_TREE_LOG2_MIN || r[i].log2 > MS_TREE_LOG2_MAX ||
+		    r[i].nbytes > INT64_MAX) {
+			rc = ms_err_set(err, MS_EINVAL, "bad tree digest record");
+			goto out;
+		}
+		ms_hex(r[i].digest, MS_SHA256_LEN, hd);
+		ms_hex(r[i].tree, MS_SHA256_LEN, ht);
+		sqlite3_reset(sel);
+		sqlite3_bind_text(sel, 1, hd, 64, SQLITE_STATIC);
+		sqlite3_bind_int(sel, 2, (int)r[i].log2);
+		rc = sqlite3_step(sel);
+		if (rc == SQLITE_ROW) {
+			if (strcmp(col_str(sel, 0), ht)) {
+				rc = ms_err_set(err, MS_ECHECK,
+						"'%s': tree digest %.16s... of bytes %.16s... differs from "
+						"the recorded %.16s...; nothing recorded",
+						inv->path, ht, hd, col_str(sel, 0));
+				goto out;
+			}
+			continue;
+		}
+		if (rc != SQLITE_DONE) {
+			rc = db_fail(inv, err, "cannot look up a tree digest");
+			goto out;
+		}
+		sqlite3_reset(ins);
+		sqlite3_bind_text(ins, 1, hd, 64, SQLITE_STATIC);
+		sqlite3_bind_int(ins, 2, (int)r[i].log2);
+		sqlite3_bind_int64(ins, 3, (int64_t)r[i].nbytes);
+		sqlite3_bind_text(ins, 4, ht, 64, SQLITE_STATIC);
+		bind_text(ins, 5, source);
+		bind_text(ins, 6, at);
+		if (sqlite3_step(ins) != SQLITE_DONE) {
+			rc = db_fail(inv, err, "cannot record a tree digest");
+			goto out;
+		}
+		*added += (size_t)sqlite3_changes(inv->db);
+	}
+	rc = MS_OK;
+out:
+	sqlite3_finalize(sel);
+	sqlite3_finalize(ins);
+	return rc;
+}
+
+static int log_trees(struct ms_inv *inv, const char *state, const char *source, size_t added,
+		     struct ms_err *err)
+{
+	cJSON *d = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(d, "source", source);
+	cJSON_AddNumberToObject(d, "trees", (double)added);
+	cJSON_AddNumberToObject(d, "chunk_log2", MS_TREE_LOG2);
+	return log_json(inv, "trees", state ? state : "-", d, err);
+}
+
+/* The tree digests add computed (same pass as the plain digests) of the
+ * files it hashed. */
+static int add_trees(struct addctx *x, struct ms_err *err)
+{
+	struct ms_tree_rec *r = NULL;
+	size_t n = 0, added = 0;
+	int rc = MS_OK;
+
+	for (size_t i = 0; i < x->ck->nfiles; i++)
+		n += x->af[i].f->ntensors;
+	r = ms_calloc(n ? n : 1, sizeof(*r));
+	if (!r)
+		return oom(err);
+	n = 0;
+	for (size_t i = 0; i < x->ck->nfiles; i++) {
+		const struct ms_st_file *f = x->af[i].f;
+
+		for (size_t t = 0; t < f->ntensors; t++) {
+			if (!f->tensors[t].has_tree || !f->tensors[t].has_digest)
+				continue;
+			memcpy(r[n].digest, f->tensors[t].digest, MS_SHA256_LEN);
+			memcpy(r[n].tree, f->tensors[t].tree, MS_SHA256_LEN);
+			r[n].nbytes = f->tensors[t].nbytes;
+			r[n++].log2 = MS_TREE_LOG2;
+		}
+	}
+	if (n)
+		rc = put_trees(x->inv, r, n, "add", x->now, &added, err);
+	x->trees_added = added;
+	ms_free(r);
+	return rc;
+}
+
 static int record(struct addctx *x, struct ms_err *err)
 {
 	struct ms_inv *inv = x->inv;
@@ -2017,6 +2129,8 @@ static int record(struct addctx *x, struct ms_err *err)
 	for (size_t i = 0; i < nf; i++)
 		if ((rc = upsert_file(x, &x->af[i], err)) != MS_OK)
 			goto out;
+	if ((rc = add_trees(x, err)) != MS_OK)
+		goto out;
 	ids = ms_malloc(nf * sizeof(*ids));
 	if (!ids) {
 		rc = oom(err);
@@ -2082,6 +2196,8 @@ static int record(struct addctx *x, struct ms_err *err)
 			cJSON_AddNumberToObject(d, "copy", copy);
 			json_put(d, "files", files_json(x));
 			json_put(d, "configs", configs_json(x->ck));
+			if (x->trees_added)
+				cJSON_AddNumberToObject(d, "trees", (double)x->trees_added);
 			if ((rc = log_json(inv, "copy", x->digest, d, err)) != MS_OK)
 				goto out;
 		}
@@ -2111,6 +2227,8 @@ static int record(struct addctx *x, struct ms_err *err)
 		cJSON_AddNumberToObject(d, "copy", copy);
 		json_put(d, "files", files_json(x));
 		json_put(d, "configs", configs_json(x->ck));
+		if (x->trees_added)
+			cJSON_AddNumberToObject(d, "trees", (double)x->trees_added);
 		if ((rc = log_json(inv, "add", x->digest, d, err)) != MS_OK)
 			goto out;
 	} else {
@@ -2124,6 +2242,10 @@ static int record(struct addctx *x, struct ms_err *err)
 		if ((rc = add_edge(x, sid, x->parents[i], err)) != MS_OK)
 			goto out;
 	if (x->o->run_id > 0 && (rc = run_output_locked(inv, x->o->run_id, x->digest, sid, err)) != MS_OK)
+		goto out;
+	/* trees of files already recorded (no add or copy entry above says so) */
+	if (x->trees_added && !x->st.new_copy &&
+	    (rc = log_trees(inv, x->digest, "add", x->trees_added, err)) != MS_OK)
 		goto out;
 	rc = tx_commit(inv, err);
 	ms_free(ids);
@@ -2305,8 +2427,10 @@ int ms_inv_add_paths(struct ms_inv *inv, const char *const *paths, size_t n,
 		}
 	}
 	t0 = ms_now();
-	if (m && (rc = ms_st_hash_files_progress(tohash, m, opts->jobs, opts->file_digests,
-						 ms_inv_progress(inv), err)) != MS_OK)
+	/* tree digests in the same pass: a state is ready for fast verified
+	 * loads from the start (ms(5), "Tree digests") */
+	if (m && (rc = ms_st_hash_files_ex(tohash, m, opts->jobs, opts->file_digests, 1,
+					   ms_inv_progress(inv), err)) != MS_OK)
 		goto out;
 	x.st.seconds_hash = ms_now() - t0;
 	for (size_t i = 0; i < m; i++) {
@@ -2901,9 +3025,12 @@ static int load_tensors(struct ms_inv *inv, sqlite3_stmt *st, struct ms_inv_file
 		t->nbytes = (uint64_t)sqlite3_column_int64(st, 4);
 		if (ms_dtype_parse(dt, strlen(dt), &t->dtype) != MS_OK ||
 		    parse_shape(col_str(st, 2), &t->ndim, t->shape) ||
-		    digest_from_hex(col_str(st, 5), t->digest))
+		    digest_from_hex(col_str(st, 5), t->digest) ||
+		    (sqlite3_column_type(st, 6) != SQLITE_NULL &&
+		     digest_from_hex(col_str(st, 6), t->tree)))
 			return ms_err_set(err, MS_EDB, "'%s': the record of tensor '%s' in '%s' is malformed",
 					  inv->path, t->name, f->path);
+		t->has_tree = sqlite3_column_type(st, 6) != SQLITE_NULL;
 	}
 	return rc == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot read tensors");
 }
@@ -2945,8 +3072,10 @@ int ms_inv_state_files(struct ms_inv *inv, const char *digest, uint32_t copy, in
 		       "ORDER BY sf.copy, sf.name", &st, err)) != MS_OK)
 		return rc;
 	if (with_tensors &&
-	    (rc = prep(inv, "SELECT name, dtype, shape, byte_offset, nbytes, digest FROM tensors "
-			    "WHERE file_id = ? ORDER BY byte_offset", &tst, err)) != MS_OK)
+	    (rc = prep(inv, "SELECT t.name, t.dtype, t.shape, t.byte_offset, t.nbytes, t.digest, "
+			    "td.tree FROM tensors t LEFT JOIN tree_digests td ON td.digest = t.digest "
+			    "AND td.chunk_log2 = " TREE_LOG2_TEXT " AND td.nbytes = t.nbytes "
+			    "WHERE t.file_id = ? ORDER BY t.byte_offset", &tst, err)) != MS_OK)
 		goto out;
 	sqlite3_bind_int64(st, 1, sid);
 	sqlite3_bind_int64(st, 2, copy);
@@ -3621,6 +3750,36 @@ int ms_inv_record_verification(struct ms_inv *inv, const char *digest, enum ms_i
 	}
 	if (rc == MS_OK)
 		return tx_commit(inv, err);
+out:
+	tx_rollback(inv);
+	return rc;
+}
+
+int ms_inv_record_trees(struct ms_inv *inv, const char *state, const struct ms_tree_rec *recs,
+			size_t n, const char *source, size_t *added, struct ms_err *err)
+{
+	char at[ISO_LEN];
+	size_t k = 0;
+	int rc;
+
+	if (added)
+		*added = 0;
+	if (!source || (strcmp(source, "verify") && strcmp(source, "load") && strcmp(source, "add")))
+		return ms_err_set(err, MS_EINVAL, "bad tree digest source");
+	if (!n)
+		return MS_OK;
+	if ((rc = tx_begin(inv, err)) != MS_OK)
+		return rc;
+	now_iso(at);
+	if ((rc = put_trees(inv, recs, n, source, at, &k, err)) != MS_OK)
+		goto out;
+	if (k && (rc = log_trees(inv, state, source, k, err)) != MS_OK)
+		goto out;
+	if ((rc = tx_commit(inv, err)) != MS_OK)
+		return rc;
+	if (added)
+		*added = k;
+	return MS_OK;
 out:
 	tx_rollback(inv);
 	return rc;

@@ -36,6 +36,7 @@
 
 #include "checkpoint.h"
 #include "common.h"
+#include "hash.h"
 #include "safetensors.h"
 
 #define MS_INV_APPLICATION_ID 0x4d53494e /* "MSIN" */
@@ -246,6 +247,8 @@ struct ms_inv_tensor {
 	uint64_t offset;         /* absolute offset in the file */
 	uint64_t nbytes;
 	uint8_t digest[MS_SHA256_LEN];
+	int has_tree;            /* a tree digest (MS_TREE_LOG2) is recorded */
+	uint8_t tree[MS_SHA256_LEN];
 };
 
 struct ms_inv_file {
@@ -357,6 +360,22 @@ int ms_inv_record_verification(struct ms_inv *inv, const char *digest,
 			       enum ms_inv_result result, uint64_t nbytes,
 			       double seconds, const char *detail,
 			       struct ms_err *err);
+
+/*
+ * Record tree digests (hash.h) of tensor bytes, keyed by their plain
+ * digest: every tensor with those bytes gains them. source is "verify"
+ * (computed in the pass that matched the plain digest) or "load" (a device
+ * copy's tree that agreed with the CPU's); the caller vouches for that
+ * rule, which is what makes a tree digest stand in for the plain one. A
+ * record for bytes no recorded tensor has is skipped; one already there is
+ * kept; a different tree for the same bytes and chunk size is MS_ECHECK
+ * (one of the two was not of these bytes) and nothing is recorded. One
+ * audit log entry ("trees", subject state, which may be NULL) when rows
+ * were added; *added (may be NULL) gets their number.
+ */
+int ms_inv_record_trees(struct ms_inv *inv, const char *state,
+			const struct ms_tree_rec *recs, size_t n,
+			const char *source, size_t *added, struct ms_err *err);
 
 struct ms_inv_verification {
 	char *at, *host, *user, *tool, *detail; /* detail may be NULL */

@@ -94,6 +94,8 @@ struct ms_tensor {
 	struct ms_st_file *file;
 	uint8_t digest[MS_SHA256_LEN]; /* SHA-256 of the bytes, once hashed */
 	int has_digest;
+	uint8_t tree[MS_SHA256_LEN];   /* their tree digest (hash.h), when */
+	int has_tree;                  /* hashed with trees */
 };
 
 struct ms_st_meta {

@@ -15,6 +15,8 @@
 #include <cjson/cJSON.h>
 
 #include "fsutil.h"
+#include "gpu.h"
+#include "vload.h"
 #include "hash.h"
 #include "inventory.h"
 
@@ -77,6 +79,7 @@ void ms_vreport_release(struct ms_vreport *r)
 		ms_free(r->problems[i].detail);
 	}
 	ms_free(r->problems);
+	ms_free(r->trees);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -150,9 +153,172 @@ static int compare_file(const struct ms_vfile *vf, const char *label,
 	return MS_OK;
 }
 
+/* The recorded tensor of vf a file tensor t stands for, when its layout
+ * is the recorded one (else the comparison reports the difference). */
+static const struct ms_vtensor *same_layout(const struct ms_vfile *vf, const struct ms_tensor *t)
+{
+	for (size_t i = 0; i < vf->ntensors; i++) {
+		const struct ms_vtensor *vt = &vf->tensors[i];
+
+		if (strcmp(vt->name, t->name))
+			continue;
+		if (t->dtype != vt->dtype || t->ndim != vt->ndim || t->offset != vt->offset ||
+		    t->nbytes != vt->nbytes ||
+		    memcmp(t->shape, vt->shape, sizeof(uint64_t) * vt->ndim))
+			return NULL;
+		return vt;
+	}
+	return NULL;
+}
+
+/* Trees computed in the pass whose plain digest matched, for tensors that
+ * had none recorded: the report hands them to the inventory. */
+static int collect_trees(const struct ms_vfile *vf, const struct ms_st_file *f,
+			 struct ms_vreport *r, size_t *cap)
+{
+	for (size_t i = 0; i < f->ntensors; i++) {
+		const struct ms_tensor *t = &f->tensors[i];
+		const struct ms_vtensor *vt = same_layout(vf, t);
+		struct ms_tree_rec *rec;
+
+		if (!vt || vt->has_tree || !t->has_tree || !t->has_digest ||
+		    memcmp(t->digest, vt->digest, MS_SHA256_LEN))
+			continue;
+		if (r->ntrees == *cap) {
+			size_t nc = *cap ? 2 * *cap : 16;
+			struct ms_tree_rec *nt = ms_realloc(r->trees, nc * sizeof(*nt));
+
+			if (!nt)
+				return MS_ENOMEM;
+			r->trees = nt;
+			*cap = nc;
+		}
+		rec = &r->trees[r->ntrees++];
+		memcpy(rec->digest, t->digest, MS_SHA256_LEN);
+		memcpy(rec->tree, t->tree, MS_SHA256_LEN);
+		rec->nbytes = t->nbytes;
+		rec->log2 = MS_TREE_LOG2;
+	}
+	return MS_OK;
+}
+
+/* The device path of one opened file: tensors with a recorded tree are
+ * loaded to the GPU and checked there by tree; on success they carry the
+ * recorded plain digest (the tree was recorded for exactly those bytes).
+ * *fallback is set when a tree differed: the caller then hashes the file
+ * on the CPU, which names every difference. */
+static int device_file(const struct ms_vfile *vf, struct ms_st_file *f, int nthreads,
+		       struct ms_vreport *r, int *fallback, struct ms_err *err)
+{
+	struct ms_vload_item *items = ms_calloc(f->ntensors + 1, sizeof(*items));
+	size_t k = 0;
+	void *arena = NULL;
+	int rc;
+
+	*fallback = 0;
+	if (!items)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < f->ntensors; i++) {
+		const struct ms_vtensor *vt = same_layout(vf, &f->tensors[i]);
+
+		if (!vt || !vt->has_tree)
+			continue;
+		items[k].tensor = &f->tensors[i];
+		memcpy(items[k].expected_tree, vt->tree, MS_SHA256_LEN);
+		items[k++].use_tree = 1;
+	}
+	rc = k ? ms_load_verified_gpu(items, k, nthreads, &arena, err) : MS_OK;
+	ms_gpu_free(arena);
+	if (rc == MS_ECHECK) {
+		*fallback = 1;
+		rc = MS_OK;
+	} else if (rc == MS_OK) {
+		for (size_t i = 0; i < k; i++) {
+			struct ms_tensor *t = (struct ms_tensor *)items[i].tensor;
+
+			memcpy(t->digest, same_layout(vf, t)->digest, MS_SHA256_LEN);
+			t->has_digest = 1;
+			r->device_bytes += t->nbytes;
+		}
+	}
+	ms_free(items);
+	return rc;
+}
+
+/* Hash what the CPU checks: every header, and the tensors the device did
+ * not (all of them without a device); trees in the same pass for tensors
+ * that have none recorded. */
+static int hash_cpu(const struct ms_vstate *s, struct ms_st_file **files, const size_t *which,
+		    size_t nopen, int nthreads, struct ms_err *err)
+{
+	struct ms_hash_job *jobs = NULL;
+	size_t n = 0, k = 0;
+	int rc;
+
+	for (size_t i = 0; i < nopen; i++)
+		n += files[i]->ntensors + 1;
+	jobs = ms_calloc(n ? n : 1, sizeof(*jobs));
+	if (!jobs)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < nopen; i++) {
+		struct ms_st_file *f = files[i];
+
+		jobs[k].data = f->map;
+		jobs[k].n = 8 + f->header_len;
+		jobs[k++].digest = f->header_digest;
+		for (size_t t = 0; t < f->ntensors; t++) {
+			struct ms_tensor *ts = &f->tensors[t];
+			const struct ms_vtensor *vt = same_layout(&s->files[which[i]], ts);
+
+			if (ts->has_digest)
+				continue; /* checked on the device */
+			jobs[k].data = ts->data;
+			jobs[k].n = ts->nbytes;
+			jobs[k].digest = ts->digest;
+			jobs[k++].tree = vt && !vt->has_tree ? ts->tree : NULL;
+		}
+	}
+	rc = ms_hash_run(jobs, k, nthreads, err);
+	for (size_t i = 0; rc == MS_OK && i < nopen; i++) {
+		files[i]->has_header_digest = 1;
+		for (size_t t = 0; t < files[i]->ntensors; t++) {
+			struct ms_tensor *ts = &files[i]->tensors[t];
+			const struct ms_vtensor *vt = same_layout(&s->files[which[i]], ts);
+
+			if (!ts->has_digest)
+				ts->has_tree = vt && !vt->has_tree;
+			ts->has_digest = 1;
+		}
+	}
+	ms_free(jobs);
+	return rc;
+}
+
+static int verify_state(const struct ms_vstate *s, int nthreads, int device,
+			struct ms_vreport *r, struct ms_err *err);
+
 int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *r,
 		    struct ms_err *err)
 {
+	return verify_state(s, nthreads, 0, r, err);
+}
+
+int ms_verify_state_gpu(const struct ms_vstate *s, int nthreads, struct ms_vreport *r,
+			struct ms_err *err)
+{
+	memset(r, 0, sizeof(*r));
+	if (!ms_gpu_available()) {
+		/* the reason (no device, or a build without CUDA) */
+		ms_gpu_describe(NULL, 0, err);
+		return err && err->code ? err->code : MS_ENODEV;
+	}
+	return verify_state(s, nthreads, 1, r, err);
+}
+
+static int verify_state(const struct ms_vstate *s, int nthreads, int device,
+			struct ms_vreport *r, struct ms_err *err)
+{
+	size_t tcap = 0;
 	struct ms_st_file **files = NULL;
 	size_t nopen = 0;
 	size_t *which = NULL;
@@ -238,12 +404,23 @@ int ms_verify_state(const struct ms_vstate *s, int nthreads, struct ms_vreport *
 		}
 		which[nopen++] = i;
 	}
-	if ((rc = ms_st_hash_files(files, nopen, nthreads, 0, err)) != MS_OK)
+	for (size_t k = 0; device && k < nopen; k++) {
+		int fallback = 0;
+
+		if ((rc = device_file(&s->files[which[k]], files[k], nthreads, r, &fallback,
+				      err)) != MS_OK)
+			goto out;
+		/* a tree differed: the CPU pass below lists every difference */
+		for (size_t t = 0; fallback && t < files[k]->ntensors; t++)
+			files[k]->tensors[t].has_digest = 0;
+	}
+	if ((rc = hash_cpu(s, files, which, nopen, nthreads, err)) != MS_OK)
 		goto out;
 	for (size_t k = 0; k < nopen; k++) {
 		r->bytes += files[k]->size;
 		r->ntensors += files[k]->ntensors;
-		if ((rc = compare_file(&s->files[which[k]], s->files[which[k]].path, files[k], r)) != MS_OK)
+		if ((rc = compare_file(&s->files[which[k]], s->files[which[k]].path, files[k], r)) != MS_OK ||
+		    (rc = collect_trees(&s->files[which[k]], files[k], r, &tcap)) != MS_OK)
 			goto oom;
 	}
 	r->nfiles = nopen;
@@ -900,6 +1077,8 @@ int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 			vt->offset = it->offset;
 			vt->nbytes = it->nbytes;
 			memcpy(vt->digest, it->digest, 32);
+			vt->has_tree = it->has_tree;
+			memcpy(vt->tree, it->tree, 32);
 		}
 	}
 	for (size_t i = 0; i < ncfgs; i++) {

@@ -35,6 +35,7 @@
 
 #include "checkpoint.h"
 #include "common.h"
+#include "hash.h"
 #include "safetensors.h"
 
 struct ms_vtensor {
@@ -45,6 +46,8 @@ struct ms_vtensor {
 	uint64_t offset;     /* absolute offset in the file */
 	uint64_t nbytes;
 	uint8_t digest[MS_SHA256_LEN];
+	int has_tree;        /* tree digest (hash.h, MS_TREE_LOG2) recorded */
+	uint8_t tree[MS_SHA256_LEN];
 };
 
 struct ms_vfile {
@@ -101,6 +104,12 @@ struct ms_vreport {
 	size_t nfiles, ntensors;
 	uint64_t bytes;      /* bytes hashed */
 	double seconds;
+	/* tree digests computed in the same pass as plain digests that
+	 * matched, for tensors that had none recorded (ms_inv_record_trees
+	 * with source "verify" takes them) */
+	size_t ntrees;
+	struct ms_tree_rec *trees;
+	uint64_t device_bytes; /* tensor bytes checked by tree on the GPU */
 };
 
 /* A human word for a problem kind ("digest mismatch", "missing", ...). */
@@ -112,6 +121,14 @@ const char *ms_vproblem_str(enum ms_vproblem_kind k);
  * check itself (memory, a file that cannot be mapped). */
 int ms_verify_state(const struct ms_vstate *s, int nthreads,
 		    struct ms_vreport *r, struct ms_err *err);
+/* The same with the tensors that have a recorded tree digest checked on
+ * the GPU (ms_load_verified_gpu: copied to device memory and their chunk
+ * trees hashed there); the rest, headers and configurations on the CPU as
+ * above. A tensor whose bytes differ is reported as a digest mismatch; on
+ * the GPU path only the first such tensor of each file is named (the load
+ * of a file stops there). MS_ENODEV without a GPU. */
+int ms_verify_state_gpu(const struct ms_vstate *s, int nthreads,
+			struct ms_vreport *r, struct ms_err *err);
 void ms_vreport_release(struct ms_vreport *r);
 
 /* The expected state of an open, hashed checkpoint (paths absolute when

@@ -24,11 +24,25 @@
  * chunk is still in the core's cache when it is hashed. */
 #define HOST_CHUNK (1u << 20)
 
+void (*ms_vload_test_hook)(enum ms_vload_hook_where where, void *p, uint64_t len,
+			   size_t item);
+
+/* A piece of work: a whole item, or one span of a use_tree item. */
+struct unit {
+	size_t item;
+	uint64_t off, len;
+};
+
 struct engine {
 	struct ms_vload_item *items;
 	size_t n;
 	size_t *order;             /* item indices, largest first */
-	size_t next;               /* next position in order */
+	struct unit *units;        /* in order: spans of an item together */
+	size_t nunits;
+	size_t next;               /* next position in units */
+	uint8_t *chunks;           /* CPU chunk digests of tree items */
+	uint64_t *coff;            /* item -> first chunk in chunks */
+	int *left;                 /* item -> units not finished (atomic) */
 	uint64_t chunk;
 	const struct ms_vload_ops *ops;
 	void *ctx;
@@ -42,6 +56,18 @@ struct worker {
 	struct engine *e;
 	int id;
 };
+
+size_t ms_vload_units(const struct ms_vload_item *items, size_t n)
+{
+	size_t u = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t nb = items[i].tensor ? items[i].tensor->nbytes : 0;
+
+		u += items[i].use_tree && nb ? (size_t)((nb - 1) / MS_VLOAD_SPAN + 1) : 1;
+	}
+	return u;
+}
 
 int ms_vload_threads(size_t n, int nthreads, int max)
 {
@@ -101,12 +127,51 @@ static int read_at(int fd, uint8_t *buf, uint64_t len, uint64_t off,
 	return MS_OK;
 }
 
-static int load_one(struct engine *e, int w, size_t idx, struct ms_err *err)
+static int mismatch(const struct ms_tensor *t, const char *what, const uint8_t *want,
+		    const uint8_t *got, struct ms_err *err)
+{
+	char hexp[2 * MS_SHA256_LEN + 1], hgot[2 * MS_SHA256_LEN + 1];
+
+	ms_hex(want, MS_SHA256_LEN, hexp);
+	ms_hex(got, MS_SHA256_LEN, hgot);
+	return ms_err_set(err, MS_ECHECK, "tensor '%s' in '%s': %s mismatch (expected %s, got %s)",
+			  t->name, t->file ? t->file->path : "?", what, hexp, hgot);
+}
+
+int ms_vload_mismatch(const struct ms_tensor *t, const char *what, const uint8_t *want,
+		      const uint8_t *got, struct ms_err *err)
+{
+	return mismatch(t, what, want, got, err);
+}
+
+/* The CPU's part of a tree item after its last span: fold the chunk
+ * digests; check them (use_tree) or hand the tree out (want_tree). */
+static int tree_done(struct engine *e, size_t idx, struct ms_err *err)
 {
 	struct ms_vload_item *it = &e->items[idx];
+	uint8_t tree[MS_SHA256_LEN];
+	int rc;
+
+	if ((rc = ms_tree_fold(MS_TREE_LOG2, it->tensor->nbytes,
+			       e->chunks + e->coff[idx] * MS_SHA256_LEN, tree)) != MS_OK)
+		return ms_sha256_err(err, rc);
+	if (it->use_tree)
+		return memcmp(tree, it->expected_tree, MS_SHA256_LEN)
+			       ? mismatch(it->tensor, "digest (tree)", it->expected_tree, tree, err)
+			       : MS_OK;
+	memcpy(it->got_tree, tree, MS_SHA256_LEN);
+	it->has_got_tree = 1;
+	return MS_OK;
+}
+
+static int load_one(struct engine *e, int w, const struct unit *u, struct ms_err *err)
+{
+	struct ms_vload_item *it = &e->items[u->item];
 	const struct ms_tensor *t = it->tensor;
 	struct ms_sha256_ctx *sha = NULL;
 	uint8_t got[MS_SHA256_LEN];
+	int plain = !it->use_tree;
+	int cpu_tree = it->use_tree ? !e->ops->device_trees : it->want_tree;
 	int fd = -1, rc = MS_OK;
 
 	if (t->file && t->file->mapped) {
@@ -117,18 +182,17 @@ static int load_one(struct engine *e, int w, size_t idx, struct ms_err *err)
 			goto out;
 		}
 	}
-	sha = ms_sha256_new();
-	if (!sha) {
+	if (plain && !(sha = ms_sha256_new())) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
-	for (uint64_t off = 0; off < t->nbytes; off += e->chunk) {
-		uint64_t len = t->nbytes - off < e->chunk ? t->nbytes - off : e->chunk;
+	for (uint64_t off = u->off; off < u->off + u->len; off += e->chunk) {
+		uint64_t end = u->off + u->len, len = end - off < e->chunk ? end - off : e->chunk;
 		uint8_t *buf = NULL;
 
 		if (stopped(e))
 			goto out; /* someone else failed: the result is theirs */
-		if ((rc = e->ops->buffer(e->ctx, w, idx, off, len, &buf, err)) != MS_OK)
+		if ((rc = e->ops->buffer(e->ctx, w, u->item, off, len, &buf, err)) != MS_OK)
 			goto out;
 		if (fd >= 0)
 			rc = read_at(fd, buf, len, t->offset + off, t, err);
@@ -136,26 +200,39 @@ static int load_one(struct engine *e, int w, size_t idx, struct ms_err *err)
 			memcpy(buf, t->data + off, len);
 		if (rc != MS_OK)
 			goto out;
-		if (ms_sha256_update(sha, buf, len) != MS_OK) {
+		if (ms_vload_test_hook)
+			ms_vload_test_hook(MS_VLOAD_HOOK_STAGED, buf, len, u->item);
+		if (plain && ms_sha256_update(sha, buf, len) != MS_OK) {
 			rc = ms_err_set(err, MS_EIO, "sha256 failed");
 			goto out;
 		}
-		if ((rc = e->ops->done(e->ctx, w, idx, off, len, buf, err)) != MS_OK)
+		/* the same buffer the plain digest read: one pass, same bytes */
+		if (cpu_tree && (rc = ms_tree_chunks(buf, len, MS_TREE_LOG2,
+						     e->chunks + (e->coff[u->item] +
+								  (off >> MS_TREE_LOG2)) *
+									 MS_SHA256_LEN)) != MS_OK) {
+			ms_sha256_err(err, rc);
+			goto out;
+		}
+		if ((rc = e->ops->done(e->ctx, w, u->item, off, len, buf, err)) != MS_OK)
 			goto out;
 	}
-	if (ms_sha256_final(sha, got) != MS_OK) {
-		rc = ms_err_set(err, MS_EIO, "sha256 failed");
+	if (e->ops->span_done &&
+	    (rc = e->ops->span_done(e->ctx, w, u->item, u->off, u->len, err)) != MS_OK)
 		goto out;
+	if (plain) {
+		if (ms_sha256_final(sha, got) != MS_OK) {
+			rc = ms_err_set(err, MS_EIO, "sha256 failed");
+			goto out;
+		}
+		if (memcmp(got, it->expected, MS_SHA256_LEN)) {
+			rc = mismatch(t, "digest", it->expected, got, err);
+			goto out;
+		}
 	}
-	if (memcmp(got, it->expected, MS_SHA256_LEN)) {
-		char hexp[2 * MS_SHA256_LEN + 1], hgot[2 * MS_SHA256_LEN + 1];
-
-		ms_hex(it->expected, MS_SHA256_LEN, hexp);
-		ms_hex(got, MS_SHA256_LEN, hgot);
-		rc = ms_err_set(err, MS_ECHECK,
-				"tensor '%s' in '%s': digest mismatch (expected %s, got %s)",
-				t->name, t->file ? t->file->path : "?", hexp, hgot);
-	}
+	/* the worker that finishes an item's last span folds its tree */
+	if (cpu_tree && __atomic_sub_fetch(&e->left[u->item], 1, __ATOMIC_ACQ_REL) == 0)
+		rc = tree_done(e, u->item, err);
 out:
 	ms_sha256_free(sha);
 	if (fd >= 0)
@@ -171,16 +248,16 @@ static void *worker_main(void *arg)
 	int rc;
 
 	for (;;) {
-		size_t idx;
+		const struct unit *u;
 
 		pthread_mutex_lock(&e->lock);
-		if (e->failed || e->next == e->n) {
+		if (e->failed || e->next == e->nunits) {
 			pthread_mutex_unlock(&e->lock);
 			break;
 		}
-		idx = e->order[e->next++];
+		u = &e->units[e->next++];
 		pthread_mutex_unlock(&e->lock);
-		if ((rc = load_one(e, wk->id, idx, &err)) != MS_OK) {
+		if ((rc = load_one(e, wk->id, u, &err)) != MS_OK) {
 			fail(e, rc, &err);
 			break;
 		}
@@ -210,7 +287,8 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 	struct engine e = {0};
 	struct worker *wk = NULL;
 	pthread_t *th = NULL;
-	int nt = ms_vload_threads(n, nthreads, 0), started = 0, rc;
+	/* one tree item of many spans keeps every thread busy */
+	int nt = ms_vload_threads(ms_vload_units(items, n), nthreads, 0), started = 0, rc;
 
 	if (!n)
 		return MS_OK;
@@ -223,10 +301,15 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 	e.chunk = chunk ? chunk : HOST_CHUNK;
 	e.ops = ops;
 	e.ctx = ctx;
+	if (e.chunk % ((uint64_t)1 << MS_TREE_LOG2) || MS_VLOAD_SPAN % e.chunk)
+		return ms_err_set(err, MS_EINVAL, "chunk size %llu does not divide the span",
+				  (unsigned long long)e.chunk);
 	e.order = ms_malloc(n * sizeof(*e.order));
+	e.coff = ms_calloc(n, sizeof(*e.coff));
+	e.left = ms_calloc(n, sizeof(*e.left));
 	wk = ms_calloc((size_t)nt, sizeof(*wk));
 	th = ms_calloc((size_t)nt, sizeof(*th));
-	if (!e.order || !wk || !th) {
+	if (!e.order || !e.coff || !e.left || !wk || !th) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -237,6 +320,48 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 	sort_base = items;
 	qsort(e.order, n, sizeof(*e.order), by_size_desc);
 	pthread_mutex_unlock(&sort_lock);
+	/* units: a use_tree item in spans every worker shares, others whole;
+	 * CPU chunk digests for the trees the CPU computes */
+	{
+		uint64_t nunits = 0, nchunks = 0;
+
+		for (size_t i = 0; i < n; i++) {
+			const struct ms_vload_item *it = &items[i];
+			uint64_t nb = it->tensor->nbytes;
+			uint64_t k = it->use_tree && nb ? (nb - 1) / MS_VLOAD_SPAN + 1 : 1;
+
+			nunits += k;
+			if (it->use_tree ? !ops->device_trees : it->want_tree) {
+				e.coff[i] = nchunks;
+				nchunks += ms_tree_nchunks(nb, MS_TREE_LOG2);
+				e.left[i] = (int)k;
+			}
+		}
+		if (nchunks > SIZE_MAX / MS_SHA256_LEN || nunits > SIZE_MAX / sizeof(*e.units)) {
+			rc = ms_err_set(err, MS_EINVAL, "tensors too large to load together");
+			goto out;
+		}
+		e.units = ms_malloc((size_t)nunits * sizeof(*e.units));
+		e.chunks = ms_malloc(nchunks ? (size_t)nchunks * MS_SHA256_LEN : 1);
+		if (!e.units || !e.chunks) {
+			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			goto out;
+		}
+		for (size_t k = 0; k < n; k++) {
+			size_t i = e.order[k];
+			uint64_t nb = items[i].tensor->nbytes, off = 0;
+
+			do {
+				uint64_t len = items[i].use_tree && nb - off > MS_VLOAD_SPAN
+						       ? MS_VLOAD_SPAN : nb - off;
+
+				e.units[e.nunits].item = i;
+				e.units[e.nunits].off = off;
+				e.units[e.nunits++].len = len;
+				off += len;
+			} while (off < nb);
+		}
+	}
 	pthread_mutex_init(&e.lock, NULL);
 	for (int i = 0; i < nt; i++) {
 		wk[i].e = &e;
@@ -269,9 +394,40 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 		*err = e.err;
 out:
 	ms_free(e.order);
+	ms_free(e.units);
+	ms_free(e.chunks);
+	ms_free(e.coff);
+	ms_free(e.left);
 	ms_free(wk);
 	ms_free(th);
 	return rc;
+}
+
+int ms_vload_tree_recs(const struct ms_vload_item *items, size_t n, struct ms_tree_rec **out,
+		       size_t *nout, struct ms_err *err)
+{
+	size_t k = 0;
+
+	*out = NULL;
+	*nout = 0;
+	for (size_t i = 0; i < n; i++)
+		k += items[i].has_got_tree && items[i].tensor;
+	if (!k)
+		return MS_OK;
+	if (!(*out = ms_calloc(k, sizeof(**out))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		struct ms_tree_rec *r = &(*out)[*nout];
+
+		if (!items[i].has_got_tree || !items[i].tensor)
+			continue;
+		memcpy(r->digest, items[i].expected, MS_SHA256_LEN);
+		memcpy(r->tree, items[i].got_tree, MS_SHA256_LEN);
+		r->nbytes = items[i].tensor->nbytes;
+		r->log2 = MS_TREE_LOG2;
+		(*nout)++;
+	}
+	return MS_OK;
 }
 
 /* ---- host variant --------------------------------------------------------- */
@@ -294,10 +450,11 @@ static int host_done(void *ctx, int worker, size_t item, uint64_t off,
 int ms_load_verified(struct ms_vload_item *items, size_t n, int nthreads,
 		     struct ms_err *err)
 {
-	static const struct ms_vload_ops ops = {host_buffer, host_done, NULL};
+	static const struct ms_vload_ops ops = {host_buffer, host_done, NULL, NULL, 0};
 	int rc;
 
 	for (size_t i = 0; i < n; i++) {
+		items[i].has_got_tree = 0;
 		if (items[i].tensor && items[i].tensor->nbytes && !items[i].dst)
 			return ms_err_set(err, MS_EINVAL,
 					  "tensor '%s': no destination",
@@ -308,6 +465,7 @@ int ms_load_verified(struct ms_vload_item *items, size_t n, int nthreads,
 		for (size_t i = 0; i < n; i++) {
 			if (items[i].tensor && items[i].dst)
 				memset(items[i].dst, 0, items[i].tensor->nbytes);
+			items[i].has_got_tree = 0;
 		}
 	}
 	return rc;

@@ -340,11 +340,12 @@ static int cmd_files(int argc, char **argv)
 		{"jobs", required_argument, NULL, 'j'},
 		{"json", no_argument, NULL, 'J'},
 		{"db", required_argument, NULL, 'D'},
+		{"device", no_argument, NULL, 'G'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *manifest = NULL, *db = NULL, *sig = NULL, *pub = NULL;
-	int jobs = 0, json = 0, c, status = CLI_OK, rc = MS_OK;
+	int jobs = 0, json = 0, device = 0, c, status = CLI_OK, rc = MS_OK;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	cJSON *root = NULL, *states = NULL;
@@ -362,10 +363,13 @@ static int cmd_files(int argc, char **argv)
 			break;
 		case 'J': json = 1; break;
 		case 'D': db = optarg; break;
+		case 'G': device = 1; break;
 		case 'h': return cli_help();
 		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
 		}
 	}
+	if (device && manifest)
+		return cli_usage("--device needs the inventory's tree digests, not --manifest");
 	if (json) {
 		root = cJSON_CreateObject();
 		states = cJSON_AddArrayToObject(root, "states");
@@ -472,18 +476,37 @@ static int cmd_files(int argc, char **argv)
 		struct ms_vreport r;
 		enum ms_inv_result res;
 
+		size_t added = 0;
+		int trc;
+
 		if ((rc = ms_vstate_from_inv(inv, digests[i], 0, &s, &err)) != MS_OK)
 			goto fail;
-		rc = ms_verify_state(s, jobs, &r, &err);
+		rc = device ? ms_verify_state_gpu(s, jobs, &r, &err) : ms_verify_state(s, jobs, &r, &err);
 		if (rc != MS_OK && rc != MS_ECHECK) {
 			ms_vstate_free(s);
 			goto fail;
 		}
+		/* tensors whose plain digest matched gain the tree digest of the
+		 * same pass (ms(5), "Tree digests") */
+		if ((trc = ms_inv_record_trees(inv, digests[i], r.trees, r.ntrees, "verify", &added,
+					       &err)) != MS_OK) {
+			ms_vreport_release(&r);
+			ms_vstate_free(s);
+			rc = trc;
+			goto fail;
+		}
+
 		res = rc == MS_OK ? MS_INV_RESULT_OK
 		      : r.problems[0].kind == MS_VPROBLEM_FILE_MISSING ? MS_INV_RESULT_MISSING
 								       : MS_INV_RESULT_MISMATCH;
 		if (report_state(s, rc, &r, states) != CLI_OK)
 			status = CLI_CHECK;
+		if (states) {
+			cJSON *o = cJSON_GetArrayItem(states, cJSON_GetArraySize(states) - 1);
+
+			cJSON_AddNumberToObject(o, "device_bytes", (double)r.device_bytes);
+			cJSON_AddNumberToObject(o, "trees_recorded", (double)added);
+		}
 		rc = ms_inv_record_verification(inv, digests[i], res, r.bytes, r.seconds,
 						r.nproblems ? r.problems[0].detail : NULL, &err);
 		ms_vreport_release(&r);
@@ -1421,8 +1444,9 @@ fail:
 }
 
 static const struct cli_cmd cmds[] = {
-	{"files", cmd_files, "files [--db PATH] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
+	{"files", cmd_files, "files [--db PATH] [--device] [--jobs N] [--json] [--manifest M.json [--sig SIG --pub KEY.pub]] [STATE | PATH ...]",
 	 "re-hash states against the inventory or a manifest",
+	 "--device\tcheck tensors with tree digests on the GPU, over the bytes in device memory\n"
 	 "--manifest M.json\tcheck against an exported manifest instead of the inventory\n"
 	 "--sig SIG\tthe manifest's signature (with --pub)\n"
 	 "--pub KEY.pub\tthe public key the signature must verify with\n"},

@@ -169,7 +169,7 @@ static int test_file_sha256_large(void)
 static int test_pool_matches_serial(void)
 {
 	enum { NJOBS = 57 };
-	struct ms_hash_job jobs[NJOBS];
+	struct ms_hash_job jobs[NJOBS] = {{0}};
 	uint8_t digests[NJOBS][MS_SHA256_LEN], want[NJOBS][MS_SHA256_LEN];
 	size_t total = 4u << 20, pos = 0;
 	uint8_t *buf = malloc(total);
@@ -276,6 +276,115 @@ static int test_st_hash_without_file_digest(void)
 	return 0;
 }
 
+
+/* The tree digest as ms(5) defines it, assembled here byte by byte from
+ * one-shot SHA-256: the tag, the chunk size exponent, the length (little
+ * endian) and each chunk's digest, the last chunk short. */
+static int tree_by_hand(const uint8_t *p, uint64_t n, unsigned log2, uint8_t out[32])
+{
+	uint64_t m = n ? (n - 1) / (1ull << log2) + 1 : 0;
+	uint8_t *msg = malloc(23 + m * 32);
+
+	T_ASSERT(msg);
+	memcpy(msg, "msinv-tree-v1\n", 14);
+	msg[14] = (uint8_t)log2;
+	for (int i = 0; i < 8; i++)
+		msg[15 + i] = (uint8_t)(n >> (8 * i));
+	for (uint64_t c = 0; c < m; c++) {
+		uint64_t s = c << log2, len = n - s < (1ull << log2) ? n - s : 1ull << log2;
+
+		T_ASSERT(ms_sha256(p + s, len, msg + 23 + c * 32) == MS_OK);
+	}
+	T_ASSERT(ms_sha256(msg, 23 + m * 32, out) == MS_OK);
+	free(msg);
+	return 0;
+}
+
+/* Known answers (computed with Python's hashlib), then the parallel tree
+ * and the same-pass job against the definition on random sizes around the
+ * chunk and span boundaries, for several thread counts. */
+static int test_tree_digest(void)
+{
+	static const char *const kat[3] = {
+		"7dfcaad7cb5f39aac86c6086efbb8a5614a700022c883a8646c4954a72de4881",
+		"9eae809f1a3e0e3d5f7cf0d571385749db75fce44035db59c1c7bc73920c1b83",
+		"a2993347e8d3b3a9a7d5acc198f3352d5d484b2f0b3a6f5bf589e901b316ac04",
+	};
+	static const uint64_t sizes[] = {0, 1, 65535, 65536, 65537, 4u << 20, (4u << 20) + 1,
+					 (9u << 20) + 12345};
+	static const int threads[] = {1, 2, 7, 0};
+	const uint64_t max = (9u << 20) + 12345;
+	uint8_t *buf = malloc(max), d[32], want[32], plain[32], tree[32];
+	char hex[65];
+	struct ms_err err = {0};
+
+	T_ASSERT(buf);
+	for (uint64_t i = 0; i < 200000; i++)
+		buf[i] = (uint8_t)(i % 251);
+	T_ASSERT(ms_tree_digest(buf, 0, 16, 1, d, &err) == MS_OK);
+	ms_hex(d, 32, hex);
+	T_ASSERT_STR(hex, kat[0]);
+	T_ASSERT(ms_tree_digest(buf, 200000, 16, 3, d, &err) == MS_OK);
+	ms_hex(d, 32, hex);
+	T_ASSERT_STR(hex, kat[1]);
+	T_ASSERT(ms_tree_digest(buf, 200000, 10, 3, d, &err) == MS_OK);
+	ms_hex(d, 32, hex);
+	T_ASSERT_STR(hex, kat[2]);
+	fill(buf, max);
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		struct ms_hash_job job = {0};
+
+		T_ASSERT(tree_by_hand(buf, sizes[si], MS_TREE_LOG2, want) == 0);
+		for (size_t ti = 0; ti < sizeof(threads) / sizeof(threads[0]); ti++) {
+			T_ASSERT(ms_tree_digest(buf, sizes[si], MS_TREE_LOG2, threads[ti], d, &err) ==
+				 MS_OK);
+			T_ASSERT_MSG(!memcmp(d, want, 32), "%llu bytes, %d threads",
+				     (unsigned long long)sizes[si], threads[ti]);
+		}
+		/* the same pass: plain and tree of the same bytes */
+		job.data = buf;
+		job.n = sizes[si];
+		job.digest = plain;
+		job.tree = tree;
+		T_ASSERT(ms_hash_run(&job, 1, 1, &err) == MS_OK);
+		T_ASSERT(!memcmp(tree, want, 32));
+		T_ASSERT(ms_sha256(buf, sizes[si], d) == MS_OK);
+		T_ASSERT(!memcmp(plain, d, 32));
+	}
+	/* another chunk size, and the range */
+	T_ASSERT(tree_by_hand(buf, max, 12, want) == 0);
+	T_ASSERT(ms_tree_digest(buf, max, 12, 4, d, &err) == MS_OK);
+	T_ASSERT(!memcmp(d, want, 32));
+	T_ASSERT_EQ_INT(ms_tree_digest(buf, 10, 9, 1, d, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_tree_digest(buf, 10, 31, 1, d, &err), MS_EINVAL);
+	free(buf);
+	return 0;
+}
+
+/* ms_st_hash_files_trees: every tensor gets a tree equal to the
+ * definition's, beside its plain digest */
+static int test_st_hash_files_trees(void)
+{
+	char *path = ms_path_join(T_FIXTURES, "hf/qwen3moe/model.safetensors");
+	struct ms_st_file *f = NULL;
+	struct ms_err err = {0};
+
+	T_ASSERT(path);
+	T_ASSERT_MSG(ms_st_open(path, &f, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_EQ_INT(ms_st_hash_files_trees(&f, 1, 3, 0, 1, &err), MS_OK);
+	for (size_t t = 0; t < f->ntensors; t++) {
+		uint8_t want[32];
+
+		T_ASSERT(f->tensors[t].has_tree && f->tensors[t].has_digest);
+		T_ASSERT(tree_by_hand(f->tensors[t].data, f->tensors[t].nbytes, MS_TREE_LOG2,
+				      want) == 0);
+		T_ASSERT(!memcmp(want, f->tensors[t].tree, 32));
+	}
+	ms_st_close(f);
+	ms_free(path);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_fips_vectors),
 	T_CASE(test_million_a_streamed),
@@ -286,6 +395,8 @@ static const struct t_case cases[] = {
 	T_CASE(test_pool_matches_serial),
 	T_CASE(test_st_hash_files_ranges),
 	T_CASE(test_st_hash_without_file_digest),
+	T_CASE(test_tree_digest),
+	T_CASE(test_st_hash_files_trees),
 };
 
 T_MAIN(cases)

@@ -5,7 +5,10 @@
  * it must refuse cleanly when there is no GPU.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
+
+#include <sqlite3.h>
 
 #include "test.h"
 #include "gpu.h"
@@ -104,7 +107,7 @@ static int all_zero(const uint8_t *p, uint64_t n)
 static int test_loads_and_checks(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "ok.safetensors") == 0);
@@ -123,7 +126,7 @@ static int test_loads_and_checks(void)
 static int test_mismatch_names_tensor_and_clears(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "bad.safetensors") == 0);
@@ -150,7 +153,7 @@ static int test_mismatch_names_tensor_and_clears(void)
 static int test_file_changed_after_open(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	uint8_t b;
 	int fd;
@@ -173,7 +176,7 @@ static int test_file_changed_after_open(void)
 static int test_truncated_file_is_io_error(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 
 	T_ASSERT(fixture_make(&fx, "short.safetensors") == 0);
@@ -193,7 +196,7 @@ static int test_memory_image(void)
 {
 	struct fixture fx;
 	struct ms_st_file *mf = NULL;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	char *img = NULL;
 	size_t len = 0;
@@ -222,7 +225,7 @@ static int test_memory_image(void)
 static int test_no_destination_is_bad_input(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	void *keep;
 
@@ -241,7 +244,7 @@ static int test_no_destination_is_bad_input(void)
 static int test_gpu_variant_without_gpu(void)
 {
 	struct fixture fx;
-	struct ms_vload_item it[NT];
+	struct ms_vload_item it[NT] = {{0}};
 	struct ms_err err = {0};
 	void *arena = (void *)1;
 
@@ -260,6 +263,288 @@ static int test_gpu_variant_without_gpu(void)
 	return 0;
 }
 
+
+/* ---- tree digests ------------------------------------------------------- */
+
+#define TN 6
+/* one tensor of several spans (MS_VLOAD_SPAN) that every worker shares,
+ * chunk boundaries, empty */
+static const uint64_t tsizes[TN] = {(37u << 20) + 5, 0, 1, 65536, 65537, 3 * 1048576 + 17};
+
+struct tfixture {
+	char path[512];
+	uint8_t *src[TN];
+	uint8_t tree[TN][MS_SHA256_LEN], digest[TN][MS_SHA256_LEN];
+	struct ms_st_file *f;
+	struct ms_vload_item it[TN];
+};
+
+static void tfixture_free(struct tfixture *fx)
+{
+	for (int i = 0; i < TN; i++) {
+		ms_free(fx->src[i]);
+		ms_free(fx->it[i].dst);
+	}
+	ms_st_close(fx->f);
+}
+
+/* expected trees from hash.c's parallel tree (checked against the
+ * definition and Python's hashlib in t_hash and tree_oracle) */
+static int tfixture_make(struct tfixture *fx, const char *name)
+{
+	struct ms_st_writer *w = NULL;
+	struct ms_err err = {0};
+
+	memset(fx, 0, sizeof(*fx));
+	snprintf(fx->path, sizeof(fx->path), "%s/%s", T_TMP, name);
+	T_ASSERT(ms_st_writer_new(fx->path, 1, &w, &err) == MS_OK);
+	for (int i = 0; i < TN; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "t%d", i);
+		fx->src[i] = ms_malloc(tsizes[i] + 1);
+		T_ASSERT(fx->src[i]);
+		for (uint64_t k = 0; k < tsizes[i]; k++)
+			fx->src[i][k] = (uint8_t)(next_rand() >> 24);
+		T_ASSERT(ms_tree_digest(fx->src[i], tsizes[i], MS_TREE_LOG2, 0, fx->tree[i], &err) ==
+			 MS_OK);
+		T_ASSERT(ms_sha256(fx->src[i], tsizes[i], fx->digest[i]) == MS_OK);
+		T_ASSERT(ms_st_writer_add(w, tn, MS_DTYPE_U8, 1, &tsizes[i], fx->src[i], &err) ==
+			 MS_OK);
+	}
+	T_ASSERT_MSG(ms_st_writer_commit(w, &err) == MS_OK, "%s", err.msg);
+	ms_st_writer_free(w);
+	T_ASSERT_MSG(ms_st_open(fx->path, &fx->f, &err) == MS_OK, "%s", err.msg);
+	for (int i = 0; i < TN; i++) {
+		char tn[16];
+
+		snprintf(tn, sizeof(tn), "t%d", i);
+		fx->it[i].tensor = ms_st_find(fx->f, tn);
+		T_ASSERT(fx->it[i].tensor);
+		/* a wrong plain digest: with use_tree only the tree is used */
+		memset(fx->it[i].expected, 0xee, MS_SHA256_LEN);
+		memcpy(fx->it[i].expected_tree, fx->tree[i], MS_SHA256_LEN);
+		fx->it[i].use_tree = 1;
+		fx->it[i].dst = ms_malloc(tsizes[i] + 1);
+		T_ASSERT(fx->it[i].dst);
+	}
+	return 0;
+}
+
+static int hook_item = -1, hook_fired;
+static enum ms_vload_hook_where hook_where;
+
+/* flips one bit of item hook_item's bytes, once, where asked */
+static void tamper(enum ms_vload_hook_where where, void *p, uint64_t len, size_t item)
+{
+	if (hook_fired || where != hook_where || (int)item != hook_item || !len)
+		return;
+	((uint8_t *)p)[len / 2] ^= 0x20;
+	hook_fired = 1;
+}
+
+static int test_tree_load_host(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(tfixture_make(&fx, "tree.safetensors") == 0);
+	for (int threads = 1; threads <= 8; threads += 7) {
+		for (int i = 0; i < TN; i++)
+			memset(fx.it[i].dst, 0xa5, tsizes[i]);
+		T_ASSERT_MSG(ms_load_verified(fx.it, TN, threads, &err) == MS_OK, "%s", err.msg);
+		for (int i = 0; i < TN; i++)
+			T_ASSERT_MSG(!memcmp(fx.it[i].dst, fx.src[i], tsizes[i]), "t%d, %d threads", i,
+				     threads);
+	}
+	/* a wrong tree is a mismatch naming the tensor; nothing is left */
+	fx.it[3].expected_tree[0] ^= 1;
+	T_ASSERT_EQ_INT(ms_load_verified(fx.it, TN, 4, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't3'") && strstr(err.msg, "mismatch"), "%s", err.msg);
+	for (int i = 0; i < TN; i++)
+		T_ASSERT(all_zero(fx.it[i].dst, tsizes[i]));
+	tfixture_free(&fx);
+	return 0;
+}
+
+/* the host buffer changed after the read (a stray write, a bad DIMM): the
+ * tree is taken over the buffer the caller gets, so it is refused */
+static int test_tree_host_buffer_tampered(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(tfixture_make(&fx, "treehook.safetensors") == 0);
+	hook_item = 0;
+	hook_where = MS_VLOAD_HOOK_STAGED;
+	hook_fired = 0;
+	ms_vload_test_hook = tamper;
+	T_ASSERT_EQ_INT(ms_load_verified(fx.it, TN, 4, &err), MS_ECHECK);
+	ms_vload_test_hook = NULL;
+	T_ASSERT(hook_fired);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't0'"), "%s", err.msg);
+	T_ASSERT(all_zero(fx.it[0].dst, tsizes[0]));
+	tfixture_free(&fx);
+	return 0;
+}
+
+/* the file changed after it was opened: a span's chunk differs */
+static int test_tree_file_changed(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+	uint8_t b;
+	int fd;
+	off_t at;
+
+	T_ASSERT(tfixture_make(&fx, "treechg.safetensors") == 0);
+	at = (off_t)(fx.it[0].tensor->offset + (33u << 20) + 7);
+	fd = open(fx.path, O_RDWR);
+	T_ASSERT(fd >= 0 && pread(fd, &b, 1, at) == 1);
+	b ^= 0x80;
+	T_ASSERT(pwrite(fd, &b, 1, at) == 1);
+	close(fd);
+	T_ASSERT_EQ_INT(ms_load_verified(fx.it, TN, 3, &err), MS_ECHECK);
+	T_ASSERT_MSG(strstr(err.msg, "tensor 't0'"), "%s", err.msg);
+	tfixture_free(&fx);
+	return 0;
+}
+
+static pthread_t seen[64];
+static int nseen;
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note_thread(enum ms_vload_hook_where where, void *p, uint64_t len, size_t item)
+{
+	pthread_t me = pthread_self();
+	int known = 0;
+
+	pthread_mutex_lock(&seen_lock);
+	for (int i = 0; i < nseen; i++)
+		known |= pthread_equal(seen[i], me);
+	if (!known && nseen < 64)
+		seen[nseen++] = me;
+	pthread_mutex_unlock(&seen_lock);
+}
+
+/* one large tensor alone is read and hashed by several threads (its tree
+ * spans), not bound to one as its sequential digest is */
+static int test_tree_one_tensor_many_threads(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(tfixture_make(&fx, "treeone.safetensors") == 0);
+	nseen = 0;
+	ms_vload_test_hook = note_thread;
+	T_ASSERT_MSG(ms_load_verified(fx.it, 1, 4, &err) == MS_OK, "%s", err.msg);
+	ms_vload_test_hook = NULL;
+	T_ASSERT_MSG(nseen > 1, "one 37 MiB tensor, 4 threads asked: %d used", nseen);
+	T_ASSERT(!memcmp(fx.it[0].dst, fx.src[0], tsizes[0]));
+	tfixture_free(&fx);
+	return 0;
+}
+
+/* without a recorded tree: the plain digest is checked and the tree of
+ * the same pass handed out (what a caller records) */
+static int test_want_tree_host(void)
+{
+	struct tfixture fx;
+	struct ms_err err = {0};
+
+	T_ASSERT(tfixture_make(&fx, "treewant.safetensors") == 0);
+	for (int i = 0; i < TN; i++) {
+		fx.it[i].use_tree = 0;
+		fx.it[i].want_tree = 1;
+		memcpy(fx.it[i].expected, fx.digest[i], MS_SHA256_LEN);
+	}
+	T_ASSERT_MSG(ms_load_verified(fx.it, TN, 4, &err) == MS_OK, "%s", err.msg);
+	for (int i = 0; i < TN; i++) {
+		T_ASSERT(fx.it[i].has_got_tree);
+		T_ASSERT(!memcmp(fx.it[i].got_tree, fx.tree[i], MS_SHA256_LEN));
+	}
+	/* a plain mismatch hands out no tree */
+	fx.it[5].expected[3] ^= 1;
+	T_ASSERT_EQ_INT(ms_load_verified(fx.it, TN, 4, &err), MS_ECHECK);
+	for (int i = 0; i < TN; i++)
+		T_ASSERT(!fx.it[i].has_got_tree);
+	tfixture_free(&fx);
+	return 0;
+}
+
+/* An inventory without tree digests (made before them) gains them at the
+ * first verified load: the load checks the recorded plain digests, hands
+ * out the trees of the same pass, and the inventory records them; a
+ * tensor whose bytes changed gains none. */
+static int test_first_load_records_trees(void)
+{
+	struct tfixture fx;
+	struct ms_inv *inv = NULL;
+	struct ms_vstate *s = NULL;
+	struct ms_tree_rec *recs = NULL;
+	struct ms_err err = {0};
+	char db[512], digest[MS_STATE_DIGEST_LEN];
+	const char *paths[1];
+	size_t nrecs = 0, added = 0;
+	sqlite3 *raw = NULL;
+
+	T_ASSERT(tfixture_make(&fx, "treeinv.safetensors") == 0);
+	snprintf(db, sizeof(db), "%s/treeinv.db", T_TMP);
+	paths[0] = fx.path;
+	T_ASSERT_MSG(ms_inv_open(db, MS_INV_CREATE, &inv, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_inv_add_paths(inv, paths, 1, NULL, digest, &err) == MS_OK, "%s", err.msg);
+	ms_inv_close(inv);
+	/* as if recorded before tree digests existed */
+	T_ASSERT(sqlite3_open(db, &raw) == SQLITE_OK);
+	T_ASSERT(sqlite3_exec(raw, "DELETE FROM tree_digests", NULL, NULL, NULL) == SQLITE_OK);
+	sqlite3_close(raw);
+	T_ASSERT(ms_inv_open(db, 0, &inv, &err) == MS_OK);
+	T_ASSERT(ms_vstate_from_inv(inv, digest, 0, &s, &err) == MS_OK);
+	for (int i = 0; i < TN; i++) {
+		const struct ms_vtensor *vt = NULL;
+
+		for (size_t k = 0; k < s->files[0].ntensors; k++)
+			if (!strcmp(s->files[0].tensors[k].name, fx.it[i].tensor->name))
+				vt = &s->files[0].tensors[k];
+		T_ASSERT(vt && !vt->has_tree);
+		fx.it[i].use_tree = 0;
+		fx.it[i].want_tree = 1;
+		memcpy(fx.it[i].expected, vt->digest, MS_SHA256_LEN);
+	}
+	ms_vstate_free(s);
+	s = NULL;
+	T_ASSERT_MSG(ms_load_verified(fx.it, TN, 4, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT(ms_vload_tree_recs(fx.it, TN, &recs, &nrecs, &err) == MS_OK);
+	T_ASSERT_EQ_INT(nrecs, TN);
+	T_ASSERT(ms_inv_record_trees(inv, digest, recs, nrecs, "load", &added, &err) == MS_OK);
+	/* t1 is empty and shares no bytes with another; every tensor is new */
+	T_ASSERT_EQ_INT(added, TN);
+	ms_free(recs);
+	T_ASSERT(ms_vstate_from_inv(inv, digest, 0, &s, &err) == MS_OK);
+	for (size_t k = 0; k < s->files[0].ntensors; k++) {
+		const struct ms_vtensor *vt = &s->files[0].tensors[k];
+		int i = vt->name[1] - '0';
+
+		T_ASSERT(vt->has_tree);
+		T_ASSERT(!memcmp(vt->tree, fx.tree[i], MS_SHA256_LEN));
+	}
+	ms_vstate_free(s);
+	/* a different tree for the same bytes is refused, nothing recorded */
+	{
+		struct ms_tree_rec bad = {{0}, 0, MS_TREE_LOG2, {0}};
+
+		memcpy(bad.digest, fx.digest[3], MS_SHA256_LEN);
+		bad.nbytes = tsizes[3];
+		memcpy(bad.tree, fx.tree[3], MS_SHA256_LEN);
+		bad.tree[0] ^= 1;
+		T_ASSERT_EQ_INT(ms_inv_record_trees(inv, digest, &bad, 1, "load", NULL, &err),
+				MS_ECHECK);
+	}
+	ms_inv_close(inv);
+	tfixture_free(&fx);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_loads_and_checks),
 	T_CASE(test_mismatch_names_tensor_and_clears),
@@ -268,6 +553,12 @@ static const struct t_case cases[] = {
 	T_CASE(test_memory_image),
 	T_CASE(test_no_destination_is_bad_input),
 	T_CASE(test_gpu_variant_without_gpu),
+	T_CASE(test_tree_load_host),
+	T_CASE(test_tree_host_buffer_tampered),
+	T_CASE(test_tree_file_changed),
+	T_CASE(test_tree_one_tensor_many_threads),
+	T_CASE(test_want_tree_host),
+	T_CASE(test_first_load_records_trees),
 };
 
 T_MAIN(cases)

@@ -9,7 +9,8 @@
 #
 # MS_BENCH_ROWS / MS_BENCH_COLS: the weight (default 32768 x 32768 bf16,
 # 2 GiB); MS_BENCH_VLOAD_MB: the safetensors file for the load benchmark
-# (default 3072 MB, written under $TMPDIR and removed); MS_BENCH_CONVERT_GB:
+# (default 3072 MB, written under $TMPDIR and removed; a second file of one
+# 2 GiB tensor and 256 small ones beside it); MS_BENCH_CONVERT_GB:
 # the checkpoint of the msconvert end-to-end run (default 4, 0 skips it).
 # PYTHON: the
 # interpreter with torch (default python3); without torch and a GPU the
@@ -42,7 +43,8 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/bench-gpu.XXXXXX") || exit 3
 trap 'rm -rf "$TMP"' EXIT INT TERM
 
 "$BIN" --dump "$TMP" || exit 3
-"$BIN" --make-vload "$TMP/vload.safetensors" --vload-mb "$VMB" || exit 3
+"$BIN" --make-vload "$TMP/vload.safetensors" --vload-mb "$VMB" \
+	--make-vload2 "$TMP/vload2.safetensors" || exit 3
 TMS=0
 TLMS=0
 TCHK="(no torch with CUDA here: the PyTorch peer was not run)"
@@ -58,6 +60,7 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
 fi
 "$BIN" --rows "$ROWS" --cols "$COLS" --torch-ms "${TMS:-0}" --torch-check "$TCHK" \
 	--vload-file "$TMP/vload.safetensors" --torch-load-ms "${TLMS:-0}" \
+	--vload2-file "$TMP/vload2.safetensors" \
 	--out tools/bench/RESULTS-gpu.md
 status=$?
 # msconvert end to end on a generated checkpoint, appended to the results
