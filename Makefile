@@ -6,6 +6,7 @@
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
+#   make python     libms.so and the Python package (python/) in .venv
 #   make install PREFIX=/usr/local
 #
 # BUILD=dir puts every output under dir (default build/), so several trees
@@ -61,6 +62,12 @@ endif
 LIB_SRC := $(wildcard src/*.c)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
 LIB      = $(BUILD)/libms.a
+# The shared library: soname libms.so.MAJOR, the same objects as libms.a
+# (compiled -fPIC), exporting the ms_* API only (tools/scripts/libms.map).
+VERSION  := $(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/common.h)
+SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
+SONAME   = libms.so.$(SOMAJOR)
+SHLIB    = $(BUILD)/libms.so.$(VERSION)
 SCHEMA   := $(sort $(wildcard schema/*.sql))
 
 TOOL_NAMES := $(filter-out cli,$(basename $(notdir $(wildcard tools/*.c))))
@@ -72,7 +79,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
+.PHONY: all shlib python deps test demo check-asan test-gpu bench bench-gpu bench-bins install clean venv fault
 
 all: $(LIB) $(TOOLS)
 
@@ -99,8 +106,12 @@ venv: .venv/.stamp
 	touch $@
 
 # ---- library ---------------------------------------------------------------
-$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/src
-	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+# Every library object is position independent, so one set serves libms.a
+# and libms.so; the stamp rebuilds objects compiled before that was so.
+$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) $(BUILD)/src/.pic | $(BUILD)/src
+	$(CC) $(ALL_CFLAGS) -fPIC -c -o $@ $<
+$(BUILD)/src/.pic: | $(BUILD)/src
+	touch $@
 
 # The schema migrations are embedded in the binary, in order.
 $(BUILD)/src/schema_sql.h: $(SCHEMA) tools/scripts/embed_schema.sh | $(BUILD)/src
@@ -114,6 +125,21 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) |
 $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^
+
+# The kernels are linked in (with the static CUDA runtime), so the device
+# verified load is reachable through the shared library too.
+$(SHLIB): $(LIB_OBJ) $(KERN_OBJ) tools/scripts/libms.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/scripts/libms.map \
+	  -o $@ $(LIB_OBJ) $(KERN_OBJ) $(LDLIBS) $(CUDA_LIBS)
+	ln -sf libms.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $(BUILD)/libms.so
+
+shlib: $(SHLIB)
+
+# The Python package, installed into the test environment against this
+# build's libms.so (found through MSINV_LIBMS).
+python: $(SHLIB) venv
+	.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
 
 $(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
@@ -147,7 +173,7 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-test-bins: all $(UNIT_BIN) $(REPLAY_BIN) $(BENCH_BIN)
+test-bins: all $(SHLIB) $(UNIT_BIN) $(REPLAY_BIN) $(BENCH_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory venv || echo "test: python oracles unavailable (no venv); oracle tests will be skipped" >&2
@@ -165,7 +191,7 @@ check-asan: deps
 fault: deps
 	@$(MAKE) --no-print-directory BUILD=build-fault EXTRA_CFLAGS=-DMS_FAULT_INJECTION all
 
-test-gpu: all $(UNIT_BIN)
+test-gpu: all $(SHLIB) $(UNIT_BIN)
 	@BUILD=$(BUILD) MS_TEST_GPU=1 sh tests/run.sh gpu
 
 demo: deps
@@ -181,16 +207,19 @@ bench-gpu: all bench-bins
 	@BUILD=$(BUILD) sh tools/bench/bench-gpu.sh
 
 # ---- install ---------------------------------------------------------------
-install: all
+install: all $(SHLIB)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/include/ms $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/man/man5
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libms.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libms.so
 	install -m 644 src/*.h $(DESTDIR)$(PREFIX)/include/ms/
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/common.h)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|' \
 	  -e 's|@REQUIRES@|$(PKGS)|' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|' \
 	  tools/scripts/libms.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libms.pc
 
