@@ -154,7 +154,7 @@ $(BUILD)/src $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $(BUILD)/bench:
 # Built with the tools' own compile and link lines, and built (not run) by
 # make test, so a library change that breaks a benchmark's link is caught
 # where CI sees it. The GPU drivers need the CUDA runtime's headers.
-BENCH_CPU := bench_nvfp4
+BENCH_CPU := bench_nvfp4 bench_vload
 BENCH_GPU := bench_gpu profile_quant
 ifeq ($(HAVE_CUDA),1)
 BENCH_BIN := $(BENCH_CPU:%=$(BUILD)/bench/%) $(BENCH_GPU:%=$(BUILD)/bench/%)
@@ -201,6 +201,7 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory venv || true
 	@$(MAKE) --no-print-directory all bench-bins
+	@$(MAKE) --no-print-directory python || true
 	@BUILD=$(BUILD) sh tools/bench/bench.sh
 
 bench-gpu: all bench-bins
