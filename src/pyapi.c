@@ -11,6 +11,8 @@
  * before any byte is read), one allocation per load for zero-copy hand
  * over (arenas), and the DLPack structure with its deleter.
  */
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,6 +213,71 @@ int ms_py_set_from_inv(struct ms_inv *inv, const char *ref,
 		return rc;
 	rc = set_from_vstate(v, out, err);
 	ms_vstate_free(v);
+	return rc;
+}
+
+int ms_py_set_from_inv_file(struct ms_inv *inv, const char *path,
+			    struct ms_py_set **out, struct ms_err *err)
+{
+	struct ms_inv_state *st = NULL;
+	struct ms_vstate *v = NULL, one;
+	char digest[MS_STATE_DIGEST_LEN];
+	char *real = realpath(path, NULL);
+	size_t n = 0, which = 0;
+	int rc, found = 0;
+
+	*out = NULL;
+	if (!real)
+		return ms_err_set(err, MS_EIO, "'%s': %s", path, strerror(errno));
+	if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &st, &n, err)) != MS_OK)
+		goto out;
+	for (size_t i = 0; i < n && !found; i++) {
+		struct ms_inv_files f = {0};
+
+		if ((rc = ms_inv_state_files(inv, st[i].digest, 0, 0, &f, err)) != MS_OK)
+			goto out;
+		for (size_t k = 0; k < f.n && !found; k++) {
+			if (strcmp(f.files[k].path, real))
+				continue;
+			/* the copy holding this path, and the file's place in it */
+			rc = ms_vstate_from_inv(inv, st[i].digest, f.files[k].copy, &v, err);
+			found = 1;
+		}
+		ms_inv_files_release(&f);
+		if (rc != MS_OK)
+			goto out;
+	}
+	if (!found) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': not a file of any recorded state", path);
+		goto out;
+	}
+	/* the record as a whole must give its state digest, or its digests
+	 * of this file are not the state's */
+	if ((rc = ms_vstate_digest(v, digest, err)) != MS_OK)
+		goto out;
+	if (strcmp(digest, v->digest)) {
+		rc = ms_err_set(err, MS_ECHECK,
+				"recorded tensors give %.23s..., the record says %.23s...", digest,
+				v->digest);
+		goto out;
+	}
+	while (which < v->nfiles && strcmp(v->files[which].path, real))
+		which++;
+	if (which == v->nfiles) {
+		rc = ms_err_set(err, MS_EDB, "'%s': recorded, but not in its copy", path);
+		goto out;
+	}
+	one = *v;
+	one.digest[0] = '\0';
+	one.nfiles = 1;
+	one.files = &v->files[which];
+	if ((rc = set_from_vstate(&one, out, err)) != MS_OK)
+		goto out;
+	memcpy((*out)->state, v->digest, MS_STATE_DIGEST_LEN);
+out:
+	ms_vstate_free(v);
+	ms_inv_states_free(st, n);
+	free(real);
 	return rc;
 }
 

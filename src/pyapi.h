@@ -48,6 +48,13 @@ struct ms_py_set;
  * (an edited record is MS_ECHECK). */
 int ms_py_set_from_inv(struct ms_inv *inv, const char *ref,
 		       struct ms_py_set **out, struct ms_err *err);
+/* One file of an inventoried state: the state whose recorded copy holds
+ * the file at path (compared by real path), the file's tensors matched and
+ * expected as above. The record must give its state digest (MS_ECHECK);
+ * a file no state records is MS_ENOTFOUND. ms_py_set_state then names the
+ * recorded state the file belongs to. */
+int ms_py_set_from_inv_file(struct ms_inv *inv, const char *path,
+			    struct ms_py_set **out, struct ms_err *err);
 /* The same from a state manifest (verify.h), paths relative to its
  * directory. */
 int ms_py_set_from_manifest(const char *path, struct ms_py_set **out,
@@ -80,7 +87,8 @@ size_t ms_py_set_count(const struct ms_py_set *s);
 int ms_py_set_tensor(const struct ms_py_set *s, size_t i, const char **name,
 		     int32_t *dtype, uint32_t *ndim, uint64_t *shape,
 		     uint64_t *nbytes, uint8_t *expected);
-/* The state digest the expected digests make ("sha256:..."). */
+/* The state digest the expected digests make ("sha256:..."); for one file
+ * of a recorded state (ms_py_set_from_inv_file), that state's. */
 const char *ms_py_set_state(const struct ms_py_set *s);
 /* The files the tensors are read from (absolute or as given). */
 size_t ms_py_set_nfiles(const struct ms_py_set *s);

@@ -341,7 +341,7 @@ def load_file(path, digests=None, inventory=None, framework="numpy", device="cpu
     """One safetensors file, verified: against digests (a {name: hex}
     mapping or the path of a digest map), or else against the inventory
     state that records this file (inventory: an Inventory or a path; by
-    default MSINV_DB)."""
+    default MSINV_DB; a file no state records is MsNotFoundError)."""
     if digests is None:
         return _load_recorded_file(path, inventory, framework, device, threads)
     d = _read_digest_map(digests)
@@ -360,36 +360,11 @@ def _load_recorded_file(path, inventory, framework, device, threads):
     own = not isinstance(inventory, Inventory)
     inv = inventory if not own else Inventory(inventory)
     try:
-        real = os.path.realpath(path)
-        for st in inv.states():
-            info = inv.show(st["digest"])
-            for f in info["files"]:
-                if os.path.realpath(f["path"]) != real:
-                    continue
-                state = load_state(st["digest"], inventory=inv, framework=framework,
-                                   device=device, threads=threads)
-                # keep this file's tensors only
-                s = _Set(lib.ms_py_set_from_inv, inv._handle(), st["digest"].encode())
-                try:
-                    keep = set()
-                    for fi, p in enumerate(s.files):
-                        if os.path.realpath(p) == real:
-                            keep = _file_tensor_names(p)
-                finally:
-                    s.close()
-                return {k: v for k, v in state.items() if k in keep}
-        raise MsInvalidError("msinv: '%s' is not a file of any state in %s; give digests"
-                             % (path, inv.path), 2)
+        s = _Set(lib.ms_py_set_from_inv_file, inv._handle(), fs(path))
     finally:
         if own:
             inv.close()
-
-
-def _file_tensor_names(path):
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    return {k for k in header if k != "__metadata__"}
+    return _with_set(s, os.fspath(path), framework, device, threads)
 
 
 # ---- EP-aware loading -----------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file as st_load, save_file as st_save
 
 import msinv
-from conftest import FX, ROOT, flip, inspect, raw_tensors, tool
+from conftest import BUILD, FX, ROOT, flip, inspect, raw_tensors, tool
 
 DTYPES = sorted(glob.glob(os.path.join(FX, "dtypes", "*.safetensors")))
 SUBBYTE = ("F4", "F6_E2M3", "F6_E3M2")
@@ -139,8 +139,18 @@ def test_load_recorded_file(inv):
     path = tmp / "adapter" / "adapter_model.safetensors"
     got = msinv.load_file(path, inventory=str(db))
     assert set(got) == set(st_load(str(path)))
-    with pytest.raises(msinv.MsInvalidError):
+    with pytest.raises(msinv.MsNotFoundError):
         msinv.load_file(os.path.join(FX, "dtypes", "one_f32.safetensors"), inventory=str(db))
+    # a file of a multi-file state: its tensors only, checked against the record
+    shutil.copytree(os.path.join(FX, "hf", "qwen3moe-sharded"), tmp / "sharded")
+    tool("msinv", "add", "--label", "sharded", tmp / "sharded", env={"MSINV_DB": str(db)})
+    first = sorted(glob.glob(str(tmp / "sharded" / "*.safetensors")))[0]
+    got = msinv.load_file(first, inventory=str(db))
+    want = raw_tensors(first)
+    assert set(got) == set(want) and all(raw(got[k]) == want[k] for k in want)
+    flip(first, sorted(want)[-1])
+    with pytest.raises(msinv.MsCheckError):
+        msinv.load_file(first, inventory=str(db))
 
 
 # ---- tamper refused -----------------------------------------------------------------
@@ -462,3 +472,33 @@ def test_peft_rank_by_rank_equals_unsharded(tmp_path):
         pytest.skip("peft/transformers are not importable: the PEFT helper is not tested here")
     from peft_check import check_peft_ep
     check_peft_ep(tmp_path, torch)
+
+
+# ---- the shared library and its installation ------------------------------------------------
+
+def test_shared_library_exports_the_api_only():
+    so = os.path.join(BUILD, "libms.so.0")
+    dyn = subprocess.run(["readelf", "-d", so], capture_output=True, text=True, check=True).stdout
+    assert "Library soname: [libms.so.0]" in dyn
+    syms = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+    names = [l.split()[-1].split("@")[0] for l in syms if l.strip()]
+    assert "ms_load_verified" in names and "ms_py_set_load" in names
+    assert "ms_load_verified_gpu" in names  # the device load is reachable
+    assert [n for n in names if not n.startswith("ms_") and n != "LIBMS_0"] == []
+
+
+def test_make_install(tmp_path):
+    p = subprocess.run(["make", "-C", ROOT, "--no-print-directory", "-s", "BUILD=" + BUILD,
+                        "install", "DESTDIR=" + str(tmp_path), "PREFIX=/usr"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    lib = tmp_path / "usr" / "lib"
+    assert os.readlink(lib / "libms.so") == "libms.so.0"
+    assert os.readlink(lib / "libms.so.0") == "libms.so.0.1.0"
+    pc = (lib / "pkgconfig" / "libms.pc").read_text()
+    assert "Version: 0.1.0" in pc and "-lms" in pc
+    env = dict(os.environ, MSINV_LIBMS=str(lib / "libms.so.0"))
+    p = subprocess.run([sys.executable, "-c", "import msinv; print(msinv._lib._name)"],
+                       env=env, capture_output=True, text=True)
+    assert p.returncode == 0 and str(lib) in p.stdout, p.stderr
