@@ -222,13 +222,19 @@ int ms_py_set_from_inv_file(struct ms_inv *inv, const char *path,
 	struct ms_inv_state *st = NULL;
 	struct ms_vstate *v = NULL, one;
 	char digest[MS_STATE_DIGEST_LEN];
-	char *real = realpath(path, NULL);
+	char *real = ms_malloc(PATH_MAX);
 	size_t n = 0, which = 0;
 	int rc, found = 0;
 
 	*out = NULL;
 	if (!real)
-		return ms_err_set(err, MS_EIO, "'%s': %s", path, strerror(errno));
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	/* files are recorded by real path */
+	if (!realpath(path, real)) {
+		rc = ms_err_set(err, errno == ENOENT ? MS_ENOTFOUND : MS_EIO, "'%s': %s", path,
+				strerror(errno));
+		goto out;
+	}
 	if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &st, &n, err)) != MS_OK)
 		goto out;
 	for (size_t i = 0; i < n && !found; i++) {
@@ -277,7 +283,7 @@ int ms_py_set_from_inv_file(struct ms_inv *inv, const char *path,
 out:
 	ms_vstate_free(v);
 	ms_inv_states_free(st, n);
-	free(real);
+	ms_free(real);
 	return rc;
 }
 

@@ -7,7 +7,10 @@
 #   sh tests/script/python.sh gpu    the CUDA and PEFT tests only (make test-gpu)
 # Skipped (0 passed, 0 failed) without the venv, and under the sanitizers
 # (a sanitized library cannot be loaded into an interpreter built without
-# them).
+# them). The GPU tier needs torch (and peft, transformers for the PEFT
+# test), which the test venv does not install: when the venv lacks torch
+# and the interpreter MS_PYTHON (default python3) has torch and pytest,
+# that interpreter runs the tests with the package on PYTHONPATH.
 B=${MS_BUILD:-build}
 ROOT=${MS_ROOT:-.}
 PY=$ROOT/.venv/bin/python
@@ -31,6 +34,13 @@ cp -r "$ROOT/python" "$W/pkg" && rm -rf "$W/pkg/build" "$W/pkg"/*.egg-info
 
 sel=""
 [ "${1:-}" = gpu ] && sel="-k cuda or peft"
+if [ -n "$sel" ] && ! "$PY" -c "import torch" 2>/dev/null; then
+	SYS=${MS_PYTHON:-python3}
+	if "$SYS" -c "import torch, pytest, numpy, safetensors" 2>/dev/null; then
+		PY=$SYS
+		PYTHONPATH="$W/pkg${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH
+	fi
+fi
 MSINV_LIBMS="$B/libms.so.0" "$PY" -m pytest -q -rs -p no:cacheprovider ${sel:+"$sel"} \
 	"$ROOT/tests/python" >"$W/log" 2>&1
 rc=$?
