@@ -276,6 +276,18 @@ def test_ep_refusals(tmp_path):
     with pytest.raises(msinv.MsCheckError) as e:
         msinv.load_ep_rank(bad, 4, 1)
     assert "same expert block" in e.value.message
+    # a shard whose metadata places other experts than the manifest does
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    shard = glob.glob(str(moved / "*-ep00001-of-00004.safetensors"))[0]
+    with open(shard, "rb") as f:
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little")))["__metadata__"]
+    meta["msinv.ep.experts"] = ",".join(reversed(meta["msinv.ep.experts"].split(",")))
+    st_save(st_load(shard), shard, metadata=meta)
+    with pytest.raises(msinv.MsError) as e:
+        msinv.load_ep_rank(moved, 4, 1)
+    assert e.value.code in (1, 2) and "expert" in e.value.message
+    assert set(msinv.load_ep_rank(moved, 4, 0).tensors)  # the other ranks still load
     # an E not divisible by the EP size, unsharded
     with pytest.raises(msinv.MsInvalidError):
         msinv.load_ep_rank(src, 3, 0, tmpdir=str(tmp_path))
