@@ -136,10 +136,12 @@ $(SHLIB): $(LIB_OBJ) $(KERN_OBJ) tools/scripts/libms.map
 
 shlib: $(SHLIB)
 
-# The Python package, installed into the test environment against this
-# build's libms.so (found through MSINV_LIBMS).
+# The Python package, installed into the test environment with a copy of
+# this build's libms.so in its directory (MSINV_LIBMS, when set, still
+# takes precedence), so .venv/bin/python imports it as it is.
 python: $(SHLIB) venv
 	.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
+	cp $(SHLIB) "$$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("msinv").submodule_search_locations[0])')/$(SONAME)"
 
 $(BUILD)/tools/%.o: tools/%.c $(wildcard src/*.h) tools/cli.h | $(BUILD)/tools
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
