@@ -142,6 +142,18 @@ class Inventory:
         return [f["path"] for f in self.show(ref)["files"]
                 if copy is None or f["copy"] == copy]
 
+    def states_at(self, path):
+        """The states with a copy under path (a file or a directory), as
+        show() gives them, oldest first: what a path on disk holds."""
+        real = os.path.realpath(path)
+        out = []
+        for st in self.states():
+            info = self.show(st["digest"])
+            if any(f["path"] == real or f["path"].startswith(real.rstrip("/") + "/")
+                   for f in info["files"]):
+                out.append(info)
+        return out
+
     def load(self, ref, **kw):
         """load_state(ref, inventory=self, **kw)."""
         return load_state(ref, inventory=self, **kw)

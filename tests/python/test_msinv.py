@@ -105,6 +105,11 @@ def test_inventory_list_show_resolve(inv):
         assert show["digest"] == base and show["kind"] == "base"
         assert i.files("base") == [os.path.realpath(tmp / "base" / "model.safetensors")]
         assert any(c["name"] == "config.json" for c in show["configs"])
+        # a path on disk resolves to the states it holds
+        assert [x["digest"] for x in i.states_at(tmp / "base")] == [base]
+        assert [x["label"] for x in i.states_at(tmp / "adapter" / "adapter_model.safetensors")] == ["lora"]
+        assert [x["label"] for x in i.states_at(tmp)] == ["base", "lora"]
+        assert i.states_at(tmp / "nowhere") == []
         with pytest.raises(msinv.MsNotFoundError) as e:
             i.resolve("nosuchlabel")
         assert e.value.exit_code == 2 and "nosuchlabel" in e.value.message
