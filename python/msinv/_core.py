@@ -425,7 +425,7 @@ def load_ep_rank(path, ep_size, rank, placement=None, framework="numpy", device=
         else:
             tmp = tempfile.mkdtemp(prefix="msinv-ep-", dir=tmpdir)
             s = _Set(lib.ms_py_set_from_unsharded, fs(path), fs(os.path.join(tmp, "set")),
-                     int(ep_size), int(rank), placement.encode() if placement else None)
+                     int(ep_size), int(rank), fs(placement) if placement else None)
         try:
             info = EPRank(s, None)
             _gate_check(os.fspath(path), s.state, info.source_digest)
