@@ -139,6 +139,31 @@ def test_load_state_verified(inv):
         del os.environ["MSINV_DB"]
 
 
+def test_load_manifest(inv):
+    db, tmp = inv
+    m = tmp / "base" / "state.json"
+    tool("msinv", "export-manifest", "--db", db, "-o", m, "base")
+    with msinv.Inventory(db) as i:
+        digest = i.resolve("base")
+    got = msinv.load_manifest(m)
+    want = raw_tensors(str(tmp / "base" / "model.safetensors"))
+    assert set(got) == set(want) and all(raw(got[k]) == want[k] for k in want)
+    assert msinv.state_digest(got) == digest
+    # the copy elsewhere, verified against the manifest: refused once changed
+    shutil.copytree(tmp / "base", tmp / "elsewhere")
+    flip(tmp / "elsewhere" / "model.safetensors", sorted(want)[1])
+    with pytest.raises(msinv.MsCheckError) as e:
+        msinv.load_manifest(tmp / "elsewhere" / "state.json")
+    assert sorted(want)[1] in e.value.message
+    # a manifest whose digests do not give its state is refused before loading
+    text = json.loads(m.read_text())
+    t0 = text["files"][0]["tensors"][0]
+    t0["sha256"] = "0" * 64
+    m.write_text(json.dumps(text))
+    with pytest.raises(msinv.MsError):
+        msinv.load_manifest(m)
+
+
 def test_load_recorded_file(inv):
     db, tmp = inv
     path = tmp / "adapter" / "adapter_model.safetensors"
