@@ -480,6 +480,22 @@ def test_torch_cpu(inv):
     assert all(isinstance(v, torch.Tensor) for v in t.values())
     assert all(raw(t[k].view(torch.uint8).numpy()) == raw(n[k]) for k in n)
     assert msinv.state_digest(t) == digest
+    # the DLPack hand-over into torch (what a CUDA load does), on a host arena
+    from msinv._lib import HOST, lib
+    live = msinv.arenas_live()
+    with msinv.Inventory(db) as i:
+        s = msinv._core._Set(lib.ms_py_set_from_inv, i._handle(), b"base")
+    h = s._load_arena(HOST, 0, framework="torch")
+    s.close()
+    assert msinv.arenas_live() == live + 1
+    assert all(torch.equal(h[k], t[k]) for k in t)
+    view = h[sorted(h)[0]][:1]
+    del h
+    gc.collect()
+    assert msinv.arenas_live() == live + 1  # a view keeps the arena
+    del view
+    gc.collect()
+    assert msinv.arenas_live() == live
 
 
 @pytest.mark.skipif(not os.environ.get("MS_TEST_GPU"), reason="CUDA path runs in make test-gpu")

@@ -1,16 +1,17 @@
 #!/bin/sh
-# The Python package (python/) over libms.so, with pytest in the test venv
-# (tests/python/): builds libms.so, installs the package from a copy into
+# The Python package (python/) over libms.so, with pytest (tests/python/):
+# builds libms.so, installs the package from a copy into the test venv
 # .venv, runs the suite against this build's library (MSINV_LIBMS) and
 # reports pytest's counts (skipped tests are listed with their reason).
 #   sh tests/script/python.sh        the numpy path (and torch when importable)
 #   sh tests/script/python.sh gpu    the CUDA and PEFT tests only (make test-gpu)
-# Skipped (0 passed, 0 failed) without the venv, and under the sanitizers
-# (a sanitized library cannot be loaded into an interpreter built without
-# them). The GPU tier needs torch (and peft, transformers for the PEFT
-# test), which the test venv does not install: when the venv lacks torch
-# and the interpreter MS_PYTHON (default python3) has torch and pytest,
-# that interpreter runs the tests with the package on PYTHONPATH.
+# torch, transformers and peft are not in the test venv (large, and
+# optional for the package): MS_PYTHON names another interpreter that has
+# them (with pytest, numpy, safetensors), which then runs the suite with
+# the package on PYTHONPATH; the GPU tier falls back to python3 when the
+# venv has no torch and python3 has. Skipped (0 passed, 0 failed) without
+# a usable interpreter, and under the sanitizers (a sanitized library
+# cannot be loaded into an interpreter built without them).
 B=${MS_BUILD:-build}
 ROOT=${MS_ROOT:-.}
 PY=$ROOT/.venv/bin/python
@@ -19,7 +20,15 @@ if [ -n "$MS_SANITIZED" ]; then
 	echo "python: 0 passed, 0 failed"
 	exit 0
 fi
-if [ ! -x "$PY" ] || ! "$PY" -c "import numpy, pytest, safetensors" 2>/dev/null; then
+usable() { "$1" -c "import numpy, pytest, safetensors${2:+, $2}" 2>/dev/null; }
+other=""
+if [ -n "${MS_PYTHON:-}" ]; then
+	other=$MS_PYTHON
+elif [ "${1:-}" = gpu ] && ! usable "$PY" torch && usable python3 torch; then
+	other=python3
+fi
+[ -n "$other" ] && PY=$other
+if [ ! -x "$(command -v "$PY")" ] || ! usable "$PY"; then
 	echo "python: skipped: no python test environment (make venv)"
 	echo "python: 0 passed, 0 failed"
 	exit 0
@@ -28,19 +37,16 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/python.XXXXXX"); trap 'rm -rf "$W"' EXIT
 fail_setup() { echo "python: $1"; sed 's/^/  /' "$W/log" | tail -n 20; echo "python: 0 passed, 1 failed"; exit 1; }
 
 make -C "$ROOT" --no-print-directory -s BUILD="$B" shlib >"$W/log" 2>&1 || fail_setup "make shlib failed"
-cp -r "$ROOT/python" "$W/pkg" && rm -rf "$W/pkg/build" "$W/pkg"/*.egg-info
-"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$W/pkg" \
-	>"$W/log" 2>&1 || fail_setup "pip install failed"
+cp -r "$ROOT/python" "$W/pkg" && rm -rf "$W/pkg/build" "$W/pkg"/*.egg-info "$W/pkg"/msinv/libms.so*
+if [ -n "$other" ]; then
+	PYTHONPATH="$W/pkg${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH
+else
+	"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$W/pkg" \
+		>"$W/log" 2>&1 || fail_setup "pip install failed"
+fi
 
 sel=""
 [ "${1:-}" = gpu ] && sel="-k cuda or peft"
-if [ -n "$sel" ] && ! "$PY" -c "import torch" 2>/dev/null; then
-	SYS=${MS_PYTHON:-python3}
-	if "$SYS" -c "import torch, pytest, numpy, safetensors" 2>/dev/null; then
-		PY=$SYS
-		PYTHONPATH="$W/pkg${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH
-	fi
-fi
 MSINV_LIBMS="$B/libms.so.0" "$PY" -m pytest -q -rs -p no:cacheprovider ${sel:+"$sel"} \
 	"$ROOT/tests/python" >"$W/log" 2>&1
 rc=$?
