@@ -428,7 +428,15 @@ def load_ep_rank(path, ep_size, rank, placement=None, framework="numpy", device=
                      int(ep_size), int(rank), fs(placement) if placement else None)
         try:
             info = EPRank(s, None)
-            _gate_check(os.fspath(path), s.state, info.source_digest)
+            # Under the gate: the shard's own state, or, when this call
+            # split the adapter itself, the adapter's (its digest was then
+            # computed from the bytes just split). A shard set's manifest
+            # names its source too, but ties the fused slices to it only
+            # through digests it states itself, so that alone is not enough.
+            if tmp:
+                _gate_check(os.fspath(path), s.state, info.source_digest)
+            else:
+                _gate_check(os.fspath(path), s.state)
             info.tensors = s.load(framework, device, threads)
         finally:
             s.close()

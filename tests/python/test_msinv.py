@@ -369,6 +369,14 @@ try:
     msinv.load_role("nosuchrole")
 except msinv.MsGateError:
     print("refused role")
+# EP: the verified adapter, split here for the run's EP size, loads
+r = msinv.load_ep_rank(g.paths["LORA"], 2, 1, tmpdir=sys.argv[4])
+assert r.source_digest == g.digest("lora") and r.experts == [4, 5, 6, 7], r
+# a shard set made elsewhere, on its manifest's word alone: refused
+try:
+    msinv.load_ep_rank(sys.argv[3], 2, 1)
+except msinv.MsGateError:
+    print("refused shard set")
 """
 
 
@@ -381,15 +389,19 @@ def test_gate_environment(inv):
     rec, _ = inspect(other)
     with open(tmp / "other.json", "w") as f:
         json.dump({k: t["sha256"] for k, t in rec.items()}, f)
+    tool("msshard", "split", tmp / "adapter", "-o", tmp / "ep2", "--ep-size", 2,
+         "--no-register")
     (tmp / "plan.json").write_text(json.dumps(
-        {"ep_size": 1, "states": [{"role": "base", "state": "base"}]}))
+        {"ep_size": 1, "states": [{"role": "base", "state": "base"},
+                                  {"role": "lora", "state": "lora"}]}))
     (tmp / "gated.py").write_text(GATED)
     p = tool("msinv", "launch", "--plan", tmp / "plan.json", "--", sys.executable,
              tmp / "gated.py", tmp / "other.safetensors", tmp / "other.json",
-             env=env, check=False)
+             tmp / "ep2", tmp, env=env, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "refused: msinv: other: state sha256:" in p.stdout
     assert "refused file" in p.stdout and "refused role" in p.stdout
+    assert "refused shard set" in p.stdout
 
 
 def test_not_gated_without_run():
