@@ -201,6 +201,10 @@ class _Set:
             raise ValueError("msinv: framework is 'numpy' or 'torch'")
         dev = str(device)
         if dev.startswith("cuda"):
+            if dev not in ("cuda", "cuda:0"):
+                # the library allocates on device 0 of the process
+                raise ValueError("msinv: device loads go to cuda:0 (select the GPU with "
+                                 "CUDA_VISIBLE_DEVICES)")
             if framework != "torch":
                 raise ValueError("msinv: device loads are handed to torch (framework='torch')")
             return self._load_arena(CUDA, threads)

@@ -472,6 +472,9 @@ def test_cuda_without_gpu_is_no_device(inv):
     assert e.value.exit_code == 3
     with pytest.raises(ValueError):
         msinv.load_file(os.path.join(FX, "dtypes", "one_f32.safetensors"), {}, device="cuda")
+    with pytest.raises(ValueError):
+        with msinv.Inventory(db) as i:
+            i.load("base", framework="torch", device="cuda:1")
 
 
 def _torch():
