@@ -6,6 +6,7 @@
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
+#   make python     libms.so and the Python package (python/) in .venv
 #   make install PREFIX=/usr/local
 #
 # BUILD=dir puts every output under dir (default build/), so several trees
@@ -75,6 +76,12 @@ LIB_SRC := $(wildcard src/*.c) $(wildcard src/train/*.c)
 LIB_HDR := $(wildcard src/*.h) $(wildcard src/train/*.h)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
 LIB      = $(BUILD)/libms.a
+# The shared library: soname libms.so.MAJOR, the same objects as libms.a
+# (compiled -fPIC), exporting the ms_* API only (tools/scripts/libms.map).
+VERSION  := $(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/common.h)
+SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
+SONAME   = libms.so.$(SOMAJOR)
+SHLIB    = $(BUILD)/libms.so.$(VERSION)
 SCHEMA   := $(sort $(wildcard schema/*.sql))
 
 TOOL_NAMES := $(filter-out cli,$(basename $(notdir $(wildcard tools/*.c))))
@@ -86,7 +93,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault goldens-train
+.PHONY: all shlib python deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault goldens-train
 
 all: $(LIB) $(TOOLS)
 
@@ -136,8 +143,12 @@ goldens-train: all $(TRAIN_VENV)/.stamp
 	  --msconvert $(BUILD)/msconvert --out tests/fixtures/train
 
 # ---- library ---------------------------------------------------------------
-$(BUILD)/src/%.o: src/%.c $(LIB_HDR) | $(BUILD)/src $(BUILD)/src/train pkgcheck
-	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+# Every library object is position independent, so one set serves libms.a
+# and libms.so; the stamp rebuilds objects compiled before that was so.
+$(BUILD)/src/%.o: src/%.c $(LIB_HDR) $(BUILD)/src/.pic | $(BUILD)/src $(BUILD)/src/train pkgcheck
+	$(CC) $(ALL_CFLAGS) -fPIC -c -o $@ $<
+$(BUILD)/src/.pic: | $(BUILD)/src
+	touch $@
 
 # The schema migrations are embedded in the binary, in order.
 $(BUILD)/src/schema_sql.h: $(SCHEMA) tools/scripts/embed_schema.sh | $(BUILD)/src
@@ -152,6 +163,23 @@ $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+# The kernels are linked in (with the static CUDA runtime), so the device
+# verified load is reachable through the shared library too.
+$(SHLIB): $(LIB_OBJ) $(KERN_OBJ) tools/scripts/libms.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/scripts/libms.map \
+	  -o $@ $(LIB_OBJ) $(KERN_OBJ) $(LDLIBS) $(CUDA_LIBS)
+	ln -sf libms.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $(BUILD)/libms.so
+
+shlib: $(SHLIB)
+
+# The Python package, installed into the test environment with a copy of
+# this build's libms.so in its directory (MSINV_LIBMS, when set, still
+# takes precedence), so .venv/bin/python imports it as it is.
+python: $(SHLIB) venv
+	.venv/bin/pip install -q --disable-pip-version-check --no-build-isolation ./python
+	cp $(SHLIB) "$$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("msinv").submodule_search_locations[0])')/$(SONAME)"
+
 $(BUILD)/tools/%.o: tools/%.c $(LIB_HDR) tools/cli.h | $(BUILD)/tools pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
 
@@ -165,7 +193,7 @@ $(BUILD)/src $(BUILD)/src/train $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $
 # Built with the tools' own compile and link lines, and built (not run) by
 # make test, so a library change that breaks a benchmark's link is caught
 # where CI sees it. The GPU drivers need the CUDA runtime's headers.
-BENCH_CPU := bench_nvfp4
+BENCH_CPU := bench_nvfp4 bench_vload
 BENCH_GPU := bench_gpu profile_quant
 ifeq ($(HAVE_CUDA),1)
 BENCH_BIN := $(BENCH_CPU:%=$(BUILD)/bench/%) $(BENCH_GPU:%=$(BUILD)/bench/%)
@@ -184,7 +212,7 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests p
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
-test-bins: all $(UNIT_BIN) $(REPLAY_BIN) $(BENCH_BIN)
+test-bins: all $(SHLIB) $(UNIT_BIN) $(REPLAY_BIN) $(BENCH_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory venv || echo "test: python oracles unavailable (no venv); oracle tests will be skipped" >&2
@@ -209,7 +237,7 @@ test-interop: all
 	@sh tests/interop/gen_goldens.sh
 	@BUILD=$(BUILD) sh tests/interop/check.sh
 
-test-gpu: all $(UNIT_BIN)
+test-gpu: all $(SHLIB) $(UNIT_BIN)
 	@BUILD=$(BUILD) MS_TEST_GPU=1 sh tests/run.sh gpu
 
 demo: deps
@@ -219,22 +247,26 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory venv || true
 	@$(MAKE) --no-print-directory all bench-bins
+	@$(MAKE) --no-print-directory python || true
 	@BUILD=$(BUILD) sh tools/bench/bench.sh
 
 bench-gpu: all bench-bins
 	@BUILD=$(BUILD) sh tools/bench/bench-gpu.sh
 
 # ---- install ---------------------------------------------------------------
-install: all
+install: all $(SHLIB)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/include/ms $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/man/man5
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHLIB) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libms.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libms.so
 	install -m 644 src/*.h $(DESTDIR)$(PREFIX)/include/ms/
 	install -m 644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/*.5 $(DESTDIR)$(PREFIX)/share/man/man5/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/common.h)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|' \
 	  -e 's|@REQUIRES@|$(PKGS)|' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|' \
 	  tools/scripts/libms.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/libms.pc
 

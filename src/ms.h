@@ -24,5 +24,6 @@
 #include "policy.h"
 #include "shard.h"
 #include "vload.h"
+#include "pyapi.h"
 
 #endif

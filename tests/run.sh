@@ -3,7 +3,8 @@
 # replay and every script test, each a line "<name>: N passed, N failed";
 # the last line is the total. Exit 1 when anything failed.
 #   sh tests/run.sh        all CPU tiers
-#   sh tests/run.sh gpu    the GPU tier (unit tests whose name has "gpu")
+#   sh tests/run.sh gpu    the GPU tier (unit tests whose name has "gpu",
+#                          the Python package's CUDA and PEFT tests)
 # BUILD names the build directory (default build).
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +41,8 @@ run() { # name, command...
 
 if [ "$tier" = gpu ]; then
 	for t in "$BUILD"/tests/t_*gpu*; do [ -x "$t" ] && run "$(basename "$t")" "$t"; done
+	# the Python package's device load (DLPack into torch) and PEFT helper
+	run python_gpu sh tests/script/python.sh gpu
 else
 	for t in "$BUILD"/tests/t_*; do
 		case "$t" in *gpu*) continue;; esac

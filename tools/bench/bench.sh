@@ -8,7 +8,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 3
 export MS_BUILD="$ROOT/${BUILD:-build}" MS_ROOT="$ROOT" MS_FIXTURES="$ROOT/tests/fixtures"
 status=0
-for b in hash inventory nvfp4 shard verify sign; do
+for b in hash inventory nvfp4 shard verify sign python; do
 	s=tools/bench/bench_$b.sh
 	[ -f "$s" ] || continue
 	echo "== $b"
