@@ -686,6 +686,24 @@ void ms_py_dlpack_delete(void *managed)
 
 /* ---- digests of tensors held in memory ---------------------------------------- */
 
+int ms_py_sha256_many(size_t n, const void *const *ptrs, const uint64_t *lens,
+		      uint8_t *out, int nthreads, struct ms_err *err)
+{
+	struct ms_hash_job *jobs = ms_calloc(n ? n : 1, sizeof(*jobs));
+	int rc;
+
+	if (!jobs)
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		jobs[i].data = ptrs[i];
+		jobs[i].n = lens[i];
+		jobs[i].digest = out + (size_t)MS_SHA256_LEN * i;
+	}
+	rc = ms_hash_run(jobs, n, nthreads, err);
+	ms_free(jobs);
+	return rc;
+}
+
 int ms_py_state_digest(size_t n, const char *const *names, const int32_t *dtypes,
 		       const uint32_t *ndims, const uint64_t *shapes,
 		       const uint8_t *digests, char out[MS_STATE_DIGEST_LEN],

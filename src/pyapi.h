@@ -145,6 +145,13 @@ void ms_py_dlpack_delete(void *managed);
 
 /* ---- digests of tensors held in memory ---------------------------------------- */
 
+/* The SHA-256 of each of n buffers (ptrs[i], lens[i] bytes) into
+ * out + 32*i, hashed in parallel by nthreads threads (0: one per CPU),
+ * largest first. A flat call, so a binding never mirrors the hashing
+ * pool's job record (hash.h), whose fields are not a contract. */
+int ms_py_sha256_many(size_t n, const void *const *ptrs, const uint64_t *lens,
+		      uint8_t *out, int nthreads, struct ms_err *err);
+
 /* The state digest (checkpoint.h) of n tensors described by name, dtype,
  * rank, shape (n * MS_ST_MAX_RANK entries) and SHA-256 (n * 32 bytes),
  * in any order; duplicate names are MS_EINVAL. */

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _dlpack
 from ._lib import (CUDA, DTYPE_NAMES, DTYPES, HOST, MAX_RANK, SHA256_LEN,
-                   STATE_DIGEST_LEN, Err, HashJob, check, fs, lib, take_json)
+                   STATE_DIGEST_LEN, Err, check, fs, lib, take_json)
 from .errors import MsGateError, MsInvalidError
 
 try:
@@ -500,13 +500,13 @@ def tensor_digests(tensors, threads=0):
     CUDA tensor is copied to host memory first."""
     names = list(tensors)
     bufs = [_buffer(tensors[k]) for k in names]
-    out = (ctypes.c_uint8 * (SHA256_LEN * max(1, len(names))))()
-    base = ctypes.addressof(out)
-    jobs = (HashJob * max(1, len(names)))()
-    for i, (p, n, _) in enumerate(bufs):
-        jobs[i].data, jobs[i].n, jobs[i].digest = p, n, base + SHA256_LEN * i
+    k = max(1, len(names))
+    out = (ctypes.c_uint8 * (SHA256_LEN * k))()
+    ptrs = (ctypes.c_void_p * k)(*[p for p, _, _ in bufs])
+    lens = (ctypes.c_uint64 * k)(*[n for _, n, _ in bufs])
     err = Err()
-    check(lib.ms_hash_run(jobs, len(names), int(threads), ctypes.byref(err)), err)
+    check(lib.ms_py_sha256_many(len(names), ptrs, lens, out, int(threads),
+                                ctypes.byref(err)), err)
     raw = bytes(out)
     return {k: raw[SHA256_LEN * i:SHA256_LEN * (i + 1)].hex() for i, k in enumerate(names)}
 

@@ -26,12 +26,6 @@ class Err(ctypes.Structure):
     _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 1024)]
 
 
-class HashJob(ctypes.Structure):
-    """struct ms_hash_job (hash.h)."""
-    _fields_ = [("data", ctypes.c_void_p), ("n", ctypes.c_uint64),
-                ("digest", ctypes.c_void_p)]
-
-
 def _candidates():
     env = os.environ.get("MSINV_LIBMS")
     if env:
@@ -112,7 +106,8 @@ _sig("ms_py_dlpack_new", P, P, U64, U32, ctypes.POINTER(ctypes.c_int64), ctypes.
 _sig("ms_py_dlpack_delete", None, P)
 _sig("ms_py_state_digest", I, SZ, ctypes.POINTER(C), ctypes.POINTER(ctypes.c_int32),
      ctypes.POINTER(U32), ctypes.POINTER(U64), P, ctypes.c_char * STATE_DIGEST_LEN, ERR)
-_sig("ms_hash_run", I, ctypes.POINTER(HashJob), SZ, I, ERR)
+_sig("ms_py_sha256_many", I, SZ, ctypes.POINTER(ctypes.c_void_p),
+     ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, I, ERR)
 _sig("ms_gpu_available", I)
 
 
@@ -144,4 +139,4 @@ for _i in range(64):
     DTYPES[_n.decode()] = _i
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
-__all__ = ["lib", "check", "Err", "HashJob", "MsError"]
+__all__ = ["lib", "check", "Err", "MsError"]
