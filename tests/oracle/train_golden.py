@@ -220,6 +220,13 @@ def run_family(name, base_rel, qopts, args, versions):
     adir = os.path.join(out, "adapter")
     shutil.rmtree(adir, ignore_errors=True)
     pm.save_pretrained(adir)
+    # the base path as the repository names it, not as this machine does
+    acfg = os.path.join(adir, "adapter_config.json")
+    with open(acfg) as f:
+        c = json.load(f)
+    c["base_model_name_or_path"] = os.path.relpath(base, ROOT)
+    with open(acfg, "w") as f:
+        f.write(json.dumps(c, indent=2, sort_keys=True))
     # PEFT's model card says nothing the tests use
     if os.path.exists(os.path.join(adir, "README.md")):
         os.remove(os.path.join(adir, "README.md"))
