@@ -20,14 +20,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,6 +38,7 @@
 #include "fsutil.h"
 #include "hash.h"
 #include "inventory.h"
+#include "stage.h"
 #include "verify.h"
 
 #define IO_BUF (1u << 20)
@@ -127,23 +126,6 @@ static const char *path_rule(const char *p)
 	return NULL;
 }
 
-/* Remove a tree this module created (links are removed, not followed). */
-static int rm_one(const char *p, const struct stat *sb, int type, struct FTW *f)
-{
-	(void)sb;
-	(void)f;
-	if (type == FTW_DP || type == FTW_D || type == FTW_DNR)
-		rmdir(p);
-	else
-		unlink(p);
-	return 0;
-}
-
-static void rm_tree(const char *path)
-{
-	nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
 /* fsync that reports an injected failure like a real one (errno set). */
 static int sync_fd(int fd)
 {
@@ -152,15 +134,6 @@ static int sync_fd(int fd)
 		return -1;
 	}
 	return fsync(fd);
-}
-
-static unsigned rand32(void)
-{
-	unsigned r;
-
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
-		r = (unsigned)rand() ^ ((unsigned)getpid() * 2654435761u);
-	return r;
 }
 
 /* ==== export ============================================================== */
@@ -1861,15 +1834,6 @@ static int replaceable(const char *dir)
 	return empty || holds_manifest(dir);
 }
 
-static int rename_noreplace(const char *from, const char *to)
-{
-	if (ms_fault("rename")) {
-		errno = EIO;
-		return -1;
-	}
-	return ms_rename_noreplace(from, to, 1);
-}
-
 static int fsync_path(int rootfd, const char *rel)
 {
 	int fd = rel ? openat(rootfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -1947,14 +1911,16 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	struct importer x;
 	struct ms_inv_add_opts ao;
 	struct ms_inv_add_stats as;
-	char *target = NULL, *parent = NULL, *tmp = NULL, *aside = NULL, **dirs = NULL;
+	char *target = NULL, *parent = NULL, **dirs = NULL;
 	char **final = NULL, got[MS_STATE_DIGEST_LEN];
 	const char *base, *label;
 	size_t ndirs = 0;
 	double t0 = ms_now();
 	struct stat st;
-	int rc, rootfd = -1, moved_aside = 0, placed = 0, exists, adopt = 0, batch = 0;
+	struct ms_stage stg;
+	int rc, rootfd = -1, exists, adopt = 0, batch = 0;
 
+	ms_stage_init(&stg);
 	importer_init(&x);
 	if (!opts) {
 		ms_import_opts_init(&defaults);
@@ -2075,24 +2041,9 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	}
 	/* extract into a fresh directory beside the target; messages name the
 	 * target, where the files are going */
-	for (int tries = 0;; tries++) {
-		ms_free(tmp);
-		tmp = ms_asprintf("%s/.%s.import-%ld-%08x", parent, base, (long)getpid(), rand32());
-		if (!tmp) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		if (mkdir(tmp, 0755) == 0)
-			break;
-		if (errno != EEXIST || tries > 8) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a temporary directory: %s",
-					parent, strerror(errno));
-			ms_free(tmp);
-			tmp = NULL;
-			goto out;
-		}
-	}
-	rootfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if ((rc = ms_stage_open(&stg, target, "import", MS_STAGE_DIR, err)) != MS_OK)
+		goto out;
+	rootfd = open(ms_stage_path(&stg), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (rootfd < 0) {
 		rc = ms_err_set(err, MS_EIO, "'%s': %s", into_dir, strerror(errno));
 		goto out;
@@ -2123,7 +2074,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		rc = ms_err_set(err, MS_EIO, "'%s': fsync failed: %s", into_dir, strerror(errno));
 		goto out;
 	}
-	if ((rc = verify_extracted(&x, tmp, dirs, ndirs, opts->nthreads, err)) != MS_OK)
+	if ((rc = verify_extracted(&x, ms_stage_path(&stg), dirs, ndirs, opts->nthreads, err)) != MS_OK)
 		goto out;
 
 	/* every byte verified: move into place and register as one step (a
@@ -2131,30 +2082,10 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
 		goto out;
 	batch = 1;
-	if (exists) {
-		aside = ms_asprintf("%s/.%s.replaced-%ld-%08x", parent, base, (long)getpid(), rand32());
-		if (!aside) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		if (rename(target, aside)) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot move the previous import aside: %s",
-					into_dir, strerror(errno));
-			goto out;
-		}
-		moved_aside = 1;
-	}
-	if (rename_noreplace(tmp, target)) {
-		rc = ms_err_set(err, errno == EEXIST || errno == ENOTEMPTY ? MS_EEXIST : MS_EIO,
-				"'%s': cannot move the import into place: %s", into_dir, strerror(errno));
+	/* under --force the previous import waits beside it until the batch
+	 * is committed */
+	if ((rc = ms_stage_publish(&stg, exists ? MS_STAGE_REPLACE : MS_STAGE_NEW, err)) != MS_OK)
 		goto out;
-	}
-	placed = 1;
-	if (ms_fsync_dir_of(target)) {
-		rc = ms_err_set(err, MS_EIO, "'%s': fsync of the directory failed: %s", into_dir,
-				strerror(errno));
-		goto out;
-	}
 record:
 	if (!batch) {
 		if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
@@ -2218,31 +2149,21 @@ record:
 		opts->stats->adopted = adopt;
 		opts->stats->seconds = ms_now() - t0;
 	}
-	if (moved_aside) {
-		rm_tree(aside);
-		moved_aside = 0;
-	}
-	placed = 0;
+	ms_stage_commit(&stg);
 	rc = MS_OK;
 out:
 	if (batch)
 		(void)ms_inv_batch_end(inv, 0, NULL);
 	if (rootfd >= 0)
 		close(rootfd);
-	if (placed)
-		rm_tree(target);
-	else if (tmp && rc != MS_OK)
-		rm_tree(tmp);
-	if (moved_aside && rename(aside, target) == 0)
-		moved_aside = 0;
-	if (placed || moved_aside)
-		(void)ms_fsync_dir_of(target);
+	if (rc != MS_OK)
+		ms_stage_fix_msg(&stg, err);
+	/* a failure takes the import away again and puts back what it replaced */
+	ms_stage_abort(&stg);
 	importer_release(&x);
 	free_all(dirs, ndirs);
 	free_all(final, ndirs);
 	ms_free(target);
 	ms_free(parent);
-	ms_free(tmp);
-	ms_free(aside);
 	return rc;
 }

@@ -55,6 +55,11 @@ int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
 	return code;
 }
 
+int ms_err_nomem(struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENOMEM, "out of memory");
+}
+
 int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 {
 	char pre[512], old[sizeof(err->msg)];

@@ -44,6 +44,9 @@ struct ms_err {
 /* Set err (may be NULL) to code and a printf-style message; returns code. */
 int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* Set err to MS_ENOMEM, "out of memory" (the one wording of an allocation
+ * failure); returns MS_ENOMEM. */
+int ms_err_nomem(struct ms_err *err);
 /* Prefix an existing message: "<prefix>: <old message>". Returns err->code. */
 int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

@@ -1618,7 +1618,8 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 
 	*out = NULL;
 	if (!p)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
+	ms_stage_init(&p->stage);
 	p->opts = *opts;
 	/* the strings are the plan's own, so opts may go away */
 	p->opts.include = p->opts.exclude = p->opts.source = NULL;
@@ -1739,8 +1740,7 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 {
 	if (!p)
 		return;
-	if (p->dest && (p->staged || p->published || p->aside))
-		ms_quant_finish(p, 0);
+	ms_stage_abort(&p->stage);
 	ms_free(p->dest);
 	ms_qview_release(&p->view);
 	ms_ckpt_close(p->in);
@@ -2393,7 +2393,7 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 	const struct ms_st_file *in = p->in->files[fi];
 	struct ms_st_writer *w = NULL;
 	struct item_bufs *b = NULL; /* the item being written, NULL between items */
-	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->staged);
+	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(ms_stage_path(&p->stage));
 	int rc;
 
 	if (!path) {
@@ -2741,30 +2741,6 @@ out:
 
 /* ---- staging and publishing ---------------------------------------------- */
 
-/* Remove an output this plan wrote, or the one it replaced: a file, or a
- * directory of files (replaceable() lets nothing else be replaced). No
- * allocation: this runs on the way out of an allocation failure too. */
-static void remove_output(const char *path)
-{
-	struct stat st;
-	struct dirent *de;
-	DIR *d;
-
-	if (lstat(path, &st))
-		return;
-	if (!S_ISDIR(st.st_mode)) {
-		unlink(path);
-		return;
-	}
-	if ((d = opendir(path))) {
-		while ((de = readdir(d)))
-			if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-				unlinkat(dirfd(d), de->d_name, 0);
-		closedir(d);
-	}
-	rmdir(path);
-}
-
 /* What --force may replace: an output of the same kind (see quant.h), so a
  * mistyped OUT never takes a directory of other things with it. st is
  * lstat of p->dest. */
@@ -2804,134 +2780,6 @@ static int replaceable(const struct ms_quant_plan *p, const struct stat *st,
 	return rc;
 }
 
-static unsigned rand32(void)
-{
-	static unsigned counter;
-
-	return (unsigned)rand() ^ ((unsigned)getpid() << 16) ^
-	       (unsigned)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u ^
-	       (unsigned)(uint64_t)(ms_now() * 1e9);
-}
-
-/* Remove the parent directories the plan created, deepest first (no
- * allocation, as remove_output). */
-static void remove_parents(struct ms_quant_plan *p)
-{
-	char buf[4096];
-	char *slash;
-	size_t top;
-
-	if (!p->made_parent || strlen(p->dest) >= sizeof(buf))
-		return;
-	top = strlen(p->made_parent);
-	snprintf(buf, sizeof(buf), "%s", p->dest);
-	while ((slash = strrchr(buf, '/')) && slash != buf) {
-		*slash = 0;
-		if (strlen(buf) < top || rmdir(buf))
-			break;
-	}
-}
-
-/* Create the missing parent directories of a directory output, recording
- * the topmost one (undo removes them again). */
-static int make_parents(struct ms_quant_plan *p, const char *parent, struct ms_err *err)
-{
-	struct stat st;
-	char *d = ms_strdup(parent), *top = NULL;
-	int rc = MS_OK;
-
-	if (!d)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	while (stat(d, &st) && errno == ENOENT) {
-		char *slash = strrchr(d, '/');
-
-		ms_free(top);
-		if (!(top = ms_strdup(d))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			break;
-		}
-		if (!slash || slash == d)
-			break;
-		*slash = 0;
-	}
-	ms_free(d);
-	if (rc != MS_OK || !top)
-		return rc;
-	p->made_parent = top;
-	if ((rc = ms_mkdir_p(parent, err)) != MS_OK) {
-		remove_parents(p);
-		ms_free(p->made_parent);
-		p->made_parent = NULL;
-	}
-	return rc;
-}
-
-/* The parent directory of p->dest (caller frees). */
-static char *dest_parent(const struct ms_quant_plan *p)
-{
-	const char *slash = strrchr(p->dest, '/');
-
-	return slash ? ms_strndup(p->dest, (size_t)(slash - p->dest) + (slash == p->dest))
-		     : ms_strdup(".");
-}
-
-/* A name beside the destination: ".<name><marker><pid>-<hex>". */
-static char *beside(const struct ms_quant_plan *p, const char *parent, const char *marker)
-{
-	return ms_asprintf("%s/.%s%s%ld-%08x", parent, ms_path_base(p->dest), marker,
-			   (long)getpid(), rand32());
-}
-
-/* Choose the staging name (and make the staging directory of a directory
- * output). */
-static int stage_name(struct ms_quant_plan *p, struct ms_err *err)
-{
-	char *parent = dest_parent(p);
-	int rc = MS_OK;
-
-	if (!parent)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	if (p->out_is_dir && (rc = make_parents(p, parent, err)) != MS_OK)
-		goto out;
-	for (int tries = 0;; tries++) {
-		if (!(p->staged = beside(p, parent, MS_TMP_MARKER))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			break;
-		}
-		/* a file is created by its writer (O_EXCL) */
-		if (!p->out_is_dir || mkdir(p->staged, 0755) == 0)
-			break;
-		ms_free(p->staged);
-		p->staged = NULL;
-		if (errno != EEXIST || tries > 8) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a directory beside it: %s",
-					p->dest, strerror(errno));
-			break;
-		}
-	}
-out:
-	if (rc != MS_OK) {
-		remove_parents(p);
-		ms_free(p->made_parent);
-		p->made_parent = NULL;
-	}
-	ms_free(parent);
-	return rc;
-}
-
-/* Messages name the destination, not the staging name. */
-static void name_dest(const struct ms_quant_plan *p, const char *staged, struct ms_err *err)
-{
-	char msg[sizeof(err->msg)];
-	char *at;
-
-	if (!err || !staged || !(at = strstr(err->msg, staged)))
-		return;
-	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, p->dest,
-		 at + strlen(staged));
-	memcpy(err->msg, msg, sizeof(msg));
-}
-
 int ms_quant_stage(struct ms_quant_plan *p,
 		   void (*progress)(void *ctx, uint64_t done, uint64_t total),
 		   void *progress_ctx, struct ms_err *err)
@@ -2943,7 +2791,7 @@ int ms_quant_stage(struct ms_quant_plan *p,
 
 	memset(&b, 0, sizeof(b));
 	memset(&q, 0, sizeof(q));
-	if (p->staged || p->published)
+	if (p->stage.tmp)
 		return ms_err_set(err, MS_EINVAL, "'%s': the output is already written", p->dest);
 	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
 		rc = prepass_quantize(p, err);
@@ -2953,20 +2801,23 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		rc = MS_OK;
 	if (rc != MS_OK)
 		return rc;
-	if ((rc = stage_name(p, err)) != MS_OK)
+	/* the missing parents of a directory output are created, and removed
+	 * again when it is not kept */
+	if ((rc = ms_stage_open(&p->stage, p->dest, "output",
+				p->out_is_dir ? MS_STAGE_DIR | MS_STAGE_PARENTS : 0, err)) != MS_OK)
 		return rc;
 	rc = producer_start(&q, p, err);
 	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
-		rc = write_file(p, fi, p->out_is_dir ? p->staged : NULL, &q, &b, &done, progress,
+		rc = write_file(p, fi, p->out_is_dir ? ms_stage_path(&p->stage) : NULL, &q, &b, &done, progress,
 				progress_ctx, err);
 	producer_stop(&q);
 	bufs_release(&b);
 	if (rc == MS_OK && p->out_is_dir && p->in->index_path)
-		rc = write_index(p, p->staged, err);
+		rc = write_index(p, ms_stage_path(&p->stage), err);
 	if (rc == MS_OK && p->out_is_dir)
-		rc = write_side_files(p, p->staged, err);
+		rc = write_side_files(p, ms_stage_path(&p->stage), err);
 	if (rc != MS_OK) {
-		name_dest(p, p->staged, err);
+		ms_stage_fix_msg(&p->stage, err);
 		ms_quant_finish(p, 0);
 	}
 	return rc;
@@ -2975,91 +2826,24 @@ int ms_quant_stage(struct ms_quant_plan *p,
 int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 {
 	struct stat st;
-	char *parent = NULL;
-	int r, e, rc = MS_OK;
+	int rc;
 
-	if (!p->staged || p->published)
+	if (!p->stage.tmp || p->stage.published)
 		return ms_err_set(err, MS_EINVAL, "'%s': nothing staged to publish", p->dest);
-	if (ms_fault("rename")) {
-		errno = EIO;
-		r = -1;
-	} else if (p->opts.force && lstat(p->dest, &st) == 0) {
-		if ((rc = replaceable(p, &st, err)) != MS_OK)
-			return rc;
-		/* the old output waits under the staging name until finish */
-		r = ms_rename_exchange(p->staged, p->dest);
-		if (r == 0) {
-			p->aside = p->staged;
-			p->staged = NULL;
-		} else if (errno == EINVAL || errno == ENOSYS) {
-			/* no RENAME_EXCHANGE here: move the old one aside first */
-			if (!(parent = dest_parent(p)) || !(p->aside = beside(p, parent, ".replaced-"))) {
-				ms_free(parent);
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
-			}
-			ms_free(parent);
-			r = rename(p->dest, p->aside);
-			if (r == 0 && (r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir))) {
-				e = errno;
-				(void)rename(p->aside, p->dest);
-				errno = e;
-			}
-			if (r) {
-				ms_free(p->aside);
-				p->aside = NULL;
-			}
-		}
-	} else {
-		r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir);
-	}
-	if (r) {
-		e = errno;
-		if (e == EEXIST || e == ENOTEMPTY)
-			return ms_err_set(err, MS_EEXIST,
-					  "'%s': output appeared while writing (another writer won)",
-					  p->dest);
-		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
-				  p->dest, strerror(e));
-	}
-	ms_free(p->staged);
-	p->staged = NULL;
-	p->published = 1;
-	if (ms_fsync_dir_of(p->dest)) {
-		e = errno ? errno : EIO;
-		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", p->dest,
-				  strerror(e));
-	}
-	return MS_OK;
+	if (!p->opts.force || lstat(p->dest, &st))
+		return ms_stage_publish(&p->stage, MS_STAGE_NEW, err);
+	if ((rc = replaceable(p, &st, err)) != MS_OK)
+		return rc;
+	/* the old output waits until finish */
+	return ms_stage_publish(&p->stage, MS_STAGE_REPLACE, err);
 }
 
 void ms_quant_finish(struct ms_quant_plan *p, int keep)
 {
-	if (!p->published)
-		keep = 0;
-	if (p->published && !keep) {
-		/* the replaced output back in place, the new one where it waited */
-		if (p->aside && ms_rename_exchange(p->aside, p->dest) == 0) {
-			remove_output(p->aside);
-		} else {
-			remove_output(p->dest);
-			if (p->aside)
-				(void)rename(p->aside, p->dest);
-		}
-	} else if (p->aside) {
-		remove_output(p->aside);
-	}
-	if (p->staged)
-		remove_output(p->staged);
-	if (!keep)
-		remove_parents(p);
-	/* the rename was made durable by publish; what changed since is */
-	if ((p->published && !keep) || p->aside)
-		(void)ms_fsync_dir_of(p->dest);
-	ms_free(p->staged);
-	ms_free(p->aside);
-	ms_free(p->made_parent);
-	p->staged = p->aside = p->made_parent = NULL;
-	p->published = 0;
+	if (keep && p->stage.published)
+		ms_stage_commit(&p->stage);
+	else
+		ms_stage_abort(&p->stage);
 }
 
 int ms_quant_execute(struct ms_quant_plan *p,

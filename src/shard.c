@@ -15,7 +15,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
@@ -24,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -37,6 +35,7 @@
 #include "inventory.h"
 #include "names.h"
 #include "safetensors.h"
+#include "stage.h"
 
 #define META_PREFIX "msinv.ep."
 #define MAX_MAP_FILE (64u * 1024u * 1024u)
@@ -2588,42 +2587,14 @@ static int result_new(const struct src *s, const struct ms_ep_placement *pl, siz
  * directory of safetensors and JSON files (an empty directory needs no
  * --force). The parent is locked (flock, released when the process dies)
  * from the start to the end, so that two writers of one output cannot
- * interleave: the second is refused at once.
+ * interleave: the second is refused at once. The mechanism is stage.h's;
+ * what may be replaced is this file's rule.
  */
 struct stage {
-	char *final;     /* the output directory, as given without trailing '/' */
-	char *parent;    /* its parent directory (locked) */
-	char *tmp;       /* the staging directory */
-	char *aside;     /* the replaced output, when moved aside */
-	int lockfd;
+	struct ms_stage s;
 	int force;
-	int existed;     /* final existed: empty, or replaced under --force */
-	int have_tmp;    /* tmp exists and is ours to remove */
-	int published;   /* final holds the new output */
-	int exchanged;   /* ... and tmp the replaced one */
+	int existed;     /* the output existed: empty, or replaced under --force */
 };
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
-}
-
-/* Remove a directory and what it holds, links as links. */
-static void remove_tree(const char *path)
-{
-	(void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static char *stage_name(const char *parent, const char *base, const char *marker)
-{
-	static unsigned counter;
-	unsigned rnd = (unsigned)rand() ^ (unsigned)(uint64_t)(ms_now() * 1e9) ^
-		       __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u;
-
-	return ms_asprintf("%s/.%s%s%ld-%08x", parent, base, marker, (long)getpid(), rnd);
-}
 
 /* What these commands write into an output directory: safetensors files,
  * JSON (configs, index, manifest) and, from a killed run, temporaries. */
@@ -2640,16 +2611,16 @@ static int own_entry(int dfd, const char *name)
 	       (l > 5 && !strcmp(name + l - 5, ".json"));
 }
 
-/* May the existing directory st->final be replaced? Sets st->existed. */
-static int stage_check_existing(struct stage *st, struct ms_err *err)
+/* May the existing directory dir be replaced? Sets st->existed. */
+static int stage_check_existing(struct stage *st, const char *dir, struct ms_err *err)
 {
-	DIR *d = opendir(st->final);
+	DIR *d = opendir(dir);
 	struct dirent *de;
 	char *foreign = NULL;
 	int empty = 1, rc = MS_OK;
 
 	if (!d)
-		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", st->final,
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", dir,
 				  strerror(errno));
 	while ((de = readdir(d))) {
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
@@ -2667,10 +2638,10 @@ static int stage_check_existing(struct stage *st, struct ms_err *err)
 		return rc;
 	if (!empty && !st->force)
 		rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)",
-				st->final);
+				dir);
 	else if (foreign)
 		rc = ms_err_set(err, MS_EEXIST, "'%s': exists and holds '%s', which is not a file a "
-				"split, merge or reshard writes: not replacing it", st->final, foreign);
+				"split, merge or reshard writes: not replacing it", dir, foreign);
 	ms_free(foreign);
 	st->existed = rc == MS_OK;
 	return rc;
@@ -2679,216 +2650,68 @@ static int stage_check_existing(struct stage *st, struct ms_err *err)
 static void stage_init(struct stage *st)
 {
 	memset(st, 0, sizeof(*st));
-	st->lockfd = -1;
+	ms_stage_init(&st->s);
 }
 
-/* Lock dir's parent and make the staging directory beside dir. */
+/* Lock dir's parent, check what dir holds and make the staging directory
+ * beside it. */
 static int stage_open(struct stage *st, const char *dir, int force, struct ms_err *err)
 {
-	const char *base, *parent;
 	struct stat sb;
-	size_t n;
 	int rc;
 
 	st->force = force;
-	if (!(st->final = ms_strdup(dir)))
-		return oom(err);
-	for (n = strlen(st->final); n > 1 && st->final[n - 1] == '/'; n--)
-		st->final[n - 1] = '\0';
-	base = ms_path_base(st->final);
-	if (!ms_name_is_plain(base))
-		return ms_err_set(err, MS_EINVAL, "'%s': not a name of a directory to create", dir);
-	if (base == st->final)
-		st->parent = ms_strdup(".");
-	else
-		st->parent = ms_strndup(st->final, base - st->final > 1 ? (size_t)(base - st->final) - 1
-								  : 1);
-	if (!(parent = st->parent))
-		return oom(err);
-	if ((rc = ms_mkdir_p(parent, err)) != MS_OK)
+	if ((rc = ms_stage_open(&st->s, dir, "output", MS_STAGE_DIR | MS_STAGE_LOCK | MS_STAGE_MKDIR,
+				err)) != MS_OK)
 		return rc;
-	st->lockfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (st->lockfd < 0) {
-		return ms_err_set(err, MS_EIO, "'%s': cannot open: %s", parent, strerror(errno));
-	}
-	if (flock(st->lockfd, LOCK_EX | LOCK_NB)) {
-		int e = errno;
-
-		close(st->lockfd);
-		st->lockfd = -1;
-		if (e == EWOULDBLOCK)
-			return ms_err_set(err, MS_EEXIST, "'%s': another writer is writing beside it "
-					  "(another writer won)", dir);
-		return ms_err_set(err, MS_EIO, "'%s': cannot lock: %s", dir, strerror(e));
-	}
-	if (lstat(st->final, &sb) == 0) {
+	if (lstat(st->s.dest, &sb) == 0) {
 		if (!S_ISDIR(sb.st_mode))
 			return ms_err_set(err, MS_EEXIST, "'%s': exists and is not a directory", dir);
-		if ((rc = stage_check_existing(st, err)) != MS_OK)
-			return rc;
-	} else if (errno != ENOENT) {
+		return stage_check_existing(st, st->s.dest, err);
+	}
+	if (errno != ENOENT)
 		return ms_err_set(err, MS_EIO, "'%s': %s", dir, strerror(errno));
-	}
-	for (int tries = 0;; tries++) {
-		ms_free(st->tmp);
-		if (!(st->tmp = stage_name(parent, base, MS_TMP_MARKER)))
-			return oom(err);
-		if (mkdir(st->tmp, 0755) == 0)
-			break;
-		if (errno != EEXIST || tries > 8)
-			return ms_err_set(err, MS_EIO, "'%s': cannot create a staging directory beside "
-					  "it: %s", dir, strerror(errno));
-	}
-	st->have_tmp = 1;
 	return MS_OK;
 }
 
 /* Where a file of the output is written before publication. */
 static char *stage_path(const struct stage *st, const char *name)
 {
-	return ms_path_join(st->tmp, name);
+	return ms_path_join(ms_stage_path(&st->s), name);
 }
 
-/* Take a published output away again and put back what it replaced. */
-static void stage_unpublish(struct stage *st)
-{
-	if (!st->published)
-		return;
-	if (st->exchanged) {
-		/* nothing is removed when the old output cannot come back */
-		if (ms_rename_exchange(st->tmp, st->final)) {
-			st->have_tmp = 0;
-			return;
-		}
-		st->exchanged = 0;
-		st->have_tmp = 1;
-	} else {
-		if (rename(st->final, st->tmp) == 0)
-			st->have_tmp = 1;
-		else
-			remove_tree(st->final);
-		if (st->aside && rename(st->aside, st->final) == 0) {
-			ms_free(st->aside);
-			st->aside = NULL;
-		} else if (st->existed && !st->force) {
-			/* it replaced an empty directory */
-			(void)mkdir(st->final, 0755);
-		}
-	}
-	st->published = 0;
-	(void)ms_fsync_dir_of(st->final);
-}
-
-/* Rename the staging directory into place (exchanging it with an output
- * it replaces) and make that durable. */
-static int stage_publish(struct stage *st, struct ms_err *err)
-{
-	int r, e;
-
-	if (ms_fault("rename")) {
-		errno = EIO;
-		r = -1;
-	} else if (!st->existed) {
-		r = ms_rename_noreplace(st->tmp, st->final, 1);
-	} else if (!st->force) {
-		/* the existing directory was empty: rename replaces an empty
-		 * directory only, so one that filled up meanwhile wins */
-		r = rename(st->tmp, st->final);
-	} else if ((r = ms_rename_exchange(st->tmp, st->final)) == 0) {
-		st->exchanged = 1;
-	} else if (errno == EINVAL || errno == ENOSYS) {
-		/* no exchange on this file system: move the old one aside */
-		if (!(st->aside = stage_name(st->parent, ms_path_base(st->final), ".replaced-")))
-			return oom(err);
-		if ((r = rename(st->final, st->aside)) != 0) {
-			e = errno;
-			ms_free(st->aside);
-			st->aside = NULL;
-			errno = e;
-		} else if ((r = rename(st->tmp, st->final)) != 0) {
-			e = errno;
-			if (rename(st->aside, st->final) == 0) {
-				ms_free(st->aside);
-				st->aside = NULL;
-			}
-			errno = e;
-		}
-	}
-	if (r) {
-		e = errno;
-		if (e == EEXIST || e == ENOTEMPTY)
-			return ms_err_set(err, MS_EEXIST, "'%s': output appeared while writing (another "
-					  "writer won)", st->final);
-		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
-				  st->final, strerror(e));
-	}
-	st->published = 1;
-	st->have_tmp = st->exchanged;
-	if (ms_fsync_dir_of(st->final)) {
-		e = errno ? errno : EIO;
-		stage_unpublish(st);
-		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", st->final,
-				  strerror(e));
-	}
-	return MS_OK;
-}
-
-/* The publication stands: remove what it replaced. */
-static void stage_finish(struct stage *st)
-{
-	if (st->exchanged)
-		remove_tree(st->tmp);
-	if (st->aside)
-		remove_tree(st->aside);
-	st->exchanged = st->have_tmp = 0;
-	ms_free(st->aside);
-	st->aside = NULL;
-	(void)ms_fsync_dir_of(st->final);
-}
-
-/* Remove what is left unpublished, unlock. */
+/* Remove what is left unpublished (putting back what a publication that
+ * was not recorded replaced), unlock. */
 static void stage_release(struct stage *st)
 {
-	if (st->have_tmp && st->tmp)
-		remove_tree(st->tmp);
-	if (st->lockfd >= 0)
-		close(st->lockfd);
-	ms_free(st->final);
-	ms_free(st->parent);
-	ms_free(st->tmp);
-	ms_free(st->aside);
-	stage_init(st);
+	ms_stage_abort(&st->s);
 }
 
 /* Messages name the output, not its staging directory. */
 static void stage_fix_msg(const struct stage *st, struct ms_err *err)
 {
-	char *at, msg[sizeof(err->msg)];
-
-	if (!err || !st->tmp || !st->final || !(at = strstr(err->msg, st->tmp)))
-		return;
-	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, st->final,
-		 at + strlen(st->tmp));
-	memcpy(err->msg, msg, sizeof(msg));
+	ms_stage_fix_msg(&st->s, err);
 }
 
 /*
  * Publish the staged output and let the caller record it (o->publish):
- * when that fails, the output is taken away again and what it replaced
- * put back, and its error returned. Then what it replaced is removed.
+ * when that fails, its error is returned and stage_release takes the
+ * output away again and puts back what it replaced. Then what it replaced
+ * is removed.
  */
 static int stage_commit(struct stage *st, const struct ms_shard_result *res,
 			const struct ms_shard_opts *o, struct ms_err *err)
 {
+	enum ms_stage_how how = !st->existed ? MS_STAGE_NEW
+			      : !st->force   ? MS_STAGE_OVER_EMPTY
+					     : MS_STAGE_REPLACE;
 	int rc;
 
-	if ((rc = stage_publish(st, err)) != MS_OK)
+	if ((rc = ms_stage_publish(&st->s, how, err)) != MS_OK)
 		return rc;
-	if (o->publish && (rc = o->publish(o->publish_ctx, res, err)) != MS_OK) {
-		stage_unpublish(st);
+	if (o->publish && (rc = o->publish(o->publish_ctx, res, err)) != MS_OK)
 		return rc;
-	}
-	stage_finish(st);
+	ms_stage_commit(&st->s);
 	return MS_OK;
 }
 
@@ -2991,7 +2814,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 
 	*out = NULL;
 	memset(&pool, 0, sizeof(pool));
-	fdir = o->dry_run ? dir : st->final;
+	fdir = o->dry_run ? dir : st->s.dest;
 	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK)
 		goto out;
 	/* Each shard keeps the source's metadata and says what it is. */
@@ -4708,7 +4531,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 		if ((rc = stage_open(&st, out_dir, o->force, err)) != MS_OK ||
 		    (rc = sset_hash_verify(&ss, o->nthreads, V_SHARDS | V_REASSEMBLE, err)) != MS_OK)
 			goto out;
-		fdir = st.final;
+		fdir = st.s.dest;
 	}
 	nf = ss.s.nfiles;
 	if ((rc = result_new(&ss.s, ss.pl, nf, &res, err)) != MS_OK)
@@ -4753,7 +4576,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 			      .files = res->files, .nfiles = nf, .o = o };
 	if ((rc = pool_run(&pool, o->nthreads, err)) != MS_OK)
 		goto out;
-	if (ss.s.index_name && (rc = write_index(&ss.s, st.tmp, err)) != MS_OK)
+	if (ss.s.index_name && (rc = write_index(&ss.s, ms_stage_path(&st.s), err)) != MS_OK)
 		goto out;
 	for (size_t c = 0; c < ss.s.nconfigs; c++) {
 		if (!(p = stage_path(&st, ss.s.configs[c].name))) {
