@@ -274,7 +274,7 @@ static int export_header(struct exporter *x, const char *name, uint64_t size,
 	int r;
 
 	if (!e)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* fixed metadata: the bytes depend on the state alone */
 	archive_entry_set_pathname(e, name);
 	archive_entry_set_filetype(e, AE_IFREG);
@@ -328,7 +328,7 @@ static int export_file(struct exporter *x, const struct ms_vfile *vf, const char
 	}
 	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	if (!(h = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = export_header(x, name, vf->size, err)) != MS_OK)
@@ -390,16 +390,6 @@ static int ascii(const char *s)
 static cJSON *json_str_or_null(const char *s)
 {
 	return s ? cJSON_CreateString(s) : cJSON_CreateNull();
-}
-
-/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
- * be added: item missing, or the key's copy failed). 1: added. */
-static int json_put(cJSON *o, const char *key, cJSON *item)
-{
-	if (cJSON_AddItemToObject(o, key, item))
-		return 1;
-	cJSON_Delete(item);
-	return 0;
 }
 
 /* The manifest of s with the "bundle" object; member paths are taken from
@@ -466,9 +456,9 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 		i++;
 	}
 	if (!cJSON_AddNumberToObject(b, "total_bytes", (double)total) ||
-	    !json_put(b, "kind", json_str_or_null(s->kind)) ||
-	    !json_put(b, "label", json_str_or_null(s->label)) ||
-	    !json_put(b, "layout", json_str_or_null(s->layout)))
+	    !ms_json_put(b, "kind", json_str_or_null(s->kind)) ||
+	    !ms_json_put(b, "label", json_str_or_null(s->label)) ||
+	    !ms_json_put(b, "layout", json_str_or_null(s->layout)))
 		goto oom;
 	if (s->ep_size > 0) {
 		if (!cJSON_AddNumberToObject(b, "ep_size", s->ep_size) ||
@@ -485,13 +475,13 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 	}
 	if (!experts && !(experts = cJSON_CreateNull()))
 		goto oom;
-	if (!json_put(b, "experts", experts))
+	if (!ms_json_put(b, "experts", experts))
 		goto oom;
 	*out = o;
 	return MS_OK;
 oom:
 	cJSON_Delete(o);
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return ms_err_nomem(err);
 }
 
 int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path, int force,
@@ -603,7 +593,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 			goto out;
 		lo = ms_json_parse(lin, strlen(lin), &nomem);
 		ms_free(lin);
-		if (!lo || !json_put(cJSON_GetObjectItemCaseSensitive(mo, "bundle"), "lineage", lo))
+		if (!lo || !ms_json_put(cJSON_GetObjectItemCaseSensitive(mo, "bundle"), "lineage", lo))
 			goto oom;
 	}
 	if (!(mtext = cJSON_Print(mo)))
@@ -670,7 +660,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	rc = ms_afile_commit(&x.af, force, err);
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	if (x.a)
 		archive_write_free(x.a);
@@ -905,11 +895,6 @@ static int cmp_member(const void *a, const void *b, void *ctx)
 	return strcmp(m[*(const size_t *)a].path, m[*(const size_t *)b].path);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Index of the member named path, or -1. */
 static long find_member(const struct importer *x, const char *path)
 {
@@ -935,7 +920,7 @@ static long find_dir(const struct importer *x, const char *path)
 
 	if (!x->ndirs)
 		return -1;
-	p = bsearch(&path, x->dirs, x->ndirs, sizeof(*x->dirs), cmp_str);
+	p = bsearch(&path, x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
 
 	return p ? (long)(p - x->dirs) : -1;
 }
@@ -1214,7 +1199,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 			prev = path;
 		}
 		if (x->ndirs)
-			qsort(x->dirs, x->ndirs, sizeof(*x->dirs), cmp_str);
+			qsort(x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
 	}
 	for (size_t i = 0; i < x->ndirs; i++)
 		if (find_member(x, x->dirs[i]) >= 0 || !strcmp(x->dirs[i], MS_BUNDLE_MANIFEST)) {
@@ -1227,7 +1212,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	rc = MS_OK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	cJSON_Delete(o);
 	return rc;
@@ -1299,7 +1284,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	x->max_total = o && o->max_total ? o->max_total : MS_IMPORT_MAX_TOTAL;
 	x->max_ratio = o && o->max_ratio ? o->max_ratio : MS_IMPORT_MAX_RATIO;
 	if (!(x->plan = ms_calloc(1, sizeof(*x->plan))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	x->plan->ep_size = x->plan->ep_rank = -1;
 	/* O_NONBLOCK: a FIFO given as the archive is refused, not waited on */
 	x->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -1317,7 +1302,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	x->z.z = ZSTD_createDCtx();
 	x->buf = ms_malloc(IO_BUF);
 	if (!x->z.in || !x->z.out || !x->z.z || !x->buf)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* zstd's default window limit (128 MiB), pinned: a frame that asks for
 	 * more memory is refused, not honoured */
 	ZSTD_DCtx_setParameter(x->z.z, ZSTD_d_windowLogMax, 27);
@@ -1326,7 +1311,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	if (x->z.limit < MS_IMPORT_MAX_MANIFEST + 2 * FRAME_SLACK)
 		x->z.limit = MS_IMPORT_MAX_MANIFEST + 2 * FRAME_SLACK;
 	if (!(x->a = archive_read_new()))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* tar alone: no other format, and no filter but ours */
 	if (archive_read_support_format_tar(x->a) != ARCHIVE_OK)
 		return fail_archive(x, err, MS_EIO, "libarchive: %s", archive_error_string(x->a));
@@ -1350,7 +1335,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 		return fail_member(x, err, MS_EINVAL, name, "%llu bytes, over the limit of %llu",
 				   (unsigned long long)size, (unsigned long long)MS_IMPORT_MAX_MANIFEST);
 	if (!(x->manifest = ms_malloc((size_t)size + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (;;) {
 		la_ssize_t n = archive_read_data(x->a, x->manifest + got, (size_t)(size + 1 - got));
 
@@ -1443,7 +1428,7 @@ static int extract_member(struct importer *x, int rootfd, size_t j, struct ms_er
 		goto out;
 	}
 	if (!(h = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (;;) {
@@ -1592,7 +1577,7 @@ static int state_dirs(const struct importer *x, char ***out, size_t *n)
 			goto fail;
 		k++;
 	}
-	qsort(d, k, sizeof(*d), cmp_str);
+	qsort(d, k, sizeof(*d), ms_cmp_str);
 	for (size_t i = 0; i < k; i++) {
 		if (w && !strcmp(d[i], d[w - 1]))
 			ms_free(d[i]);
@@ -1670,7 +1655,7 @@ static int verify_extracted(struct importer *x, const char *tmp, char *const *di
 	int rc;
 
 	if (!paths || !matched) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_ckpt_open_many((const char *const *)paths, ndirs, &ck, &e)) != MS_OK ||
@@ -1863,7 +1848,7 @@ static int adoptable(struct ms_inv *inv, struct importer *x, const char *target,
 	int rc;
 
 	if (!m)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	rc = ms_read_file(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
 	ms_free(m);
 	if (rc == MS_ENOMEM || rc == MS_EIO) {
@@ -1934,7 +1919,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		goto out;
 	}
 	if (!(target = ms_strdup(into_dir))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t n = strlen(target); n > 1 && target[n - 1] == '/'; n--)
@@ -1954,7 +1939,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		parent = ms_strndup(target, n);
 	}
 	if (!parent) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (stat(parent, &st) || !S_ISDIR(st.st_mode)) {
@@ -2008,7 +1993,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		}
 	}
 	if (state_dirs(&x, &dirs, &ndirs)) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (adopt) {
@@ -2093,7 +2078,7 @@ record:
 		batch = 1;
 	}
 	if (!(final = join_all(target, dirs, ndirs))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	ms_inv_add_opts_init(&ao);

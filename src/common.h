@@ -91,6 +91,16 @@ struct cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end,
  * in between. */
 uint64_t ms_json_mark(void);
 int ms_json_failed(uint64_t mark);
+/* Add item to object o under key (to array o when key is NULL), taking
+ * item in every case: deleted when it cannot be added (o or item missing,
+ * the key's copy failed), so a failed allocation leaks nothing and shows
+ * in ms_json_failed. Returns 1 when added, else 0. */
+int ms_json_put(struct cJSON *o, const char *key, struct cJSON *item);
+
+/* qsort comparator of an array of C strings (char *), by strcmp. */
+int ms_cmp_str(const void *a, const void *b);
+/* Does s end with suffix? */
+int ms_str_ends_with(const char *s, const char *suffix);
 
 /*
  * Edit one member of a JSON object given as text, leaving every other byte

@@ -218,7 +218,7 @@ int ms_mkdir_p(const char *path, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!p)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (char *s = p + 1;; s++) {
 		if (*s == '/' || *s == 0) {
 			char c = *s;
@@ -273,7 +273,7 @@ oom:
 	ms_free(f->path);
 	ms_free(f->tmp);
 	f->path = f->tmp = NULL;
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return ms_err_nomem(err);
 }
 
 int ms_afile_write(struct ms_afile *f, const void *p, size_t n,
@@ -392,7 +392,7 @@ int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
 	}
 	buf = ms_malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	while (got < (size_t)st.st_size) {

@@ -112,7 +112,7 @@ int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *
 	buf = ms_malloc(bufsz);
 	c = ms_sha256_new();
 	if (!buf || !c) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (;;) {
@@ -386,7 +386,7 @@ int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
 	p.order = ms_malloc((n ? n : 1) * sizeof(*p.order));
 	th = ms_malloc((size_t)nthreads * sizeof(*th));
 	if (!p.order || !th) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -457,7 +457,7 @@ int ms_tree_digest(const void *p, uint64_t n, unsigned log2, int nthreads,
 	chunks = ms_malloc(nchunks ? (size_t)nchunks * MS_SHA256_LEN : 1);
 	jobs = ms_calloc(njobs ? (size_t)njobs : 1, sizeof(*jobs));
 	if (!chunks || !jobs) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (uint64_t i = 0; i < njobs; i++) {

@@ -36,7 +36,7 @@ int ms_st_hash_files_ex(struct ms_st_file **files, size_t nfiles, int nthreads,
 		n += files[i]->ntensors + 1 + (file_digests ? 1 : 0);
 	jobs = ms_calloc(n ? n : 1, sizeof(*jobs));
 	if (!jobs)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < nfiles; i++) {
 		struct ms_st_file *f = files[i];
 

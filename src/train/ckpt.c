@@ -20,11 +20,6 @@
 #include "safetensors.h"
 #include "stage.h"
 
-static int oom(struct ms_err *err)
-{
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
-}
-
 /* The metadata JSON of optimizer.safetensors. Nothing of the run's
  * identity goes in (its number, its plan file): the file, and so the
  * digest the edges record, is a function of the training trajectory
@@ -44,13 +39,13 @@ static int write_adapter(const struct ms_train_ckpt_save *s, const char *dir, st
 	int rc;
 
 	if (!p)
-		return oom(err);
+		return ms_err_nomem(err);
 	rc = ms_write_file_atomic(p, s->adapter_config, strlen(s->adapter_config), 0, err);
 	ms_free(p);
 	if (rc != MS_OK)
 		return rc;
 	if (!(p = ms_path_join(dir, "adapter_model.safetensors")))
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_st_writer_new(p, 0, &w, err)) != MS_OK)
 		goto out;
 	/* PEFT's save_pretrained writes {"format": "pt"} */
@@ -77,7 +72,7 @@ static int write_optim(const struct ms_train_ckpt_save *s, const char *path, str
 	int rc;
 
 	if (!meta)
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_st_writer_new(path, 0, &w, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_st_writer_meta(w, MS_TRAIN_CKPT_META, meta, err)) != MS_OK)
@@ -88,7 +83,7 @@ static int write_optim(const struct ms_train_ckpt_save *s, const char *path, str
 		for (int k = 0; k < 2; k++) {
 			ms_free(name);
 			if (!(name = ms_asprintf("%s.%s", q->name, k ? "exp_avg_sq" : "exp_avg"))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			if ((rc = ms_st_writer_add(w, name, MS_DTYPE_F32, q->ndim, q->shape,
@@ -136,7 +131,7 @@ static int known_label(struct ms_inv *inv, const char *adir, int jobs, char **la
 		goto out;
 	}
 	if (rc == MS_OK && st->label && !(*label = ms_strdup(st->label)))
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 out:
 	ms_inv_state_free(st);
 	ms_ckpt_close(ck);
@@ -160,7 +155,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	*label_out = NULL;
 	snprintf(name, sizeof(name), "step-%06" PRIu64, s->meta.step);
 	if (!(final = ms_path_join(s->outputs, name))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* a failed first checkpoint removes the outputs directories it made,
@@ -175,7 +170,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	}
 	if (!(adir = ms_path_join(ms_stage_path(&stg), MS_TRAIN_CKPT_ADAPTER)) ||
 	    !(opath = ms_path_join(ms_stage_path(&stg), MS_TRAIN_CKPT_OPTIM))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (mkdir(adir, 0755)) {
@@ -197,7 +192,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	 * output are recorded together or not at all */
 	if (!(params = edge_params(s, sha)) ||
 	    !(reg = ms_path_join(final, MS_TRAIN_CKPT_ADAPTER))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* a state has one label: the same bytes from another run keep theirs */
@@ -228,7 +223,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)
 		goto out;
 	if (!(*label_out = had ? had : ms_strdup(s->label))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	had = NULL;
@@ -277,7 +272,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 
 	memset(meta, 0, sizeof(*meta));
 	if (!path)
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_read_file(path, UINT64_C(1) << 40, &text, &len, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_sha256(text, len, got)) != MS_OK) {
@@ -301,7 +296,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 	    meta_u64(mj, "step", &meta->step) || meta_u64(mj, "data_cursor", &meta->data_cursor) ||
 	    meta_u64(mj, "data_seed", &meta->data_seed) ||
 	    meta_u64(mj, "lora_seed", &meta->lora_seed)) {
-		rc = nomem ? oom(err)
+		rc = nomem ? ms_err_nomem(err)
 			   : ms_err_set(err, MS_EINVAL, "'%s': metadata '%s' missing or malformed",
 					path, MS_TRAIN_CKPT_META);
 		goto out;
@@ -317,7 +312,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 
 			ms_free(name);
 			if (!(name = ms_asprintf("%s.%s", opt->p[i].name, k ? "exp_avg_sq" : "exp_avg"))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			t = ms_st_find(f, name);
