@@ -657,7 +657,7 @@ static int key_load(const char *path, int private, struct ms_key **out,
 	k = ms_calloc(1, sizeof(*k));
 	bio = BIO_new_mem_buf(text, (int)len);
 	if (!k || !bio) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	k->pkey = private ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL)
@@ -764,7 +764,7 @@ static int ecdsa_sign(const struct ms_key *k, const uint8_t *msg, size_t n,
 	}
 	s = ms_malloc(len);
 	if (!s) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (EVP_DigestSign(ctx, s, &len, msg, n) != 1) {
@@ -818,7 +818,7 @@ static int envelope_write(struct ms_buf *b, const void *payload, size_t n,
 	b64_encode(b, sig, sig_len);
 	ms_buf_puts(b, "\",\"keyid\":\"\"}]}");
 	if (b->oom)
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 out:
 	ms_free(pae);
 	ms_free(sig);
@@ -888,7 +888,7 @@ static int envelope_check(const struct jv *env, const char *label,
 	}
 	*payload_type = ms_strdup(ptype);
 	if (!*payload_type) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	*payload = body;
@@ -913,7 +913,7 @@ int ms_dsse_sign(const void *payload, size_t n, const char *payload_type,
 		goto out;
 	*envelope = ms_buf_detach(&b, len);
 	if (!*envelope)
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 out:
 	ms_buf_release(&b);
 	return rc;
@@ -961,7 +961,7 @@ int ms_bundle_sign(const void *payload, size_t n, const char *payload_type,
 	ms_buf_puts(&b, "}");
 	*bundle = ms_buf_detach(&b, len);
 	if (!*bundle)
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 out:
 	ms_buf_release(&b);
 	return rc;
@@ -1351,7 +1351,7 @@ int ms_oms_manifest_scan(const char *model_dir, const char *const *ignore,
 	root = strip_slashes(model_dir);
 	m = ms_calloc(1, sizeof(*m));
 	if (!root || !m) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (lstat(root, &st)) {
@@ -1372,7 +1372,7 @@ int ms_oms_manifest_scan(const char *model_dir, const char *const *ignore,
 	m->model_name = ms_oms_model_name(model_dir);
 	m->ignore = ms_calloc(nignore ? nignore : 1, sizeof(*m->ignore));
 	if (!m->model_name || !m->ignore) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < nignore; i++) {
@@ -1428,7 +1428,7 @@ static int hash_one(struct hpool *hp, struct ms_oms_file *f, uint8_t *buf,
 	int fd = -1, rc = MS_OK;
 
 	if (!path || !(c = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -1537,7 +1537,7 @@ int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
 	hp.order = ms_malloc((m->nfiles ? m->nfiles : 1) * sizeof(*hp.order));
 	th = ms_calloc((size_t)nthreads, sizeof(*th));
 	if (!hp.order || !th) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < m->nfiles; i++)
@@ -1585,7 +1585,7 @@ int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
 	}
 	c = ms_sha256_new();
 	if (!c) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < m->nfiles && rc == MS_OK; i++)
@@ -1639,7 +1639,7 @@ int ms_oms_statement(const struct ms_oms_manifest *m, char **json, size_t *len,
 	ms_buf_puts(&b, m->nfiles ? "\n    ]\n  }\n}" : "]\n  }\n}");
 	*json = ms_buf_detach(&b, len);
 	if (!*json)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	return MS_OK;
 }
 
@@ -1830,7 +1830,7 @@ static int statement_parse(const uint8_t *payload, size_t n, const char *label,
 	sm->ignore = ms_calloc(ign && ign->n ? ign->n : 1, sizeof(*sm->ignore));
 	c = ms_sha256_new();
 	if (!sm->model_name || !sm->files || !sm->ignore || !c) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	memcpy(sm->root_hex, dig, MS_OMS_HEX_LEN);
@@ -1885,7 +1885,7 @@ static int statement_parse(const uint8_t *payload, size_t n, const char *label,
 		}
 		f->name = ms_strdup(nm->str);
 		if (!f->name) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		sm->nfiles++;
@@ -1970,7 +1970,7 @@ int ms_oms_verify_opts(const char *model_dir, const char *sig_path,
 	memcpy(res->root_digest, sm.root_hex, MS_OMS_HEX_LEN);
 	res->nfiles = sm.nfiles;
 	if (!res->model_name) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 
@@ -1989,7 +1989,7 @@ int ms_oms_verify_opts(const char *model_dir, const char *sig_path,
 	}
 	all = ms_calloc(nignore + sm.nignore + 1, sizeof(*all));
 	if (!all) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (i = 0; i < nignore; i++)

@@ -20,14 +20,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -40,6 +38,7 @@
 #include "fsutil.h"
 #include "hash.h"
 #include "inventory.h"
+#include "stage.h"
 #include "verify.h"
 
 #define IO_BUF (1u << 20)
@@ -127,23 +126,6 @@ static const char *path_rule(const char *p)
 	return NULL;
 }
 
-/* Remove a tree this module created (links are removed, not followed). */
-static int rm_one(const char *p, const struct stat *sb, int type, struct FTW *f)
-{
-	(void)sb;
-	(void)f;
-	if (type == FTW_DP || type == FTW_D || type == FTW_DNR)
-		rmdir(p);
-	else
-		unlink(p);
-	return 0;
-}
-
-static void rm_tree(const char *path)
-{
-	nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
 /* fsync that reports an injected failure like a real one (errno set). */
 static int sync_fd(int fd)
 {
@@ -152,15 +134,6 @@ static int sync_fd(int fd)
 		return -1;
 	}
 	return fsync(fd);
-}
-
-static unsigned rand32(void)
-{
-	unsigned r;
-
-	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
-		r = (unsigned)rand() ^ ((unsigned)getpid() * 2654435761u);
-	return r;
 }
 
 /* ==== export ============================================================== */
@@ -301,7 +274,7 @@ static int export_header(struct exporter *x, const char *name, uint64_t size,
 	int r;
 
 	if (!e)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* fixed metadata: the bytes depend on the state alone */
 	archive_entry_set_pathname(e, name);
 	archive_entry_set_filetype(e, AE_IFREG);
@@ -355,7 +328,7 @@ static int export_file(struct exporter *x, const struct ms_vfile *vf, const char
 	}
 	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	if (!(h = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = export_header(x, name, vf->size, err)) != MS_OK)
@@ -417,16 +390,6 @@ static int ascii(const char *s)
 static cJSON *json_str_or_null(const char *s)
 {
 	return s ? cJSON_CreateString(s) : cJSON_CreateNull();
-}
-
-/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
- * be added: item missing, or the key's copy failed). 1: added. */
-static int json_put(cJSON *o, const char *key, cJSON *item)
-{
-	if (cJSON_AddItemToObject(o, key, item))
-		return 1;
-	cJSON_Delete(item);
-	return 0;
 }
 
 /* The manifest of s with the "bundle" object; member paths are taken from
@@ -493,9 +456,9 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 		i++;
 	}
 	if (!cJSON_AddNumberToObject(b, "total_bytes", (double)total) ||
-	    !json_put(b, "kind", json_str_or_null(s->kind)) ||
-	    !json_put(b, "label", json_str_or_null(s->label)) ||
-	    !json_put(b, "layout", json_str_or_null(s->layout)))
+	    !ms_json_put(b, "kind", json_str_or_null(s->kind)) ||
+	    !ms_json_put(b, "label", json_str_or_null(s->label)) ||
+	    !ms_json_put(b, "layout", json_str_or_null(s->layout)))
 		goto oom;
 	if (s->ep_size > 0) {
 		if (!cJSON_AddNumberToObject(b, "ep_size", s->ep_size) ||
@@ -512,13 +475,13 @@ static int export_manifest(const struct ms_vstate *s, const struct ms_inv_state 
 	}
 	if (!experts && !(experts = cJSON_CreateNull()))
 		goto oom;
-	if (!json_put(b, "experts", experts))
+	if (!ms_json_put(b, "experts", experts))
 		goto oom;
 	*out = o;
 	return MS_OK;
 oom:
 	cJSON_Delete(o);
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return ms_err_nomem(err);
 }
 
 int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path, int force,
@@ -630,7 +593,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 			goto out;
 		lo = ms_json_parse(lin, strlen(lin), &nomem);
 		ms_free(lin);
-		if (!lo || !json_put(cJSON_GetObjectItemCaseSensitive(mo, "bundle"), "lineage", lo))
+		if (!lo || !ms_json_put(cJSON_GetObjectItemCaseSensitive(mo, "bundle"), "lineage", lo))
 			goto oom;
 	}
 	if (!(mtext = cJSON_Print(mo)))
@@ -697,7 +660,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	rc = ms_afile_commit(&x.af, force, err);
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	if (x.a)
 		archive_write_free(x.a);
@@ -932,11 +895,6 @@ static int cmp_member(const void *a, const void *b, void *ctx)
 	return strcmp(m[*(const size_t *)a].path, m[*(const size_t *)b].path);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Index of the member named path, or -1. */
 static long find_member(const struct importer *x, const char *path)
 {
@@ -962,7 +920,7 @@ static long find_dir(const struct importer *x, const char *path)
 
 	if (!x->ndirs)
 		return -1;
-	p = bsearch(&path, x->dirs, x->ndirs, sizeof(*x->dirs), cmp_str);
+	p = bsearch(&path, x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
 
 	return p ? (long)(p - x->dirs) : -1;
 }
@@ -1241,7 +1199,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 			prev = path;
 		}
 		if (x->ndirs)
-			qsort(x->dirs, x->ndirs, sizeof(*x->dirs), cmp_str);
+			qsort(x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
 	}
 	for (size_t i = 0; i < x->ndirs; i++)
 		if (find_member(x, x->dirs[i]) >= 0 || !strcmp(x->dirs[i], MS_BUNDLE_MANIFEST)) {
@@ -1254,7 +1212,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	rc = MS_OK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	cJSON_Delete(o);
 	return rc;
@@ -1326,7 +1284,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	x->max_total = o && o->max_total ? o->max_total : MS_IMPORT_MAX_TOTAL;
 	x->max_ratio = o && o->max_ratio ? o->max_ratio : MS_IMPORT_MAX_RATIO;
 	if (!(x->plan = ms_calloc(1, sizeof(*x->plan))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	x->plan->ep_size = x->plan->ep_rank = -1;
 	/* O_NONBLOCK: a FIFO given as the archive is refused, not waited on */
 	x->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -1344,7 +1302,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	x->z.z = ZSTD_createDCtx();
 	x->buf = ms_malloc(IO_BUF);
 	if (!x->z.in || !x->z.out || !x->z.z || !x->buf)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* zstd's default window limit (128 MiB), pinned: a frame that asks for
 	 * more memory is refused, not honoured */
 	ZSTD_DCtx_setParameter(x->z.z, ZSTD_d_windowLogMax, 27);
@@ -1353,7 +1311,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	if (x->z.limit < MS_IMPORT_MAX_MANIFEST + 2 * FRAME_SLACK)
 		x->z.limit = MS_IMPORT_MAX_MANIFEST + 2 * FRAME_SLACK;
 	if (!(x->a = archive_read_new()))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* tar alone: no other format, and no filter but ours */
 	if (archive_read_support_format_tar(x->a) != ARCHIVE_OK)
 		return fail_archive(x, err, MS_EIO, "libarchive: %s", archive_error_string(x->a));
@@ -1377,7 +1335,7 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 		return fail_member(x, err, MS_EINVAL, name, "%llu bytes, over the limit of %llu",
 				   (unsigned long long)size, (unsigned long long)MS_IMPORT_MAX_MANIFEST);
 	if (!(x->manifest = ms_malloc((size_t)size + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (;;) {
 		la_ssize_t n = archive_read_data(x->a, x->manifest + got, (size_t)(size + 1 - got));
 
@@ -1470,7 +1428,7 @@ static int extract_member(struct importer *x, int rootfd, size_t j, struct ms_er
 		goto out;
 	}
 	if (!(h = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (;;) {
@@ -1619,7 +1577,7 @@ static int state_dirs(const struct importer *x, char ***out, size_t *n)
 			goto fail;
 		k++;
 	}
-	qsort(d, k, sizeof(*d), cmp_str);
+	qsort(d, k, sizeof(*d), ms_cmp_str);
 	for (size_t i = 0; i < k; i++) {
 		if (w && !strcmp(d[i], d[w - 1]))
 			ms_free(d[i]);
@@ -1697,7 +1655,7 @@ static int verify_extracted(struct importer *x, const char *tmp, char *const *di
 	int rc;
 
 	if (!paths || !matched) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_ckpt_open_many((const char *const *)paths, ndirs, &ck, &e)) != MS_OK ||
@@ -1861,15 +1819,6 @@ static int replaceable(const char *dir)
 	return empty || holds_manifest(dir);
 }
 
-static int rename_noreplace(const char *from, const char *to)
-{
-	if (ms_fault("rename")) {
-		errno = EIO;
-		return -1;
-	}
-	return ms_rename_noreplace(from, to, 1);
-}
-
 static int fsync_path(int rootfd, const char *rel)
 {
 	int fd = rel ? openat(rootfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -1899,7 +1848,7 @@ static int adoptable(struct ms_inv *inv, struct importer *x, const char *target,
 	int rc;
 
 	if (!m)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	rc = ms_read_file(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
 	ms_free(m);
 	if (rc == MS_ENOMEM || rc == MS_EIO) {
@@ -1947,14 +1896,16 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	struct importer x;
 	struct ms_inv_add_opts ao;
 	struct ms_inv_add_stats as;
-	char *target = NULL, *parent = NULL, *tmp = NULL, *aside = NULL, **dirs = NULL;
+	char *target = NULL, *parent = NULL, **dirs = NULL;
 	char **final = NULL, got[MS_STATE_DIGEST_LEN];
 	const char *base, *label;
 	size_t ndirs = 0;
 	double t0 = ms_now();
 	struct stat st;
-	int rc, rootfd = -1, moved_aside = 0, placed = 0, exists, adopt = 0, batch = 0;
+	struct ms_stage stg;
+	int rc, rootfd = -1, exists, adopt = 0, batch = 0;
 
+	ms_stage_init(&stg);
 	importer_init(&x);
 	if (!opts) {
 		ms_import_opts_init(&defaults);
@@ -1968,7 +1919,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		goto out;
 	}
 	if (!(target = ms_strdup(into_dir))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t n = strlen(target); n > 1 && target[n - 1] == '/'; n--)
@@ -1988,7 +1939,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		parent = ms_strndup(target, n);
 	}
 	if (!parent) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (stat(parent, &st) || !S_ISDIR(st.st_mode)) {
@@ -2042,7 +1993,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		}
 	}
 	if (state_dirs(&x, &dirs, &ndirs)) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (adopt) {
@@ -2075,24 +2026,9 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	}
 	/* extract into a fresh directory beside the target; messages name the
 	 * target, where the files are going */
-	for (int tries = 0;; tries++) {
-		ms_free(tmp);
-		tmp = ms_asprintf("%s/.%s.import-%ld-%08x", parent, base, (long)getpid(), rand32());
-		if (!tmp) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		if (mkdir(tmp, 0755) == 0)
-			break;
-		if (errno != EEXIST || tries > 8) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a temporary directory: %s",
-					parent, strerror(errno));
-			ms_free(tmp);
-			tmp = NULL;
-			goto out;
-		}
-	}
-	rootfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if ((rc = ms_stage_open(&stg, target, "import", MS_STAGE_DIR, err)) != MS_OK)
+		goto out;
+	rootfd = open(ms_stage_path(&stg), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (rootfd < 0) {
 		rc = ms_err_set(err, MS_EIO, "'%s': %s", into_dir, strerror(errno));
 		goto out;
@@ -2123,7 +2059,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		rc = ms_err_set(err, MS_EIO, "'%s': fsync failed: %s", into_dir, strerror(errno));
 		goto out;
 	}
-	if ((rc = verify_extracted(&x, tmp, dirs, ndirs, opts->nthreads, err)) != MS_OK)
+	if ((rc = verify_extracted(&x, ms_stage_path(&stg), dirs, ndirs, opts->nthreads, err)) != MS_OK)
 		goto out;
 
 	/* every byte verified: move into place and register as one step (a
@@ -2131,30 +2067,10 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
 		goto out;
 	batch = 1;
-	if (exists) {
-		aside = ms_asprintf("%s/.%s.replaced-%ld-%08x", parent, base, (long)getpid(), rand32());
-		if (!aside) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		if (rename(target, aside)) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot move the previous import aside: %s",
-					into_dir, strerror(errno));
-			goto out;
-		}
-		moved_aside = 1;
-	}
-	if (rename_noreplace(tmp, target)) {
-		rc = ms_err_set(err, errno == EEXIST || errno == ENOTEMPTY ? MS_EEXIST : MS_EIO,
-				"'%s': cannot move the import into place: %s", into_dir, strerror(errno));
+	/* under --force the previous import waits beside it until the batch
+	 * is committed */
+	if ((rc = ms_stage_publish(&stg, exists ? MS_STAGE_REPLACE : MS_STAGE_NEW, err)) != MS_OK)
 		goto out;
-	}
-	placed = 1;
-	if (ms_fsync_dir_of(target)) {
-		rc = ms_err_set(err, MS_EIO, "'%s': fsync of the directory failed: %s", into_dir,
-				strerror(errno));
-		goto out;
-	}
 record:
 	if (!batch) {
 		if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
@@ -2162,7 +2078,7 @@ record:
 		batch = 1;
 	}
 	if (!(final = join_all(target, dirs, ndirs))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	ms_inv_add_opts_init(&ao);
@@ -2218,31 +2134,21 @@ record:
 		opts->stats->adopted = adopt;
 		opts->stats->seconds = ms_now() - t0;
 	}
-	if (moved_aside) {
-		rm_tree(aside);
-		moved_aside = 0;
-	}
-	placed = 0;
+	ms_stage_commit(&stg);
 	rc = MS_OK;
 out:
 	if (batch)
 		(void)ms_inv_batch_end(inv, 0, NULL);
 	if (rootfd >= 0)
 		close(rootfd);
-	if (placed)
-		rm_tree(target);
-	else if (tmp && rc != MS_OK)
-		rm_tree(tmp);
-	if (moved_aside && rename(aside, target) == 0)
-		moved_aside = 0;
-	if (placed || moved_aside)
-		(void)ms_fsync_dir_of(target);
+	if (rc != MS_OK)
+		ms_stage_fix_msg(&stg, err);
+	/* a failure takes the import away again and puts back what it replaced */
+	ms_stage_abort(&stg);
 	importer_release(&x);
 	free_all(dirs, ndirs);
 	free_all(final, ndirs);
 	ms_free(target);
 	ms_free(parent);
-	ms_free(tmp);
-	ms_free(aside);
 	return rc;
 }

@@ -164,8 +164,8 @@ void ms_import_plan_free(struct ms_import_plan *p);
  * Import the bundle archive_path into the new directory into_dir (its
  * parent must exist) and register it in inv, writing the state digest to
  * digest_out. The members are extracted into a temporary directory beside
- * into_dir (".<name>.import-<pid>-<hex>": files created O_EXCL|O_NOFOLLOW
- * and fsynced), everything is verified against the manifest, then, in one
+ * into_dir (stage.h, ".<name>.tmp-<pid>-<hex>": files created
+ * O_EXCL|O_NOFOLLOW and fsynced), everything is verified against the manifest, then, in one
  * inventory batch (inventory.h), the directory is renamed to into_dir and
  * the state registered with ms_inv_add_paths (kind, label, EP placement
  * from the manifest; opts->label overrides the label) and the batch

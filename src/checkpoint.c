@@ -22,13 +22,6 @@ static const char *const config_names[] = {
 	"quantization_config.json", "ep_manifest.json",
 };
 
-static int ends_with(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && !strcmp(s + n - m, suffix);
-}
-
 static int add_file(struct ms_ckpt *c, const char *path, const char *name,
 		    struct ms_err *err)
 {
@@ -47,7 +40,7 @@ static int add_file(struct ms_ckpt *c, const char *path, const char *name,
 		c->file_names = nn;
 	if (!nf || !nn || !(nn[c->nfiles] = ms_strdup(name))) {
 		ms_st_close(f);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	c->files[c->nfiles++] = f;
 	return MS_OK;
@@ -62,7 +55,7 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int 
 	int rc;
 
 	if (!path)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (stat(path, &st) || !S_ISREG(st.st_mode)) {
 		ms_free(path);
 		return MS_OK;
@@ -88,7 +81,7 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int 
 	nc = ms_realloc(c->configs, (c->nconfigs + 1) * sizeof(*nc));
 	if (!nc) {
 		ms_free(path);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	c->configs = nc;
 	cfg = &c->configs[c->nconfigs];
@@ -105,17 +98,12 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int 
 		ms_free(cfg->name);
 		ms_free(cfg->text);
 		ms_free(path);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	if (!strcmp(name, "adapter_config.json"))
 		c->is_adapter = 1;
 	c->nconfigs++;
 	return MS_OK;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Is name a side file of a directory (checkpoint.h)? Configuration files
@@ -124,13 +112,13 @@ static int is_side_name(const char *name)
 {
 	static const char *const weights[] = {MS_CKPT_WEIGHT_SUFFIXES};
 
-	if (name[0] == '.' || ends_with(name, ".safetensors") || !strcmp(name, "MANIFEST.json"))
+	if (name[0] == '.' || ms_str_ends_with(name, ".safetensors") || !strcmp(name, "MANIFEST.json"))
 		return 0;
 	for (size_t i = 0; i < sizeof(config_names) / sizeof(config_names[0]); i++)
 		if (!strcmp(name, config_names[i]))
 			return 0;
 	for (size_t i = 0; i < sizeof(weights) / sizeof(weights[0]); i++)
-		if (ends_with(name, weights[i]))
+		if (ms_str_ends_with(name, weights[i]))
 			return 0;
 	return 1;
 }
@@ -155,20 +143,20 @@ static int add_side_files(struct ms_ckpt *c, const char *dir, struct ms_err *err
 			char **nn = ms_realloc(names, nc * sizeof(*nn));
 
 			if (!nn) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			names = nn;
 			cap = nc;
 		}
 		if (!(names[n] = ms_strdup(de->d_name))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		n++;
 	}
 	if (n)
-		qsort(names, n, sizeof(*names), cmp_str);
+		qsort(names, n, sizeof(*names), ms_cmp_str);
 	for (size_t i = 0; i < n && rc == MS_OK; i++)
 		rc = add_config(c, dir, names[i], 1, err);
 out:
@@ -196,14 +184,14 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 		return rc;
 	/* several sharded paths (ms_ckpt_open_many): the first index is named */
 	if (!c->index_path && !(c->index_path = ms_strdup(index))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* len + 1: cJSON wants the terminating NUL inside the length to accept
 	 * trailing whitespace when it must check that nothing else follows */
 	root = ms_json_parse_opts(text, len + 1, NULL, 1, &nomem);
 	if (nomem) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (!root || !cJSON_IsObject(root)) {
@@ -218,7 +206,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 	/* the distinct file names, each a plain name inside dir */
 	files = ms_malloc((size_t)(cJSON_GetArraySize(map) + 1) * sizeof(*files));
 	if (!files) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	cJSON_ArrayForEach(it, map) {
@@ -229,7 +217,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 			goto out;
 		}
 		if (!ms_name_is_plain(it->valuestring) ||
-		    !ends_with(it->valuestring, ".safetensors")) {
+		    !ms_str_ends_with(it->valuestring, ".safetensors")) {
 			rc = ms_err_set(err, MS_EINVAL,
 					"'%s': weight_map entry '%s' names '%s', which is not a plain .safetensors file name in the directory",
 					index, it->string, it->valuestring);
@@ -244,12 +232,12 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 		size_t k = 0;
 
 		if (!keys) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		cJSON_ArrayForEach(it, map)
 			keys[k++] = it->string;
-		qsort(keys, k, sizeof(*keys), cmp_str);
+		qsort(keys, k, sizeof(*keys), ms_cmp_str);
 		for (size_t i = 1; i < k; i++) {
 			if (!strcmp(keys[i], keys[i - 1])) {
 				rc = ms_err_set(err, MS_EINVAL,
@@ -261,7 +249,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 		}
 		ms_free(keys);
 	}
-	qsort(files, nfiles, sizeof(*files), cmp_str);
+	qsort(files, nfiles, sizeof(*files), ms_cmp_str);
 	for (size_t i = 0; i < nfiles; i++) {
 		char *path;
 
@@ -269,7 +257,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 			continue;
 		path = ms_path_join(dir, files[i]);
 		if (!path) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = add_file(c, path, files[i], err);
@@ -347,7 +335,7 @@ static int open_dir(struct ms_ckpt *c, const char *dir, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!index)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (stat(index, &st) == 0) {
 		rc = open_index(c, dir, index, err);
 		goto configs;
@@ -358,21 +346,21 @@ static int open_dir(struct ms_ckpt *c, const char *dir, struct ms_err *err)
 		goto out;
 	}
 	while ((de = readdir(d))) {
-		if (!ends_with(de->d_name, ".safetensors") || de->d_name[0] == '.')
+		if (!ms_str_ends_with(de->d_name, ".safetensors") || de->d_name[0] == '.')
 			continue;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 16;
 			char **nn = ms_realloc(names, nc * sizeof(*nn));
 
 			if (!nn) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			names = nn;
 			cap = nc;
 		}
 		if (!(names[n] = ms_strdup(de->d_name))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		n++;
@@ -381,12 +369,12 @@ static int open_dir(struct ms_ckpt *c, const char *dir, struct ms_err *err)
 		rc = ms_err_set(err, MS_EINVAL, "'%s': no .safetensors files in directory", dir);
 		goto out;
 	}
-	qsort(names, n, sizeof(*names), cmp_str);
+	qsort(names, n, sizeof(*names), ms_cmp_str);
 	for (size_t i = 0; i < n; i++) {
 		char *path = ms_path_join(dir, names[i]);
 
 		if (!path) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = add_file(c, path, names[i], err);
@@ -429,12 +417,12 @@ static int open_one(struct ms_ckpt *c, const char *path, struct ms_err *err)
 		return open_dir(c, path, err);
 	if (!S_ISREG(st.st_mode))
 		return ms_err_set(err, MS_EINVAL, "'%s': not a file or directory", path);
-	if (ends_with(path, ".json") && strstr(ms_path_base(path), "index")) {
+	if (ms_str_ends_with(path, ".json") && strstr(ms_path_base(path), "index")) {
 		char *dir = ms_strdup(path);
 		int rc;
 
 		if (!dir)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		char *slash = strrchr(dir, '/');
 
 		if (slash)
@@ -460,7 +448,7 @@ static int collect(struct ms_ckpt *c, struct ms_err *err)
 		n += c->files[i]->ntensors;
 	c->tensors = ms_malloc((n ? n : 1) * sizeof(*c->tensors));
 	if (!c->tensors)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < c->nfiles; i++)
 		for (size_t t = 0; t < c->files[i]->ntensors; t++)
 			c->tensors[k++] = &c->files[i]->tensors[t];
@@ -482,7 +470,7 @@ int ms_ckpt_open_many(const char *const *paths, size_t n, struct ms_ckpt **out,
 
 	*out = NULL;
 	if (!c)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < n && rc == MS_OK; i++)
 		rc = open_one(c, paths[i], err);
 	if (rc == MS_OK && c->nfiles == 0)
@@ -604,7 +592,7 @@ int ms_state_manifest(struct ms_tensor *const *tensors, size_t n, char **text,
 	ms_buf_init(&b);
 	sorted = ms_malloc((n ? n : 1) * sizeof(*sorted));
 	if (!sorted)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	memcpy(sorted, tensors, n * sizeof(*sorted));
 	qsort(sorted, n, sizeof(*sorted), cmp_tensor_name);
 	ms_buf_puts(&b, "msinv-state-v1\n");
@@ -625,7 +613,7 @@ int ms_state_manifest(struct ms_tensor *const *tensors, size_t n, char **text,
 		ms_buf_printf(&b, "%s\t%s\t%s\t%s\n", t->name, ms_dtype_name(t->dtype), shape, hex);
 	}
 	if (b.oom) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	*text = ms_buf_detach(&b, len);

@@ -55,6 +55,11 @@ int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
 	return code;
 }
 
+int ms_err_nomem(struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENOMEM, "out of memory");
+}
+
 int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 {
 	char pre[512], old[sizeof(err->msg)];
@@ -319,6 +324,26 @@ int ms_json_failed(uint64_t mark)
 	return json_fails != mark;
 }
 
+int ms_json_put(cJSON *o, const char *key, cJSON *item)
+{
+	if (item && (key ? cJSON_AddItemToObject(o, key, item) : cJSON_AddItemToArray(o, item)))
+		return 1;
+	cJSON_Delete(item);
+	return 0;
+}
+
+int ms_cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int ms_str_ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && !memcmp(s + n - m, suffix, m);
+}
+
 cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end, int require_nul,
 			  int *oom)
 {
@@ -473,7 +498,7 @@ int ms_json_splice_member(const char *text, size_t len, const char *key,
 	/* the text without the member */
 	tn = o.found ? len - (o.re - o.rb) : len;
 	if (!(t = ms_malloc(tn + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (o.found) {
 		memcpy(t, text, o.rb);
 		memcpy(t + o.rb, text + o.re, len - o.re);
@@ -493,7 +518,7 @@ int ms_json_splice_member(const char *text, size_t len, const char *key,
 	/* the indentation unit: the first member's, else two spaces */
 	nunit = o.nmem && o.nind ? o.nind : 2;
 	if (!(unit = ms_malloc(nunit + 1))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (o.nmem && o.nind)
@@ -505,7 +530,7 @@ int ms_json_splice_member(const char *text, size_t len, const char *key,
 	if (ms_mul_u64(vn + 1, nunit + 2, &cap) ||
 	    ms_add_u64(cap, tn + strlen(key) + 16, &cap) || cap > SIZE_MAX ||
 	    !(r = ms_malloc((size_t)cap))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	{

@@ -44,6 +44,9 @@ struct ms_err {
 /* Set err (may be NULL) to code and a printf-style message; returns code. */
 int ms_err_set(struct ms_err *err, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* Set err to MS_ENOMEM, "out of memory" (the one wording of an allocation
+ * failure); returns MS_ENOMEM. */
+int ms_err_nomem(struct ms_err *err);
 /* Prefix an existing message: "<prefix>: <old message>". Returns err->code. */
 int ms_err_prefix(struct ms_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -88,6 +91,16 @@ struct cJSON *ms_json_parse_opts(const char *text, size_t len, const char **end,
  * in between. */
 uint64_t ms_json_mark(void);
 int ms_json_failed(uint64_t mark);
+/* Add item to object o under key (to array o when key is NULL), taking
+ * item in every case: deleted when it cannot be added (o or item missing,
+ * the key's copy failed), so a failed allocation leaks nothing and shows
+ * in ms_json_failed. Returns 1 when added, else 0. */
+int ms_json_put(struct cJSON *o, const char *key, struct cJSON *item);
+
+/* qsort comparator of an array of C strings (char *), by strcmp. */
+int ms_cmp_str(const void *a, const void *b);
+/* Does s end with suffix? */
+int ms_str_ends_with(const char *s, const char *suffix);
 
 /*
  * Edit one member of a JSON object given as text, leaving every other byte

@@ -109,11 +109,6 @@ static int plan_errf(struct ms_err *err, const char *label, const char *key,
 	return ms_err_set(err, MS_EINVAL, "plan '%s': %s", label, msg);
 }
 
-static int cmp_cstr(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* cJSON keeps a key given twice and answers lookups with the first: a plan
  * whose second "repr" silently loses would plan something else than it says. */
 static int check_dup_keys(const cJSON *obj, const char *label,
@@ -128,10 +123,10 @@ static int check_dup_keys(const cJSON *obj, const char *label,
 		n++;
 	keys = ms_malloc((n ? n : 1) * sizeof(*keys));
 	if (!keys)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	cJSON_ArrayForEach(it, obj)
 		keys[k++] = it->string ? it->string : "";
-	qsort(keys, n, sizeof(*keys), cmp_cstr);
+	qsort(keys, n, sizeof(*keys), ms_cmp_str);
 	for (size_t i = 1; i < n; i++) {
 		if (!strcmp(keys[i - 1], keys[i])) {
 			char full[600];
@@ -302,7 +297,7 @@ static int parse_train(struct ms_fp_plan *p, const cJSON *t, struct ms_err *err)
 		p->train.targets = ms_calloc((size_t)cJSON_GetArraySize(targets),
 					     sizeof(*p->train.targets));
 		if (!p->train.targets)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		cJSON_ArrayForEach(it, targets) {
 			const char *s = cJSON_IsString(it) ? it->valuestring : NULL;
 
@@ -311,7 +306,7 @@ static int parse_train(struct ms_fp_plan *p, const cJSON *t, struct ms_err *err)
 						 "every target is a module name of 1 to %d bytes (\"experts\", \"q_proj\", ...)",
 						 MS_NAME_PROJ_MAX - 1);
 			if (!(p->train.targets[p->train.ntargets] = ms_strdup(s)))
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
+				return ms_err_nomem(err);
 			p->train.ntargets++;
 		}
 	}
@@ -328,7 +323,7 @@ static int parse_train(struct ms_fp_plan *p, const cJSON *t, struct ms_err *err)
 		if (it && (!cJSON_IsString(it) || !*it->valuestring))
 			return plan_errf(err, label, "train.optimizer.name", "expected a string");
 		if (it && !(p->train.optimizer = ms_strdup(it->valuestring)))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 	}
 	if ((rc = train_uint(t, "batch", "train.batch", label, 1, UINT32_MAX, 0, &p->train.batch,
 			     err)) != MS_OK ||
@@ -342,7 +337,7 @@ static int dup_or_null(const char *s, char **out, struct ms_err *err)
 {
 	*out = NULL;
 	if (s && !(*out = ms_strdup(s)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	return MS_OK;
 }
 
@@ -437,7 +432,7 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 		label = "plan";
 	p = ms_calloc(1, sizeof(*p));
 	if (!p || !(p->label = ms_strdup(label))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (!json || len > MS_FP_MAX_PLAN) {
@@ -452,7 +447,7 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	}
 	text = ms_malloc(len + 1);
 	if (!text) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	memcpy(text, json, len);
@@ -460,7 +455,7 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	/* len + 1 counts the NUL, so cJSON checks nothing follows the value */
 	root = ms_json_parse_opts(text, len + 1, &end, 1, &nomem);
 	if (nomem) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (!root) {
@@ -550,7 +545,7 @@ int ms_fp_plan_parse(const char *json, size_t len, const char *label,
 	}
 	p->entries = ms_calloc(n, sizeof(*p->entries));
 	if (!p->entries) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	cJSON_ArrayForEach(it, states) {
@@ -591,7 +586,7 @@ int ms_fp_plan_load(const char *path, struct ms_fp_plan **out,
 	if (base > path) {
 		dir = ms_strndup(path, (size_t)(base - path));
 		if (!dir) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 	}
@@ -603,7 +598,7 @@ int ms_fp_plan_load(const char *path, struct ms_fp_plan **out,
 			continue;
 		r = ms_path_join(dir, e->path);
 		if (!r) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		ms_free(e->resolved);
@@ -625,30 +620,6 @@ static int float_source(enum ms_dtype dt)
 	return dt == MS_DTYPE_BF16 || dt == MS_DTYPE_F16 || dt == MS_DTYPE_F32;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-	size_t a = strlen(s), b = strlen(suffix);
-
-	return a >= b && !memcmp(s + a - b, suffix, b);
-}
-
-/* msconvert's default selection (quant.h, ms_quant_default_selected), which
- * the unit tests hold this to: what the planner quantizes is what msconvert
- * would. */
-static int quantizable_info(const char *name, const struct ms_name_info *info,
-			    enum ms_dtype dtype, uint32_t ndim, const uint64_t *shape)
-{
-	if (shape && ms_name_fused_experts(name, dtype, ndim, shape))
-		return 1;
-	if (!float_source(dtype) || ndim != 2 || !ends_with(name, ".weight") ||
-	    strlen(name) <= 7 || info->role != MS_NAME_ROLE_WEIGHT)
-		return 0;
-	return info->part == MS_NAME_PART_ATTN ||
-	       info->part == MS_NAME_PART_EXPERT ||
-	       info->part == MS_NAME_PART_SHARED_EXPERT ||
-	       info->part == MS_NAME_PART_MLP;
-}
-
 int ms_fp_quantizable(const char *name, enum ms_dtype dtype, uint32_t ndim,
 		      const uint64_t *shape)
 {
@@ -656,7 +627,7 @@ int ms_fp_quantizable(const char *name, enum ms_dtype dtype, uint32_t ndim,
 
 	if (!name || ndim > MS_ST_MAX_RANK || ms_name_parse(name, &info) != MS_OK)
 		return 0;
-	return quantizable_info(name, &info, dtype, ndim, shape);
+	return ms_name_quantizable(name, &info, dtype, ndim, shape);
 }
 
 int ms_fp_nvfp4_bytes(uint64_t rows, uint64_t cols, int columnwise,
@@ -734,7 +705,7 @@ int ms_fp_calc_new(const struct ms_fp_plan *plan, struct ms_fp_calc **out,
 	c = ms_calloc(1, sizeof(*c));
 	if (!c || !(c->added = ms_calloc(plan->nentries, sizeof(*c->added)))) {
 		ms_free(c);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	c->plan = plan;
 	*out = c;
@@ -929,12 +900,12 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 		info.module_len = (uint32_t)len;
 	}
 	if (grow((void **)&c->recs, &c->caprecs, c->nrecs + 1, sizeof(*c->recs)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	idx = (uint32_t)c->nrecs;
 	r = &c->recs[idx];
 	memset(r, 0, sizeof(*r));
 	if (!(r->name = ms_strdup(t->name)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	c->nrecs++;
 	r->entry = (uint32_t)entry;
 	r->key_len = weight_family(&info) && info.module_len > 0 ?
@@ -948,16 +919,16 @@ static int add_one(struct ms_fp_calc *c, size_t entry, enum ms_fp_repr repr,
 			      megatron_grouped(t->name);
 	r->ndim = t->ndim;
 	memcpy(r->shape, t->shape, sizeof(r->shape));
-	r->lora_base = quantizable_info(t->name, &info, t->dtype, t->ndim, NULL) ||
+	r->lora_base = ms_name_quantizable(t->name, &info, t->dtype, t->ndim, NULL) ||
 		       (info.part == MS_NAME_PART_EXPERTS_FUSED && info.role == MS_NAME_ROLE_WEIGHT &&
 			t->ndim == 3 && float_source(t->dtype));
 
 	q = repr != MS_FP_REPR_AS_IS &&
-	    quantizable_info(t->name, &info, t->dtype, t->ndim, t->shape);
+	    ms_name_quantizable(t->name, &info, t->dtype, t->ndim, t->shape);
 	if (!q) {
 		rc = add_contrib(c, idx, (uint32_t)entry,
 				 stored_layout(&info, t->dtype),
-				 quantizable_info(t->name, &info, t->dtype, t->ndim, t->shape),
+				 ms_name_quantizable(t->name, &info, t->dtype, t->ndim, t->shape),
 				 companion(&info), stored, nelem);
 		goto out;
 	}
@@ -1034,7 +1005,7 @@ int ms_fp_calc_add_ckpt(struct ms_fp_calc *c, size_t entry,
 		return ms_err_set(err, MS_EINVAL, "footprint: no checkpoint");
 	list = ms_malloc((ck->ntensors ? ck->ntensors : 1) * sizeof(*list));
 	if (!list)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < ck->ntensors; i++) {
 		const struct ms_tensor *t = ck->tensors[i];
 
@@ -1271,7 +1242,7 @@ static int expert_counts(struct ms_fp_calc *c, struct layer_e **out,
 	ev = ms_malloc((c->nrecs ? c->nrecs : 1) * sizeof(*ev));
 	le = ms_malloc((c->nrecs ? c->nrecs : 1) * sizeof(*le));
 	if (!ev || !le) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->nrecs; i++) {
@@ -1450,7 +1421,7 @@ static int check_entries(struct ms_fp_calc *c, struct ms_err *err)
 					  p->entries[i].path);
 	idx = ms_malloc((c->nrecs ? c->nrecs : 1) * sizeof(*idx));
 	if (!idx)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < c->nrecs; i++)
 		idx[i] = (uint32_t)i;
 	qsort_r(idx, c->nrecs, sizeof(*idx), cmp_rec_name, c->recs);
@@ -1494,7 +1465,7 @@ static int resolve_companions(struct ms_fp_calc *c, struct ms_err *err)
 	idx = ms_malloc((c->nrecs ? c->nrecs : 1) * sizeof(*idx));
 	first = ms_malloc((c->nrecs ? c->nrecs : 1) * sizeof(*first));
 	if (!idx || !first) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->nrecs; i++) {
@@ -1655,7 +1626,7 @@ static int find_duplicates(struct ms_fp_calc *c, struct rowwork *rw,
 	rows = ms_malloc((c->ncons ? c->ncons : 1) * sizeof(*rows));
 	copy = ms_malloc((c->ncons ? c->ncons : 1) * sizeof(*copy));
 	if (!idx || !rows || !copy) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->ncons; i++)
@@ -1705,13 +1676,13 @@ static int find_duplicates(struct ms_fp_calc *c, struct rowwork *rw,
 			goto out;
 		}
 		if (rc != MS_OK) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		if (!g->example &&
 		    !(g->example = ms_strndup(c->recs[c->cons[idx[i]].rec].name,
 					      c->recs[c->cons[idx[i]].rec].key_len))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		g->nweights++;
@@ -1725,13 +1696,13 @@ static int find_duplicates(struct ms_fp_calc *c, struct rowwork *rw,
 			    acc_add(&g->all, ep, r, x->bytes) ||
 			    (x->row != rows[minr] &&
 			     acc_add(&g->excess, ep, r, x->bytes))) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			if (has_row && row_layout(x->row) == MS_FP_LAYOUT_NVFP4_COLUMNWISE) {
 				x->cand = 1;
 				if (acc_add(&w->cand, ep, r, x->bytes)) {
-					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 			}
@@ -1763,7 +1734,7 @@ static int layer_pass(struct ms_fp_calc *c, struct rowwork *rw,
 	idx = ms_malloc((c->ncons ? c->ncons : 1) * sizeof(*idx));
 	if (!idx || sparse_init(&grp, ep) || sparse_init(&lt, ep) ||
 	    sparse_init(&ltc, ep)) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->ncons; i++)
@@ -1807,7 +1778,7 @@ static int layer_pass(struct ms_fp_calc *c, struct rowwork *rw,
 			if (!transient) {
 				if (!w->cand_layer.best &&
 				    !(w->cand_layer.best = ms_calloc(ep, sizeof(uint64_t)))) {
-					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 				runmax_fold(&w->cand_layer, &grp);
@@ -1929,7 +1900,7 @@ static int train_pass(struct ms_fp_calc *c, struct acc *tp, struct ms_fp_train *
 		tr->modules++;
 		tr->params += n;
 		if (acc_add(tp, p->ep_size, r, n))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 	}
 	if (tr->modules == 0)
 		return tr->from_lora ?
@@ -1980,7 +1951,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 	tcmax.best = ms_calloc(ep, sizeof(uint64_t));
 	rep = ms_calloc(1, sizeof(*rep));
 	if (!rw || !resident || !candfull || !tmax.best || !tcmax.best || !rep) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->ncons; i++) {
@@ -1988,7 +1959,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 		struct rowwork *w = &rw[x->row];
 
 		if (acc_add(&w->main, ep, &c->recs[x->rec], x->bytes)) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		w->ntensors++;
@@ -2035,7 +2006,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 
 	rep->rows = ms_calloc(nout ? nout : 1, sizeof(*rep->rows));
 	if (!rep->rows) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t k = 0; k < nrows; k++) {
@@ -2083,7 +2054,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 
 	rep->dups = ms_calloc(ngroups ? ngroups : 1, sizeof(*rep->dups));
 	if (!rep->dups) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t g = 0; g < ngroups; g++) {
@@ -2091,7 +2062,7 @@ int ms_fp_calc_finish(struct ms_fp_calc *c, struct ms_fp_report **out,
 
 		d->rows = ms_malloc(groups[g].nrows * sizeof(*d->rows));
 		if (!d->rows) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		d->nrows = groups[g].nrows;
@@ -2285,7 +2256,7 @@ int ms_fp_report_text(const struct ms_fp_report *r, struct ms_buf *out,
 	}
 	ms_buf_puts(out, "\n");
 	if (out->oom)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	return MS_OK;
 }
 
@@ -2426,7 +2397,7 @@ int ms_fp_report_json(const struct ms_fp_report *r, struct ms_buf *out,
 		goto oom;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	if (text)
 		cJSON_free(text);

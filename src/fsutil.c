@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,73 @@
 #ifndef RENAME_EXCHANGE
 #define RENAME_EXCHANGE (1 << 1)
 #endif
+
+char *ms_temp_name(const char *dir, const char *base, const char *marker)
+{
+	static unsigned counter;
+	/* getpid and a per-call counter keep names unique across threads and
+	 * processes; the random part survives pid reuse after a crash */
+	unsigned rnd = (unsigned)rand() ^ (unsigned)(uint64_t)(ms_now() * 1e9) ^
+		       __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u;
+
+	return ms_asprintf("%s/.%s%s%ld-%08x", dir, base, marker, (long)getpid(), rnd);
+}
+
+static int temp_name_with(const char *name, const char *marker, long *pid)
+{
+	const char *m = NULL, *p, *dash;
+	uint64_t v;
+	char num[24];
+	size_t l;
+
+	/* the last marker: the file being written may itself contain one */
+	for (p = name; (p = strstr(p, marker)); p++)
+		m = p;
+	/* "." + a non-empty name before the marker */
+	if (!m || m < name + 2)
+		return 0;
+	p = m + strlen(marker);
+	dash = strchr(p, '-');
+	if (!dash)
+		return 0;
+	l = (size_t)(dash - p);
+	if (l == 0 || l >= sizeof(num))
+		return 0;
+	memcpy(num, p, l);
+	num[l] = 0;
+	if (ms_parse_u64(num, (uint64_t)LONG_MAX, &v) || v == 0)
+		return 0;
+	l = strlen(dash + 1);
+	if (l == 0 || l > 16 || strspn(dash + 1, "0123456789abcdefABCDEF") != l)
+		return 0;
+	if (pid)
+		*pid = (long)v;
+	return 1;
+}
+
+int ms_temp_name_parse(const char *name, long *pid)
+{
+	static const char *const markers[] = {MS_TMP_MARKER, MS_ASIDE_MARKER, ".import-"};
+
+	if (name[0] != '.')
+		return 0;
+	for (size_t i = 0; i < sizeof(markers) / sizeof(markers[0]); i++)
+		if (temp_name_with(name, markers[i], pid))
+			return 1;
+	return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
+}
+
+int ms_rmtree(const char *path)
+{
+	return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) && errno != ENOENT ? -1 : 0;
+}
 
 int ms_write_all(int fd, const void *p, size_t n)
 {
@@ -149,7 +218,7 @@ int ms_mkdir_p(const char *path, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!p)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (char *s = p + 1;; s++) {
 		if (*s == '/' || *s == 0) {
 			char c = *s;
@@ -174,7 +243,6 @@ int ms_afile_open(struct ms_afile *f, const char *path, int force,
 {
 	struct stat st;
 	char *copy = NULL, *dir;
-	unsigned rnd;
 
 	memset(f, 0, sizeof(*f));
 	f->fd = -1;
@@ -186,14 +254,7 @@ int ms_afile_open(struct ms_afile *f, const char *path, int force,
 	if (!f->path || !copy)
 		goto oom;
 	dir = dirname(copy);
-	/* getpid and a per-call counter keep names unique across threads and
-	 * processes; the random part survives pid reuse after a crash. */
-	{
-		static unsigned counter;
-		rnd = (unsigned)rand() ^ (unsigned)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u;
-	}
-	f->tmp = ms_asprintf("%s/.%s%s%ld-%08x", dir, ms_path_base(path), MS_TMP_MARKER,
-			     (long)getpid(), rnd);
+	f->tmp = ms_temp_name(dir, ms_path_base(path), MS_TMP_MARKER);
 	if (!f->tmp)
 		goto oom;
 	ms_free(copy);
@@ -212,7 +273,7 @@ oom:
 	ms_free(f->path);
 	ms_free(f->tmp);
 	f->path = f->tmp = NULL;
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return ms_err_nomem(err);
 }
 
 int ms_afile_write(struct ms_afile *f, const void *p, size_t n,
@@ -331,7 +392,7 @@ int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
 	}
 	buf = ms_malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	while (got < (size_t)st.st_size) {

@@ -17,6 +17,19 @@
 #include "common.h"
 
 #define MS_TMP_MARKER ".tmp-"
+/* An output --force replaced, where it waits until the replacement is
+ * recorded (stage.h) when the file system cannot exchange two paths. */
+#define MS_ASIDE_MARKER ".replaced-"
+
+/* A temporary name beside an output: "<dir>/.<base><marker><pid>-<hex>",
+ * the one naming rule of every writer's temporaries, so that `msinv gc`
+ * finds what a killed writer left (caller frees; NULL: no memory). */
+char *ms_temp_name(const char *dir, const char *base, const char *marker);
+/* Is name (a directory entry) such a temporary? Sets *pid (may be NULL)
+ * to its writer's process id. Recognises MS_TMP_MARKER, MS_ASIDE_MARKER
+ * and ".import-", the staging name imports used before they staged as
+ * every other writer does. */
+int ms_temp_name_parse(const char *name, long *pid);
 
 struct ms_afile {
 	char *path;     /* final destination */
@@ -62,6 +75,12 @@ int ms_fsync_dir_of(const char *path);
  * file system cannot). Both return 0 or -1 with errno set. */
 int ms_rename_noreplace(const char *from, const char *to, int is_dir);
 int ms_rename_exchange(const char *a, const char *b);
+
+/* Remove path and, for a directory, what it holds, deepest first, links
+ * as links. Best effort (what cannot be removed stays); no allocation
+ * through ms_malloc, so it also runs on the way out of an allocation
+ * failure. Returns 0, or -1 with errno set when something stayed. */
+int ms_rmtree(const char *path);
 
 /* mkdir -p (mode 0755). */
 int ms_mkdir_p(const char *path, struct ms_err *err);

@@ -187,7 +187,7 @@ static int check_shard_set(struct ms_inv *inv, struct ms_gate *g, struct ms_gate
 		goto out;
 	}
 	if (!(in->shards = ms_calloc(res->nfiles ? res->nfiles : 1, sizeof(*in->shards)))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t k = 0; k < res->nfiles; k++) {
@@ -224,7 +224,7 @@ static int check_shard_set(struct ms_inv *inv, struct ms_gate *g, struct ms_gate
 	if (rc == MS_OK) {
 		in->kind = st->kind;
 		if (st->label && !(in->label = ms_strdup(st->label))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 	} else if (rc != MS_ENOTFOUND) {
@@ -243,7 +243,7 @@ static int check_shard_set(struct ms_inv *inv, struct ms_gate *g, struct ms_gate
 			strcpy(dir, ".");
 	}
 	if (!dir || !(real = realpath(dir, NULL)) || !(in->path = ms_strdup(real))) {
-		rc = !dir || real ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		rc = !dir || real ? ms_err_nomem(err)
 				  : ms_err_set(err, MS_EIO, "'%s': %s", dir, strerror(errno));
 		goto out;
 	}
@@ -273,7 +273,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 	int rc;
 
 	if (!(in->role = ms_strdup(e->role)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	in->ep_size = in->ep_rank = -1;
 	if (e->state) {
 		rc = ms_inv_resolve(inv, e->state, in->digest, &lerr);
@@ -292,7 +292,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 						    e->path);
 
 		if (!where)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		if (is_shard_set(where)) {
 			rc = check_shard_set(inv, g, in, where, flags, nthreads, err);
 			ms_free(where);
@@ -319,7 +319,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 			char *real = realpath(where, NULL);
 
 			if (!real || !(in->path = ms_strdup(real))) {
-				rc = real ? ms_err_set(err, MS_ENOMEM, "out of memory")
+				rc = real ? ms_err_nomem(err)
 					  : ms_err_set(err, MS_EIO, "'%s': %s", where, strerror(errno));
 				free(real);
 				ms_free(where);
@@ -340,7 +340,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 	in->ep_rank = st->ep_rank;
 	if (st->label && !(in->label = ms_strdup(st->label))) {
 		ms_inv_state_free(st);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	ms_inv_state_free(st);
 	if (in->kind == MS_INV_KIND_ADAPTER_SHARD && in->ep_size >= 0 &&
@@ -355,7 +355,7 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 		return rc;
 	if (!(in->path = ms_vstate_location(vs))) {
 		ms_vstate_free(vs);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	if ((flags & MS_GATE_TRUST_RECENT) && recent_ok(inv, in->digest, vs)) {
 		in->trusted = 1;
@@ -495,7 +495,7 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 	int rc, batch = 0;
 
 	if (run_inputs(inv, g, 1, &ins, &k) != MS_OK) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
@@ -507,7 +507,7 @@ static int record_no_run(struct ms_inv *inv, struct ms_gate *g, const char *kind
 	if (!ev || !cJSON_AddStringToObject(ev, "why", why) ||
 	    !cJSON_AddStringToObject(ev, "plan", g->plan_path) ||
 	    !(js = cJSON_PrintUnformatted(ev))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_inv_event_add(inv, g->run_id, kind, js, NULL, err)) == MS_OK)
@@ -539,7 +539,7 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 
 	*out = NULL;
 	if (!g)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	snprintf(g->plan_path, sizeof(g->plan_path), "%s", plan_path);
 	/* one read: the digest recorded is that of the bytes parsed */
 	if ((rc = ms_read_file(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
@@ -557,7 +557,7 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 		goto fail;
 	g->inputs = ms_calloc(g->plan->nentries + 1, sizeof(*g->inputs));
 	if (!g->inputs) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto fail;
 	}
 	for (size_t i = 0; i < g->plan->nentries; i++) {
@@ -599,13 +599,13 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 	}
 	/* record the run, with the states it consumes */
 	if (run_inputs(inv, g, 1, &ins, &nins) != MS_OK) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto fail;
 	}
 	if ((rc = ms_inv_run_begin(inv, g->plan_digest, ins, nins, &g->run_id, err)) != MS_OK)
 		goto fail;
 	if (build_env(inv, g) != MS_OK) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto fail;
 	}
 	ms_free(ins);

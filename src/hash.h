@@ -14,7 +14,8 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "safetensors.h"
+
+#define MS_SHA256_LEN 32
 
 /* One-shot SHA-256. Returns MS_OK or MS_ENOMEM/MS_EIO (OpenSSL failure). */
 int ms_sha256(const void *p, size_t n, uint8_t out[MS_SHA256_LEN]);
@@ -119,24 +120,5 @@ int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
 /* The error of a failed ms_sha256* call: "out of memory" for MS_ENOMEM
  * (a context could not be made), else "sha256 failed". Returns rc. */
 int ms_sha256_err(struct ms_err *err, int rc);
-
-/* Hash the header and every tensor of the given files in one pool;
- * with file_digests also the whole files (second pass). */
-int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
-		     int file_digests, struct ms_err *err);
-/* The same, reporting progress (NULL: none). */
-int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
-			      int file_digests, const struct ms_progress *progress,
-			      struct ms_err *err);
-/* The same; with trees, every tensor's tree digest (MS_TREE_LOG2) too, in
- * the same pass as its plain digest (tensor->tree, has_tree). */
-int ms_st_hash_files_trees(struct ms_st_file **files, size_t nfiles,
-			   int nthreads, int file_digests, int trees,
-			   struct ms_err *err);
-/* The general form: trees as ms_st_hash_files_trees, progress as
- * ms_st_hash_files_progress. */
-int ms_st_hash_files_ex(struct ms_st_file **files, size_t nfiles, int nthreads,
-			int file_digests, int trees, const struct ms_progress *progress,
-			struct ms_err *err);
 
 #endif

@@ -12,7 +12,6 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pwd.h>
@@ -4518,61 +4517,10 @@ out:
 	return rc;
 }
 
-/* The markers of what interrupted writers leave: ".NAME.tmp-PID-HEX"
- * (a file, or a directory staged for a directory output), and the staging
- * and set-aside directories of an import (".NAME.import-PID-HEX",
- * ".NAME.replaced-PID-HEX"). */
-static const char *const temp_markers[] = {MS_TMP_MARKER, ".import-", ".replaced-"};
-
-static int temp_name_with(const char *name, const char *marker, long *pid)
-{
-	const char *m = NULL, *p, *dash;
-	uint64_t v;
-	char num[24];
-	size_t l;
-
-	/* the last marker: the file being written may itself contain one */
-	for (p = name; (p = strstr(p, marker)); p++)
-		m = p;
-	/* "." + a non-empty name before the marker */
-	if (!m || m < name + 2)
-		return 0;
-	p = m + strlen(marker);
-	dash = strchr(p, '-');
-	if (!dash)
-		return 0;
-	l = (size_t)(dash - p);
-	if (l == 0 || l >= sizeof(num))
-		return 0;
-	memcpy(num, p, l);
-	num[l] = 0;
-	if (ms_parse_u64(num, (uint64_t)LONG_MAX, &v) || v == 0)
-		return 0;
-	l = strlen(dash + 1);
-	if (l == 0 || l > 16 || strspn(dash + 1, "0123456789abcdefABCDEF") != l)
-		return 0;
-	if (pid)
-		*pid = (long)v;
-	return 1;
-}
-
+/* What interrupted writers leave is named by fsutil.h's one rule. */
 int ms_inv_is_temp_name(const char *name, long *pid)
 {
-	if (name[0] != '.')
-		return 0;
-	for (size_t i = 0; i < sizeof(temp_markers) / sizeof(temp_markers[0]); i++)
-		if (temp_name_with(name, temp_markers[i], pid))
-			return 1;
-	return 0;
-}
-
-/* nftw callback: remove what a dead writer's staging directory holds,
- * deepest first, links as links. */
-static int gc_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
+	return ms_temp_name_parse(name, pid);
 }
 
 static int pid_alive(long pid)
@@ -4614,7 +4562,7 @@ static int gc_dir(const char *dir, int dry_run,
 			continue;
 		}
 		if (!dry_run && (S_ISDIR(st.st_mode)
-					 ? nftw(path, gc_rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0
+					 ? ms_rmtree(path) != 0
 					 : unlink(path) != 0) && errno != ENOENT) {
 			if (!*failed)
 				ms_err_set(err, MS_EIO, "'%s': cannot remove: %s", path, strerror(errno));

@@ -515,10 +515,11 @@ enum ms_inv_gc_what {
 	MS_INV_GC_FILE_ROW,    /* a file record no state uses */
 };
 
-/* Remove temporaries whose pid is not a live process of this host: files
- * and staging directories ".<name>.tmp-<pid>-<hex>" (see fsutil.h) and an
- * import's ".<name>.import-<pid>-<hex>" / ".<name>.replaced-<pid>-<hex>"
- * directories (with what they hold), from the directories of recorded
+/* Remove temporaries whose pid is not a live process of this host, as
+ * ms_temp_name_parse (fsutil.h) recognises them: files and staging
+ * directories ".<name>.tmp-<pid>-<hex>", outputs set aside under --force
+ * ".<name>.replaced-<pid>-<hex>" and earlier imports' staging
+ * ".<name>.import-<pid>-<hex>" (directories with what they hold), from the directories of recorded
  * files, their parents (where a directory output beside a recorded state
  * is staged), the inventory's own directory and dirs; and file rows no
  * state uses. With dry_run nothing

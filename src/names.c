@@ -547,11 +547,17 @@ int ms_name_info_str(const struct ms_name_info *info, char *buf, size_t n)
 	return snprintf(buf, n, "%s", t);
 }
 
-static int name_ends(const char *s, const char *suffix)
+int ms_name_quantizable(const char *name, const struct ms_name_info *info, enum ms_dtype dt,
+			uint32_t ndim, const uint64_t *shape)
 {
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && !strcmp(s + n - m, suffix);
+	if (shape && ms_name_fused_experts(name, dt, ndim, shape))
+		return 1;
+	if ((dt != MS_DTYPE_BF16 && dt != MS_DTYPE_F16 && dt != MS_DTYPE_F32) || ndim != 2 ||
+	    !ms_str_ends_with(name, ".weight") || strlen(name) <= 7 ||
+	    info->role != MS_NAME_ROLE_WEIGHT)
+		return 0;
+	return info->part == MS_NAME_PART_ATTN || info->part == MS_NAME_PART_EXPERT ||
+	       info->part == MS_NAME_PART_SHARED_EXPERT || info->part == MS_NAME_PART_MLP;
 }
 
 int ms_name_fused_experts(const char *name, enum ms_dtype dt, uint32_t ndim,
@@ -560,9 +566,9 @@ int ms_name_fused_experts(const char *name, enum ms_dtype dt, uint32_t ndim,
 	if ((dt != MS_DTYPE_BF16 && dt != MS_DTYPE_F16 && dt != MS_DTYPE_F32) || ndim != 3 ||
 	    !name || !shape || !shape[0] || !shape[1] || !shape[2])
 		return 0;
-	if (name_ends(name, ".experts.gate_up_proj") && shape[1] % 2 == 0)
+	if (ms_str_ends_with(name, ".experts.gate_up_proj") && shape[1] % 2 == 0)
 		return 1;
-	if (name_ends(name, ".experts.down_proj"))
+	if (ms_str_ends_with(name, ".experts.down_proj"))
 		return 2;
 	return 0;
 }

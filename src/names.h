@@ -129,4 +129,13 @@ int ms_name_is_routed_expert(const struct ms_name_info *info);
 int ms_name_fused_experts(const char *name, enum ms_dtype dt, uint32_t ndim,
 			  const uint64_t *shape);
 
+/* Is the tensor a quantizable weight: a floating fused 3-D expert weight
+ * (above; not tested when shape is NULL), or a floating 2-D "<m>.weight"
+ * of attention, an expert, the shared expert or a dense MLP (info is the
+ * name parsed by ms_name_parse)? The one rule behind msconvert's default
+ * selection (ms_quant_default_selected) and the footprint planner's
+ * (ms_fp_quantizable): what the planner sizes is what msconvert writes. */
+int ms_name_quantizable(const char *name, const struct ms_name_info *info, enum ms_dtype dt,
+			uint32_t ndim, const uint64_t *shape);
+
 #endif

@@ -527,7 +527,7 @@ int ms_nvfp4_quantize_ref(const struct ms_nvfp4_params *p,
 	 * zero-padded to cp columns */
 	buf = ms_calloc(16 * (size_t)(cp ? cp : 1), sizeof(float));
 	if (!buf) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (uint64_t r0 = 0; r0 < R; r0 += 16) {

@@ -627,7 +627,7 @@ static int run_ranges(range_fn fn, void *ctx, uint64_t n, int nthreads,
 	jobs = ms_calloc((size_t)nthreads, sizeof(*jobs));
 	tids = ms_calloc((size_t)nthreads, sizeof(*tids));
 	if (!jobs || !tids) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (int i = 0; i < nthreads; i++) {
@@ -751,7 +751,7 @@ int ms_nvfp4_amax(const struct ms_nvfp4_src *src, int allow_nonfinite,
 	nt = thread_count(nthreads, (n + 15) / 16, 16 * dt_size(src->dtype));
 	c.partial = ms_calloc((size_t)nt, sizeof(uint32_t));
 	if (!c.partial)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	rc = run_ranges(amax_worker, &c, (n + 15) / 16, nt, err);
 	if (rc == W_NONFINITE) {
 		/* the reference names the first bad element in source order */
@@ -1005,7 +1005,7 @@ int ms_nvfp4_quantize(const struct ms_nvfp4_params *p,
 				  (double)amax, (double)m);
 	}
 	case W_NOMEM:
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	default:
 		return rc;
 	}

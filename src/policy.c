@@ -79,7 +79,7 @@ int ms_policy_from_ckpt(const struct ms_ckpt *c, struct ms_policy_report **out,
 	*out = NULL;
 	if (!r || !(r->tensors = ms_calloc(c->ntensors + 1, sizeof(*r->tensors)))) {
 		ms_free(r);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	for (size_t i = 0; i < c->ntensors; i++) {
 		const struct ms_tensor *t = c->tensors[i];
@@ -89,7 +89,7 @@ int ms_policy_from_ckpt(const struct ms_ckpt *c, struct ms_policy_report **out,
 			goto fail;
 		}
 		if (!(r->tensors[i].name = ms_strdup(t->name))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto fail;
 		}
 		memcpy(r->tensors[i].digest, t->digest, MS_SHA256_LEN);
@@ -114,7 +114,7 @@ int ms_policy_from_map(const char *json, size_t len, const char *label,
 	*out = NULL;
 	root = ms_json_parse(json, len, &nomem);
 	if (nomem) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto fail;
 	}
 	if (!cJSON_IsObject(root)) {
@@ -130,7 +130,7 @@ int ms_policy_from_map(const char *json, size_t len, const char *label,
 	}
 	r = ms_calloc(1, sizeof(*r));
 	if (!r || !(r->tensors = ms_calloc((size_t)cJSON_GetArraySize(map), sizeof(*r->tensors)))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto fail;
 	}
 	cJSON_ArrayForEach(it, map) {
@@ -147,7 +147,7 @@ int ms_policy_from_map(const char *json, size_t len, const char *label,
 			goto fail;
 		}
 		if (!(t->name = ms_strdup(it->string))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto fail;
 		}
 		r->ntensors++;
@@ -225,7 +225,7 @@ static int slice_add(struct ms_policy_report *r, size_t *cap, int src, const uin
 		struct ms_policy_tensor *nt = ms_realloc(r->tensors, nc * sizeof(*nt));
 
 		if (!nt)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		r->tensors = nt;
 		*cap = nc;
 	}
@@ -237,7 +237,7 @@ static int slice_add(struct ms_policy_report *r, size_t *cap, int src, const uin
 	if ((rc = ms_sha256(p, (size_t)n, t->digest)) != MS_OK)
 		return ms_err_set(err, rc, rc == MS_ENOMEM ? "out of memory" : "sha256 failed");
 	if (!(t->name = ms_strdup(name)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	t->src = src;
 	t->part = -1;
 	r->ntensors++;
@@ -290,10 +290,10 @@ int ms_policy_unfuse(struct ms_inv *inv, const struct ms_ckpt *c, struct ms_poli
 				continue;
 		}
 		if (!(ns = ms_realloc(r->sources, (r->nsources + 1) * sizeof(*ns))))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		r->sources = ns;
 		if (!(ns[r->nsources] = ms_strdup(t->name)))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		src = (int)r->nsources++;
 		pre = t->name;
 		mixtral = strstr(t->name, "block_sparse_moe.") != NULL;
@@ -384,7 +384,7 @@ static int part_fill(struct ms_inv *inv, struct ms_policy_part *p, const char *s
 	p->label = st->label ? ms_strdup(st->label) : NULL;
 	p->layout = st->layout ? ms_strdup(st->layout) : NULL;
 	rc = (st->label && !p->label) || (st->layout && !p->layout)
-		     ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		     ? ms_err_nomem(err)
 		     : MS_OK;
 	ms_inv_state_free(st);
 	return rc;
@@ -408,11 +408,6 @@ static int cand_index(struct cand **c, size_t *n, size_t *cap, const char *state
 	(*c)[*n].left = 0;
 	(*c)[*n].part = -1;
 	return (int)(*n)++;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 int ms_policy_identify(struct ms_inv *inv, struct ms_policy_report *r, struct ms_err *err)
@@ -557,14 +552,14 @@ oom_owners:
 		for (size_t i = 0; i < f.n; i++)
 			for (size_t t = 0; t < f.files[i].ntensors; t++)
 				names[nn++] = f.files[i].tensors[t].name;
-		qsort(names, nn, sizeof(*names), cmp_str);
+		qsort(names, nn, sizeof(*names), ms_cmp_str);
 		for (size_t i = 0; i < r->ntensors; i++) {
 			struct ms_policy_tensor *t = &r->tensors[i];
 			const char *key = t->name;
 
 			if (t->status == MS_POLICY_MATCHED || t->status == MS_POLICY_MISMATCH)
 				continue;
-			if (bsearch(&key, names, nn, sizeof(*names), cmp_str)) {
+			if (bsearch(&key, names, nn, sizeof(*names), ms_cmp_str)) {
 				t->status = MS_POLICY_MISMATCH;
 				t->part = (int)pi;
 			}
@@ -584,7 +579,7 @@ oom_owners:
 	rc = r->nmatched == r->ntensors ? MS_OK : MS_ECHECK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	ms_free(c);
 	ms_free(first);

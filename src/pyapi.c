@@ -86,7 +86,7 @@ static int set_digest(struct ms_py_set *s, struct ms_err *err)
 	int rc;
 
 	if (!copies || !ptrs) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < s->n; i++) {
@@ -120,7 +120,7 @@ static int set_from_vstate(const struct ms_vstate *v, struct ms_py_set **out,
 
 	*out = NULL;
 	if (!s)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < v->nfiles; i++)
 		total += v->files[i].ntensors;
 	s->files = ms_calloc(v->nfiles ? v->nfiles : 1, sizeof(*s->files));
@@ -192,7 +192,7 @@ static int set_from_vstate(const struct ms_vstate *v, struct ms_py_set **out,
 	s = NULL;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	ms_free(path);
 	ms_py_set_free(s);
@@ -228,7 +228,7 @@ int ms_py_set_from_inv_file(struct ms_inv *inv, const char *path,
 
 	*out = NULL;
 	if (!real)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* files are recorded by real path */
 	if (!realpath(path, real)) {
 		rc = ms_err_set(err, errno == ENOENT ? MS_ENOTFOUND : MS_EIO, "'%s': %s", path,
@@ -299,7 +299,7 @@ int ms_py_set_from_manifest(const char *path, struct ms_py_set **out,
 	if ((rc = ms_read_file(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
 	if (!(root = ms_strdup(path))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	slash = strrchr(root, '/');
@@ -327,10 +327,10 @@ int ms_py_set_from_file(const char *path, size_t n, const char *const *names,
 
 	*out = NULL;
 	if (!s)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	s->files = ms_calloc(1, sizeof(*s->files));
 	if (!s->files) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_st_open(path, &s->files[0], err)) != MS_OK)
@@ -339,7 +339,7 @@ int ms_py_set_from_file(const char *path, size_t n, const char *const *names,
 	s->nfiles = 1;
 	s->items = ms_calloc(f->ntensors ? f->ntensors : 1, sizeof(*s->items));
 	if (!s->items) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -383,7 +383,7 @@ int ms_py_set_from_ep(const char *manifest_or_dir, uint32_t ep_size,
 
 	*out = NULL;
 	if (!s)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if ((rc = ms_ep_load_rank(manifest_or_dir, ep_size, rank, &s->ep, err)) != MS_OK)
 		goto out;
 	c = s->ep->ckpt;
@@ -391,7 +391,7 @@ int ms_py_set_from_ep(const char *manifest_or_dir, uint32_t ep_size,
 	s->files = c->files;
 	s->items = ms_calloc(c->ntensors ? c->ntensors : 1, sizeof(*s->items));
 	if (!s->items) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* c->tensors is sorted by name and hashed by the check */
@@ -506,7 +506,7 @@ int ms_py_set_load(const struct ms_py_set *s, void *const *dsts, int nthreads,
 	int rc;
 
 	if (!it)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < s->n; i++)
 		it[i].dst = dsts[i];
 	rc = ms_load_verified(it, s->n, nthreads, err);
@@ -567,7 +567,7 @@ int ms_py_set_load_arena(const struct ms_py_set *s, int device, int nthreads,
 	if (device != MS_PY_HOST && device != MS_PY_CUDA)
 		return ms_err_set(err, MS_EINVAL, "unknown device %d", device);
 	if (!(it = items_new(s)) || !(a = ms_calloc(1, sizeof(*a)))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	a->device = device;
@@ -587,7 +587,7 @@ int ms_py_set_load_arena(const struct ms_py_set *s, int device, int nthreads,
 			}
 		}
 		if (total > SIZE_MAX || !(a->base = ms_malloc((size_t)total))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		for (size_t i = 0; i < s->n; i++)
@@ -693,7 +693,7 @@ int ms_py_sha256_many(size_t n, const void *const *ptrs, const uint64_t *lens,
 	int rc;
 
 	if (!jobs)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < n; i++) {
 		jobs[i].data = ptrs[i];
 		jobs[i].n = lens[i];
@@ -714,7 +714,7 @@ int ms_py_state_digest(size_t n, const char *const *names, const int32_t *dtypes
 	int rc = MS_OK;
 
 	if (!t || !p) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -771,7 +771,7 @@ static int json_detach(cJSON *root, uint64_t mark, char **json, struct ms_err *e
 {
 	if (!root || ms_json_failed(mark) || !(*json = cJSON_PrintUnformatted(root))) {
 		cJSON_Delete(root);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	cJSON_Delete(root);
 	return MS_OK;

@@ -97,13 +97,6 @@ enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r)
 						       : MS_QUANT_FORMAT_MODELOPT;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && !strcmp(s + n - m, suffix);
-}
-
 static int is_float(enum ms_dtype dt)
 {
 	return dt == MS_DTYPE_BF16 || dt == MS_DTYPE_F16 || dt == MS_DTYPE_F32;
@@ -111,7 +104,7 @@ static int is_float(enum ms_dtype dt)
 
 static int quantizable(const struct ms_tensor *t)
 {
-	return is_float(t->dtype) && t->ndim == 2 && ends_with(t->name, ".weight") &&
+	return is_float(t->dtype) && t->ndim == 2 && ms_str_ends_with(t->name, ".weight") &&
 	       strlen(t->name) > 7;
 }
 
@@ -126,18 +119,8 @@ int ms_quant_default_selected(const struct ms_tensor *t)
 
 	if (fused_experts_of(t))
 		return 1;
-	if (!quantizable(t) || ms_name_parse(t->name, &info) != MS_OK ||
-	    info.role != MS_NAME_ROLE_WEIGHT)
-		return 0;
-	switch (info.part) {
-	case MS_NAME_PART_ATTN:
-	case MS_NAME_PART_EXPERT:
-	case MS_NAME_PART_SHARED_EXPERT:
-	case MS_NAME_PART_MLP:
-		return 1;
-	default:
-		return 0;
-	}
+	return ms_name_parse(t->name, &info) == MS_OK &&
+	       ms_name_quantizable(t->name, &info, t->dtype, t->ndim, NULL);
 }
 
 int ms_quant_fuse_key(const char *name, char *buf, size_t n)
@@ -154,7 +137,7 @@ int ms_quant_fuse_key(const char *name, char *buf, size_t n)
 	size_t len = strlen(name), plen;
 	const char *leaf;
 
-	if (!ends_with(name, ".weight"))
+	if (!ms_str_ends_with(name, ".weight"))
 		return 0;
 	plen = len - 7;
 	leaf = name + plen;
@@ -321,7 +304,7 @@ static int meta_get(const struct ms_ckpt *c, struct file_meta *fm, size_t fi,
 		if (text) {
 			fm[fi].root = ms_json_parse(text, strlen(text), &nomem);
 			if (nomem)
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
+				return ms_err_nomem(err);
 			if (!fm[fi].root || !cJSON_IsObject(fm[fi].root))
 				return ms_err_set(err, MS_EINVAL,
 						  "'%s': metadata '%s' is not a JSON object",
@@ -342,11 +325,6 @@ static const char *json_str_of(const cJSON *obj, const cJSON *fallback, const ch
 	return cJSON_IsString(it) ? it->valuestring : NULL;
 }
 
-static int cmp_cstr(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static int cmp_qweight(const void *a, const void *b)
 {
 	return strcmp(((const struct ms_qweight *)a)->prefix,
@@ -364,7 +342,7 @@ static int scan_weight(struct ms_ckpt *c, struct file_meta *fm, const char *pref
 
 	memset(w, 0, sizeof(*w));
 	if (!(w->prefix = ms_strdup(prefix)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	f = find_sfx(c, prefix, sfx_packed[1][0]) || find_sfx(c, prefix, sfx_packed[1][1]) ||
 	    find_sfx(c, prefix, sfx_tscale[1]);
 	w->format = f ? MS_QUANT_FORMAT_COMPRESSED_TENSORS : MS_QUANT_FORMAT_MODELOPT;
@@ -568,7 +546,7 @@ static int scan_fused(struct ms_ckpt *c, struct file_meta *fm, const char *stem,
 		memset(w, 0, sizeof(*w));
 		if (!(w->prefix = ms_asprintf("%.*s.%llu.%s", (int)(leaf - 1 - stem), stem,
 					      (unsigned long long)e, leaf)))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		v->nweights++;
 		slice_view(pk, e, 0, R, &tv[0]);
 		slice_view(sc, e, 0, R, &tv[1]);
@@ -620,7 +598,7 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 	v->owner = ms_malloc((c->ntensors + 1) * sizeof(*v->owner));
 	fused = ms_calloc(c->ntensors + 1, sizeof(*fused));
 	if (!fm || !prefixes || !v->owner || !fused) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < c->ntensors; i++) {
@@ -632,8 +610,8 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 		/* fused 3-D experts: "<m>.experts.gate_up_proj_weight_scale"
 		 * [E, rows, cols/16] */
 		if (c->tensors[i]->dtype == MS_DTYPE_F8_E4M3 && c->tensors[i]->ndim == 3 &&
-		    (ends_with(name, ".experts.gate_up_proj_weight_scale") ||
-		     ends_with(name, ".experts.down_proj_weight_scale")) &&
+		    (ms_str_ends_with(name, ".experts.gate_up_proj_weight_scale") ||
+		     ms_str_ends_with(name, ".experts.down_proj_weight_scale")) &&
 		    c->tensors[i]->shape[0] > 0 && c->tensors[i]->shape[1] > 0) {
 			fused[nfused++] = c->tensors[i];
 			if (ms_add_u64(nslices, c->tensors[i]->shape[0], &nslices) ||
@@ -649,21 +627,21 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 		if (c->tensors[i]->dtype != MS_DTYPE_F8_E4M3 || c->tensors[i]->ndim != 2)
 			continue;
 		for (size_t k = 0; k < 3; k++) {
-			if (ends_with(name, keys[k]) && strlen(name) > strlen(keys[k])) {
+			if (ms_str_ends_with(name, keys[k]) && strlen(name) > strlen(keys[k])) {
 				prefixes[np] = ms_strndup(name, strlen(name) - strlen(keys[k]));
 				if (!prefixes[np++]) {
-					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 				break;
 			}
 		}
 	}
-	qsort(prefixes, np, sizeof(*prefixes), cmp_cstr);
+	qsort(prefixes, np, sizeof(*prefixes), ms_cmp_str);
 	v->weights = ms_calloc(np + (size_t)nslices + 1, sizeof(*v->weights));
 	v->views = ms_calloc(3 * (size_t)nslices + 1, sizeof(*v->views));
 	if (!v->weights || !v->views) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < np; i++) {
@@ -680,7 +658,7 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 		char *stem = ms_strndup(fused[i]->name, strlen(fused[i]->name) - 13);
 
 		if (!stem) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = scan_fused(c, fm, stem, v, err);
@@ -777,7 +755,7 @@ static int add_out(struct ms_quant_plan *p, size_t *cap, const char *name,
 		struct ms_qout *no = ms_realloc(p->outs, nc * sizeof(*no));
 
 		if (!no)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		p->outs = no;
 		*cap = nc;
 	}
@@ -791,7 +769,7 @@ static int add_out(struct ms_quant_plan *p, size_t *cap, const char *name,
 	if (ms_dtype_nbytes(dt, ne, &o->nbytes) != MS_OK)
 		return ms_err_set(err, MS_EINVAL, "tensor '%s': size overflows", name);
 	if (!(o->name = ms_strdup(name)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	o->dtype = dt;
 	o->ndim = ndim;
 	o->kind = kind;
@@ -813,7 +791,7 @@ static int add_item(struct ms_quant_plan *p, size_t *cap, const struct ms_tensor
 		struct ms_qitem *ni = ms_realloc(p->items, nc * sizeof(*ni));
 
 		if (!ni)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		p->items = ni;
 		*cap = nc;
 	}
@@ -949,11 +927,11 @@ static int list_copies(struct ms_quant_plan *p, const char *dir, struct ms_err *
 		char *path, **nn;
 		struct stat st;
 
-		if (de->d_name[0] == '.' || ends_with(de->d_name, ".safetensors") ||
+		if (de->d_name[0] == '.' || ms_str_ends_with(de->d_name, ".safetensors") ||
 		    !strcmp(de->d_name, INDEX_NAME))
 			continue;
 		if (!(path = ms_path_join(dir, de->d_name))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			break;
 		}
 		if (stat(path, &st) || !S_ISREG(st.st_mode)) {
@@ -965,20 +943,20 @@ static int list_copies(struct ms_quant_plan *p, const char *dir, struct ms_err *
 			cap = cap ? cap * 2 : 8;
 			nn = ms_realloc(p->copy_names, cap * sizeof(*nn));
 			if (!nn) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				break;
 			}
 			p->copy_names = nn;
 		}
 		if (!(p->copy_names[p->ncopies] = ms_strdup(de->d_name))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			break;
 		}
 		p->ncopies++;
 	}
 	closedir(d);
 	if (rc == MS_OK)
-		qsort(p->copy_names, p->ncopies, sizeof(*p->copy_names), cmp_cstr);
+		qsort(p->copy_names, p->ncopies, sizeof(*p->copy_names), ms_cmp_str);
 	return rc;
 }
 
@@ -993,7 +971,7 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 	int any = 0, rc = MS_OK;
 
 	if (!root)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* the common values first, then per-module exceptions */
 	for (size_t i = 0; i < p->nitems; i++) {
 		const struct ms_qitem *it = &p->items[i];
@@ -1083,7 +1061,7 @@ static int build_file_meta(struct ms_quant_plan *p, size_t fi, struct ms_err *er
 	if (!p->file_meta[fi] || ms_json_failed(mark)) {
 		cJSON_free(p->file_meta[fi]);
 		p->file_meta[fi] = NULL;
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 	}
 out:
 	cJSON_Delete(root);
@@ -1096,10 +1074,10 @@ static int push_name(char ***v, size_t *n, const char *name, size_t cut, struct 
 	char **nv = ms_realloc(*v, (*n + 1) * sizeof(*nv));
 
 	if (!nv)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	*v = nv;
 	if (!(nv[*n] = ms_strndup(name, strlen(name) - cut)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	(*n)++;
 	return MS_OK;
 }
@@ -1118,7 +1096,7 @@ static int join_group(struct ms_qitem *it, const char *name, char **keys, size_t
 		if (!strcmp(keys[g], key))
 			break;
 	if (g == *nkeys && !(keys[(*nkeys)++] = ms_strdup(key)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	it->group = (int64_t)g;
 	return MS_OK;
 }
@@ -1197,7 +1175,7 @@ static int plan_fused(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 			name = ms_asprintf("%.*s.%llu.%s.weight", (int)base, t->name,
 					   (unsigned long long)e, proj[kind == 1 ? part : 2]);
 			if (!name)
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
+				return ms_err_nomem(err);
 			v->name = name;
 			p->nviews++;
 			if ((rc = add_item(p, icap, v, err)) != MS_OK)
@@ -1234,7 +1212,7 @@ static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_
 	int nomem = 0, rc;
 
 	if (!path)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	/* a missing or unreadable config is reported where it is copied */
 	if (file_exists(path)) {
 		rc = ms_read_file(path, MAX_COPY_FILE, &text, &len, &ignored);
@@ -1252,7 +1230,7 @@ static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_
 	cJSON_Delete(j);
 	ms_free(text);
 	ms_free(path);
-	return nomem ? ms_err_set(err, MS_ENOMEM, "out of memory") : MS_OK;
+	return nomem ? ms_err_nomem(err) : MS_OK;
 }
 
 static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
@@ -1311,14 +1289,14 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 		}
 		if (nv > (SIZE_MAX / 4) / sizeof(*p->views) ||
 		    !(p->views = ms_calloc((size_t)nv + 1, sizeof(*p->views)))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		nviews_max = (size_t)nv;
 	}
 	keys = ms_calloc(p->in->ntensors + nviews_max + 1, sizeof(*keys));
 	if (!keys) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t fi = 0; fi < p->in->nfiles; fi++) {
@@ -1406,9 +1384,9 @@ static int plan_quantize(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 		}
 	}
 	if (p->excluded)
-		qsort(p->excluded, p->nexcluded, sizeof(*p->excluded), cmp_cstr);
+		qsort(p->excluded, p->nexcluded, sizeof(*p->excluded), ms_cmp_str);
 	if (p->embeds)
-		qsort(p->embeds, p->nembeds, sizeof(*p->embeds), cmp_cstr);
+		qsort(p->embeds, p->nembeds, sizeof(*p->embeds), ms_cmp_str);
 	/* a group of one shares with nobody */
 	for (size_t g = 0; g < nkeys; g++) {
 		size_t members = 0;
@@ -1452,7 +1430,7 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 	}
 	if (transpose && p->source &&
 	    !(p->views = ms_calloc(p->view.nweights + 1, sizeof(*p->views))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (transpose) {
 		for (size_t i = 0; i < p->view.nweights; i++) {
 			const struct ms_qweight *w = &p->view.weights[i];
@@ -1547,7 +1525,7 @@ static int plan_read(struct ms_quant_plan *p, size_t *icap, size_t *ocap,
 						struct ms_tensor *v = &p->views[p->nviews];
 
 						if (!(v->name = ms_strdup(v->name)))
-							return ms_err_set(err, MS_ENOMEM, "out of memory");
+							return ms_err_nomem(err);
 						p->nviews++;
 					}
 					if (!is_float(it->src->dtype) || it->src->ndim != 2 ||
@@ -1590,7 +1568,7 @@ static int check_unique(const struct ms_quant_plan *p, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!v)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < p->nouts; i++)
 		v[i] = &p->outs[i];
 	qsort(v, p->nouts, sizeof(*v), cmp_qout_ptr);
@@ -1618,20 +1596,21 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 
 	*out = NULL;
 	if (!p)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
+	ms_stage_init(&p->stage);
 	p->opts = *opts;
 	/* the strings are the plan's own, so opts may go away */
 	p->opts.include = p->opts.exclude = p->opts.source = NULL;
 	if ((opts->include && !(p->opts.include = ms_strdup(opts->include))) ||
 	    (opts->exclude && !(p->opts.exclude = ms_strdup(opts->exclude)))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	p->in_path = ms_strdup(in_path);
 	p->out_path = ms_strdup(out_path);
 	p->dest = ms_strdup(out_path);
 	if (!p->in_path || !p->out_path || !p->dest) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* "out/" names the directory out: renames and names beside it need
@@ -1657,7 +1636,7 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		if ((rc = ms_ckpt_open(opts->source, &p->source, err)) != MS_OK)
 			goto out;
 		if (!(p->opts.source = ms_strdup(opts->source))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 	}
@@ -1666,7 +1645,7 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 	if (stat(in_path, &st) == 0 && S_ISDIR(st.st_mode)) {
 		in_dir = ms_strdup(in_path);
 		p->out_is_dir = 1;
-	} else if (ends_with(in_path, ".json")) {
+	} else if (ms_str_ends_with(in_path, ".json")) {
 		const char *slash = strrchr(in_path, '/');
 
 		in_dir = slash ? ms_strndup(in_path, (size_t)(slash - in_path) + (slash == in_path))
@@ -1674,7 +1653,7 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		p->out_is_dir = 1;
 	}
 	if (p->out_is_dir && !in_dir) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (!p->out_is_dir && p->in->nfiles != 1) {
@@ -1693,7 +1672,7 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 	p->file_names = ms_calloc(p->nfiles, sizeof(*p->file_names));
 	p->file_meta = ms_calloc(p->nfiles, sizeof(*p->file_meta));
 	if (!p->files || !p->file_names || !p->file_meta) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < p->nfiles; i++) {
@@ -1702,7 +1681,7 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 		p->files[i] = p->out_is_dir ? ms_path_join(out_path, p->in->file_names[i])
 					    : ms_strdup(out_path);
 		if (!p->files[i] || !p->file_names[i]) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 	}
@@ -1739,8 +1718,7 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 {
 	if (!p)
 		return;
-	if (p->dest && (p->staged || p->published || p->aside))
-		ms_quant_finish(p, 0);
+	ms_stage_abort(&p->stage);
 	ms_free(p->dest);
 	ms_qview_release(&p->view);
 	ms_ckpt_close(p->in);
@@ -1813,7 +1791,7 @@ static int prepass_quantize(struct ms_quant_plan *p, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!gmax)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < p->nitems && rc == MS_OK; i++) {
 		struct ms_qitem *it = &p->items[i];
 
@@ -1822,7 +1800,7 @@ static int prepass_quantize(struct ms_quant_plan *p, struct ms_err *err)
 		if (it->experts) {
 			/* each expert slice has its own tensor scale */
 			if (!(it->eamax = ms_malloc((size_t)it->experts * sizeof(float)))) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				break;
 			}
 			it->amax = 0;
@@ -1943,7 +1921,7 @@ static int prepass_transpose(struct ms_quant_plan *p, struct ms_err *err)
 		pk = ms_malloc(ps[0] * ps[1] + 1);
 		sc = ms_malloc(ss[0] * ss[1] + 1);
 		if (!pk || !sc) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			break;
 		}
 		s = src_of(it->src);
@@ -1998,7 +1976,7 @@ static int alloc_layout(struct item_bufs *b, int l, uint64_t rows, uint64_t cols
 		return rc;
 	if (ps[0] * ps[1] > SIZE_MAX - 1 || !(b->pk[l] = ms_malloc((size_t)(ps[0] * ps[1]) + 1)) ||
 	    !(b->sc[l] = ms_malloc((size_t)(ss[0] * ss[1]) + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	return MS_OK;
 }
 
@@ -2021,7 +1999,7 @@ static int produce_fused(struct ms_quant_plan *p, const struct ms_qitem *it,
 	    ms_mul_u64(ss[0] * ss[1], it->experts, &ns_b) || np_b > SIZE_MAX - 1 ||
 	    !(b->pk[0] = ms_malloc((size_t)np_b + 1)) || !(b->sc[0] = ms_malloc((size_t)ns_b + 1)) ||
 	    !(b->tsv = ms_malloc((size_t)it->experts * 4)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (uint64_t e = 0; e < it->experts; e++) {
 		struct ms_nvfp4_tscale ts;
 		struct ms_tensor v;
@@ -2152,7 +2130,7 @@ static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
 		sc = w->scales[0]->data - (uint64_t)w->expert * ss[0] * ss[1];
 		ts = w->tscale->data - (uint64_t)w->expert * 4;
 		if (!(b->dec = ms_malloc((size_t)(n * it->experts * esz) + 1)))
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		for (uint64_t e = 0; e < it->experts; e++) {
 			rc = ms_nvfp4_dequantize(pk + e * ps[0] * ps[1], sc + e * ss[0] * ss[1], w->rows,
 						 w->cols, read_f32(ts + 4 * e), w->tscale_kind, dt,
@@ -2165,7 +2143,7 @@ static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
 		return MS_OK;
 	}
 	if (!(b->dec = ms_malloc((size_t)n * (dt == MS_DTYPE_F32 ? 4 : 2) + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (w->packed[0]) {
 		rc = ms_nvfp4_dequantize(w->packed[0]->data, w->scales[0]->data, w->rows, w->cols,
 					 w->tscale_value, w->tscale_kind, dt, b->dec,
@@ -2177,7 +2155,7 @@ static int produce_decoded(struct ms_quant_plan *p, const struct ms_qitem *it,
 	}
 	/* only the columnwise copy: decode W^T and transpose it back */
 	if (!(tmp = ms_malloc((size_t)n * 4 + 1))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_COLUMNWISE, p->opts.jobs, tmp, err)) != MS_OK)
@@ -2291,7 +2269,7 @@ static int producer_start(struct producer *q, struct ms_quant_plan *p, struct ms
 	memset(q, 0, sizeof(*q));
 	q->p = p;
 	if (!(q->seq = ms_malloc((p->nouts ? p->nouts : 1) * sizeof(*q->seq))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t fi = 0; fi < p->nfiles; fi++) {
 		size_t first = q->nseq;
 
@@ -2393,11 +2371,11 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 	const struct ms_st_file *in = p->in->files[fi];
 	struct ms_st_writer *w = NULL;
 	struct item_bufs *b = NULL; /* the item being written, NULL between items */
-	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(p->staged);
+	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(ms_stage_path(&p->stage));
 	int rc;
 
 	if (!path) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_st_writer_new(path, 0, &w, err)) != MS_OK)
@@ -2473,14 +2451,6 @@ out:
 	return rc;
 }
 
-/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
- * be added); a failure shows in ms_json_failed, checked before writing. */
-static void json_put(cJSON *o, const char *key, cJSON *item)
-{
-	if (!cJSON_AddItemToObject(o, key, item))
-		cJSON_Delete(item);
-}
-
 static cJSON *string_array(char *const *v, size_t n)
 {
 	cJSON *a = cJSON_CreateArray();
@@ -2527,12 +2497,12 @@ static cJSON *hf_quant_config(const struct ms_quant_plan *p)
 {
 	cJSON *root = cJSON_CreateObject(), *q;
 
-	json_put(root, "producer", producer_json());
+	ms_json_put(root, "producer", producer_json());
 	q = cJSON_AddObjectToObject(root, "quantization");
 	cJSON_AddStringToObject(q, "quant_algo", "W4A16_NVFP4");
 	cJSON_AddNullToObject(q, "kv_cache_quant_algo");
 	cJSON_AddNumberToObject(q, "group_size", 16);
-	json_put(q, "exclude_modules", modelopt_excluded(p));
+	ms_json_put(q, "exclude_modules", modelopt_excluded(p));
 	return root;
 }
 
@@ -2556,17 +2526,17 @@ static cJSON *quantization_config(const struct ms_quant_plan *p)
 		cJSON_AddNumberToObject(wt, "num_bits", 4);
 		cJSON_AddStringToObject(wt, "type", "float");
 		cJSON_AddNumberToObject(wt, "group_size", 16);
-		json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
-		json_put(root, "ignore", modelopt_excluded(p));
+		ms_json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+		ms_json_put(root, "ignore", modelopt_excluded(p));
 		cJSON_AddStringToObject(root, "quant_algo", "W4A16_NVFP4");
-		json_put(root, "producer", producer_json());
+		ms_json_put(root, "producer", producer_json());
 		cJSON_AddStringToObject(root, "quant_method", "modelopt");
 		return root;
 	}
 	cJSON_AddStringToObject(g, "format", "nvfp4-pack-quantized");
 	cJSON_AddNullToObject(g, "input_activations");
 	cJSON_AddNullToObject(g, "output_activations");
-	json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+	ms_json_put(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
 	wt = cJSON_AddObjectToObject(g, "weights");
 	cJSON_AddNullToObject(wt, "actorder");
 	cJSON_AddNullToObject(wt, "block_structure");
@@ -2582,7 +2552,7 @@ static cJSON *quantization_config(const struct ms_quant_plan *p)
 	cJSON_AddNullToObject(wt, "zp_dtype");
 	cJSON_AddStringToObject(root, "format", "nvfp4-pack-quantized");
 	cJSON_AddNullToObject(root, "global_compression_ratio");
-	json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
+	ms_json_put(root, "ignore", string_array(p->excluded, p->nexcluded));
 	cJSON_AddNullToObject(root, "kv_cache_scheme");
 	cJSON_AddStringToObject(root, "quant_method", "compressed-tensors");
 	cJSON_AddStringToObject(root, "quantization_status", "compressed");
@@ -2600,7 +2570,7 @@ static int write_json(const char *path, cJSON *j, uint64_t mark, int force, stru
 
 	if (!text || ms_json_failed(mark)) {
 		cJSON_free(text);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	rc = ms_write_file_atomic(path, text, strlen(text), force, err);
 	cJSON_free(text);
@@ -2625,7 +2595,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 		dir = slash ? ms_strndup(in_dir, (size_t)(slash - in_dir) + (slash == in_dir))
 			    : ms_strdup(".");
 		if (!dir)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 	}
 	for (size_t i = 0; i < p->ncopies && rc == MS_OK; i++) {
 		const char *name = p->copy_names[i];
@@ -2636,7 +2606,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 		src = ms_path_join(dir, name);
 		dst = ms_path_join(out_dir, name);
 		if (!src || !dst) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			break;
 		}
 		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
@@ -2652,7 +2622,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 
 			j = ms_json_parse(text, len, &nomem);
 			if (nomem) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				break;
 			}
 			if (!cJSON_IsObject(j)) {
@@ -2668,7 +2638,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 				j = NULL;
 				if (!qtext || ms_json_failed(mark)) {
 					cJSON_free(qtext);
-					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					rc = ms_err_nomem(err);
 					break;
 				}
 			}
@@ -2691,7 +2661,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 	if (rc == MS_OK && p->opts.op == MS_QUANT_OP_QUANTIZE &&
 	    p->opts.format == MS_QUANT_FORMAT_MODELOPT) {
 		if (!(dst = ms_path_join(out_dir, "hf_quant_config.json"))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 		} else {
 			j = hf_quant_config(p);
 			rc = write_json(dst, j, mark, 0, err);
@@ -2720,7 +2690,7 @@ static int write_index(struct ms_quant_plan *p, const char *out_dir, struct ms_e
 	int rc;
 
 	if (!v || !root || !path) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < p->nouts; i++)
@@ -2740,30 +2710,6 @@ out:
 }
 
 /* ---- staging and publishing ---------------------------------------------- */
-
-/* Remove an output this plan wrote, or the one it replaced: a file, or a
- * directory of files (replaceable() lets nothing else be replaced). No
- * allocation: this runs on the way out of an allocation failure too. */
-static void remove_output(const char *path)
-{
-	struct stat st;
-	struct dirent *de;
-	DIR *d;
-
-	if (lstat(path, &st))
-		return;
-	if (!S_ISDIR(st.st_mode)) {
-		unlink(path);
-		return;
-	}
-	if ((d = opendir(path))) {
-		while ((de = readdir(d)))
-			if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-				unlinkat(dirfd(d), de->d_name, 0);
-		closedir(d);
-	}
-	rmdir(path);
-}
 
 /* What --force may replace: an output of the same kind (see quant.h), so a
  * mistyped OUT never takes a directory of other things with it. st is
@@ -2804,134 +2750,6 @@ static int replaceable(const struct ms_quant_plan *p, const struct stat *st,
 	return rc;
 }
 
-static unsigned rand32(void)
-{
-	static unsigned counter;
-
-	return (unsigned)rand() ^ ((unsigned)getpid() << 16) ^
-	       (unsigned)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u ^
-	       (unsigned)(uint64_t)(ms_now() * 1e9);
-}
-
-/* Remove the parent directories the plan created, deepest first (no
- * allocation, as remove_output). */
-static void remove_parents(struct ms_quant_plan *p)
-{
-	char buf[4096];
-	char *slash;
-	size_t top;
-
-	if (!p->made_parent || strlen(p->dest) >= sizeof(buf))
-		return;
-	top = strlen(p->made_parent);
-	snprintf(buf, sizeof(buf), "%s", p->dest);
-	while ((slash = strrchr(buf, '/')) && slash != buf) {
-		*slash = 0;
-		if (strlen(buf) < top || rmdir(buf))
-			break;
-	}
-}
-
-/* Create the missing parent directories of a directory output, recording
- * the topmost one (undo removes them again). */
-static int make_parents(struct ms_quant_plan *p, const char *parent, struct ms_err *err)
-{
-	struct stat st;
-	char *d = ms_strdup(parent), *top = NULL;
-	int rc = MS_OK;
-
-	if (!d)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	while (stat(d, &st) && errno == ENOENT) {
-		char *slash = strrchr(d, '/');
-
-		ms_free(top);
-		if (!(top = ms_strdup(d))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			break;
-		}
-		if (!slash || slash == d)
-			break;
-		*slash = 0;
-	}
-	ms_free(d);
-	if (rc != MS_OK || !top)
-		return rc;
-	p->made_parent = top;
-	if ((rc = ms_mkdir_p(parent, err)) != MS_OK) {
-		remove_parents(p);
-		ms_free(p->made_parent);
-		p->made_parent = NULL;
-	}
-	return rc;
-}
-
-/* The parent directory of p->dest (caller frees). */
-static char *dest_parent(const struct ms_quant_plan *p)
-{
-	const char *slash = strrchr(p->dest, '/');
-
-	return slash ? ms_strndup(p->dest, (size_t)(slash - p->dest) + (slash == p->dest))
-		     : ms_strdup(".");
-}
-
-/* A name beside the destination: ".<name><marker><pid>-<hex>". */
-static char *beside(const struct ms_quant_plan *p, const char *parent, const char *marker)
-{
-	return ms_asprintf("%s/.%s%s%ld-%08x", parent, ms_path_base(p->dest), marker,
-			   (long)getpid(), rand32());
-}
-
-/* Choose the staging name (and make the staging directory of a directory
- * output). */
-static int stage_name(struct ms_quant_plan *p, struct ms_err *err)
-{
-	char *parent = dest_parent(p);
-	int rc = MS_OK;
-
-	if (!parent)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	if (p->out_is_dir && (rc = make_parents(p, parent, err)) != MS_OK)
-		goto out;
-	for (int tries = 0;; tries++) {
-		if (!(p->staged = beside(p, parent, MS_TMP_MARKER))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			break;
-		}
-		/* a file is created by its writer (O_EXCL) */
-		if (!p->out_is_dir || mkdir(p->staged, 0755) == 0)
-			break;
-		ms_free(p->staged);
-		p->staged = NULL;
-		if (errno != EEXIST || tries > 8) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a directory beside it: %s",
-					p->dest, strerror(errno));
-			break;
-		}
-	}
-out:
-	if (rc != MS_OK) {
-		remove_parents(p);
-		ms_free(p->made_parent);
-		p->made_parent = NULL;
-	}
-	ms_free(parent);
-	return rc;
-}
-
-/* Messages name the destination, not the staging name. */
-static void name_dest(const struct ms_quant_plan *p, const char *staged, struct ms_err *err)
-{
-	char msg[sizeof(err->msg)];
-	char *at;
-
-	if (!err || !staged || !(at = strstr(err->msg, staged)))
-		return;
-	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, p->dest,
-		 at + strlen(staged));
-	memcpy(err->msg, msg, sizeof(msg));
-}
-
 int ms_quant_stage(struct ms_quant_plan *p,
 		   void (*progress)(void *ctx, uint64_t done, uint64_t total),
 		   void *progress_ctx, struct ms_err *err)
@@ -2943,7 +2761,7 @@ int ms_quant_stage(struct ms_quant_plan *p,
 
 	memset(&b, 0, sizeof(b));
 	memset(&q, 0, sizeof(q));
-	if (p->staged || p->published)
+	if (p->stage.tmp)
 		return ms_err_set(err, MS_EINVAL, "'%s': the output is already written", p->dest);
 	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
 		rc = prepass_quantize(p, err);
@@ -2953,20 +2771,23 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		rc = MS_OK;
 	if (rc != MS_OK)
 		return rc;
-	if ((rc = stage_name(p, err)) != MS_OK)
+	/* the missing parents of a directory output are created, and removed
+	 * again when it is not kept */
+	if ((rc = ms_stage_open(&p->stage, p->dest, "output",
+				p->out_is_dir ? MS_STAGE_DIR | MS_STAGE_PARENTS : 0, err)) != MS_OK)
 		return rc;
 	rc = producer_start(&q, p, err);
 	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
-		rc = write_file(p, fi, p->out_is_dir ? p->staged : NULL, &q, &b, &done, progress,
+		rc = write_file(p, fi, p->out_is_dir ? ms_stage_path(&p->stage) : NULL, &q, &b, &done, progress,
 				progress_ctx, err);
 	producer_stop(&q);
 	bufs_release(&b);
 	if (rc == MS_OK && p->out_is_dir && p->in->index_path)
-		rc = write_index(p, p->staged, err);
+		rc = write_index(p, ms_stage_path(&p->stage), err);
 	if (rc == MS_OK && p->out_is_dir)
-		rc = write_side_files(p, p->staged, err);
+		rc = write_side_files(p, ms_stage_path(&p->stage), err);
 	if (rc != MS_OK) {
-		name_dest(p, p->staged, err);
+		ms_stage_fix_msg(&p->stage, err);
 		ms_quant_finish(p, 0);
 	}
 	return rc;
@@ -2975,91 +2796,24 @@ int ms_quant_stage(struct ms_quant_plan *p,
 int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 {
 	struct stat st;
-	char *parent = NULL;
-	int r, e, rc = MS_OK;
+	int rc;
 
-	if (!p->staged || p->published)
+	if (!p->stage.tmp || p->stage.published)
 		return ms_err_set(err, MS_EINVAL, "'%s': nothing staged to publish", p->dest);
-	if (ms_fault("rename")) {
-		errno = EIO;
-		r = -1;
-	} else if (p->opts.force && lstat(p->dest, &st) == 0) {
-		if ((rc = replaceable(p, &st, err)) != MS_OK)
-			return rc;
-		/* the old output waits under the staging name until finish */
-		r = ms_rename_exchange(p->staged, p->dest);
-		if (r == 0) {
-			p->aside = p->staged;
-			p->staged = NULL;
-		} else if (errno == EINVAL || errno == ENOSYS) {
-			/* no RENAME_EXCHANGE here: move the old one aside first */
-			if (!(parent = dest_parent(p)) || !(p->aside = beside(p, parent, ".replaced-"))) {
-				ms_free(parent);
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
-			}
-			ms_free(parent);
-			r = rename(p->dest, p->aside);
-			if (r == 0 && (r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir))) {
-				e = errno;
-				(void)rename(p->aside, p->dest);
-				errno = e;
-			}
-			if (r) {
-				ms_free(p->aside);
-				p->aside = NULL;
-			}
-		}
-	} else {
-		r = ms_rename_noreplace(p->staged, p->dest, p->out_is_dir);
-	}
-	if (r) {
-		e = errno;
-		if (e == EEXIST || e == ENOTEMPTY)
-			return ms_err_set(err, MS_EEXIST,
-					  "'%s': output appeared while writing (another writer won)",
-					  p->dest);
-		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
-				  p->dest, strerror(e));
-	}
-	ms_free(p->staged);
-	p->staged = NULL;
-	p->published = 1;
-	if (ms_fsync_dir_of(p->dest)) {
-		e = errno ? errno : EIO;
-		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", p->dest,
-				  strerror(e));
-	}
-	return MS_OK;
+	if (!p->opts.force || lstat(p->dest, &st))
+		return ms_stage_publish(&p->stage, MS_STAGE_NEW, err);
+	if ((rc = replaceable(p, &st, err)) != MS_OK)
+		return rc;
+	/* the old output waits until finish */
+	return ms_stage_publish(&p->stage, MS_STAGE_REPLACE, err);
 }
 
 void ms_quant_finish(struct ms_quant_plan *p, int keep)
 {
-	if (!p->published)
-		keep = 0;
-	if (p->published && !keep) {
-		/* the replaced output back in place, the new one where it waited */
-		if (p->aside && ms_rename_exchange(p->aside, p->dest) == 0) {
-			remove_output(p->aside);
-		} else {
-			remove_output(p->dest);
-			if (p->aside)
-				(void)rename(p->aside, p->dest);
-		}
-	} else if (p->aside) {
-		remove_output(p->aside);
-	}
-	if (p->staged)
-		remove_output(p->staged);
-	if (!keep)
-		remove_parents(p);
-	/* the rename was made durable by publish; what changed since is */
-	if ((p->published && !keep) || p->aside)
-		(void)ms_fsync_dir_of(p->dest);
-	ms_free(p->staged);
-	ms_free(p->aside);
-	ms_free(p->made_parent);
-	p->staged = p->aside = p->made_parent = NULL;
-	p->published = 0;
+	if (keep && p->stage.published)
+		ms_stage_commit(&p->stage);
+	else
+		ms_stage_abort(&p->stage);
 }
 
 int ms_quant_execute(struct ms_quant_plan *p,
@@ -3143,7 +2897,7 @@ static int stats_entry(struct ms_qstats *s, const struct ms_qweight *w,
 					  (unsigned long long)w->cols);
 	}
 	if (!(deq = ms_malloc((size_t)(R * C) * sizeof(float) + 1)))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if ((rc = ms_qweight_decode(w, l, nthreads, deq, err)) != MS_OK)
 		goto out;
 	{
@@ -3182,7 +2936,7 @@ int ms_qstats_run(const char *path, const char *source_path, int nthreads,
 
 	*out = NULL;
 	if (!s)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if ((rc = ms_ckpt_open(path, &s->ckpt, err)) != MS_OK)
 		goto out;
 	if (source_path && (rc = ms_ckpt_open(source_path, &s->source, err)) != MS_OK)
@@ -3195,7 +2949,7 @@ int ms_qstats_run(const char *path, const char *source_path, int nthreads,
 	}
 	s->e = ms_calloc(2 * s->view.nweights, sizeof(*s->e));
 	if (!s->e) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < s->view.nweights; i++) {

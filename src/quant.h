@@ -71,6 +71,7 @@
 #include "common.h"
 #include "nvfp4.h"
 #include "safetensors.h"
+#include "stage.h"
 
 #define MS_QUANT_META_KEY "msinv.nvfp4"
 
@@ -272,14 +273,10 @@ struct ms_quant_plan {
 	uint64_t hidden_size;               /* config.json's, else 0 */
 	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
 	char *dest;                         /* out_path without a trailing '/' */
-	char *staged;                       /* the staging name, while the
-					       output is written but not
-					       published; else NULL */
-	char *aside;                        /* where the OUT it replaced waits
-					       until ms_quant_finish; or NULL */
-	char *made_parent;                  /* the topmost parent directory
-					       this plan created, or NULL */
-	int published;                      /* renamed to dest, not finished */
+	struct ms_stage stage;              /* the staging name (stage.tmp)
+					       while the output is written,
+					       published or not, until
+					       ms_quant_finish */
 };
 
 /*
@@ -304,7 +301,7 @@ void ms_quant_plan_free(struct ms_quant_plan *p);
  *                     files under a staging name beside OUT,
  *                     ".<name>.tmp-<pid>-<hex>" (a file, or a directory for
  *                     a directory output; msinv gc removes it when its
- *                     writer died) and sets p->staged to it. Missing parent
+ *                     writer died): ms_stage_path(&p->stage). Missing parent
  *                     directories of a directory output are created.
  *   ms_quant_publish  renames the staged output to OUT. It never replaces
  *                     anything unless opts.force: an OUT that appeared

@@ -833,7 +833,7 @@ static int parse_header(struct ms_st_file *f, const uint8_t *hdr, size_t n,
 						ends = ne;
 					if (!nt || !ne) {
 						ms_free(key);
-						rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+						rc = ms_err_nomem(err);
 						goto out;
 					}
 					cap = nc;
@@ -907,7 +907,7 @@ static int parse_header(struct ms_st_file *f, const uint8_t *hdr, size_t n,
 	/* names unique */
 	f->by_name = ms_malloc((f->ntensors ? f->ntensors : 1) * sizeof(*f->by_name));
 	if (!f->by_name) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 
@@ -957,7 +957,7 @@ static int parse_header(struct ms_st_file *f, const uint8_t *hdr, size_t n,
 		struct ms_st_meta *sorted = ms_malloc(f->nmeta * sizeof(*sorted));
 
 		if (!sorted) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		memcpy(sorted, f->meta, f->nmeta * sizeof(*sorted));
@@ -1032,10 +1032,10 @@ int ms_st_parse(const uint8_t *buf, uint64_t size, const char *label,
 				  label, (unsigned long long)n, (unsigned long long)size);
 	f = ms_calloc(1, sizeof(*f));
 	if (!f)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	f->path = ms_strdup(label);
 	if (!f->path) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	f->map = buf;
@@ -1108,7 +1108,7 @@ int ms_st_open(const char *path, struct ms_st_file **out, struct ms_err *err)
 			if (strstr(target, "blobs/") && strlen(base) == 64 && !ms_unhex(base, tmp, 32)) {
 				f->blob_digest = ms_strdup(base);
 				if (!f->blob_digest) {
-					rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 			}
@@ -1185,7 +1185,7 @@ int ms_st_writer_new(const char *path, int force, struct ms_st_writer **out,
 
 	*out = NULL;
 	if (!w)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	w->force = force;
 	if ((rc = ms_afile_open(&w->af, path, force, err)) != MS_OK) {
 		ms_free(w);
@@ -1212,14 +1212,14 @@ int ms_st_writer_meta(struct ms_st_writer *w, const char *key, const char *value
 			return ms_err_set(err, MS_EINVAL, "duplicate metadata key '%s'", key);
 	nm = ms_realloc(w->meta, (w->nmeta + 1) * sizeof(*nm));
 	if (!nm)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	w->meta = nm;
 	nm[w->nmeta].key = ms_strdup(key);
 	nm[w->nmeta].value = ms_strdup(value);
 	if (!nm[w->nmeta].key || !nm[w->nmeta].value) {
 		ms_free(nm[w->nmeta].key);
 		ms_free(nm[w->nmeta].value);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	w->nmeta++;
 	return MS_OK;
@@ -1248,7 +1248,7 @@ static int declare(struct ms_st_writer *w, const char *name, enum ms_dtype dt,
 		struct wtensor *nt = ms_realloc(w->t, nc * sizeof(*nt));
 
 		if (!nt)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
+			return ms_err_nomem(err);
 		w->t = nt;
 		w->cap = nc;
 	}
@@ -1263,7 +1263,7 @@ static int declare(struct ms_st_writer *w, const char *name, enum ms_dtype dt,
 		return ms_err_set(err, MS_EINVAL, "tensor '%s': size is not whole bytes", name);
 	t->name = ms_strdup(name);
 	if (!t->name)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	t->dtype = dt;
 	t->ndim = ndim;
 	t->data = data;
@@ -1338,7 +1338,7 @@ static int write_header(struct ms_st_writer *w, struct ms_err *err)
 	while (b.len % 8 && !b.oom)
 		ms_buf_puts(&b, " ");
 	if (b.oom) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (b.len > MS_ST_MAX_HEADER) {
@@ -1392,7 +1392,7 @@ static int advance(struct ms_st_writer *w, struct ms_err *err)
 		if (!w->sha) {
 			w->sha = ms_sha256_new();
 			if (!w->sha)
-				return ms_err_set(err, MS_ENOMEM, "out of memory");
+				return ms_err_nomem(err);
 		}
 		if (w->cur_pos == t->nbytes) {
 			if ((rc = finish_tensor(w, err)) != MS_OK)

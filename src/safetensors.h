@@ -29,13 +29,13 @@
 #include <sys/types.h>
 
 #include "common.h"
+#include "hash.h"
 
 #define MS_ST_MAX_HEADER (100u * 1000u * 1000u) /* 100 MB, as the Rust crate */
 #define MS_ST_MAX_RANK 8
 #define MS_ST_MAX_TENSORS 1000000u
 #define MS_ST_MAX_NAME 1024
 #define MS_ST_MAX_DEPTH 16
-#define MS_SHA256_LEN 32
 
 enum ms_dtype {
 	MS_DTYPE_BOOL,
@@ -169,5 +169,24 @@ int ms_st_writer_commit(struct ms_st_writer *w, struct ms_err *err);
 /* Digest of the i-th declared tensor (valid after its bytes were written). */
 const uint8_t *ms_st_writer_digest(const struct ms_st_writer *w, size_t i);
 void ms_st_writer_free(struct ms_st_writer *w);
+
+/* Hash the header and every tensor of the given files in one pool;
+ * with file_digests also the whole files (second pass). */
+int ms_st_hash_files(struct ms_st_file **files, size_t nfiles, int nthreads,
+		     int file_digests, struct ms_err *err);
+/* The same, reporting progress (NULL: none). */
+int ms_st_hash_files_progress(struct ms_st_file **files, size_t nfiles, int nthreads,
+			      int file_digests, const struct ms_progress *progress,
+			      struct ms_err *err);
+/* The same; with trees, every tensor's tree digest (MS_TREE_LOG2) too, in
+ * the same pass as its plain digest (tensor->tree, has_tree). */
+int ms_st_hash_files_trees(struct ms_st_file **files, size_t nfiles,
+			   int nthreads, int file_digests, int trees,
+			   struct ms_err *err);
+/* The general form: trees as ms_st_hash_files_trees, progress as
+ * ms_st_hash_files_progress. */
+int ms_st_hash_files_ex(struct ms_st_file **files, size_t nfiles, int nthreads,
+			int file_digests, int trees, const struct ms_progress *progress,
+			struct ms_err *err);
 
 #endif

@@ -15,7 +15,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <regex.h>
@@ -24,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -37,6 +35,7 @@
 #include "inventory.h"
 #include "names.h"
 #include "safetensors.h"
+#include "stage.h"
 
 #define META_PREFIX "msinv.ep."
 #define MAX_MAP_FILE (64u * 1024u * 1024u)
@@ -79,7 +78,7 @@ static int placement_alloc(uint32_t e, uint32_t n, struct ms_ep_placement **out,
 
 	*out = NULL;
 	if (!p)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	p->num_experts = e;
 	p->ep_size = n;
 	p->rank_of = ms_calloc(e ? e : 1, sizeof(uint32_t));
@@ -88,7 +87,7 @@ static int placement_alloc(uint32_t e, uint32_t n, struct ms_ep_placement **out,
 	p->ids = ms_calloc(e ? e : 1, sizeof(uint32_t));
 	if (!p->rank_of || !p->local_of || !p->first || !p->ids) {
 		ms_ep_placement_free(p);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	*out = p;
 	return MS_OK;
@@ -188,7 +187,7 @@ static int placement_from_ranks(const cJSON *ranks, const char *label, uint32_t 
 	p->kind = MS_EP_PLACEMENT_MAP;
 	seen = ms_calloc((size_t)total, 1);
 	if (!seen) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	r = 0;
@@ -234,7 +233,7 @@ int ms_ep_placement_from_json(const char *text, size_t len, const char *label,
 	*out = NULL;
 	root = ms_json_parse(text, len, &nomem);
 	if (nomem)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	if (!root || !cJSON_IsObject(root)) {
 		cJSON_Delete(root);
 		return ms_err_set(err, MS_EINVAL, "'%s': not a JSON object {\"ranks\": [[...], ...]}",
@@ -409,11 +408,6 @@ static const struct sconfig *src_config(const struct src *s, const char *name)
 		if (!strcmp(s->configs[i].name, name))
 			return &s->configs[i];
 	return NULL;
-}
-
-static int oom(struct ms_err *err)
-{
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
 }
 
 static int is_sliced(enum tkind k)
@@ -611,13 +605,13 @@ static int pattern_lookup(const cJSON *pattern, const char *target, const char *
 		int m;
 
 		if (!rx)
-			return oom(err);
+			return ms_err_nomem(err);
 		m = pattern_cheap(k->string) ? regcomp(&re, rx, REG_EXTENDED | REG_NOSUB) : REG_BADPAT;
 		if (m) {
 			ms_free(rx);
 			/* regcomp's REG_ESPACE is an allocation that failed */
 			if (m == REG_ESPACE)
-				return oom(err);
+				return ms_err_nomem(err);
 			return ms_err_set(err, MS_EINVAL, "'%s': rank_pattern key '%s' is not a regular "
 					  "expression this reader understands", label, k->string);
 		}
@@ -646,7 +640,7 @@ static int wrapper_rank(const cJSON *acfg, const struct wrapper *w, const char *
 	/* PEFT matches rank_pattern against "<module>.<parameter>" */
 	key = ms_asprintf("%s.%s", w->module, pname);
 	if (!key)
-		return oom(err);
+		return ms_err_nomem(err);
 	rc = pattern_lookup(cJSON_GetObjectItemCaseSensitive(acfg, "rank_pattern"), key, label,
 			    &hit, err);
 	ms_free(key);
@@ -767,7 +761,7 @@ static int resolve_module(const struct src *s, const cJSON *acfg, struct wrapper
 		pn = pn ? pn + 1 : e;
 		key = ms_asprintf("%s.%s", w[0]->module, pn);
 		if (!key)
-			return oom(err);
+			return ms_err_nomem(err);
 		el = strlen(e);
 		kl = strlen(key);
 		match = !strcmp(key, e) ||
@@ -853,7 +847,7 @@ static int parse_config(const struct src *s, const char *name, cJSON **out,
 		return MS_OK;
 	*out = ms_json_parse(c->text, c->len, &nomem);
 	if (nomem)
-		return oom(err);
+		return ms_err_nomem(err);
 	if (!*out || !cJSON_IsObject(*out)) {
 		cJSON_Delete(*out);
 		*out = NULL;
@@ -901,7 +895,7 @@ int ms_ep_config_experts(const char *text, size_t len, const char *label, uint32
 
 	*e = 0;
 	if (nomem)
-		return oom(err);
+		return ms_err_nomem(err);
 	if (!j || !cJSON_IsObject(j))
 		rc = ms_err_set(err, MS_EINVAL, "'%s': config.json is not a JSON object", label);
 	else
@@ -954,7 +948,7 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 		cfg = dir ? ms_path_join(dir, "config.json") : NULL;
 		ms_free(dir);
 		if (!cfg)
-			return oom(err);
+			return ms_err_nomem(err);
 		rc = ms_read_file(cfg, MAX_MAP_FILE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s': no config.json beside the base: its "
@@ -967,7 +961,7 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 			rc = ms_err_set(err, MS_EINVAL, "'%s': its config.json declares no expert count",
 					base);
 		if (rc == MS_OK && !(*label = ms_strdup(base)))
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 		return rc;
 	}
 	if (base) {
@@ -982,13 +976,13 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 		if (!*e)
 			return ms_err_set(err, MS_EINVAL, "state '%s': no recorded config.json declares "
 					  "its expert count", base);
-		return (*label = ms_strdup(base)) ? MS_OK : oom(err);
+		return (*label = ms_strdup(base)) ? MS_OK : ms_err_nomem(err);
 	}
 	if (!inv || !source_digest || !*source_digest)
 		return MS_OK;
 	/* the nearest ancestor that declares an expert count, level by level */
 	if (!(level = ms_malloc(sizeof(*level))))
-		return oom(err);
+		return ms_err_nomem(err);
 	memcpy(level[0], source_digest, MS_STATE_DIGEST_LEN);
 	nlevel = 1;
 	for (int depth = 0; depth < 64 && nlevel && !*e; depth++) {
@@ -1012,10 +1006,10 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 					*label = ed[k].parent_label ? ms_strdup(ed[k].parent_label)
 								    : ms_strdup(ed[k].parent);
 					if (!*label)
-						rc = oom(err);
+						rc = ms_err_nomem(err);
 				} else if (rc == MS_OK) {
 					if (!(g = ms_realloc(next, (nnext + 1) * sizeof(*next)))) {
-						rc = oom(err);
+						rc = ms_err_nomem(err);
 					} else {
 						next = g;
 						memcpy(next[nnext++], ed[k].parent, MS_STATE_DIGEST_LEN);
@@ -1061,7 +1055,7 @@ static int lora_rank_check(const struct src *s, const cJSON *acfg, const struct 
 	if (!acfg || t->ndim != 2 || cfg_u32(acfg, "r", MAX_LORA_RANK, &r) || r == 0)
 		return MS_OK;
 	if (!(mod = canon_path(t->name, in->module_len, 0)))
-		return oom(err);
+		return ms_err_nomem(err);
 	rc = pattern_lookup(cJSON_GetObjectItemCaseSensitive(acfg, "rank_pattern"), mod, s->label,
 			    &hit, err);
 	if (rc == MS_OK && hit) {
@@ -1113,7 +1107,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 	w = ms_calloc(s->n ? s->n : 1, sizeof(*w));
 	wp = ms_calloc(s->n ? s->n : 1, sizeof(*wp));
 	if (!w || !wp) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 
@@ -1147,7 +1141,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 			t->param = canon_path(t->name, in.module_len, 1);
 			t->part = canon_part(t->name, &in);
 			if (!t->param || !t->part) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			s->packing |= PACK_PER_EXPERT;
@@ -1166,7 +1160,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 				x->nesting = in.lora_nesting;
 				x->a = x->b = -1;
 				if (!(x->module = canon_path(t->name, in.module_len, 0))) {
-					rc = oom(err);
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 			}
@@ -1208,7 +1202,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 			t->param = canon_path(t->name, in.module_len, 0);
 			t->part = canon_part(t->name, &in);
 			if (!t->param || !t->part) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			s->packing |= PACK_GROUPED;
@@ -1244,7 +1238,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 		a->part = ms_strdup("lora_A");
 		b->part = ms_strdup("lora_B");
 		if (!a->param || !b->param || !a->part || !b->part) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		if (!e_fused) {
@@ -1316,7 +1310,7 @@ static int analyze(struct src *s, uint32_t e_given, const char *given_from,
 	ms_free(s->rec);
 	s->rec = ms_calloc(s->nrec ? s->nrec : 1, sizeof(*s->rec));
 	if (!s->rec) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	k = 0;
@@ -1373,13 +1367,13 @@ static int copy_meta(const struct ms_st_file *f, struct sfile *out, struct ms_er
 {
 	out->meta = ms_calloc(f->nmeta ? f->nmeta : 1, sizeof(*out->meta));
 	if (!out->meta)
-		return oom(err);
+		return ms_err_nomem(err);
 	for (size_t k = 0; k < f->nmeta; k++) {
 		out->meta[k].key = ms_strdup(f->meta[k].key);
 		out->meta[k].value = ms_strdup(f->meta[k].value);
 		out->nmeta = k + 1;
 		if (!out->meta[k].key || !out->meta[k].value)
-			return oom(err);
+			return ms_err_nomem(err);
 	}
 	return MS_OK;
 }
@@ -1391,7 +1385,7 @@ static int src_add_config(struct src *s, const char *name, const char *text, siz
 	struct sconfig *c;
 
 	if (!nc)
-		return oom(err);
+		return ms_err_nomem(err);
 	s->configs = nc;
 	c = &nc[s->nconfigs];
 	memset(c, 0, sizeof(*c));
@@ -1400,7 +1394,7 @@ static int src_add_config(struct src *s, const char *name, const char *text, siz
 	if (!c->name || !c->text) {
 		ms_free(c->name);
 		ms_free(c->text);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	memcpy(c->text, text, len);
 	c->text[len] = '\0';
@@ -1422,7 +1416,7 @@ static int read_index_meta(struct src *s, const char *path, struct ms_err *err)
 	root = ms_json_parse(text, len, &nomem);
 	ms_free(text);
 	if (nomem)
-		return oom(err);
+		return ms_err_nomem(err);
 	if (!root || !cJSON_IsObject(root)) {
 		cJSON_Delete(root);
 		return ms_err_set(err, MS_EINVAL, "'%s': not a JSON object", path);
@@ -1431,12 +1425,12 @@ static int read_index_meta(struct src *s, const char *path, struct ms_err *err)
 	if (meta && cJSON_IsObject(meta)) {
 		s->index_meta = cJSON_Duplicate(meta, 1);
 		if (!s->index_meta)
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 	}
 	cJSON_Delete(root);
 	s->index_name = ms_strdup(ms_path_base(path));
 	if (rc == MS_OK && !s->index_name)
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 	return rc;
 }
 
@@ -1452,7 +1446,7 @@ static int src_from_ckpt(struct src *s, const struct ms_ckpt *c, struct ms_err *
 					  "or msshard merge on it", s->label);
 	s->files = ms_calloc(c->nfiles ? c->nfiles : 1, sizeof(*s->files));
 	if (!s->files)
-		return oom(err);
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < c->nfiles; i++) {
 		const struct ms_st_file *f = c->files[i];
 		const char *rank = ms_st_meta_get(f, META_PREFIX "rank");
@@ -1465,7 +1459,7 @@ static int src_from_ckpt(struct src *s, const struct ms_ckpt *c, struct ms_err *
 					  ms_st_meta_get(f, META_PREFIX "size") : "?");
 		s->nfiles = i + 1;
 		if (!(s->files[i].name = ms_strdup(c->file_names[i])))
-			return oom(err);
+			return ms_err_nomem(err);
 		if ((rc = copy_meta(f, &s->files[i], err)) != MS_OK)
 			return rc;
 		n += f->ntensors;
@@ -1483,7 +1477,7 @@ static int src_from_ckpt(struct src *s, const struct ms_ckpt *c, struct ms_err *
 		return rc;
 	s->t = ms_calloc(n ? n : 1, sizeof(*s->t));
 	if (!s->t)
-		return oom(err);
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < c->nfiles; i++) {
 		const struct ms_st_file *f = c->files[i];
 
@@ -1492,7 +1486,7 @@ static int src_from_ckpt(struct src *s, const struct ms_ckpt *c, struct ms_err *
 			struct stensor *t = &s->t[k];
 
 			if (!(t->name = ms_strdup(x->name)))
-				return oom(err);
+				return ms_err_nomem(err);
 			s->n = ++k;
 			t->dtype = x->dtype;
 			t->ndim = x->ndim;
@@ -1518,7 +1512,7 @@ static int src_point_whole(struct src *s, struct ms_err *err)
 		t->epos = ms_calloc(s->E, sizeof(*t->epos));
 		t->en = ms_calloc(s->E, sizeof(*t->en));
 		if (!t->edata || !t->epos || !t->en)
-			return oom(err);
+			return ms_err_nomem(err);
 		for (uint32_t e = 0; e < s->E; e++) {
 			t->edata[e] = t->data;
 			t->epos[e] = e;
@@ -1539,7 +1533,7 @@ static int src_state_digest(const struct src *s, char out[MS_STATE_DIGEST_LEN],
 	if (!ts || !tp) {
 		ms_free(ts);
 		ms_free(tp);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	for (size_t i = 0; i < s->n; i++) {
 		ts[i].name = s->t[i].name;
@@ -1802,7 +1796,7 @@ static int out_commit(const struct src *s, const struct outspec *o, struct ms_st
 	int rc;
 
 	if (!ts || !tp) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_st_writer_commit(w, err)) != MS_OK)
@@ -1874,7 +1868,7 @@ struct pool {
 
 static int sha_fail(int rc, struct ms_err *err)
 {
-	return rc == MS_ENOMEM ? oom(err) : ms_err_set(err, rc, "sha256 failed");
+	return rc == MS_ENOMEM ? ms_err_nomem(err) : ms_err_set(err, rc, "sha256 failed");
 }
 
 /* Scatter rows [o0, o1) of a [out, r*n] B tensor (row bytes apart) into n
@@ -1928,10 +1922,10 @@ static int hash_b(const struct stensor *t, const uint8_t *holder, uint32_t n,
 	int rc = MS_OK;
 
 	if (!c)
-		return oom(err);
+		return ms_err_nomem(err);
 	for (uint32_t pos = 0; pos < n; pos++)
 		if (dst[pos] && !(c[pos] = ms_sha256_new())) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 	for (uint64_t o0 = 0; o0 < out; o0 += tile) {
@@ -2055,7 +2049,7 @@ static void *pool_main(void *arg)
 	struct ms_err err = { 0 };
 
 	if (!buf) {
-		pool_fail(p, oom(&err), &err);
+		pool_fail(p, ms_err_nomem(&err), &err);
 		return NULL;
 	}
 	for (;;) {
@@ -2186,7 +2180,7 @@ static int rec_jobs(struct src *s, struct jobs *jl, struct ms_err *err)
 	int rc = MS_OK;
 
 	if (!base || !rec_of || !h) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* record of (tensor i, expert e): rec_of[base[i] + e] */
@@ -2214,7 +2208,7 @@ static int rec_jobs(struct src *s, struct jobs *jl, struct ms_err *err)
 				if (!t->edata[e])
 					continue;
 				if (!(j = jobs_add(jl, JOB_HASH))) {
-					rc = oom(err);
+					rc = ms_err_nomem(err);
 					goto out;
 				}
 				j->data = t->edata[e] + (uint64_t)t->epos[e] * sl;
@@ -2235,17 +2229,17 @@ static int rec_jobs(struct src *s, struct jobs *jl, struct ms_err *err)
 				continue;
 			nd = ms_realloc(jl->dsts, (jl->ndsts + 1) * sizeof(*nd));
 			if (!nd) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			jl->dsts = nd;
 			if (!(nd[jl->ndsts] = ms_calloc(t->en[e] ? t->en[e] : 1, sizeof(uint8_t *)))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			jl->ndsts++;
 			if (!(j = jobs_add(jl, JOB_HASH_B))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			j->t = t;
@@ -2334,16 +2328,6 @@ static const char *stem_of(const struct src *s)
 static char *shard_name(const char *stem, uint32_t rank, uint32_t n)
 {
 	return ms_asprintf("%s-ep%05u-of-%05u.safetensors", stem, rank, n);
-}
-
-/* cJSON_AddItemToObject taking item in every case: deleted when it cannot
- * be added (item or o missing, or the copy of the key failed). 1: added. */
-static int json_put(cJSON *o, const char *key, cJSON *item)
-{
-	if (cJSON_AddItemToObject(o, key, item))
-		return 1;
-	cJSON_Delete(item);
-	return 0;
 }
 
 static cJSON *json_ids(const uint32_t *ids, uint32_t n)
@@ -2436,7 +2420,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 
 			ok = ix && cJSON_AddStringToObject(ix, "name", s->index_name);
 			if (ok && s->index_meta)
-				ok = json_put(ix, "metadata", cJSON_Duplicate(s->index_meta, 1));
+				ok = ms_json_put(ix, "metadata", cJSON_Duplicate(s->index_meta, 1));
 		} else if (ok) {
 			ok = cJSON_AddNullToObject(o, "index") != NULL;
 		}
@@ -2444,7 +2428,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		for (size_t f = 0; ok && f < s->nfiles; f++) {
 			ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 			ok = ok && cJSON_AddStringToObject(x, "name", s->files[f].name);
-			ok = ok && json_put(x, "metadata",
+			ok = ok && ms_json_put(x, "metadata",
 					    json_meta(s->files[f].meta, s->files[f].nmeta));
 		}
 	} else {
@@ -2461,7 +2445,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 		ok = ok && cJSON_AddNumberToObject(x, "rank", r);
 		ok = ok && cJSON_AddStringToObject(x, "file", ms_path_base(files[r].path));
-		ok = ok && json_put(x, "experts", json_ids(files[r].experts, files[r].nexperts));
+		ok = ok && ms_json_put(x, "experts", json_ids(files[r].experts, files[r].nexperts));
 		ok = ok && cJSON_AddStringToObject(x, "state_digest", files[r].state_digest);
 	}
 	ok = ok && (a = cJSON_AddArrayToObject(m, "tensors"));
@@ -2471,7 +2455,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		ok = (x = cJSON_CreateObject()) && cJSON_AddItemToArray(a, x);
 		ok = ok && cJSON_AddStringToObject(x, "name", t->name);
 		ok = ok && cJSON_AddStringToObject(x, "dtype", ms_dtype_name(t->dtype));
-		ok = ok && json_put(x, "shape", json_shape(t->ndim, t->shape));
+		ok = ok && ms_json_put(x, "shape", json_shape(t->ndim, t->shape));
 		ok = ok && add_hex(x, "sha256", t->digest);
 		ok = ok && cJSON_AddNumberToObject(x, "file", t->file);
 		ok = ok && cJSON_AddStringToObject(x, "kind", tkind_names[t->kind]);
@@ -2501,7 +2485,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		p = cJSON_Print(m);
 	cJSON_Delete(m);
 	if (!p)
-		return oom(err);
+		return ms_err_nomem(err);
 	*len = strlen(p);
 	*text = ms_malloc(*len + 2);
 	if (*text) {
@@ -2510,7 +2494,7 @@ static int manifest_text(const struct src *s, const struct ms_ep_placement *pl,
 		(*text)[*len] = '\0';
 	}
 	cJSON_free(p);
-	return *text ? MS_OK : oom(err);
+	return *text ? MS_OK : ms_err_nomem(err);
 }
 
 /* ---- results --------------------------------------------------------------- */
@@ -2543,7 +2527,7 @@ static int result_new(const struct src *s, const struct ms_ep_placement *pl, siz
 
 	*out = NULL;
 	if (!r)
-		return oom(err);
+		return ms_err_nomem(err);
 	r->is_adapter = s->is_adapter;
 	memcpy(r->source_digest, s->digest, sizeof(r->source_digest));
 	r->num_experts = s->E;
@@ -2559,7 +2543,7 @@ static int result_new(const struct src *s, const struct ms_ep_placement *pl, siz
 	r->files = ms_calloc(nfiles ? nfiles : 1, sizeof(*r->files));
 	if (!r->files) {
 		ms_shard_result_free(r);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	r->nfiles = nfiles;
 	if ((rc = placement_copy(pl, &r->placement, err)) != MS_OK) {
@@ -2588,42 +2572,14 @@ static int result_new(const struct src *s, const struct ms_ep_placement *pl, siz
  * directory of safetensors and JSON files (an empty directory needs no
  * --force). The parent is locked (flock, released when the process dies)
  * from the start to the end, so that two writers of one output cannot
- * interleave: the second is refused at once.
+ * interleave: the second is refused at once. The mechanism is stage.h's;
+ * what may be replaced is this file's rule.
  */
 struct stage {
-	char *final;     /* the output directory, as given without trailing '/' */
-	char *parent;    /* its parent directory (locked) */
-	char *tmp;       /* the staging directory */
-	char *aside;     /* the replaced output, when moved aside */
-	int lockfd;
+	struct ms_stage s;
 	int force;
-	int existed;     /* final existed: empty, or replaced under --force */
-	int have_tmp;    /* tmp exists and is ours to remove */
-	int published;   /* final holds the new output */
-	int exchanged;   /* ... and tmp the replaced one */
+	int existed;     /* the output existed: empty, or replaced under --force */
 };
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
-}
-
-/* Remove a directory and what it holds, links as links. */
-static void remove_tree(const char *path)
-{
-	(void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static char *stage_name(const char *parent, const char *base, const char *marker)
-{
-	static unsigned counter;
-	unsigned rnd = (unsigned)rand() ^ (unsigned)(uint64_t)(ms_now() * 1e9) ^
-		       __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 2654435761u;
-
-	return ms_asprintf("%s/.%s%s%ld-%08x", parent, base, marker, (long)getpid(), rnd);
-}
 
 /* What these commands write into an output directory: safetensors files,
  * JSON (configs, index, manifest) and, from a killed run, temporaries. */
@@ -2640,16 +2596,16 @@ static int own_entry(int dfd, const char *name)
 	       (l > 5 && !strcmp(name + l - 5, ".json"));
 }
 
-/* May the existing directory st->final be replaced? Sets st->existed. */
-static int stage_check_existing(struct stage *st, struct ms_err *err)
+/* May the existing directory dir be replaced? Sets st->existed. */
+static int stage_check_existing(struct stage *st, const char *dir, struct ms_err *err)
 {
-	DIR *d = opendir(st->final);
+	DIR *d = opendir(dir);
 	struct dirent *de;
 	char *foreign = NULL;
 	int empty = 1, rc = MS_OK;
 
 	if (!d)
-		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", st->final,
+		return ms_err_set(err, MS_EIO, "'%s': cannot read directory: %s", dir,
 				  strerror(errno));
 	while ((de = readdir(d))) {
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
@@ -2658,7 +2614,7 @@ static int stage_check_existing(struct stage *st, struct ms_err *err)
 		if (!own_entry(dirfd(d), de->d_name)) {
 			foreign = ms_strdup(de->d_name);
 			if (!foreign)
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 			break;
 		}
 	}
@@ -2667,10 +2623,10 @@ static int stage_check_existing(struct stage *st, struct ms_err *err)
 		return rc;
 	if (!empty && !st->force)
 		rc = ms_err_set(err, MS_EEXIST, "'%s': output exists (use --force to replace it)",
-				st->final);
+				dir);
 	else if (foreign)
 		rc = ms_err_set(err, MS_EEXIST, "'%s': exists and holds '%s', which is not a file a "
-				"split, merge or reshard writes: not replacing it", st->final, foreign);
+				"split, merge or reshard writes: not replacing it", dir, foreign);
 	ms_free(foreign);
 	st->existed = rc == MS_OK;
 	return rc;
@@ -2679,216 +2635,68 @@ static int stage_check_existing(struct stage *st, struct ms_err *err)
 static void stage_init(struct stage *st)
 {
 	memset(st, 0, sizeof(*st));
-	st->lockfd = -1;
+	ms_stage_init(&st->s);
 }
 
-/* Lock dir's parent and make the staging directory beside dir. */
+/* Lock dir's parent, check what dir holds and make the staging directory
+ * beside it. */
 static int stage_open(struct stage *st, const char *dir, int force, struct ms_err *err)
 {
-	const char *base, *parent;
 	struct stat sb;
-	size_t n;
 	int rc;
 
 	st->force = force;
-	if (!(st->final = ms_strdup(dir)))
-		return oom(err);
-	for (n = strlen(st->final); n > 1 && st->final[n - 1] == '/'; n--)
-		st->final[n - 1] = '\0';
-	base = ms_path_base(st->final);
-	if (!ms_name_is_plain(base))
-		return ms_err_set(err, MS_EINVAL, "'%s': not a name of a directory to create", dir);
-	if (base == st->final)
-		st->parent = ms_strdup(".");
-	else
-		st->parent = ms_strndup(st->final, base - st->final > 1 ? (size_t)(base - st->final) - 1
-								  : 1);
-	if (!(parent = st->parent))
-		return oom(err);
-	if ((rc = ms_mkdir_p(parent, err)) != MS_OK)
+	if ((rc = ms_stage_open(&st->s, dir, "output", MS_STAGE_DIR | MS_STAGE_LOCK | MS_STAGE_MKDIR,
+				err)) != MS_OK)
 		return rc;
-	st->lockfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (st->lockfd < 0) {
-		return ms_err_set(err, MS_EIO, "'%s': cannot open: %s", parent, strerror(errno));
-	}
-	if (flock(st->lockfd, LOCK_EX | LOCK_NB)) {
-		int e = errno;
-
-		close(st->lockfd);
-		st->lockfd = -1;
-		if (e == EWOULDBLOCK)
-			return ms_err_set(err, MS_EEXIST, "'%s': another writer is writing beside it "
-					  "(another writer won)", dir);
-		return ms_err_set(err, MS_EIO, "'%s': cannot lock: %s", dir, strerror(e));
-	}
-	if (lstat(st->final, &sb) == 0) {
+	if (lstat(st->s.dest, &sb) == 0) {
 		if (!S_ISDIR(sb.st_mode))
 			return ms_err_set(err, MS_EEXIST, "'%s': exists and is not a directory", dir);
-		if ((rc = stage_check_existing(st, err)) != MS_OK)
-			return rc;
-	} else if (errno != ENOENT) {
+		return stage_check_existing(st, st->s.dest, err);
+	}
+	if (errno != ENOENT)
 		return ms_err_set(err, MS_EIO, "'%s': %s", dir, strerror(errno));
-	}
-	for (int tries = 0;; tries++) {
-		ms_free(st->tmp);
-		if (!(st->tmp = stage_name(parent, base, MS_TMP_MARKER)))
-			return oom(err);
-		if (mkdir(st->tmp, 0755) == 0)
-			break;
-		if (errno != EEXIST || tries > 8)
-			return ms_err_set(err, MS_EIO, "'%s': cannot create a staging directory beside "
-					  "it: %s", dir, strerror(errno));
-	}
-	st->have_tmp = 1;
 	return MS_OK;
 }
 
 /* Where a file of the output is written before publication. */
 static char *stage_path(const struct stage *st, const char *name)
 {
-	return ms_path_join(st->tmp, name);
+	return ms_path_join(ms_stage_path(&st->s), name);
 }
 
-/* Take a published output away again and put back what it replaced. */
-static void stage_unpublish(struct stage *st)
-{
-	if (!st->published)
-		return;
-	if (st->exchanged) {
-		/* nothing is removed when the old output cannot come back */
-		if (ms_rename_exchange(st->tmp, st->final)) {
-			st->have_tmp = 0;
-			return;
-		}
-		st->exchanged = 0;
-		st->have_tmp = 1;
-	} else {
-		if (rename(st->final, st->tmp) == 0)
-			st->have_tmp = 1;
-		else
-			remove_tree(st->final);
-		if (st->aside && rename(st->aside, st->final) == 0) {
-			ms_free(st->aside);
-			st->aside = NULL;
-		} else if (st->existed && !st->force) {
-			/* it replaced an empty directory */
-			(void)mkdir(st->final, 0755);
-		}
-	}
-	st->published = 0;
-	(void)ms_fsync_dir_of(st->final);
-}
-
-/* Rename the staging directory into place (exchanging it with an output
- * it replaces) and make that durable. */
-static int stage_publish(struct stage *st, struct ms_err *err)
-{
-	int r, e;
-
-	if (ms_fault("rename")) {
-		errno = EIO;
-		r = -1;
-	} else if (!st->existed) {
-		r = ms_rename_noreplace(st->tmp, st->final, 1);
-	} else if (!st->force) {
-		/* the existing directory was empty: rename replaces an empty
-		 * directory only, so one that filled up meanwhile wins */
-		r = rename(st->tmp, st->final);
-	} else if ((r = ms_rename_exchange(st->tmp, st->final)) == 0) {
-		st->exchanged = 1;
-	} else if (errno == EINVAL || errno == ENOSYS) {
-		/* no exchange on this file system: move the old one aside */
-		if (!(st->aside = stage_name(st->parent, ms_path_base(st->final), ".replaced-")))
-			return oom(err);
-		if ((r = rename(st->final, st->aside)) != 0) {
-			e = errno;
-			ms_free(st->aside);
-			st->aside = NULL;
-			errno = e;
-		} else if ((r = rename(st->tmp, st->final)) != 0) {
-			e = errno;
-			if (rename(st->aside, st->final) == 0) {
-				ms_free(st->aside);
-				st->aside = NULL;
-			}
-			errno = e;
-		}
-	}
-	if (r) {
-		e = errno;
-		if (e == EEXIST || e == ENOTEMPTY)
-			return ms_err_set(err, MS_EEXIST, "'%s': output appeared while writing (another "
-					  "writer won)", st->final);
-		return ms_err_set(err, MS_EIO, "'%s': cannot move the output into place: %s",
-				  st->final, strerror(e));
-	}
-	st->published = 1;
-	st->have_tmp = st->exchanged;
-	if (ms_fsync_dir_of(st->final)) {
-		e = errno ? errno : EIO;
-		stage_unpublish(st);
-		return ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", st->final,
-				  strerror(e));
-	}
-	return MS_OK;
-}
-
-/* The publication stands: remove what it replaced. */
-static void stage_finish(struct stage *st)
-{
-	if (st->exchanged)
-		remove_tree(st->tmp);
-	if (st->aside)
-		remove_tree(st->aside);
-	st->exchanged = st->have_tmp = 0;
-	ms_free(st->aside);
-	st->aside = NULL;
-	(void)ms_fsync_dir_of(st->final);
-}
-
-/* Remove what is left unpublished, unlock. */
+/* Remove what is left unpublished (putting back what a publication that
+ * was not recorded replaced), unlock. */
 static void stage_release(struct stage *st)
 {
-	if (st->have_tmp && st->tmp)
-		remove_tree(st->tmp);
-	if (st->lockfd >= 0)
-		close(st->lockfd);
-	ms_free(st->final);
-	ms_free(st->parent);
-	ms_free(st->tmp);
-	ms_free(st->aside);
-	stage_init(st);
+	ms_stage_abort(&st->s);
 }
 
 /* Messages name the output, not its staging directory. */
 static void stage_fix_msg(const struct stage *st, struct ms_err *err)
 {
-	char *at, msg[sizeof(err->msg)];
-
-	if (!err || !st->tmp || !st->final || !(at = strstr(err->msg, st->tmp)))
-		return;
-	snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, st->final,
-		 at + strlen(st->tmp));
-	memcpy(err->msg, msg, sizeof(msg));
+	ms_stage_fix_msg(&st->s, err);
 }
 
 /*
  * Publish the staged output and let the caller record it (o->publish):
- * when that fails, the output is taken away again and what it replaced
- * put back, and its error returned. Then what it replaced is removed.
+ * when that fails, its error is returned and stage_release takes the
+ * output away again and puts back what it replaced. Then what it replaced
+ * is removed.
  */
 static int stage_commit(struct stage *st, const struct ms_shard_result *res,
 			const struct ms_shard_opts *o, struct ms_err *err)
 {
+	enum ms_stage_how how = !st->existed ? MS_STAGE_NEW
+			      : !st->force   ? MS_STAGE_OVER_EMPTY
+					     : MS_STAGE_REPLACE;
 	int rc;
 
-	if ((rc = stage_publish(st, err)) != MS_OK)
+	if ((rc = ms_stage_publish(&st->s, how, err)) != MS_OK)
 		return rc;
-	if (o->publish && (rc = o->publish(o->publish_ctx, res, err)) != MS_OK) {
-		stage_unpublish(st);
+	if (o->publish && (rc = o->publish(o->publish_ctx, res, err)) != MS_OK)
 		return rc;
-	}
-	stage_finish(st);
+	ms_stage_commit(&st->s);
 	return MS_OK;
 }
 
@@ -2944,7 +2752,7 @@ static int foreign_shard(const char *dir, const char *stem, uint32_t n, char **f
 			continue;
 		if (m != n || strcmp(st, stem)) {
 			if (!(*found = ms_path_join(dir, de->d_name)))
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 			*found_n = m;
 			break;
 		}
@@ -2991,7 +2799,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 
 	*out = NULL;
 	memset(&pool, 0, sizeof(pool));
-	fdir = o->dry_run ? dir : st->final;
+	fdir = o->dry_run ? dir : st->s.dest;
 	if ((rc = result_new(s, pl, n, &res, err)) != MS_OK)
 		goto out;
 	/* Each shard keeps the source's metadata and says what it is. */
@@ -3004,7 +2812,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 	lpos = ms_malloc((size_t)n * s->E * sizeof(*lpos));
 	os = ms_calloc(n, sizeof(*os));
 	if (!meta || !strs || !spaths || !lpos || !os) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	snprintf(size_s, sizeof(size_s), "%u", n);
@@ -3024,7 +2832,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		ms_free(name);
 		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
 		if (!f->path || !f->experts || (!o->dry_run && !spaths[r])) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		memcpy(f->experts, pl->ids + pl->first[r], l * sizeof(uint32_t));
@@ -3040,7 +2848,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		strs[2 * r + 1] = b.oom ? NULL : b.data ? ms_buf_detach(&b, NULL) : ms_strdup("");
 		ms_buf_release(&b);
 		if (!strs[2 * r] || !strs[2 * r + 1]) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "version", num };
@@ -3067,7 +2875,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 	 * overlap the checks that follow them), then the checks */
 	nj = (size_t)n + (v ? v->njobs : 0);
 	if (!(jobs = ms_calloc(nj ? nj : 1, sizeof(*jobs)))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; v && i < v->npre; i++)
@@ -3086,7 +2894,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		goto out;
 	for (size_t c = 0; c < s->nconfigs; c++) {
 		if (!(p = stage_path(st, s->configs[c].name))) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
@@ -3099,13 +2907,13 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 	if ((rc = manifest_text(s, pl, res->files, &mtext, &mlen, err)) != MS_OK)
 		goto out;
 	if (!(p = stage_path(st, MS_EP_MANIFEST))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
 		goto out;
 	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = stage_commit(st, res, o, err)) != MS_OK)
@@ -3386,7 +3194,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 		return bad(ss, err, "\"source.files\" must be a non-empty array");
 	s->files = ms_calloc((size_t)cJSON_GetArraySize(files), sizeof(*s->files));
 	if (!s->files)
-		return oom(err);
+		return ms_err_nomem(err);
 	cJSON_ArrayForEach(f, files) {
 		const cJSON *meta = cJSON_GetObjectItemCaseSensitive(f, "metadata"), *kv;
 		struct sfile *sf = &s->files[s->nfiles];
@@ -3397,10 +3205,10 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 				   "\"metadata\" object");
 		s->nfiles++;
 		if (!(sf->name = ms_strdup(name)))
-			return oom(err);
+			return ms_err_nomem(err);
 		sf->meta = ms_calloc((size_t)cJSON_GetArraySize(meta) + 1, sizeof(*sf->meta));
 		if (!sf->meta)
-			return oom(err);
+			return ms_err_nomem(err);
 		cJSON_ArrayForEach(kv, meta) {
 			if (!cJSON_IsString(kv))
 				return bad(ss, err, "file metadata values must be strings");
@@ -3408,7 +3216,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 			sf->meta[sf->nmeta].value = ms_strdup(kv->valuestring);
 			sf->nmeta++;
 			if (!sf->meta[sf->nmeta - 1].key || !sf->meta[sf->nmeta - 1].value)
-				return oom(err);
+				return ms_err_nomem(err);
 		}
 	}
 	ix = cJSON_GetObjectItemCaseSensitive(src, "index");
@@ -3419,9 +3227,9 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 		    (im && !cJSON_IsObject(im)))
 			return bad(ss, err, "\"source.index\" needs a plain \"name\"");
 		if (!(s->index_name = ms_strdup(jstr(ix, "name"))))
-			return oom(err);
+			return ms_err_nomem(err);
 		if (im && !(s->index_meta = cJSON_Duplicate(im, 1)))
-			return oom(err);
+			return ms_err_nomem(err);
 	}
 
 	cfgs = cJSON_GetObjectItemCaseSensitive(ss->m, "configs");
@@ -3436,12 +3244,12 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 		if (!name || !ms_name_is_plain(name) || hex_digest(c, "sha256", want))
 			return bad(ss, err, "each of \"configs\" needs a plain \"name\" and a \"sha256\"");
 		if (!(path = ms_path_join(ss->dir, name)))
-			return oom(err);
+			return ms_err_nomem(err);
 		rc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)
-			rc = rc == MS_ENOMEM ? oom(err) : ms_err_set(err, rc, "'%s': sha256 failed", path);
+			rc = rc == MS_ENOMEM ? ms_err_nomem(err) : ms_err_set(err, rc, "'%s': sha256 failed", path);
 		if (rc == MS_OK && memcmp(got, want, MS_SHA256_LEN))
 			rc = ms_err_set(err, MS_ECHECK, "'%s': its sha256 does not match the manifest",
 					path);
@@ -3460,7 +3268,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 	s->t = ms_calloc((size_t)cJSON_GetArraySize(tens), sizeof(*s->t));
 	ss->by_name = ms_calloc((size_t)cJSON_GetArraySize(tens), sizeof(*ss->by_name));
 	if (!s->t || !ss->by_name)
-		return oom(err);
+		return ms_err_nomem(err);
 	cJSON_ArrayForEach(t, tens) {
 		struct stensor *x = &s->t[s->n];
 		const char *name = jstr(t, "name"), *dt = jstr(t, "dtype");
@@ -3484,7 +3292,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 					  "whole bytes", ss->mpath, name);
 		x->has_digest = 1;
 		if (!(x->name = ms_strdup(name)))
-			return oom(err);
+			return ms_err_nomem(err);
 		ss->by_name[s->n] = x;
 		s->n++;
 	}
@@ -3592,7 +3400,7 @@ static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
 		struct ms_ep_fault *v = ms_realloc(ss->faults, cap * sizeof(*v));
 
 		if (!v)
-			return oom(err);
+			return ms_err_nomem(err);
 		ss->faults = v;
 		ss->capfaults = cap;
 	}
@@ -3608,7 +3416,7 @@ static int fault_add(struct sset *ss, struct ms_ep_fault fv, int64_t ti,
 		ms_free(x->tensor);
 		ms_free(x->file);
 		ms_free(x->msg);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	ss->nfaults++;
 	return MS_OK;
@@ -3753,7 +3561,7 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 		ms_buf_printf(&b, i ? ",%u" : "%u", pl->ids[pl->first[r] + i]);
 	if (b.oom) {
 		ms_buf_release(&b);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	v = ms_st_meta_get(f, META_PREFIX "experts");
 	same = v && !strcmp(v, b.data ? b.data : "");
@@ -3817,7 +3625,7 @@ static int sset_check_shard(struct sset *ss, uint32_t r, struct ms_err *err)
 			uint64_t *nv = ms_realloc(ss->stray, (ss->nstray + 1) * sizeof(*nv));
 
 			if (!nv)
-				return oom(err);
+				return ms_err_nomem(err);
 			ss->stray = nv;
 			ss->stray[ss->nstray++] = (uint64_t)(t - ss->s.t) << 32 | r;
 		}
@@ -3850,7 +3658,7 @@ static int sset_point(struct sset *ss, struct ms_err *err)
 			t->epos = ms_calloc(s->E, sizeof(*t->epos));
 			t->en = ms_calloc(s->E, sizeof(*t->en));
 			if (!t->edata || !t->epos || !t->en)
-				return oom(err);
+				return ms_err_nomem(err);
 			for (uint32_t e = 0; e < s->E; e++) {
 				uint32_t r = pl->rank_of[e];
 				const struct ms_tensor *y;
@@ -4034,7 +3842,7 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 			continue;
 		if (!idx) {
 			if (!(idx = ms_malloc(s->nrec * sizeof(*idx)))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			for (size_t k = 0; k < s->nrec; k++)
@@ -4079,7 +3887,7 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 	buf = ms_malloc(CHUNK);
 	all = ms_malloc((size_t)s->E * sizeof(*all));
 	if (!buf || !all) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (uint32_t e = 0; e < s->E; e++)
@@ -4092,7 +3900,7 @@ static int sset_check(struct sset *ss, unsigned what, struct ms_err *err)
 		if (!is_sliced(t->kind))
 			continue;
 		if (!(c = ms_sha256_new())) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = emit(s, t, all, s->E, buf, sink_sha, c, err);
@@ -4142,7 +3950,7 @@ static int sset_jobs(struct sset *ss, unsigned what, struct jobs *jl, size_t *np
 		    total > (uint64_t)pages * (uint64_t)psz / 4)
 			continue;
 		if (!(j = jobs_add(jl, JOB_PREFAULT)))
-			return oom(err);
+			return ms_err_nomem(err);
 		j->data = f->map;
 		j->n = f->size;
 	}
@@ -4155,7 +3963,7 @@ static int sset_jobs(struct sset *ss, unsigned what, struct jobs *jl, size_t *np
 			continue;
 		if ((what & V_SHARDS) && f->map) {
 			if (!(j = jobs_add(jl, JOB_HASH)))
-				return oom(err);
+				return ms_err_nomem(err);
 			j->data = f->map;
 			j->n = 8 + f->header_len;
 			j->digest = f->header_digest;
@@ -4167,7 +3975,7 @@ static int sset_jobs(struct sset *ss, unsigned what, struct jobs *jl, size_t *np
 			if (!(what & V_SHARDS) && (!x || is_sliced(x->kind)))
 				continue;
 			if (!(j = jobs_add(jl, JOB_HASH)))
-				return oom(err);
+				return ms_err_nomem(err);
 			j->data = t->data;
 			j->n = t->nbytes;
 			j->digest = t->digest;
@@ -4251,7 +4059,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		ss->mpath = ms_strdup(path);
 	}
 	if (!ss->dir || !ss->mpath)
-		return oom(err);
+		return ms_err_nomem(err);
 	ss->s.label = ss->mpath;
 	ss->s.rank_code = MS_ECHECK;
 	rc = ms_read_file(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
@@ -4263,7 +4071,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	ss->m = ms_json_parse(text, len, &nomem);
 	ms_free(text);
 	if (nomem)
-		return oom(err);
+		return ms_err_nomem(err);
 	if (!ss->m || !cJSON_IsObject(ss->m))
 		return bad(ss, err, "not a JSON object");
 	if (!jstr(ss->m, "format") || strcmp(jstr(ss->m, "format"), MS_EP_MANIFEST_FORMAT))
@@ -4341,7 +4149,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 	ss->tbad = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
 	ss->missing = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
 	if (!ss->ck || !ss->names || !ss->sdig || !ss->rbad || !ss->tbad || !ss->missing)
-		return oom(err);
+		return ms_err_nomem(err);
 	v = 0;
 	cJSON_ArrayForEach(x, shards) {
 		uint32_t r = (uint32_t)v++;
@@ -4349,7 +4157,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		const char *file = jstr(x, "file"), *d = jstr(x, "state_digest");
 
 		if (!(ss->names[r] = shard_name(ss->stem, r, (uint32_t)n)))
-			return oom(err);
+			return ms_err_nomem(err);
 		if (json_u64(cJSON_GetObjectItemCaseSensitive(x, "rank"), UINT32_MAX, &got) || got != r ||
 		    !file || strcmp(file, ss->names[r]) || !valid_state_digest(d) ||
 		    !ids_equal(cJSON_GetObjectItemCaseSensitive(x, "experts"),
@@ -4376,7 +4184,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		if (only >= 0 && r != (uint64_t)only)
 			continue;
 		if (!(p = ms_path_join(ss->dir, ss->names[r])))
-			return oom(err);
+			return ms_err_nomem(err);
 		if (stat(p, &st) && errno == ENOENT) {
 			rc = ms_err_set(err, MS_EINVAL, "'%s': the shard of rank %u is missing", p, r);
 			ms_free(p);
@@ -4411,7 +4219,7 @@ static int sset_result(const struct sset *ss, struct ms_shard_result **out, stru
 		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
 		if (!f->path || !f->experts) {
 			ms_shard_result_free(res);
-			return oom(err);
+			return ms_err_nomem(err);
 		}
 		memcpy(f->experts, ss->pl->ids + ss->pl->first[r], l * sizeof(uint32_t));
 		f->nexperts = l;
@@ -4425,7 +4233,7 @@ static int sset_result(const struct sset *ss, struct ms_shard_result **out, stru
 	res->manifest_path = ms_strdup(ss->mpath);
 	if (!res->manifest_path) {
 		ms_shard_result_free(res);
-		return oom(err);
+		return ms_err_nomem(err);
 	}
 	*out = res;
 	return MS_OK;
@@ -4656,7 +4464,7 @@ static int write_index(const struct src *s, const char *out_dir, struct ms_err *
 
 	ms_buf_init(&b);
 	if (ok && s->index_meta)
-		ok = json_put(root, "metadata", cJSON_Duplicate(s->index_meta, 1));
+		ok = ms_json_put(root, "metadata", cJSON_Duplicate(s->index_meta, 1));
 	ok = ok && (wm = cJSON_AddObjectToObject(root, "weight_map"));
 	for (size_t i = 0; ok && i < s->n; i++)
 		ok = cJSON_AddStringToObject(wm, s->t[i].name, s->files[s->t[i].file].name) != NULL;
@@ -4666,9 +4474,9 @@ static int write_index(const struct src *s, const char *out_dir, struct ms_err *
 		ok = ms_buf_puts(&b, "\n") == 0 && !b.oom;
 	path = ms_path_join(out_dir, s->index_name);
 	if (rc == MS_OK && (!ok || !path))
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 	else if (rc == MS_ENOMEM)
-		oom(err);
+		ms_err_nomem(err);
 	else if (rc == MS_OK)
 		rc = ms_write_file_atomic(path, b.data, b.len, 0, err);
 	ms_buf_release(&b);
@@ -4708,7 +4516,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 		if ((rc = stage_open(&st, out_dir, o->force, err)) != MS_OK ||
 		    (rc = sset_hash_verify(&ss, o->nthreads, V_SHARDS | V_REASSEMBLE, err)) != MS_OK)
 			goto out;
-		fdir = st.final;
+		fdir = st.s.dest;
 	}
 	nf = ss.s.nfiles;
 	if ((rc = result_new(&ss.s, ss.pl, nf, &res, err)) != MS_OK)
@@ -4719,7 +4527,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 	spaths = ms_calloc(nf, sizeof(*spaths));
 	jobs = ms_calloc(nf, sizeof(*jobs));
 	if (!all || !lpos || !os || !spaths || !jobs) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (uint32_t e = 0; e < ss.s.E; e++) {
@@ -4734,7 +4542,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 		of->experts = ms_malloc((size_t)ss.s.E * sizeof(uint32_t));
 		spaths[f] = o->dry_run ? NULL : stage_path(&st, ss.s.files[f].name);
 		if (!of->path || !of->experts || (!o->dry_run && !spaths[f])) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		memcpy(of->experts, all, (size_t)ss.s.E * sizeof(uint32_t));
@@ -4753,11 +4561,11 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 			      .files = res->files, .nfiles = nf, .o = o };
 	if ((rc = pool_run(&pool, o->nthreads, err)) != MS_OK)
 		goto out;
-	if (ss.s.index_name && (rc = write_index(&ss.s, st.tmp, err)) != MS_OK)
+	if (ss.s.index_name && (rc = write_index(&ss.s, ms_stage_path(&st.s), err)) != MS_OK)
 		goto out;
 	for (size_t c = 0; c < ss.s.nconfigs; c++) {
 		if (!(p = stage_path(&st, ss.s.configs[c].name))) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		rc = ms_write_file_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
@@ -4819,7 +4627,7 @@ int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank
 	l = ss.pl->first[rank + 1] - ss.pl->first[rank];
 	if (!r || !(r->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t))) ||
 	    !(r->shard_path = ms_path_join(ss.dir, ss.names[rank]))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	r->rank = rank;

@@ -217,7 +217,7 @@ static int device_file(const struct ms_vfile *vf, struct ms_st_file *f, int nthr
 
 	*fallback = 0;
 	if (!items)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < f->ntensors; i++) {
 		const struct ms_vtensor *vt = same_layout(vf, &f->tensors[i]);
 
@@ -259,7 +259,7 @@ static int hash_cpu(const struct ms_vstate *s, struct ms_st_file **files, const 
 		n += files[i]->ntensors + 1;
 	jobs = ms_calloc(n ? n : 1, sizeof(*jobs));
 	if (!jobs)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < nopen; i++) {
 		struct ms_st_file *f = files[i];
 
@@ -330,7 +330,7 @@ static int verify_state(const struct ms_vstate *s, int nthreads, int device,
 	files = ms_calloc(s->nfiles ? s->nfiles : 1, sizeof(*files));
 	which = ms_calloc(s->nfiles ? s->nfiles : 1, sizeof(*which));
 	if (!files || !which) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* the recorded tensors must still give the recorded state digest: an
@@ -462,7 +462,7 @@ static int verify_state(const struct ms_vstate *s, int nthreads, int device,
 	rc = r->nproblems ? MS_ECHECK : MS_OK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	for (size_t k = 0; k < nopen; k++)
 		ms_st_close(files[k]);
@@ -504,7 +504,7 @@ int ms_vstate_digest(const struct ms_vstate *s, char out[MS_STATE_DIGEST_LEN],
 	ts = ms_calloc(n ? n : 1, sizeof(*ts));
 	ptrs = ms_calloc(n ? n : 1, sizeof(*ptrs));
 	if (!ts || !ptrs) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < s->nfiles; i++) {
@@ -535,7 +535,7 @@ int ms_vstate_from_ckpt(const struct ms_ckpt *c, struct ms_vstate **out,
 
 	*out = NULL;
 	if (!s)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	s->ep_size = s->ep_rank = -1;
 	s->files = ms_calloc(c->nfiles ? c->nfiles : 1, sizeof(*s->files));
 	s->configs = ms_calloc(c->nconfigs ? c->nconfigs : 1, sizeof(*s->configs));
@@ -588,7 +588,7 @@ int ms_vstate_from_ckpt(const struct ms_ckpt *c, struct ms_vstate **out,
 	*out = s;
 	return MS_OK;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 fail:
 	ms_vstate_free(s);
 	return rc;
@@ -617,14 +617,6 @@ static cJSON *json_u64(uint64_t v)
 
 	snprintf(b, sizeof(b), "%llu", (unsigned long long)v);
 	return cJSON_CreateRaw(b);
-}
-
-/* cJSON_AddItemToObject taking item in every case (deleted when it cannot
- * be added); a failure shows in ms_json_failed. */
-static void json_put(cJSON *o, const char *key, cJSON *item)
-{
-	if (!cJSON_AddItemToObject(o, key, item))
-		cJSON_Delete(item);
 }
 
 int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
@@ -671,7 +663,7 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 			goto out;
 		}
 		cJSON_AddStringToObject(f, "path", rel);
-		json_put(f, "size", json_u64(vf->size));
+		ms_json_put(f, "size", json_u64(vf->size));
 		if (vf->has_header_digest) {
 			ms_hex(vf->header_digest, 32, hex);
 			cJSON_AddStringToObject(f, "header_sha256", hex);
@@ -694,8 +686,8 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 			shape = cJSON_AddArrayToObject(j, "shape");
 			for (uint32_t d = 0; shape && d < vt->ndim; d++)
 				cJSON_AddItemToArray(shape, json_u64(vt->shape[d]));
-			json_put(j, "offset", json_u64(vt->offset));
-			json_put(j, "bytes", json_u64(vt->nbytes));
+			ms_json_put(j, "offset", json_u64(vt->offset));
+			ms_json_put(j, "bytes", json_u64(vt->nbytes));
 			ms_hex(vt->digest, 32, hex);
 			cJSON_AddStringToObject(j, "sha256", hex);
 		}
@@ -726,7 +718,7 @@ int ms_manifest_write(const struct ms_vstate *s, const char *root, char **json,
 	}
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	free(rroot);
 	cJSON_Delete(o);
@@ -945,7 +937,7 @@ int ms_manifest_parse(const char *json, size_t len, const char *label, const cha
 	rc = MS_OK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	ms_vstate_free(s);
 	cJSON_Delete(o);
@@ -1096,7 +1088,7 @@ int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 	rc = MS_OK;
 	goto out;
 oom:
-	rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+	rc = ms_err_nomem(err);
 out:
 	ms_vstate_free(s);
 	ms_inv_configs_free(cfgs, ncfgs);

@@ -183,7 +183,7 @@ static int load_one(struct engine *e, int w, const struct unit *u, struct ms_err
 		}
 	}
 	if (plain && !(sha = ms_sha256_new())) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (uint64_t off = u->off; off < u->off + u->len; off += e->chunk) {
@@ -310,7 +310,7 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 	wk = ms_calloc((size_t)nt, sizeof(*wk));
 	th = ms_calloc((size_t)nt, sizeof(*th));
 	if (!e.order || !e.coff || !e.left || !wk || !th) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -344,7 +344,7 @@ int ms_vload_run(struct ms_vload_item *items, size_t n, int nthreads,
 		e.units = ms_malloc((size_t)nunits * sizeof(*e.units));
 		e.chunks = ms_malloc(nchunks ? (size_t)nchunks * MS_SHA256_LEN : 1);
 		if (!e.units || !e.chunks) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		for (size_t k = 0; k < n; k++) {
@@ -415,7 +415,7 @@ int ms_vload_tree_recs(const struct ms_vload_item *items, size_t n, struct ms_tr
 	if (!k)
 		return MS_OK;
 	if (!(*out = ms_calloc(k, sizeof(**out))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	for (size_t i = 0; i < n; i++) {
 		struct ms_tree_rec *r = &(*out)[*nout];
 

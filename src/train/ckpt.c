@@ -7,7 +7,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,23 +18,7 @@
 #include "fsutil.h"
 #include "hash.h"
 #include "safetensors.h"
-
-static int oom(struct ms_err *err)
-{
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	return (flag == FTW_DP ? rmdir(path) : unlink(path)) && errno != ENOENT ? -1 : 0;
-}
-
-static void remove_tree(const char *path)
-{
-	(void)nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+#include "stage.h"
 
 /* The metadata JSON of optimizer.safetensors. Nothing of the run's
  * identity goes in (its number, its plan file): the file, and so the
@@ -56,13 +39,13 @@ static int write_adapter(const struct ms_train_ckpt_save *s, const char *dir, st
 	int rc;
 
 	if (!p)
-		return oom(err);
+		return ms_err_nomem(err);
 	rc = ms_write_file_atomic(p, s->adapter_config, strlen(s->adapter_config), 0, err);
 	ms_free(p);
 	if (rc != MS_OK)
 		return rc;
 	if (!(p = ms_path_join(dir, "adapter_model.safetensors")))
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_st_writer_new(p, 0, &w, err)) != MS_OK)
 		goto out;
 	/* PEFT's save_pretrained writes {"format": "pt"} */
@@ -89,7 +72,7 @@ static int write_optim(const struct ms_train_ckpt_save *s, const char *path, str
 	int rc;
 
 	if (!meta)
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_st_writer_new(path, 0, &w, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_st_writer_meta(w, MS_TRAIN_CKPT_META, meta, err)) != MS_OK)
@@ -100,7 +83,7 @@ static int write_optim(const struct ms_train_ckpt_save *s, const char *path, str
 		for (int k = 0; k < 2; k++) {
 			ms_free(name);
 			if (!(name = ms_asprintf("%s.%s", q->name, k ? "exp_avg_sq" : "exp_avg"))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			if ((rc = ms_st_writer_add(w, name, MS_DTYPE_F32, q->ndim, q->shape,
@@ -148,92 +131,46 @@ static int known_label(struct ms_inv *inv, const char *adir, int jobs, char **la
 		goto out;
 	}
 	if (rc == MS_OK && st->label && !(*label = ms_strdup(st->label)))
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 out:
 	ms_inv_state_free(st);
 	ms_ckpt_close(ck);
 	return rc;
 }
 
-/* The directories of path that do not exist yet, deepest first (NULL-
- * terminated, caller frees each and the array): what a failed first
- * checkpoint removes again, so that it leaves nothing behind. */
-static char **missing_dirs(const char *path)
-{
-	char **v = NULL, *p = ms_strdup(path);
-	size_t n = 0;
-	struct stat sb;
-
-	if (!p)
-		return NULL;
-	while (*p && strcmp(p, "/") && strcmp(p, ".") && lstat(p, &sb) != 0 && errno == ENOENT) {
-		char **nv = ms_realloc(v, (n + 2) * sizeof(*nv)), *slash;
-
-		if (!nv)
-			break;
-		v = nv;
-		v[n++] = p;
-		v[n] = NULL;
-		if (!(p = ms_strdup(p)))
-			break;
-		slash = strrchr(p, '/');
-		if (!slash)
-			break;
-		*(slash == p ? slash + 1 : slash) = '\0';
-	}
-	ms_free(p);
-	return v;
-}
-
 int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, char **dir_out,
 			char digest_out[MS_STATE_DIGEST_LEN], char **label_out, struct ms_err *err)
 {
-	char **created = missing_dirs(s->outputs);
+	struct ms_stage stg;
 	char *had = NULL;
-	char name[64], *final = NULL, *stage = NULL, *adir = NULL, *opath = NULL;
+	char name[64], *final = NULL, *adir = NULL, *opath = NULL;
 	char *params = NULL, *reg = NULL;
 	uint8_t sha[32];
 	struct ms_inv_add_opts a;
 	struct stat sb;
-	int rc = MS_OK, have_stage = 0, published = 0, batch = 0, injected;
+	int rc = MS_OK, batch = 0;
 
+	ms_stage_init(&stg);
 	*dir_out = NULL;
 	*label_out = NULL;
 	snprintf(name, sizeof(name), "step-%06" PRIu64, s->meta.step);
-	if ((rc = ms_mkdir_p(s->outputs, err)) != MS_OK)
-		goto out;
 	if (!(final = ms_path_join(s->outputs, name))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
+	/* a failed first checkpoint removes the outputs directories it made,
+	 * so that it leaves nothing behind */
+	if ((rc = ms_stage_open(&stg, final, "checkpoint", MS_STAGE_DIR | MS_STAGE_PARENTS,
+				err)) != MS_OK)
+		goto out;
 	if (lstat(final, &sb) == 0) {
 		rc = ms_err_set(err, MS_EEXIST, "'%s': checkpoint exists (another run wrote to "
 				"these outputs)", final);
 		goto out;
 	}
-	/* the staging name is that of every writer's temporary, so that
-	 * msinv gc removes it when its writer died */
-	for (int tries = 0;; tries++) {
-		unsigned rnd = (unsigned)rand() ^ (unsigned)(uint64_t)(ms_now() * 1e9);
-
-		ms_free(stage);
-		if (!(stage = ms_asprintf("%s/.%s%s%ld-%08x", s->outputs, name, MS_TMP_MARKER,
-					  (long)getpid(), rnd))) {
-			rc = oom(err);
-			goto out;
-		}
-		if (mkdir(stage, 0755) == 0)
-			break;
-		if (errno != EEXIST || tries > 8) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot create a staging directory beside "
-					"it: %s", final, strerror(errno));
-			goto out;
-		}
-	}
-	have_stage = 1;
-	if (!(adir = ms_path_join(stage, MS_TRAIN_CKPT_ADAPTER)) ||
-	    !(opath = ms_path_join(stage, MS_TRAIN_CKPT_OPTIM))) {
-		rc = oom(err);
+	if (!(adir = ms_path_join(ms_stage_path(&stg), MS_TRAIN_CKPT_ADAPTER)) ||
+	    !(opath = ms_path_join(ms_stage_path(&stg), MS_TRAIN_CKPT_OPTIM))) {
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if (mkdir(adir, 0755)) {
@@ -244,33 +181,18 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 		goto out;
 	if ((rc = ms_file_sha256(opath, sha, err)) != MS_OK)
 		goto out;
-	if (ms_fsync_dir_of(adir) || ms_fsync_dir_of(stage)) {
+	if (ms_fsync_dir_of(adir) || ms_fsync_dir_of(ms_stage_path(&stg))) {
 		rc = ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", final,
 				strerror(errno));
 		goto out;
 	}
-	if ((injected = ms_fault("rename")) || ms_rename_noreplace(stage, final, 1)) {
-		int e = injected ? EIO : errno;
-
-		rc = e == EEXIST || e == ENOTEMPTY
-			     ? ms_err_set(err, MS_EEXIST, "'%s': checkpoint appeared while writing "
-					  "(another writer won)", final)
-			     : ms_err_set(err, MS_EIO, "'%s': cannot move the checkpoint into "
-					  "place: %s", final, strerror(e));
+	if ((rc = ms_stage_publish(&stg, MS_STAGE_NEW, err)) != MS_OK)
 		goto out;
-	}
-	published = 1;
-	have_stage = 0;
-	if (ms_fsync_dir_of(final)) {
-		rc = ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", final,
-				strerror(errno));
-		goto out;
-	}
 	/* registration: one batch, so the adapter, its edges and its run
 	 * output are recorded together or not at all */
 	if (!(params = edge_params(s, sha)) ||
 	    !(reg = ms_path_join(final, MS_TRAIN_CKPT_ADAPTER))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	/* a state has one label: the same bytes from another run keep theirs */
@@ -301,49 +223,28 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)
 		goto out;
 	if (!(*label_out = had ? had : ms_strdup(s->label))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	had = NULL;
 	*dir_out = final;
 	final = NULL;
+	ms_stage_commit(&stg);
 out:
 	if (batch)
 		(void)ms_inv_batch_end(inv, 0, NULL);
-	if (rc != MS_OK && published && final) {
-		/* not recorded: take it away again, nothing unregistered stays */
-		if (rename(final, stage) == 0)
-			have_stage = 1;
-		else
-			remove_tree(final);
-		(void)ms_fsync_dir_of(final);
-	}
-	if (have_stage && stage)
-		remove_tree(stage);
-	if (rc != MS_OK && stage && err) {
-		/* name the checkpoint, not its staging directory */
-		char *at = strstr(err->msg, stage), msg[sizeof(err->msg)];
-
-		if (at && final) {
-			snprintf(msg, sizeof(msg), "%.*s%s%s", (int)(at - err->msg), err->msg, final,
-				 at + strlen(stage));
-			memcpy(err->msg, msg, sizeof(msg));
-		}
+	if (rc != MS_OK) {
+		/* name the checkpoint, not its staging directory; one not
+		 * recorded is taken away again, nothing unregistered stays */
+		ms_stage_fix_msg(&stg, err);
+		ms_stage_abort(&stg);
 	}
 	ms_free(final);
-	ms_free(stage);
 	ms_free(adir);
 	ms_free(opath);
 	ms_free(params);
 	ms_free(reg);
 	ms_free(had);
-	for (size_t i = 0; created && created[i]; i++) {
-		/* only the empty ones this call made: a failure leaves no trace */
-		if (rc != MS_OK)
-			(void)rmdir(created[i]);
-		ms_free(created[i]);
-	}
-	ms_free(created);
 	return rc;
 }
 
@@ -371,7 +272,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 
 	memset(meta, 0, sizeof(*meta));
 	if (!path)
-		return oom(err);
+		return ms_err_nomem(err);
 	if ((rc = ms_read_file(path, UINT64_C(1) << 40, &text, &len, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_sha256(text, len, got)) != MS_OK) {
@@ -395,7 +296,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 	    meta_u64(mj, "step", &meta->step) || meta_u64(mj, "data_cursor", &meta->data_cursor) ||
 	    meta_u64(mj, "data_seed", &meta->data_seed) ||
 	    meta_u64(mj, "lora_seed", &meta->lora_seed)) {
-		rc = nomem ? oom(err)
+		rc = nomem ? ms_err_nomem(err)
 			   : ms_err_set(err, MS_EINVAL, "'%s': metadata '%s' missing or malformed",
 					path, MS_TRAIN_CKPT_META);
 		goto out;
@@ -411,7 +312,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 
 			ms_free(name);
 			if (!(name = ms_asprintf("%s.%s", opt->p[i].name, k ? "exp_avg_sq" : "exp_avg"))) {
-				rc = oom(err);
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 			t = ms_st_find(f, name);

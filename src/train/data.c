@@ -104,7 +104,7 @@ static int jsonl_line(struct ms_data *d, const char *line, size_t len, uint64_t 
 		goto out;
 	}
 	if (!root) {
-		rc = nomem ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		rc = nomem ? ms_err_nomem(err)
 			   : ms_err_set(err, MS_EINVAL, "'%s:%llu': not a JSON object", d->path,
 					(unsigned long long)lineno);
 		goto out;
@@ -140,12 +140,12 @@ static int jsonl_line(struct ms_data *d, const char *line, size_t len, uint64_t 
 		while (ncap < base + (uint64_t)n)
 			ncap *= 2;
 		if (!(t = ms_realloc(d->tok, ncap * sizeof(*t)))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		d->tok = t;
 		if (!(m = ms_realloc(d->msk, ncap))) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		d->msk = m;
@@ -210,7 +210,7 @@ static int jsonl_load(struct ms_data *d, struct ms_err *err)
 		lines += text[i] == '\n';
 	ncap_rec = lines;
 	if (!(d->off = ms_calloc(ncap_rec + 1, sizeof(*d->off)))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t pos = 0; pos < len;) {
@@ -237,7 +237,7 @@ static int jsonl_load(struct ms_data *d, struct ms_err *err)
 	else if (d->nrec > UINT32_MAX)
 		rc = ms_err_set(err, MS_EINVAL, "'%s': more than %u examples", d->path, UINT32_MAX);
 	else if (!(d->perm = ms_malloc(d->nrec * sizeof(*d->perm))))
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 	d->perm_epoch = UINT64_MAX;
 out:
 	ms_free(text);
@@ -259,13 +259,13 @@ int ms_data_open(const struct ms_data_cfg *cfg, struct ms_data **out, struct ms_
 	if (cfg->batch < 1)
 		return ms_err_set(err, MS_EINVAL, "'batch': must be at least 1");
 	if (!(d = ms_calloc(1, sizeof(*d))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	d->cfg = *cfg;
 	d->cfg.jsonl = NULL;
 	d->alphabet = cfg->vocab - 3 < 10 ? cfg->vocab - 3 : 10;
 	if (cfg->task == MS_TASK_JSONL) {
 		if (!cfg->jsonl || !(d->path = ms_strdup(cfg->jsonl))) {
-			rc = cfg->jsonl ? ms_err_set(err, MS_ENOMEM, "out of memory")
+			rc = cfg->jsonl ? ms_err_nomem(err)
 					: ms_err_set(err, MS_EINVAL, "no JSONL file given");
 			goto out;
 		}
@@ -288,7 +288,7 @@ int ms_batch_init(struct ms_batch *b, uint32_t batch, uint32_t seq_len, struct m
 	b->mask = ms_calloc((size_t)batch * seq_len, 1);
 	if (!b->ids || !b->mask) {
 		ms_batch_release(b);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	}
 	return MS_OK;
 }

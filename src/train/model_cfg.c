@@ -316,7 +316,7 @@ int ms_model_cfg_parse(const char *json, size_t len, struct ms_model_cfg *cfg,
 
 	memset(cfg, 0, sizeof *cfg);
 	if (!root)
-		return oom ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		return oom ? ms_err_nomem(err)
 			   : ms_err_set(err, MS_EINVAL, "config.json: not JSON");
 	rc = parse(root, cfg, err);
 	cJSON_Delete(root);

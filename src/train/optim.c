@@ -129,7 +129,7 @@ int ms_adamw_new(const struct ms_adamw_cfg *cfg, const struct ms_optim_param *p,
 	if ((rc = ms_adamw_cfg_check(cfg, err)) != MS_OK)
 		return rc;
 	if (!(o = ms_calloc(1, sizeof(*o))))
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
+		return ms_err_nomem(err);
 	o->cfg = *cfg;
 	o->np = np;
 	if (!(o->p = ms_calloc(np ? np : 1, sizeof(*o->p))) ||
@@ -146,7 +146,7 @@ int ms_adamw_new(const struct ms_adamw_cfg *cfg, const struct ms_optim_param *p,
 	return MS_OK;
 oom:
 	ms_adamw_free(o);
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
+	return ms_err_nomem(err);
 }
 
 /* torch's lerp on CPU: self + w * (end - self) for |w| < 0.5, else

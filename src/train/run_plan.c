@@ -15,11 +15,6 @@
 
 #include "fsutil.h"
 
-static int oom(struct ms_err *err)
-{
-	return ms_err_set(err, MS_ENOMEM, "out of memory");
-}
-
 struct pctx {
 	const char *label;
 	struct ms_err *err;
@@ -258,7 +253,7 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 	out->task = MS_TASK_COPY;
 	out->colwise = MS_COLWISE_RESIDENT;
 	if (!(root = ms_json_parse(json, len, &nomem)) || !cJSON_IsObject(root)) {
-		rc = nomem ? ms_err_set(err, MS_ENOMEM, "out of memory")
+		rc = nomem ? ms_err_nomem(err)
 			   : ms_err_set(err, MS_EINVAL, "plan '%s': not a JSON object", label);
 		goto out;
 	}
@@ -316,7 +311,7 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 			out->task = MS_TASK_JSONL;
 			out->jsonl = file[0] == '/' || !dir ? ms_strdup(file) : ms_path_join(dir, file);
 			if (!out->jsonl) {
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+				rc = ms_err_nomem(err);
 				goto out;
 			}
 		}
@@ -335,7 +330,7 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 	    (s && (rc = check_label(&c, s)) != MS_OK))
 		goto out;
 	if (!(out->label = ms_strdup(s ? s : "lora"))) {
-		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	if ((rc = ms_adamw_cfg_check(&out->optim, err)) != MS_OK) {
@@ -393,7 +388,7 @@ int ms_train_launch_parse(char *const *envp, struct ms_train_launch *out, struct
 	out->active = 1;
 	if (!(out->roles = ms_calloc(n + 1, sizeof(char *))) ||
 	    !(out->digests = ms_calloc(n + 1, sizeof(char *)))) {
-		rc = oom(err);
+		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; envp[i]; i++) {
@@ -404,7 +399,7 @@ int ms_train_launch_parse(char *const *envp, struct ms_train_launch *out, struct
 		if (!(out->roles[out->nroles] = ms_strndup(e + 12, (size_t)(eq - e - 12))) ||
 		    !(out->digests[out->nroles] = ms_strdup(eq + 1))) {
 			ms_free(out->roles[out->nroles]);
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		out->nroles++;

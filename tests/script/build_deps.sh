@@ -59,5 +59,16 @@ if "$MAKE" -C "$ROOT" --no-print-directory BUILD="$W/b4" pkgcheck >"$W/out" 2>"$
 	bad "all libraries present: the check failed or printed"; sed 's/^/  /' "$W/err" | head -n 8
 fi
 
+# hash.c is a leaf: hash.h needs common.h alone (the safetensors digests
+# live beside the safetensors code), so hashing builds without file formats
+CC=${CC:-cc}
+if command -v "$CC" >/dev/null 2>&1; then
+	deps=$(printf '#include "hash.h"\n' | "$CC" -MM -I"$ROOT/src" -x c - 2>"$W/err" |
+	       tr ' \\' '\n\n' | sed -n 's|.*/src/||p' | sort | tr '\n' ' ')
+	if [ "$deps" = "common.h hash.h " ]; then ok; else
+		bad "hash.h includes more than common.h: $deps"; sed 's/^/  /' "$W/err" | head -n 4
+	fi
+fi
+
 echo "build_deps: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -149,7 +149,7 @@ expect 1 "$B/msverify" files --manifest host2/adapter/lora.json --sig host2/adap
 has "signs" "$W/err" "edited manifest refused by its signature"
 
 # ---- export / import: all or nothing; a rerun adopts a complete DIR ----
-notemp() { [ -z "$(ls -a | grep -e '\.import-' -e '\.replaced-')" ] && ok || bad "$1 left a temporary: $(ls -a | tr '\n' ' ')"; }
+notemp() { [ -z "$(ls -a | grep -e '\.tmp-' -e '\.import-' -e '\.replaced-')" ] && ok || bad "$1 left a temporary: $(ls -a | tr '\n' ' ')"; }
 refuse_states() {
 	sqlite3 "$1" "CREATE TRIGGER no_states BEFORE INSERT ON states BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END;"
 }

@@ -638,7 +638,7 @@ static int test_round_trip(void)
 		char *parent = ms_asprintf("%s/sandbox", v.box);
 		char *l = listing(parent);
 
-		T_ASSERT_MSG(!strstr(l, ".import-") && !strstr(l, ".replaced-"), "%s", l);
+		T_ASSERT_MSG(!strstr(l, ".tmp-") && !strstr(l, ".import-") && !strstr(l, ".replaced-"), "%s", l);
 		free(l);
 		ms_free(parent);
 	}
@@ -728,7 +728,8 @@ static int test_target_and_label(void)
 	T_ASSERT_MSG(ms_import_bundle(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
 		     err.msg);
 	l = listing(v.box);
-	T_ASSERT_MSG(!strstr(l, ".replaced-") && !strstr(l, ".import-") && strstr(l, "/sandbox/out/config.json"),
+	T_ASSERT_MSG(!strstr(l, ".replaced-") && !strstr(l, ".import-") && !strstr(l, ".tmp-") &&
+			     strstr(l, "/sandbox/out/config.json"),
 		     "%s", l);
 	free(l);
 	/* force does not replace a directory that is not an import */

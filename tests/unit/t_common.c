@@ -247,7 +247,37 @@ static int test_bytes_str(void)
 	return 0;
 }
 
+/* The helpers that replaced static copies in several files. */
+static int test_shared_helpers(void)
+{
+	char *v[] = {"b", "a", "c", "ab"};
+	struct ms_err err = {0};
+	cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
+
+	qsort(v, 4, sizeof(v[0]), ms_cmp_str);
+	T_ASSERT(!strcmp(v[0], "a") && !strcmp(v[1], "ab") && !strcmp(v[2], "b") &&
+		 !strcmp(v[3], "c"));
+	T_ASSERT(ms_str_ends_with("x.weight", ".weight"));
+	T_ASSERT(ms_str_ends_with(".weight", ".weight"));
+	T_ASSERT(!ms_str_ends_with("weight", ".weight"));
+	T_ASSERT(ms_str_ends_with("x", ""));
+	T_ASSERT(o && a);
+	T_ASSERT_EQ_INT(ms_json_put(o, "k", cJSON_CreateNumber(1)), 1);
+	T_ASSERT_EQ_INT(ms_json_put(a, NULL, cJSON_CreateString("s")), 1);
+	T_ASSERT_EQ_INT(ms_json_put(o, "a", a), 1);
+	/* a missing item or object is not added, and nothing leaks */
+	T_ASSERT_EQ_INT(ms_json_put(o, "n", NULL), 0);
+	T_ASSERT_EQ_INT(ms_json_put(NULL, "n", cJSON_CreateNumber(2)), 0);
+	T_ASSERT_EQ_INT(cJSON_GetArraySize(o), 2);
+	cJSON_Delete(o);
+	T_ASSERT_EQ_INT(ms_err_nomem(&err), MS_ENOMEM);
+	T_ASSERT_EQ_INT(err.code, MS_ENOMEM);
+	T_ASSERT_STR(err.msg, "out of memory");
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_shared_helpers),
 	T_CASE(test_bytes_str),
 	T_CASE(test_json_parse_ok),
 	T_CASE(test_json_parse_malformed),

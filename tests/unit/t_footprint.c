@@ -8,6 +8,7 @@
 
 #include "test.h"
 #include "footprint.h"
+#include "names.h"
 #include "quant.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -183,6 +184,16 @@ static int test_quantizable_rule(void)
 	T_ASSERT(!ms_fp_quantizable("model.layers.0.self_attn.q_proj.weight", MS_DTYPE_F8_E4M3, 2, s2));
 	T_ASSERT(!ms_fp_quantizable("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
 				    MS_DTYPE_F32, 2, s2));
+	/* the one rule behind both (names.h): without a shape a fused 3-D
+	 * weight is not tested, with one it is */
+	{
+		const char *fused = "model.layers.0.mlp.experts.gate_up_proj";
+		struct ms_name_info info;
+
+		T_ASSERT_EQ_INT(ms_name_parse(fused, &info), MS_OK);
+		T_ASSERT(!ms_name_quantizable(fused, &info, MS_DTYPE_BF16, 3, NULL));
+		T_ASSERT(ms_name_quantizable(fused, &info, MS_DTYPE_BF16, 3, s3));
+	}
 	return 0;
 }
 

@@ -47,8 +47,9 @@ def tool(build, *argv, cwd=None):
     return out
 
 
-# what writers stage in: ".<name>.tmp-<pid>-<hex>" (every output), and an
-# import's ".<name>.import-<pid>-<hex>" / ".<name>.replaced-<pid>-<hex>"
+# what writers stage in: ".<name>.tmp-<pid>-<hex>" (every output), an output
+# --force replaced waiting at ".<name>.replaced-<pid>-<hex>", and what imports
+# staged in before ".<name>.import-<pid>-<hex>"
 TEMP_RE = re.compile(r"^\..+\.(tmp|import|replaced)-[0-9]+-[0-9a-f]+$")
 
 
