@@ -2489,46 +2489,15 @@ int ms_model_forward(struct ms_model *m, const int32_t *ids, uint32_t batch,
 	return MS_OK;
 }
 
-int ms_model_step(struct ms_model *m, const int32_t *ids,
-		  const uint8_t *loss_mask, uint32_t batch, uint32_t seq,
-		  double grad_scale, uint64_t step, double *loss_sum,
-		  uint64_t *n_tokens, struct ms_err *err)
+/* Backward from m->logits, which hold d loss / d logits [T, V] (already
+ * scaled), into every parameter's g (+=). */
+static int model_bwd(struct ms_model *m, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;
-	size_t T, H = c->hidden, V = c->vocab;
+	size_t T = m->T, H = c->hidden;
 	float *d = NULL, *d2 = NULL;
-	double loss = 0;
-	uint64_t nt = 0;
-	int rc;
+	int rc = MS_OK;
 
-	m->train = 1;
-	m->step = step;
-	if ((rc = model_fwd(m, ids, batch, seq, err)))
-		goto out;
-	T = m->T;
-	/* cross-entropy; the logits become their gradient in place */
-	for (size_t t = 0; t < T; t++) {
-		size_t s = t % seq;
-		float *lg = m->logits + t * V;
-		if (s + 1 >= seq || (loss_mask && !loss_mask[t + 1])) {
-			memset(lg, 0, V * sizeof(float));
-			continue;
-		}
-		int32_t lab = ids[t + 1];
-		double mx = lg[0], sum = 0;
-		for (size_t v = 1; v < V; v++)
-			if (lg[v] > mx)
-				mx = lg[v];
-		for (size_t v = 0; v < V; v++)
-			sum += exp((double)lg[v] - mx);
-		double lse = mx + log(sum);
-		loss += lse - lg[lab];
-		nt++;
-		for (size_t v = 0; v < V; v++) {
-			double pv = exp((double)lg[v] - lse);
-			lg[v] = (float)(grad_scale * (pv - (v == (size_t)lab)));
-		}
-	}
 	d = alloc_f(T * H);
 	d2 = alloc_f(T * H);
 	if (!d || !d2) {
@@ -2562,8 +2531,6 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
 			p->g[e] += (float)s;
 		}
 	}
-	*loss_sum = loss;
-	*n_tokens = nt;
 out:
 	if (rc)
 		for (uint32_t r = 0; r < m->ep; r++)
@@ -2572,6 +2539,70 @@ out:
 				       m->params[i].n * sizeof(double));
 	ms_free(d);
 	ms_free(d2);
+	return rc;
+}
+
+int ms_model_step(struct ms_model *m, const int32_t *ids,
+		  const uint8_t *loss_mask, uint32_t batch, uint32_t seq,
+		  double grad_scale, uint64_t step, double *loss_sum,
+		  uint64_t *n_tokens, struct ms_err *err)
+{
+	size_t T, V = m->cfg.vocab;
+	double loss = 0;
+	uint64_t nt = 0;
+	int rc;
+
+	m->train = 1;
+	m->step = step;
+	if ((rc = model_fwd(m, ids, batch, seq, err)))
+		goto out;
+	T = m->T;
+	/* cross-entropy; the logits become their gradient in place */
+	for (size_t t = 0; t < T; t++) {
+		size_t s = t % seq;
+		float *lg = m->logits + t * V;
+		if (s + 1 >= seq || (loss_mask && !loss_mask[t + 1])) {
+			memset(lg, 0, V * sizeof(float));
+			continue;
+		}
+		int32_t lab = ids[t + 1];
+		double mx = lg[0], sum = 0;
+		for (size_t v = 1; v < V; v++)
+			if (lg[v] > mx)
+				mx = lg[v];
+		for (size_t v = 0; v < V; v++)
+			sum += exp((double)lg[v] - mx);
+		double lse = mx + log(sum);
+		loss += lse - lg[lab];
+		nt++;
+		for (size_t v = 0; v < V; v++) {
+			double pv = exp((double)lg[v] - lse);
+			lg[v] = (float)(grad_scale * (pv - (v == (size_t)lab)));
+		}
+	}
+	if ((rc = model_bwd(m, err)))
+		goto out;
+	*loss_sum = loss;
+	*n_tokens = nt;
+out:
+	m->train = 0;
+	return rc;
+}
+
+int ms_model_step_fn(struct ms_model *m, const int32_t *ids, uint32_t batch,
+		     uint32_t seq, uint64_t step, ms_model_dlogits_fn fn, void *ctx,
+		     struct ms_err *err)
+{
+	int rc;
+
+	m->train = 1;
+	m->step = step;
+	if ((rc = model_fwd(m, ids, batch, seq, err)))
+		goto out;
+	if ((rc = fn(ctx, m->logits, m->T, m->cfg.vocab, err)))
+		goto out;
+	rc = model_bwd(m, err);
+out:
 	m->train = 0;
 	return rc;
 }
