@@ -123,6 +123,42 @@ int ms_rl_event_json(const struct ms_rl_event *e, char **json, struct ms_err *er
 	return MS_OK;
 }
 
+int ms_rl_metrics_json(const struct ms_rl_metrics *s, char **json, struct ms_err *err)
+{
+	uint64_t mark = ms_json_mark();
+	cJSON *o;
+	char *t = NULL;
+
+	*json = NULL;
+	ms_json_init();
+	if (!(o = cJSON_CreateObject()))
+		return oom(err);
+	cJSON_AddNumberToObject(o, "step", (double)s->step);
+	cJSON_AddNumberToObject(o, "reward_mean", s->reward_mean);
+	cJSON_AddNumberToObject(o, "reward_std", s->reward_std);
+	cJSON_AddNumberToObject(o, "group_std", s->group_std);
+	cJSON_AddNumberToObject(o, "zero_var_share", s->zero_var_share);
+	cJSON_AddNumberToObject(o, "kl", s->kl);
+	cJSON_AddNumberToObject(o, "entropy", s->entropy);
+	cJSON_AddNumberToObject(o, "clip_frac", s->clip_frac);
+	cJSON_AddNumberToObject(o, "grad_norm", s->grad_norm);
+	cJSON_AddNumberToObject(o, "pg_norm", s->pg_norm);
+	cJSON_AddNumberToObject(o, "reg_norm", s->reg_norm);
+	cJSON_AddNumberToObject(o, "reg_share", s->reg_share);
+	cJSON_AddNumberToObject(o, "resp_len", s->resp_len);
+	cJSON_AddNumberToObject(o, "tokens_per_s", s->tokens_per_s);
+	cJSON_AddNumberToObject(o, "seconds", s->seconds);
+	if (!ms_json_failed(mark))
+		t = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if (!t || ms_json_failed(mark)) {
+		ms_free(t);
+		return oom(err);
+	}
+	*json = t;
+	return MS_OK;
+}
+
 int ms_rl_event_record(struct ms_inv *inv, int64_t run_id, const struct ms_rl_event *e,
 		       struct ms_err *err)
 {

@@ -97,6 +97,12 @@ struct ms_rl_metrics {
 	double seconds;
 };
 
+/* The step's JSONL metrics line (no newline), ms_free'd by the caller:
+ * {"step", "reward_mean", "reward_std", "group_std", "zero_var_share",
+ *  "kl", "entropy", "clip_frac", "grad_norm", "pg_norm", "reg_norm",
+ *  "reg_share", "resp_len", "tokens_per_s", "seconds"}. MS_ENOMEM. */
+int ms_rl_metrics_json(const struct ms_rl_metrics *s, char **json, struct ms_err *err);
+
 #define MS_RL_NRULES 4
 enum ms_rl_rule { MS_RL_ZERO_VAR, MS_RL_REWARD_STD, MS_RL_ENTROPY, MS_RL_REG_SHARE };
 const char *ms_rl_rule_name(enum ms_rl_rule r);

@@ -191,7 +191,98 @@ static int fd_case(enum ms_kl_est est)
 static int test_fd_k3(void) { return fd_case(MS_KL_K3); }
 static int test_fd_k1(void) { return fd_case(MS_KL_K1); }
 
+/* ---- monitor ------------------------------------------------------------------ */
+
+/* The window: a rule fires when its line is crossed W steps in a row, once;
+ * a step back under the line restarts the count; a 0 threshold is off. */
+static int test_monitor_window(void)
+{
+	struct ms_rl_cfg c;
+	struct ms_rl_monitor mon = {0};
+	struct ms_rl_event ev[MS_RL_NRULES];
+	size_t nev, total = 0;
+	/* zero-variance share per step: over 0.5 at steps 1-2, under at 3,
+	 * over at 4-6 (fires at 6), over at 7 (fired already) */
+	static const double zv[7] = {0.75, 1.0, 0.25, 0.75, 0.75, 1.0, 1.0};
+
+	ms_rl_cfg_init(&c);
+	c.window = 3;
+	c.zero_var_max = 0.5;
+	for (int k = 0; k < 7; k++) {
+		struct ms_rl_metrics s = {.step = (uint64_t)k + 1, .zero_var_share = zv[k],
+					  .group_std = 0, .entropy = 0, .reg_share = 100};
+		ms_rl_monitor_feed(&mon, &c, &s, ev, &nev);
+		if (k == 5) {
+			T_ASSERT_EQ_INT(nev, 1);
+			T_ASSERT_EQ_INT(ev[0].rule, MS_RL_ZERO_VAR);
+			T_ASSERT_EQ_INT(ev[0].step, 6);
+			T_ASSERT(ev[0].value == 1.0 && ev[0].threshold == 0.5);
+		}
+		total += nev;
+	}
+	T_ASSERT_EQ_INT(total, 1);
+	/* every rule, each on its side of the line */
+	memset(&mon, 0, sizeof mon);
+	c.window = 1;
+	c.reward_std_min = 0.1;
+	c.entropy_min = 1.0;
+	c.reg_share_max = 2.0;
+	{
+		struct ms_rl_metrics ok = {.step = 1, .zero_var_share = 0.5, .group_std = 0.1,
+					   .entropy = 1.0, .reg_share = 2.0};
+		struct ms_rl_metrics bad = {.step = 2, .zero_var_share = 0.6, .group_std = 0.05,
+					    .entropy = 0.5, .reg_share = 2.5};
+		ms_rl_monitor_feed(&mon, &c, &ok, ev, &nev);
+		T_ASSERT_EQ_INT(nev, 0);
+		ms_rl_monitor_feed(&mon, &c, &bad, ev, &nev);
+		T_ASSERT_EQ_INT(nev, 4);
+		for (size_t i = 0; i < 4; i++)
+			T_ASSERT_EQ_INT(ev[i].rule, (int)i);
+	}
+	return 0;
+}
+
+struct find_ev {
+	int found;
+	char detail[512];
+};
+
+static int find_rl_event(const struct ms_inv_log_entry *e, void *ctx)
+{
+	struct find_ev *f = ctx;
+	if (e->detail && strstr(e->detail, "rl_collapse")) {
+		f->found++;
+		snprintf(f->detail, sizeof f->detail, "%s", e->detail);
+	}
+	return 0;
+}
+
+/* An event goes into the inventory as an "rl_collapse" event of the run,
+ * with its numbers; the audit log shows it. */
+static int test_event_record(void)
+{
+	char path[512];
+	struct ms_inv *inv = NULL;
+	struct ms_err err = {0};
+	struct ms_rl_event e = {.rule = MS_RL_REG_SHARE, .step = 12, .window = 3,
+				.value = 7.5, .threshold = 2};
+	struct find_ev f = {0};
+
+	snprintf(path, sizeof path, "%s/inv.db", T_TMP);
+	T_ASSERT_EQ_INT(ms_inv_open(path, MS_INV_CREATE, &inv, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_event_record(inv, 0, &e, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_inv_log_each(inv, find_rl_event, &f, &err), MS_OK);
+	T_ASSERT_EQ_INT(f.found, 1);
+	T_ASSERT_MSG(strstr(f.detail, "\"rule\":\"reg_share\"") &&
+		     strstr(f.detail, "\"step\":12") && strstr(f.detail, "\"value\":7.5"),
+		     "event detail: %s", f.detail);
+	ms_inv_close(inv);
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_monitor_window),
+	T_CASE(test_event_record),
 	T_CASE(test_fd_k3),
 	T_CASE(test_fd_k1),
 };
