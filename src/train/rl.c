@@ -291,22 +291,21 @@ static int cand_cmp(const void *a, const void *b)
 	return x->v < y->v ? -1 : x->v > y->v; /* ties: lower id first, fixed */
 }
 
-/* Draw from softmax(z / T) within top_p; the draw's log-prob at T = 1. */
+/* Draw from softmax(z / T) within top_p; *logp1 gets the draw's log-prob
+ * under softmax(z / T) (before the top_p cut). */
 static uint32_t sample(const float *z, uint32_t V, double T, double top_p,
 		       struct cand *c, uint64_t *st, float *logp1)
 {
-	double mx = z[0], sum = 0, sum1 = 0, mx1, u, acc = 0, keep = 0;
+	double mx = z[0], sum = 0, u, acc = 0, keep = 0;
 	uint32_t k, nk = V, tok;
 
 	for (uint32_t v = 1; v < V; v++)
 		if (z[v] > mx)
 			mx = z[v];
-	mx1 = mx;
 	for (uint32_t v = 0; v < V; v++) {
 		c[v].p = exp(((double)z[v] - mx) / T);
 		c[v].v = v;
 		sum += c[v].p;
-		sum1 += exp((double)z[v] - mx1);
 	}
 	for (uint32_t v = 0; v < V; v++)
 		c[v].p /= sum;
@@ -333,12 +332,12 @@ static uint32_t sample(const float *z, uint32_t V, double T, double top_p,
 			break;
 		}
 	}
-	*logp1 = (float)((double)z[tok] - mx1 - log(sum1));
+	*logp1 = (float)(((double)z[tok] - mx) / T - log(sum));
 	return tok;
 }
 
-static double reward_of(const struct ms_rl *r, const int32_t *c, uint32_t len,
-			const int32_t *a, uint32_t alen)
+double ms_rl_reward(const struct ms_rl *r, const int32_t *c, uint32_t len,
+		    const int32_t *a, uint32_t alen)
 {
 	uint32_t A = r->data->alphabet, match = 0, form = 0;
 	double rw;
@@ -360,6 +359,7 @@ static int batch_logp(struct ms_rl *r, float *lp, struct ms_err *err)
 	struct ms_rl_batch *b = &r->b;
 	uint32_t V = ms_model_config(r->m)->vocab;
 	size_t N = b->n, S = b->seq;
+	double T = r->cfg.temperature;
 	float *lg = NULL;
 	int rc;
 
@@ -377,8 +377,8 @@ static int batch_logp(struct ms_rl *r, float *lp, struct ms_err *err)
 				if (z[v] > mx)
 					mx = z[v];
 			for (uint32_t v = 0; v < V; v++)
-				sum += exp((double)z[v] - mx);
-			lp[i * S + t] = (float)((double)z[b->ids[i * S + t]] - mx - log(sum));
+				sum += exp(((double)z[v] - mx) / T);
+			lp[i * S + t] = (float)(((double)z[b->ids[i * S + t]] - mx) / T - log(sum));
 		}
 out:
 	ms_free(lg);
@@ -442,7 +442,8 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		for (size_t i = 0; i < N; i++) {
 			float lp;
 			uint32_t tok;
-			if (b->len[i] != pos - b->plen)
+			if (b->len[i] && b->ids[i * S + b->plen + b->len[i] - 1] ==
+						 MS_DATA_TOK_END)
 				continue; /* finished */
 			tok = sample(lg + (i * pos + pos - 1) * V, V, c->temperature, c->top_p,
 				     cd, &st[i], &lp);
@@ -458,8 +459,8 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		double mean = 0, var = 0, sd;
 		for (uint32_t g = 0; g < G; g++) {
 			size_t i = (size_t)p * G + g;
-			b->reward[i] = reward_of(r, b->ids + i * S + b->plen, b->len[i],
-						 b->answer + (size_t)p * b->plen, b->alen);
+			b->reward[i] = ms_rl_reward(r, b->ids + i * S + b->plen, b->len[i],
+						    b->answer + (size_t)p * b->plen, b->alen);
 			mean += b->reward[i];
 		}
 		mean /= G;
@@ -521,7 +522,7 @@ static int loss_fn(void *ctx, float *lg, size_t T, uint32_t V, struct ms_err *er
 	const struct ms_rl_cfg *c = &r->cfg;
 	size_t S = b->seq;
 	uint64_t ntok = 0;
-	double w;
+	double w, it = 1.0 / c->temperature;
 
 	(void)err;
 	for (size_t t = 0; t < (size_t)b->n * S; t++)
@@ -539,18 +540,18 @@ static int loss_fn(void *ctx, float *lg, size_t T, uint32_t V, struct ms_err *er
 			continue;
 		}
 		lab = b->ids[t + 1];
-		mx = z[0];
+		mx = z[0] * it;
 		for (uint32_t v = 1; v < V; v++)
-			if (z[v] > mx)
-				mx = z[v];
+			if (z[v] * it > mx)
+				mx = z[v] * it;
 		for (uint32_t v = 0; v < V; v++)
-			sum += exp((double)z[v] - mx);
+			sum += exp((double)z[v] * it - mx);
 		lse = mx + log(sum);
 		for (uint32_t v = 0; v < V; v++) {
-			double lp = (double)z[v] - lse;
+			double lp = (double)z[v] * it - lse;
 			H -= exp(lp) * lp;
 		}
-		logp = (double)z[lab] - lse;
+		logp = (double)z[lab] * it - lse;
 		ratio = exp(logp - b->logp_old[t + 1]);
 		A = b->adv[i];
 		un = ratio * A;
@@ -576,9 +577,10 @@ static int loss_fn(void *ctx, float *lg, size_t T, uint32_t V, struct ms_err *er
 		if (!j->grad)
 			continue;
 		for (uint32_t v = 0; v < V; v++) {
-			double lp = (double)z[v] - lse, p = exp(lp), oh = v == (uint32_t)lab;
-			double dpg = w * gpg * (oh - p);
-			double dreg = w * (gkl * (oh - p) + c->ent_coef * p * (lp + H));
+			double lp = (double)z[v] * it - lse, p = exp(lp), oh = v == (uint32_t)lab;
+			/* d/dz = (1/T) d/d(z/T) */
+			double dpg = it * w * gpg * (oh - p);
+			double dreg = it * w * (gkl * (oh - p) + c->ent_coef * p * (lp + H));
 			j->pg_sq += dpg * dpg;
 			j->reg_sq += dreg * dreg;
 			z[v] = (float)(dpg + dreg);

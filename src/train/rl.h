@@ -8,8 +8,10 @@
  * including SEP), G completions of at most max_new tokens are sampled one
  * token at a time from softmax(logits / temperature) restricted to the
  * smallest set of tokens whose probability reaches top_p; a completion
- * stops at END. Each sampled token's log-probability under the policy at
- * temperature 1 (the behaviour log-prob of the importance ratio) is kept.
+ * stops at END. The policy is softmax(logits / temperature) throughout
+ * (behaviour, loss, KL and entropy alike, as TRL and verl do): each sampled
+ * token's log-probability under it, before the top_p cut, is kept as the
+ * behaviour log-prob of the importance ratio.
  * Each draw comes from a generator seeded by (seed, step, sequence), so a
  * rollout is a function of the seed, the step and the weights alone. The
  * next token's logits come from a forward of the whole prefix (no KV cache
@@ -165,6 +167,11 @@ int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
 	      const struct ms_adamw_cfg *optim, struct ms_rl **out,
 	      struct ms_err *err);
 void ms_rl_free(struct ms_rl *r);
+
+/* The reward (the header's formula) of completion c of len tokens against
+ * the answer a of alen symbols. */
+double ms_rl_reward(const struct ms_rl *r, const int32_t *c, uint32_t len,
+		    const int32_t *a, uint32_t alen);
 
 /* Sample the batch of step k (rewards and advantages included). */
 int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err);

@@ -137,6 +137,7 @@ static int fd_case(enum ms_kl_est est)
 	c.prompt_len = 2;
 	c.max_new = 3;
 	c.clip_eps = 10;
+	c.temperature = 0.7;
 	c.kl_coef = 0.5;
 	c.kl_est = est;
 	c.ent_coef = 0.05;
@@ -190,6 +191,207 @@ static int fd_case(enum ms_kl_est est)
 
 static int test_fd_k3(void) { return fd_case(MS_KL_K3); }
 static int test_fd_k1(void) { return fd_case(MS_KL_K1); }
+
+/* ---- rollouts ------------------------------------------------------------------ */
+
+/* The behaviour log-probs kept while sampling token by token equal those
+ * of one forward of the finished sequences, the completions follow the
+ * rules (prompt kept, END ends one, PAD and mask 0 after), and a rollout
+ * is a function of (seed, step): the same again, another for another
+ * step or seed. */
+static int test_rollout(void)
+{
+	struct fix f;
+	struct ms_rl_cfg c;
+	struct ms_adamw_cfg o;
+	struct ms_rl *r = NULL, *r2 = NULL;
+	struct ms_err err = {0};
+	uint32_t V;
+	size_t N, S;
+	float *lg;
+	int32_t *ids0;
+	double worst = 0;
+	uint64_t ntok = 0;
+
+	T_ASSERT(fix_open(&f, 1, 0) == 0);
+	ms_rl_cfg_init(&c);
+	c.prompts = 3;
+	c.group = 4;
+	c.prompt_len = 3;
+	c.max_new = 5;
+	c.temperature = 0.5;
+	c.top_p = 0.9;
+	c.seed = 11;
+	optim_default(&o, 1e-2, 10);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_rollout(r, 2, &err), MS_OK);
+	V = f.cfg.vocab;
+	N = r->b.n;
+	S = r->b.seq;
+	T_ASSERT_EQ_INT(S, 4 + 5);
+	lg = malloc(N * S * V * sizeof *lg);
+	ids0 = malloc(N * S * sizeof *ids0);
+	T_ASSERT(lg && ids0);
+	T_ASSERT_EQ_INT(ms_model_forward(f.m, r->b.ids, (uint32_t)N, (uint32_t)S, lg, &err), MS_OK);
+	for (size_t i = 0; i < N; i++) {
+		int ended = 0;
+		T_ASSERT_EQ_INT(r->b.ids[i * S + 3], MS_DATA_TOK_SEP);
+		for (size_t t = 4; t < S; t++) {
+			const float *z = lg + (i * S + t - 1) * V;
+			double mx = z[0], sum = 0, lp;
+			if (ended) {
+				T_ASSERT(r->b.ids[i * S + t] == 0 && !r->b.mask[i * S + t]);
+				continue;
+			}
+			T_ASSERT(r->b.mask[i * S + t]);
+			for (uint32_t v = 1; v < V; v++)
+				mx = z[v] > mx ? z[v] : mx;
+			for (uint32_t v = 0; v < V; v++)
+				sum += exp(((double)z[v] - mx) / c.temperature);
+			lp = ((double)z[r->b.ids[i * S + t]] - mx) / c.temperature - log(sum);
+			if (fabs(lp - r->b.logp_old[i * S + t]) > worst)
+				worst = fabs(lp - r->b.logp_old[i * S + t]);
+			ntok++;
+			ended = r->b.ids[i * S + t] == MS_DATA_TOK_END;
+		}
+	}
+	fprintf(stderr, "  %llu sampled tokens, behaviour log-prob vs full forward: %.3g\n",
+		(unsigned long long)ntok, worst);
+	T_ASSERT(ntok >= N);
+	T_ASSERT_MSG(worst < 1e-5, "behaviour log-probs differ by %g", worst);
+	memcpy(ids0, r->b.ids, N * S * sizeof *ids0);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r2, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 2, &err), MS_OK);
+	T_ASSERT(!memcmp(ids0, r2->b.ids, N * S * sizeof *ids0));
+	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 3, &err), MS_OK);
+	T_ASSERT(memcmp(ids0, r2->b.ids, N * S * sizeof *ids0) != 0);
+	ms_rl_free(r2);
+	r2 = NULL;
+	c.seed = 12;
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r2, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 2, &err), MS_OK);
+	T_ASSERT(memcmp(ids0, r2->b.ids, N * S * sizeof *ids0) != 0);
+	free(lg);
+	free(ids0);
+	ms_rl_free(r);
+	ms_rl_free(r2);
+	fix_close(&f);
+	return 0;
+}
+
+/* Rewards: the exact answer scores 1 (+ the format bonus), a wrong one
+ * less, a malformed one nothing. */
+static int test_reward(void)
+{
+	struct fix f;
+	struct ms_rl_cfg c;
+	struct ms_adamw_cfg o;
+	struct ms_rl *r = NULL;
+	struct ms_err err = {0};
+	size_t S;
+
+	T_ASSERT(fix_open(&f, 0, MS_LORA_Q) == 0);
+	ms_rl_cfg_init(&c);
+	c.task = MS_TASK_REVERSE;
+	c.prompts = 1;
+	c.group = 2;
+	c.prompt_len = 3;
+	c.max_new = 4;
+	c.format_bonus = 0.5;
+	optim_default(&o, 1e-2, 10);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_rollout(r, 0, &err), MS_OK);
+	S = r->b.seq;
+	T_ASSERT_EQ_INT(r->b.alen, 3);
+	for (int k = 0; k < 3; k++) /* the answer is the prompt reversed */
+		T_ASSERT_EQ_INT(r->b.answer[k], r->b.ids[2 - k]);
+	{
+		const int32_t *a = r->b.answer;
+		int32_t good[4] = {a[0], a[1], a[2], MS_DATA_TOK_END};
+		int32_t half[4] = {a[0], a[1] == 3 ? 4 : 3, a[2], 7};
+		T_ASSERT(fabs(ms_rl_reward(r, good, 4, a, 3) - 1.5) < 1e-12);
+		T_ASSERT(fabs(ms_rl_reward(r, half, 4, a, 3) - (2.0 / 3 + 0.5 * 3 / 4)) < 1e-12);
+		T_ASSERT(fabs(ms_rl_reward(r, half, 0, a, 3)) < 1e-12);
+	}
+	(void)S;
+	ms_rl_free(r);
+	fix_close(&f);
+	return 0;
+}
+
+/* ---- learning and collapse ------------------------------------------------------ */
+
+struct run_out {
+	double first, last;          /* mean reward of the first / last 10 steps */
+	size_t nev;
+	struct ms_rl_event ev[MS_RL_NRULES];
+};
+
+/* 60 fixed-seed GRPO steps on copy (2 symbols, completions of up to 3
+ * tokens, 4 prompts x 4 samples, temperature 0.25, format bonus 1), the
+ * reg_share rule at 1 over 5 steps. */
+static int grpo_run(double kl_coef, double lr, uint64_t seed, struct run_out *ro)
+{
+	struct fix f;
+	struct ms_rl_cfg c;
+	struct ms_adamw_cfg o;
+	struct ms_rl *r = NULL;
+	struct ms_err err = {0};
+	const int steps = 60;
+
+	memset(ro, 0, sizeof *ro);
+	T_ASSERT(fix_open(&f, 0, MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V |
+			  MS_LORA_O) == 0);
+	ms_rl_cfg_init(&c);
+	c.prompts = 4;
+	c.group = 4;
+	c.prompt_len = 2;
+	c.max_new = 3;
+	c.temperature = 0.25;
+	c.format_bonus = 1;
+	c.kl_coef = kl_coef;
+	c.seed = seed;
+	c.window = 5;
+	c.reg_share_max = 1;
+	optim_default(&o, lr, steps);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	for (int k = 0; k < steps; k++) {
+		struct ms_rl_metrics s;
+		struct ms_rl_event ev[MS_RL_NRULES];
+		size_t nev;
+		T_ASSERT_EQ_INT(ms_rl_step(r, &s, ev, &nev, &err), MS_OK);
+		for (size_t e = 0; e < nev && ro->nev < MS_RL_NRULES; e++)
+			ro->ev[ro->nev++] = ev[e];
+		if (k < 10)
+			ro->first += s.reward_mean / 10;
+		if (k >= steps - 10)
+			ro->last += s.reward_mean / 10;
+	}
+	fprintf(stderr, "  kl %g lr %g seed %llu: reward %.4f -> %.4f, %zu event(s)\n",
+		kl_coef, lr, (unsigned long long)seed, ro->first, ro->last, ro->nev);
+	ms_rl_free(r);
+	fix_close(&f);
+	return 0;
+}
+
+/* The healthy configuration learns (reward up by 0.1 at least: random
+ * completions score about 0.03) and the monitor stays quiet; the same
+ * with a KL weight of 5 stays at the random level and the regulariser
+ * share rule fires within the first steps. */
+static int test_learns_and_collapses(void)
+{
+	struct run_out h, k;
+	T_ASSERT(grpo_run(0, 3e-2, 0, &h) == 0);
+	T_ASSERT_MSG(h.last > h.first + 0.1, "reward %.4f -> %.4f: did not learn", h.first,
+		     h.last);
+	T_ASSERT_EQ_INT(h.nev, 0);
+	T_ASSERT(grpo_run(5, 3e-2, 0, &k) == 0);
+	T_ASSERT_MSG(k.last < h.last - 0.1, "KL 5: reward %.4f -> %.4f", k.first, k.last);
+	T_ASSERT_EQ_INT(k.nev, 1);
+	T_ASSERT_EQ_INT(k.ev[0].rule, MS_RL_REG_SHARE);
+	T_ASSERT(k.ev[0].step <= 20 && k.ev[0].value > 1);
+	return 0;
+}
 
 /* ---- monitor ------------------------------------------------------------------ */
 
@@ -281,6 +483,9 @@ static int test_event_record(void)
 }
 
 static const struct t_case cases[] = {
+	T_CASE(test_rollout),
+	T_CASE(test_reward),
+	T_CASE(test_learns_and_collapses),
 	T_CASE(test_monitor_window),
 	T_CASE(test_event_record),
 	T_CASE(test_fd_k3),
