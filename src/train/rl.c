@@ -196,14 +196,16 @@ void ms_rl_free(struct ms_rl *r)
 			ms_free(r->ref[i]);
 	ms_free(r->ref);
 	ms_free(r->op);
-	ms_adamw_free(r->opt);
+	if (r->own_opt)
+		ms_adamw_free(r->opt);
 	ms_data_free(r->data);
 	batch_release(&r->b);
 	ms_free(r);
 }
 
 int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
-	      const struct ms_adamw_cfg *optim, struct ms_rl **out, struct ms_err *err)
+	      const struct ms_adamw_cfg *optim, struct ms_adamw *opt, struct ms_rl **out,
+	      struct ms_err *err)
 {
 	struct ms_rl *r = NULL;
 	struct ms_data_cfg dc = {0};
@@ -247,8 +249,13 @@ int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
 		}
 		memcpy(r->ref[i], r->ps[i].w, r->ps[i].n * sizeof(float));
 	}
-	if ((rc = ms_adamw_new(optim, r->op, r->np, &r->opt, err)) != MS_OK)
-		goto out;
+	if (opt) {
+		r->opt = opt;
+	} else {
+		if ((rc = ms_adamw_new(optim, r->op, r->np, &r->opt, err)) != MS_OK)
+			goto out;
+		r->own_opt = 1;
+	}
 	b = &r->b;
 	b->n = cfg->prompts * cfg->group;
 	b->plen = n + 1;

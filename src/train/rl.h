@@ -152,6 +152,7 @@ struct ms_rl {
 	struct ms_model *m;               /* borrowed */
 	struct ms_data *data;
 	struct ms_adamw *opt;
+	int own_opt;                      /* opt is ours to free */
 	size_t np;
 	const struct ms_param *ps;
 	struct ms_optim_param *op;
@@ -162,10 +163,12 @@ struct ms_rl {
 };
 
 /* A trainer over model m (borrowed, its parameters as they are now are the
- * reference). MS_EINVAL for a bad configuration; MS_ENOMEM. */
+ * reference), with a new AdamW of optim, or opt (borrowed: the run's, whose
+ * moments its checkpoints keep) when not NULL. MS_EINVAL for a bad
+ * configuration; MS_ENOMEM. */
 int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
-	      const struct ms_adamw_cfg *optim, struct ms_rl **out,
-	      struct ms_err *err);
+	      const struct ms_adamw_cfg *optim, struct ms_adamw *opt,
+	      struct ms_rl **out, struct ms_err *err);
 void ms_rl_free(struct ms_rl *r);
 
 /* The reward (the header's formula) of completion c of len tokens against

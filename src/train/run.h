@@ -106,6 +106,7 @@
 #include "train/data.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/rl.h"
 
 #define MS_TRAIN_MAX_STEPS 100000000ull
 #define MS_TRAIN_MAX_BATCH 65536u
@@ -120,6 +121,9 @@ struct ms_train_plan {
 	char *jsonl;           /* resolved against the plan's directory */
 	enum ms_colwise_mode colwise;
 	char *label;
+	int rl;                /* train.rl given: GRPO steps */
+	struct ms_rl_cfg rlc;
+	int rl_stop;           /* train.rl.monitor.stop */
 };
 
 /* Parse the "train" object of a plan's JSON text (len bytes). dir (may be
@@ -210,6 +214,10 @@ struct ms_train_opts {
 	 * code after the step (a metrics file that cannot be written). */
 	int (*on_step)(void *ctx, const struct ms_train_step *s, struct ms_err *err);
 	void (*on_ckpt)(void *ctx, const struct ms_train_ckpt *c);
+	/* GRPO runs (train.rl): told of every step's metrics and the monitor's
+	 * events of that step; an error stops the run as on_step's does. */
+	int (*on_rl_step)(void *ctx, const struct ms_rl_metrics *s,
+			  const struct ms_rl_event *ev, size_t nev, struct ms_err *err);
 	void *ctx;
 };
 
@@ -222,6 +230,11 @@ struct ms_train_result {
 	uint64_t tokens;       /* target tokens trained on */
 	double seconds;
 	uint64_t nparams;      /* trainable elements */
+	int rl;                /* a GRPO run: first_loss/last_loss hold the
+				* mean reward of the first and last steps */
+	uint64_t rl_events;    /* GRPO: monitor events recorded */
+	int rl_stopped;        /* GRPO: a rule fired with monitor.stop; the
+				* run ended after that step's checkpoint */
 	size_t nckpts;
 	struct ms_train_ckpt *ckpts;
 	size_t nstates;

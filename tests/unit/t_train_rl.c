@@ -144,7 +144,7 @@ static int fd_case(enum ms_kl_est est)
 	c.format_bonus = 1;
 	c.seed = 3;
 	optim_default(&o, 5e-2, 10);
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_step(r, &s, ev, &nev, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_rollout(r, 7, &err), MS_OK);
 	np = ms_model_params(f.m, &ps);
@@ -223,7 +223,7 @@ static int test_rollout(void)
 	c.top_p = 0.9;
 	c.seed = 11;
 	optim_default(&o, 1e-2, 10);
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_rollout(r, 2, &err), MS_OK);
 	V = f.cfg.vocab;
 	N = r->b.n;
@@ -260,7 +260,7 @@ static int test_rollout(void)
 	T_ASSERT(ntok >= N);
 	T_ASSERT_MSG(worst < 1e-5, "behaviour log-probs differ by %g", worst);
 	memcpy(ids0, r->b.ids, N * S * sizeof *ids0);
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r2, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r2, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 2, &err), MS_OK);
 	T_ASSERT(!memcmp(ids0, r2->b.ids, N * S * sizeof *ids0));
 	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 3, &err), MS_OK);
@@ -268,7 +268,7 @@ static int test_rollout(void)
 	ms_rl_free(r2);
 	r2 = NULL;
 	c.seed = 12;
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r2, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r2, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_rollout(r2, 2, &err), MS_OK);
 	T_ASSERT(memcmp(ids0, r2->b.ids, N * S * sizeof *ids0) != 0);
 	free(lg);
@@ -299,7 +299,7 @@ static int test_reward(void)
 	c.max_new = 4;
 	c.format_bonus = 0.5;
 	optim_default(&o, 1e-2, 10);
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_rl_rollout(r, 0, &err), MS_OK);
 	S = r->b.seq;
 	T_ASSERT_EQ_INT(r->b.alen, 3);
@@ -354,7 +354,7 @@ static int grpo_run(double kl_coef, double lr, uint64_t seed, struct run_out *ro
 	c.window = 5;
 	c.reg_share_max = 1;
 	optim_default(&o, lr, steps);
-	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, &r, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_rl_new(f.m, &c, &o, NULL, &r, &err), MS_OK);
 	for (int k = 0; k < steps; k++) {
 		struct ms_rl_metrics s;
 		struct ms_rl_event ev[MS_RL_NRULES];

@@ -111,7 +111,7 @@ int main(int argc, char **argv)
 		return die("no config.json");
 	if (ms_model_cfg_parse(cj->text, cj->len, &mc, &err) != MS_OK ||
 	    ms_model_build(&m, &mc, wt, ck->ntensors, NULL, 0, &lc, NULL, 0, &mo, &err) != MS_OK ||
-	    ms_rl_new(m, &c, &o, &r, &err) != MS_OK)
+	    ms_rl_new(m, &c, &o, NULL, &r, &err) != MS_OK)
 		goto fail;
 	if (!(out = fopen(argv[2], "w")))
 		return die(argv[2]);
