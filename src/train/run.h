@@ -35,6 +35,14 @@
  *     "label": "lora-run1"
  *   }
  *
+ * and, for GRPO instead of supervised steps (rl.h; ms(5) has every key):
+ *     "rl": {"prompts": 4, "group": 4, "prompt_len": 2, "max_new": 3,
+ *            "temperature": 0.25, "top_p": 1, "format_bonus": 1,
+ *            "length_penalty": 0, "std_norm": true, "clip_eps": 0.2,
+ *            "updates": 1, "kl_coef": 0, "kl_estimator": "k3", "ent_coef": 0,
+ *            "monitor": {"window": 5, "zero_var_max": 0, "reward_std_min": 0,
+ *                        "entropy_min": 0, "reg_share_max": 1, "stop": false}}
+ *
  * Required: lora.r, steps. Defaults: alpha = r, dropout 0, targets
  * ["experts"]; optimizer as torch.optim.AdamW (lr 1e-3, betas (0.9, 0.999),
  * eps 1e-8, weight_decay 0.01), clip 0 (none), warmup 0, cosine; batch 1,
