@@ -5,7 +5,8 @@
 # of the run (in the inventory and its audit log), written to the metrics
 # file and, with monitor.stop, ends the run with exit code 4 after a
 # checkpoint; the same plan without the KL term raises the reward with no
-# event; bad rl keys are one line and exit 2.
+# event; msinv run shows a run's events with the collapse spelt out; bad
+# rl keys are one line and exit 2.
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 pass=0; fail=0
@@ -75,6 +76,22 @@ has "collapse rule reg_share fired" "$W/err" "progress line names the rule"
 	bad "KL run without stop did not run its 20 steps"
 expect 0 "$B/msinv" log
 has "rl_collapse" "$W/out" "msinv log shows the event"
+expect 0 "$B/msinv" run "$run"
+has "^status   ok (exit 0)" "$W/out" "msinv run: status"
+has "rl_collapse" "$W/out" "msinv run: the event"
+has "train_summary" "$W/out" "msinv run: the summary event"
+has "^  reg_share  step [0-9]*: .* against 1 for 5 steps" "$W/out" "msinv run: the collapse spelt out"
+expect 0 "$B/msinv" run --json "$run"
+python3 -c '
+import json, sys
+o = json.load(open(sys.argv[1]))
+k = [e["kind"] for e in o["events"]]
+assert o["run"] == int(sys.argv[2]) and "rl_collapse" in k and "train_summary" in k, o
+assert [e for e in o["events"] if e["kind"] == "rl_collapse"][0]["data"]["rule"] == "reg_share"
+' "$W/out" "$run" && ok || bad "msinv run --json"
+expect 2 "$B/msinv" run 99999
+has "no run 99999" "$W/err" "msinv run: unknown run"
+expect 2 "$B/msinv" run x
 
 # with monitor.stop: exit 4 after a checkpoint of the step that fired
 plan s.json 20 5 true
