@@ -2,10 +2,13 @@
  * rl.c: GRPO on the CPU (rl.h): rollouts, rewards, the loss and its
  * gradient through ms_model_step_fn, and the collapse monitor.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -343,20 +346,144 @@ static uint32_t sample(const float *z, uint32_t V, double T, double top_p,
 	return tok;
 }
 
+/* The shaping terms: the format bonus and the length penalty. */
+static double shaping(const struct ms_rl *r, const int32_t *c, uint32_t len, uint32_t alen)
+{
+	uint32_t A = r->data->alphabet, form = 0;
+
+	for (uint32_t i = 0; i < alen && i < len; i++)
+		form += c[i] >= 3 && (uint32_t)c[i] < 3 + A;
+	form += len > alen && c[alen] == MS_DATA_TOK_END;
+	return r->cfg.format_bonus * (double)form / (alen + 1) -
+	       r->cfg.length_penalty * (double)len / r->cfg.max_new;
+}
+
 double ms_rl_reward(const struct ms_rl *r, const int32_t *c, uint32_t len,
 		    const int32_t *a, uint32_t alen)
 {
-	uint32_t A = r->data->alphabet, match = 0, form = 0;
-	double rw;
+	uint32_t match = 0;
 
-	for (uint32_t i = 0; i < alen && i < len; i++) {
+	for (uint32_t i = 0; i < alen && i < len; i++)
 		match += c[i] == a[i];
-		form += c[i] >= 3 && (uint32_t)c[i] < 3 + A;
+	return (double)match / alen + shaping(r, c, len, alen);
+}
+
+static void put_ids(FILE *f, const char *key, const int32_t *v, uint32_t n)
+{
+	fprintf(f, "\"%s\":[", key);
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(f, "%s%d", i ? "," : "", v[i]);
+	fputc(']', f);
+}
+
+/*
+ * The external reward: the batch's completions as JSONL on the command's
+ * standard input (one object per completion, in batch order: "index",
+ * "group", "task", "prompt", "completion", "answer", token ids; the
+ * completion without padding, END included when sampled), one finite
+ * number per line on its standard output, exactly one per completion.
+ * The command runs through /bin/sh in the directory dir. Anything else is
+ * MS_EINVAL naming the command and what was wrong.
+ */
+static int external_rewards(struct ms_rl *r, double *out, struct ms_err *err)
+{
+	const struct ms_rl_batch *b = &r->b;
+	const struct ms_rl_cfg *c = &r->cfg;
+	const char *tmp = getenv("TMPDIR");
+	char *path = NULL, *cmd = NULL, *qd = NULL, line[512];
+	FILE *f = NULL, *p = NULL;
+	size_t got = 0, nq = 0;
+	int fd, rc = MS_OK, st;
+
+	if (!(path = ms_asprintf("%s/ms-rl-reward-XXXXXX", tmp && *tmp ? tmp : "/tmp")))
+		return oom(err);
+	if ((fd = mkstemp(path)) < 0 || !(f = fdopen(fd, "w"))) {
+		rc = ms_err_set(err, MS_EIO, "'%s': cannot create: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		goto out;
 	}
-	form += len > alen && c[alen] == MS_DATA_TOK_END;
-	rw = (double)match / alen + r->cfg.format_bonus * (double)form / (alen + 1);
-	rw -= r->cfg.length_penalty * (double)len / r->cfg.max_new;
-	return rw;
+	for (uint32_t i = 0; i < b->n; i++) {
+		uint32_t g = i / c->group;
+		fprintf(f, "{\"index\":%u,\"group\":%u,\"task\":\"%s\",", i, g,
+			ms_task_name(c->task));
+		put_ids(f, "prompt", b->ids + (size_t)i * b->seq, b->plen);
+		fputc(',', f);
+		put_ids(f, "completion", b->ids + (size_t)i * b->seq + b->plen, b->len[i]);
+		fputc(',', f);
+		put_ids(f, "answer", b->answer + (size_t)g * b->plen, b->alen);
+		fputs("}\n", f);
+	}
+	if (fclose(f)) {
+		f = NULL;
+		rc = ms_err_set(err, MS_EIO, "'%s': write failed: %s", path, strerror(errno));
+		goto out;
+	}
+	f = NULL;
+	/* the directory single-quoted for the shell ('\'' for a quote) */
+	if (!(qd = ms_malloc(4 * strlen(c->reward_dir ? c->reward_dir : ".") + 1))) {
+		rc = oom(err);
+		goto out;
+	}
+	for (const char *d = c->reward_dir ? c->reward_dir : "."; *d; d++) {
+		if (*d == '\'') {
+			memcpy(qd + nq, "'\\''", 4);
+			nq += 4;
+		} else {
+			qd[nq++] = *d;
+		}
+	}
+	qd[nq] = 0;
+	if (!(cmd = ms_asprintf("cd '%s' && { %s\n} <'%s'", qd, c->reward_cmd, path))) {
+		rc = oom(err);
+		goto out;
+	}
+	fflush(NULL);
+	if (!(p = popen(cmd, "r"))) {
+		rc = ms_err_set(err, MS_EIO, "reward command '%s': cannot start: %s", c->reward_cmd,
+				strerror(errno));
+		goto out;
+	}
+	while (fgets(line, sizeof line, p)) {
+		char *end;
+		double v;
+		size_t n = strlen(line);
+
+		if (n && line[n - 1] == '\n')
+			line[--n] = 0;
+		if (got == b->n) {
+			rc = ms_err_set(err, MS_EINVAL, "reward command '%s': more than %u lines of "
+					"rewards for %u completions", c->reward_cmd, b->n, b->n);
+			break;
+		}
+		v = strtod(line, &end);
+		while (*end == ' ' || *end == '\t' || *end == '\r')
+			end++;
+		if (end == line || *end || !isfinite(v)) {
+			rc = ms_err_set(err, MS_EINVAL, "reward command '%s': line %zu: '%.40s' is not "
+					"a finite number", c->reward_cmd, got + 1, line);
+			break;
+		}
+		out[got++] = v;
+	}
+	/* read to the end so the command does not die of a broken pipe */
+	while (rc != MS_OK && fgets(line, sizeof line, p))
+		;
+	st = pclose(p);
+	if (rc == MS_OK && st != 0)
+		rc = ms_err_set(err, MS_EINVAL, "reward command '%s': exited with status %d",
+				c->reward_cmd, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+	else if (rc == MS_OK && got != b->n)
+		rc = ms_err_set(err, MS_EINVAL, "reward command '%s': %zu rewards for %u "
+				"completions (one line each)", c->reward_cmd, got, b->n);
+out:
+	if (f)
+		fclose(f);
+	unlink(path);
+	ms_free(path);
+	ms_free(cmd);
+	ms_free(qd);
+	return rc;
 }
 
 /* log-probs of every completion token of the batch under the current
@@ -462,12 +589,20 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 				alive--;
 		}
 	}
+	if (c->reward_cmd) {
+		if ((rc = external_rewards(r, b->reward, err)) != MS_OK)
+			goto out;
+		for (size_t i = 0; i < N; i++)
+			b->reward[i] += shaping(r, b->ids + i * S + b->plen, b->len[i], b->alen);
+	}
 	for (uint32_t p = 0; p < c->prompts; p++) {
 		double mean = 0, var = 0, sd;
 		for (uint32_t g = 0; g < G; g++) {
 			size_t i = (size_t)p * G + g;
-			b->reward[i] = ms_rl_reward(r, b->ids + i * S + b->plen, b->len[i],
-						    b->answer + (size_t)p * b->plen, b->alen);
+			if (!c->reward_cmd)
+				b->reward[i] = ms_rl_reward(r, b->ids + i * S + b->plen, b->len[i],
+							    b->answer + (size_t)p * b->plen,
+							    b->alen);
 			mean += b->reward[i];
 		}
 		mean /= G;

@@ -25,6 +25,13 @@
  *   + format_bonus * (well-formed share): positions i < n holding a symbol
  *            of the task's alphabet, plus END at position n, over n + 1
  *   - length_penalty * (tokens generated / max_new)
+ * With an external reward command the command's number replaces the
+ * answer term (the shaping terms are added to it): the completions go to
+ * its standard input as JSONL, one object per completion in batch order
+ * ({"index", "group", "task", "prompt", "completion", "answer"}: token
+ * ids, the completion without padding), and it writes one finite number
+ * per line, exactly one per completion, and exits 0; anything else stops
+ * the step with MS_EINVAL naming the command and the line.
  *
  * GRPO (per token t of completion i of a group, token-mean over the batch):
  *   A_i   = r_i - mean(r of the group), / (std + 1e-6) when std_norm
@@ -68,6 +75,8 @@ struct ms_rl_cfg {
 	uint32_t max_new;            /* completion tokens at most */
 	double temperature, top_p;
 	double format_bonus, length_penalty;
+	const char *reward_cmd;      /* external reward (borrowed) or NULL */
+	const char *reward_dir;      /* the directory it runs in (NULL: .) */
 	int std_norm;
 	double clip_eps;
 	uint32_t updates;            /* optimizer updates per batch, >= 1 */

@@ -40,6 +40,7 @@
  *            "temperature": 0.25, "top_p": 1, "format_bonus": 1,
  *            "length_penalty": 0, "std_norm": true, "clip_eps": 0.2,
  *            "updates": 1, "kl_coef": 0, "kl_estimator": "k3", "ent_coef": 0,
+ *            "reward_command": "python3 check.py",
  *            "monitor": {"window": 5, "zero_var_max": 0, "reward_std_min": 0,
  *                        "entropy_min": 0, "reg_share_max": 1, "stop": false}}
  *
@@ -132,6 +133,8 @@ struct ms_train_plan {
 	int rl;                /* train.rl given: GRPO steps */
 	struct ms_rl_cfg rlc;
 	int rl_stop;           /* train.rl.monitor.stop */
+	char *reward_cmd;      /* train.rl.reward_command (rlc points here) */
+	char *reward_dir;      /* the plan's directory, where it runs */
 };
 
 /* Parse the "train" object of a plan's JSON text (len bytes). dir (may be

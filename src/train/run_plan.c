@@ -124,7 +124,7 @@ static const char *const train_keys[] = {
 static const char *const rl_keys[] = {
 	"prompts", "group", "prompt_len", "max_new", "temperature", "top_p", "format_bonus",
 	"length_penalty", "std_norm", "clip_eps", "updates", "kl_coef", "kl_estimator",
-	"ent_coef", "monitor", NULL};
+	"ent_coef", "monitor", "reward_command", NULL};
 static const char *const monitor_keys[] = {
 	"window", "zero_var_max", "reward_std_min", "entropy_min", "reg_share_max", "stop", NULL};
 static const char *const lora_keys[] = {"r", "alpha", "dropout", "targets", NULL};
@@ -270,7 +270,7 @@ static int parse_rl(struct pctx *c, const cJSON *o, struct ms_train_plan *tp)
 {
 	struct ms_rl_cfg *r = &tp->rlc;
 	const cJSON *mo;
-	const char *est = NULL;
+	const char *est = NULL, *cmd = NULL;
 	int rc;
 
 	ms_rl_cfg_init(r);
@@ -295,6 +295,11 @@ static int parse_rl(struct pctx *c, const cJSON *o, struct ms_train_plan *tp)
 	    (rc = get_num(c, o, "train.rl", "ent_coef", 0, 1e6, 0, 0, &r->ent_coef)) != MS_OK ||
 	    (rc = get_str(c, o, "train.rl", "kl_estimator", &est)) != MS_OK)
 		return rc;
+	if ((rc = get_str(c, o, "train.rl", "reward_command", &cmd)) != MS_OK)
+		return rc;
+	if (cmd && !(tp->reward_cmd = ms_strdup(cmd)))
+		return oom(c->err);
+	r->reward_cmd = tp->reward_cmd;
 	if (est && !strcmp(est, "k1"))
 		r->kl_est = MS_KL_K1;
 	else if (est && strcmp(est, "k3"))
@@ -324,6 +329,8 @@ void ms_train_plan_release(struct ms_train_plan *p)
 {
 	ms_free(p->jsonl);
 	ms_free(p->label);
+	ms_free(p->reward_cmd);
+	ms_free(p->reward_dir);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -439,6 +446,11 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 		}
 		out->rlc.task = out->task;
 		out->rlc.seed = out->seed;
+		if (out->reward_cmd && dir && !(out->reward_dir = ms_strdup(dir))) {
+			rc = oom(err);
+			goto out;
+		}
+		out->rlc.reward_dir = out->reward_dir;
 	}
 out:
 	cJSON_Delete(root);

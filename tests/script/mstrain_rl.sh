@@ -104,6 +104,33 @@ expect 4 "$B/msinv" launch --plan s2.json -- "$B/mstrain" train --plan s2.json
 run=$(q "SELECT max(id) FROM runs")
 [ "$(q "SELECT exit_code FROM runs WHERE id = $run")" = 4 ] && ok || bad "launch did not record exit 4"
 
+# an external reward: the first answer symbol right; run in the plan's
+# directory; bad output is one line naming the command, exit 2
+cat >first.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    o = json.loads(line)
+    c, a = o["completion"], o["answer"]
+    assert o["task"] == "copy" and len(o["prompt"]) == 3 and len(a) == 2
+    print(1.0 if c and c[0] == a[0] else 0.0)
+PY
+plan x.json 3 0 false ', "reward_command": "python3 first.py"'
+mkdir -p elsewhere
+(cd elsewhere && expect 0 "$B/mstrain" train --plan ../x.json --metrics ../x.jsonl)
+[ "$(grep -c '"reward_mean"' x.jsonl)" = 3 ] && ok || bad "external reward run"
+for bad_cmd in "echo abc:line 1: 'abc' is not a finite number" \
+	"echo 1:1 rewards for 16 completions" \
+	"exit 3:exited with status 3" \
+	"yes 1 | head -n 17:more than 16 lines"; do
+	c=${bad_cmd%%:*}; msg=${bad_cmd#*:}
+	plan xb.json 3 0 false ", \"reward_command\": \"$c\""
+	rm -rf runs/xb
+	expect 2 "$B/mstrain" train --plan xb.json
+	has "reward command '$c': $msg" "$W/err" "bad reward command output"
+	[ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "reward command '$c': not one line"; cat "$W/err"; }
+	[ ! -d runs/xb ] && ok || bad "reward command '$c': a checkpoint was written"
+done
+
 # bad rl keys: one line, exit 2
 plan b1.json 5 0 false ', "kl_estimator": "k2"'
 expect 2 "$B/mstrain" train --plan b1.json
