@@ -202,6 +202,7 @@ void ms_rl_free(struct ms_rl *r)
 	if (r->own_opt)
 		ms_adamw_free(r->opt);
 	ms_data_free(r->data);
+	ms_kv_cache_free(r->kv);
 	batch_release(&r->b);
 	ms_free(r);
 }
@@ -276,6 +277,8 @@ int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
 		rc = oom(err);
 		goto out;
 	}
+	if ((rc = ms_kv_cache_new(m, b->n, b->seq, &r->kv, err)) != MS_OK)
+		goto out;
 	*out = r;
 	r = NULL;
 out:
@@ -535,8 +538,8 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 
 	if (!(ex = ms_malloc(r->data->cfg.seq_len * sizeof *ex)) ||
 	    !(exm = ms_malloc(r->data->cfg.seq_len)) ||
-	    !(pre = ms_malloc(N * S * sizeof *pre)) ||
-	    !(lg = ms_malloc(N * S * V * sizeof(float))) ||
+	    !(pre = ms_malloc(N * sizeof *pre)) ||
+	    !(lg = ms_malloc(N * V * sizeof(float))) ||
 	    !(cd = ms_malloc(V * sizeof *cd)) || !(st = ms_malloc(N * sizeof *st))) {
 		rc = oom(err);
 		goto out;
@@ -568,19 +571,29 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		b->len[i] = 0;
 		st[i] = ms_rng_seed(c->seed ^ 0x726c726f6c6c6f75ull, k * N + i);
 	}
-	for (uint32_t pos = b->plen; pos < S && alive; pos++) {
+	/* the prompt through the KV cache; its last logits give the first draw */
+	ms_kv_cache_reset(r->kv);
+	for (uint32_t pos = 0; pos < b->plen; pos++) {
 		for (size_t i = 0; i < N; i++)
-			memcpy(pre + i * pos, b->ids + i * S, pos * sizeof *pre);
-		if ((rc = ms_model_forward(r->m, pre, b->n, pos, lg, err)) != MS_OK)
+			pre[i] = b->ids[i * S + pos];
+		if ((rc = ms_model_decode(r->m, r->kv, pre, lg, err)) != MS_OK)
 			goto out;
+	}
+	for (uint32_t pos = b->plen; pos < S && alive; pos++) {
+		if (pos > b->plen) {
+			/* a finished sequence decodes its padding: its logits go unused */
+			for (size_t i = 0; i < N; i++)
+				pre[i] = b->ids[i * S + pos - 1];
+			if ((rc = ms_model_decode(r->m, r->kv, pre, lg, err)) != MS_OK)
+				goto out;
+		}
 		for (size_t i = 0; i < N; i++) {
 			float lp;
 			uint32_t tok;
 			if (b->len[i] && b->ids[i * S + b->plen + b->len[i] - 1] ==
 						 MS_DATA_TOK_END)
 				continue; /* finished */
-			tok = sample(lg + (i * pos + pos - 1) * V, V, c->temperature, c->top_p,
-				     cd, &st[i], &lp);
+			tok = sample(lg + i * V, V, c->temperature, c->top_p, cd, &st[i], &lp);
 			b->ids[i * S + pos] = (int32_t)tok;
 			b->mask[i * S + pos] = 1;
 			b->logp_old[i * S + pos] = lp;

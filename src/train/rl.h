@@ -14,9 +14,8 @@
  * behaviour log-prob of the importance ratio.
  * Each draw comes from a generator seeded by (seed, step, sequence), so a
  * rollout is a function of the seed, the step and the weights alone. The
- * next token's logits come from a forward of the whole prefix (no KV cache
- * yet: the CPU path recomputes the prefix; the numbers are those of a
- * cached decode by construction, the model being causal).
+ * batch decodes incrementally through a KV cache (ms_model_decode), whose
+ * logits are those of a full forward of the prefix, bit for bit.
  *
  * Reward of a completion c against the task's answer a (the tokens between
  * SEP and END of example k, n of them):
@@ -167,6 +166,7 @@ struct ms_rl {
 	struct ms_optim_param *op;
 	float **ref;                      /* the reference LoRA tensors */
 	struct ms_rl_batch b;
+	struct ms_kv_cache *kv;           /* the rollouts' incremental decode */
 	struct ms_rl_monitor mon;
 	uint64_t step;
 };
