@@ -193,7 +193,7 @@ $(BUILD)/src $(BUILD)/src/train $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $
 # Built with the tools' own compile and link lines, and built (not run) by
 # make test, so a library change that breaks a benchmark's link is caught
 # where CI sees it. The GPU drivers need the CUDA runtime's headers.
-BENCH_CPU := bench_nvfp4 bench_vload
+BENCH_CPU := bench_nvfp4 bench_vload rl_ablation
 BENCH_GPU := bench_gpu profile_quant
 ifeq ($(HAVE_CUDA),1)
 BENCH_BIN := $(BENCH_CPU:%=$(BUILD)/bench/%) $(BENCH_GPU:%=$(BUILD)/bench/%)

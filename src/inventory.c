@@ -3995,6 +3995,106 @@ void ms_inv_runs_free(struct ms_inv_run *r, size_t n)
 	ms_free(r);
 }
 
+int ms_inv_run_get(struct ms_inv *inv, int64_t run_id, struct ms_inv_run **out,
+		   struct ms_err *err)
+{
+	sqlite3_stmt *st = NULL;
+	struct ms_inv_run *a = NULL;
+	int rc, bad = 0;
+
+	*out = NULL;
+	if ((rc = prep(inv, "SELECT id, plan_digest, status, started_at, ended_at, exit_code, "
+		       "user, host FROM runs WHERE id = ?", &st, err)) != MS_OK)
+		return rc;
+	sqlite3_bind_int64(st, 1, run_id);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_DONE) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "no run %lld in '%s'", (long long)run_id,
+				inv->path);
+		goto out;
+	}
+	if (rc != SQLITE_ROW) {
+		rc = db_fail(inv, err, "cannot read runs");
+		goto out;
+	}
+	if (!(a = ms_calloc(1, sizeof(*a)))) {
+		rc = oom(err);
+		goto out;
+	}
+	a->id = sqlite3_column_int64(st, 0);
+	a->plan_digest = col_dup(st, 1, &bad);
+	a->status = col_dup(st, 2, &bad);
+	a->started_at = col_dup(st, 3, &bad);
+	a->ended_at = col_dup(st, 4, &bad);
+	a->has_exit_code = sqlite3_column_type(st, 5) != SQLITE_NULL;
+	a->exit_code = sqlite3_column_int(st, 5);
+	a->user = col_dup(st, 6, &bad);
+	a->host = col_dup(st, 7, &bad);
+	rc = bad ? oom(err) : MS_OK;
+out:
+	sqlite3_finalize(st);
+	if (rc != MS_OK) {
+		ms_inv_runs_free(a, a ? 1 : 0);
+		return rc;
+	}
+	*out = a;
+	return MS_OK;
+}
+
+void ms_inv_events_free(struct ms_inv_event *e, size_t n)
+{
+	for (size_t i = 0; e && i < n; i++) {
+		ms_free(e[i].at);
+		ms_free(e[i].kind);
+		ms_free(e[i].data);
+	}
+	ms_free(e);
+}
+
+int ms_inv_run_events(struct ms_inv *inv, int64_t run_id, struct ms_inv_event **out, size_t *n,
+		      struct ms_err *err)
+{
+	sqlite3_stmt *st = NULL;
+	struct ms_inv_event *a = NULL;
+	size_t k = 0, cap = 0;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	if ((rc = prep(inv, "SELECT id, at, kind, data FROM events WHERE run_id = ? ORDER BY id",
+		       &st, err)) != MS_OK)
+		return rc;
+	sqlite3_bind_int64(st, 1, run_id);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		int bad = 0;
+
+		if (grow((void **)&a, &cap, k, sizeof(*a))) {
+			rc = oom(err);
+			goto out;
+		}
+		memset(&a[k], 0, sizeof(a[k]));
+		a[k].id = sqlite3_column_int64(st, 0);
+		a[k].at = col_dup(st, 1, &bad);
+		a[k].kind = col_dup(st, 2, &bad);
+		a[k].data = col_dup(st, 3, &bad);
+		k++;
+		if (bad) {
+			rc = oom(err);
+			goto out;
+		}
+	}
+	rc = rc == SQLITE_DONE ? MS_OK : db_fail(inv, err, "cannot read events");
+out:
+	sqlite3_finalize(st);
+	if (rc != MS_OK) {
+		ms_inv_events_free(a, k);
+		return rc;
+	}
+	*out = a;
+	*n = k;
+	return MS_OK;
+}
+
 int ms_inv_state_runs(struct ms_inv *inv, const char *digest, int consumed, struct ms_inv_run **out,
 		      size_t *n, struct ms_err *err)
 {

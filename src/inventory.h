@@ -425,6 +425,20 @@ int ms_inv_state_runs(struct ms_inv *inv, const char *digest, int consumed,
 		      struct ms_inv_run **out, size_t *n, struct ms_err *err);
 void ms_inv_runs_free(struct ms_inv_run *r, size_t n);
 
+/* Run run_id alone (role NULL), into *out (one element, freed with
+ * ms_inv_runs_free(*out, 1)). MS_ENOTFOUND when there is none. */
+int ms_inv_run_get(struct ms_inv *inv, int64_t run_id, struct ms_inv_run **out,
+		   struct ms_err *err);
+
+struct ms_inv_event {
+	int64_t id;
+	char *at, *kind, *data;  /* data: the JSON object as recorded */
+};
+/* The events of run run_id, oldest first. */
+int ms_inv_run_events(struct ms_inv *inv, int64_t run_id, struct ms_inv_event **out,
+		      size_t *n, struct ms_err *err);
+void ms_inv_events_free(struct ms_inv_event *e, size_t n);
+
 /* Record an event (kind: [a-z0-9_]+, e.g. "reward_collapse"; json: a JSON
  * object) of a run (0: none). *event_id may be NULL. */
 int ms_inv_event_add(struct ms_inv *inv, int64_t run_id, const char *kind,

@@ -1946,6 +1946,121 @@ out:
 	return cli_fail(rc, &err);
 }
 
+/* One run: its record, its events, and the RL collapse monitor's events
+ * spelt out (which rule, at which step, on which numbers). */
+static int cmd_run(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		DB_OPTION,
+		{"json", no_argument, NULL, 'J'},
+		HELP_OPTION,
+		{NULL, 0, NULL, 0},
+	};
+	const char *db = NULL;
+	struct ms_inv *inv = NULL;
+	struct ms_inv_run *r = NULL;
+	struct ms_inv_event *ev = NULL;
+	struct ms_err err = {0};
+	size_t nev = 0, ncol = 0;
+	uint64_t id;
+	int c, rc, json = 0;
+
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'D': db = optarg; break;
+		case 'J': json = 1; break;
+		case 'h': return cli_help();
+		default: return cli_usage("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind + 1 != argc)
+		return cli_usage(optind == argc ? "a run number is required"
+				 : "unexpected argument '%s'", argv[optind + 1]);
+	if (cli_u64("RUN", argv[optind], INT64_MAX, &id))
+		return CLI_USAGE;
+	if ((rc = open_inv(db, 0, &inv)) != CLI_OK)
+		return rc;
+	if ((rc = ms_inv_run_get(inv, (int64_t)id, &r, &err)) != MS_OK ||
+	    (rc = ms_inv_run_events(inv, (int64_t)id, &ev, &nev, &err)) != MS_OK)
+		goto out;
+	if (json) {
+		cJSON *o = cJSON_CreateObject(), *a = cJSON_CreateArray();
+
+		cJSON_AddNumberToObject(o, "run", (double)r->id);
+		cJSON_AddStringToObject(o, "plan", r->plan_digest ? r->plan_digest : "");
+		cJSON_AddStringToObject(o, "status", r->status ? r->status : "");
+		if (r->has_exit_code)
+			cJSON_AddNumberToObject(o, "exit_code", r->exit_code);
+		else
+			cJSON_AddNullToObject(o, "exit_code");
+		cJSON_AddStringToObject(o, "started_at", r->started_at ? r->started_at : "");
+		if (r->ended_at)
+			cJSON_AddStringToObject(o, "ended_at", r->ended_at);
+		else
+			cJSON_AddNullToObject(o, "ended_at");
+		for (size_t i = 0; i < nev; i++) {
+			cJSON *e = cJSON_CreateObject(), *d = cJSON_Parse(ev[i].data);
+
+			cJSON_AddNumberToObject(e, "id", (double)ev[i].id);
+			cJSON_AddStringToObject(e, "at", ev[i].at ? ev[i].at : "");
+			cJSON_AddStringToObject(e, "kind", ev[i].kind ? ev[i].kind : "");
+			if (d)
+				cJSON_AddItemToObject(e, "data", d);
+			else
+				cJSON_AddNullToObject(e, "data");
+			cJSON_AddItemToArray(a, e);
+		}
+		cJSON_AddItemToObject(o, "events", a);
+		rc = print_json(o);
+		goto done;
+	}
+	printf("run      %lld\n", (long long)r->id);
+	printf("plan     %s\n", r->plan_digest ? r->plan_digest : "");
+	if (r->has_exit_code)
+		printf("status   %s (exit %d)\n", r->status ? r->status : "", r->exit_code);
+	else
+		printf("status   %s\n", r->status ? r->status : "");
+	printf("started  %s\n", r->started_at ? r->started_at : "");
+	if (r->ended_at)
+		printf("ended    %s\n", r->ended_at);
+	if (r->user || r->host)
+		printf("by       %s@%s\n", r->user ? r->user : "?", r->host ? r->host : "?");
+	printf("events   %zu\n", nev);
+	for (size_t i = 0; i < nev; i++)
+		printf("  %s  %s  %s\n", ev[i].at ? ev[i].at : "", ev[i].kind ? ev[i].kind : "",
+		       ev[i].data ? ev[i].data : "");
+	for (size_t i = 0; i < nev; i++) {
+		cJSON *d;
+		const cJSON *ru, *st, *va, *th, *wi;
+
+		if (!ev[i].kind || strcmp(ev[i].kind, "rl_collapse") || !ev[i].data ||
+		    !(d = cJSON_Parse(ev[i].data)))
+			continue;
+		ru = cJSON_GetObjectItemCaseSensitive(d, "rule");
+		st = cJSON_GetObjectItemCaseSensitive(d, "step");
+		va = cJSON_GetObjectItemCaseSensitive(d, "value");
+		th = cJSON_GetObjectItemCaseSensitive(d, "threshold");
+		wi = cJSON_GetObjectItemCaseSensitive(d, "window");
+		if (cJSON_IsString(ru) && cJSON_IsNumber(st) && cJSON_IsNumber(va) &&
+		    cJSON_IsNumber(th) && cJSON_IsNumber(wi)) {
+			if (!ncol++)
+				printf("collapse (the RL monitor's rules that fired)\n");
+			printf("  %-10s step %.0f: %.6g against %.6g for %.0f steps\n",
+			       ru->valuestring, st->valuedouble, va->valuedouble, th->valuedouble,
+			       wi->valuedouble);
+		}
+		cJSON_Delete(d);
+	}
+	rc = MS_OK;
+out:
+	rc = cli_fail(rc, &err);
+done:
+	ms_inv_events_free(ev, nev);
+	ms_inv_runs_free(r, r ? 1 : 0);
+	ms_inv_close(inv);
+	return rc;
+}
+
 static const struct cli_cmd cmds[] = {
 	{"inspect", cmd_inspect, "inspect [--digests] [--file-digests] [--jobs N] [--json] PATH...",
 	 "print the tensors of safetensors files, checkpoints and adapters",
@@ -1979,6 +2094,8 @@ static const struct cli_cmd cmds[] = {
 	 "--dot\tprint the graph in Graphviz dot\n"},
 	{"dup", cmd_dup, "dup [--db PATH] [--json]", "bytes stored more than once across states",
 	 NULL},
+	{"run", cmd_run, "run [--db PATH] [--json] RUN",
+	 "a run: its record, its events and the RL monitor's collapse events", NULL},
 	{"log", cmd_log, "log [--db PATH] [--check] [--json]",
 	 "the audit log of every change, and its chain check",
 	 "--check\twalk the hash chain instead; exit 1 if an entry was edited, removed or reordered\n"},

@@ -13,6 +13,11 @@
 
 extern char **environ;
 
+/* A GRPO run the collapse monitor stopped (train.rl.monitor.stop), after
+ * its checkpoint: not 1 (a check failed) nor 3, so a launcher tells it
+ * apart. */
+#define MSTRAIN_RL_STOPPED 4
+
 struct train_ctx {
 	FILE *metrics;
 	const char *metrics_path;
@@ -39,6 +44,47 @@ static int on_step(void *arg, const struct ms_train_step *s, struct ms_err *err)
 				  strerror(errno));
 	}
 	return MS_OK;
+}
+
+/* GRPO steps: the monitor's numbers on the progress line, every metric in
+ * the metrics file, and each event of the step as its own line there
+ * ({"event": {...}}, what tools/scripts/rl_curves.py marks). */
+static int on_rl_step(void *arg, const struct ms_rl_metrics *s, const struct ms_rl_event *ev,
+		      size_t nev, struct ms_err *err)
+{
+	struct train_ctx *c = arg;
+	char *js = NULL;
+	int rc = MS_OK;
+
+	fprintf(stderr, "%s: step %" PRIu64 " reward %.4f std %.4f zero_var %.2f kl %.4f "
+		"entropy %.3f clip %.3f grad_norm %.4f reg_share %.3g len %.2f tokens/s %.0f\n",
+		cli_prog, s->step, s->reward_mean, s->reward_std, s->zero_var_share, s->kl,
+		s->entropy, s->clip_frac, s->grad_norm, s->reg_share, s->resp_len,
+		s->tokens_per_s);
+	for (size_t i = 0; i < nev; i++)
+		fprintf(stderr, "%s: step %" PRIu64 ": collapse rule %s fired (%.4g against "
+			"%.4g for %u steps)\n", cli_prog, ev[i].step, ms_rl_rule_name(ev[i].rule),
+			ev[i].value, ev[i].threshold, ev[i].window);
+	if (!c->metrics)
+		return MS_OK;
+	if ((rc = ms_rl_metrics_json(s, &js, err)) != MS_OK)
+		return rc;
+	if (fprintf(c->metrics, "%s\n", js) < 0)
+		rc = ms_err_set(err, MS_EIO, "'%s': write failed: %s", c->metrics_path,
+				strerror(errno));
+	ms_free(js);
+	for (size_t i = 0; rc == MS_OK && i < nev; i++) {
+		if ((rc = ms_rl_event_json(&ev[i], &js, err)) != MS_OK)
+			break;
+		if (fprintf(c->metrics, "{\"event\":%s}\n", js) < 0)
+			rc = ms_err_set(err, MS_EIO, "'%s': write failed: %s", c->metrics_path,
+					strerror(errno));
+		ms_free(js);
+	}
+	if (rc == MS_OK && fflush(c->metrics))
+		rc = ms_err_set(err, MS_EIO, "'%s': write failed: %s", c->metrics_path,
+				strerror(errno));
+	return rc;
 }
 
 static void on_ckpt(void *arg, const struct ms_train_ckpt *k)
@@ -94,9 +140,16 @@ static void print_text(const struct ms_train_result *r)
 		       r->states[i].digest[0] ? r->states[i].digest : r->states[i].where,
 		       r->states[i].label ? " (" : "", r->states[i].label ? r->states[i].label : "",
 		       r->states[i].label ? ")" : "");
-	printf("trained steps %" PRIu64 "..%" PRIu64 ": loss %.6f -> %.6f, %" PRIu64
-	       " target tokens, %" PRIu64 " trainable parameters, %.1f s\n", r->first_step,
-	       r->last_step, r->first_loss, r->last_loss, r->tokens, r->nparams, r->seconds);
+	if (r->rl)
+		printf("GRPO steps %" PRIu64 "..%" PRIu64 ": mean reward %.4f -> %.4f, %" PRIu64
+		       " monitor event(s)%s, %" PRIu64 " trainable parameters, %.1f s\n",
+		       r->first_step, r->last_step, r->first_loss, r->last_loss, r->rl_events,
+		       r->rl_stopped ? ", stopped by the monitor" : "", r->nparams, r->seconds);
+	else
+		printf("trained steps %" PRIu64 "..%" PRIu64 ": loss %.6f -> %.6f, %" PRIu64
+		       " target tokens, %" PRIu64 " trainable parameters, %.1f s\n",
+		       r->first_step, r->last_step, r->first_loss, r->last_loss, r->tokens,
+		       r->nparams, r->seconds);
 	for (size_t i = 0; i < r->nckpts; i++)
 		printf("checkpoint step %" PRIu64 " %s %s (%s)\n", r->ckpts[i].step, r->ckpts[i].path,
 		       r->ckpts[i].digest, r->ckpts[i].label);
@@ -125,7 +178,7 @@ static int cmd_train(int argc, char **argv)
 	struct ms_inv *inv = NULL;
 	const char *db = NULL;
 	uint64_t v;
-	int c, rc;
+	int c, rc, stopped = 0;
 
 	memset(&o, 0, sizeof(o));
 	o.colwise = -1;
@@ -201,6 +254,7 @@ static int cmd_train(int argc, char **argv)
 	o.launch = &launch;
 	o.on_step = on_step;
 	o.on_ckpt = on_ckpt;
+	o.on_rl_step = on_rl_step;
 	o.ctx = &ctx;
 	rc = ms_train_run(inv, &o, &res, &err);
 	if (rc == MS_OK) {
@@ -208,6 +262,7 @@ static int cmd_train(int argc, char **argv)
 			print_json(&res);
 		else
 			print_text(&res);
+		stopped = res.rl_stopped;
 	}
 	ms_train_result_release(&res);
 out:
@@ -217,6 +272,8 @@ out:
 		cli_errorf("'%s': write failed", ctx.metrics_path);
 		return CLI_IO;
 	}
+	if (rc == MS_OK && stopped)
+		return MSTRAIN_RL_STOPPED;
 	return cli_fail(rc, &err);
 }
 

@@ -194,6 +194,13 @@ struct ms_model {
 	struct ms_rank *ranks;       /* [ep] */
 	int train;                   /* dropout on */
 	uint64_t step;
+	struct ms_kv_cache *kv;      /* set during ms_model_decode */
+};
+
+struct ms_kv_cache {
+	uint32_t B, cap, len;        /* sequences, positions held, filled */
+	uint32_t nl, dkv;
+	float *k, *v;                /* [L, B, cap, dkv], after norm + RoPE */
 };
 
 static float half_to_f32(enum ms_dtype dt, const uint8_t *p, uint64_t i)
@@ -1586,6 +1593,62 @@ static void att_fwd_pairs(void *p, size_t lo, size_t hi)
 	ms_free(sbuf);
 }
 
+/* forward of (b, head) pairs for one new position per sequence against the
+ * cache (this layer's rows, [B, cap, dkv], in dk and dv): the same
+ * arithmetic, in
+ * the same order, as att_fwd_pairs's row i = len, so a decode reproduces a
+ * full forward's numbers */
+static void att_decode_pairs(void *p, size_t lo, size_t hi)
+{
+	struct att_job *j = p;
+	const struct ms_model_cfg *c = &j->m->cfg;
+	const struct ms_kv_cache *kv = j->m->kv;
+	uint32_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+	uint32_t dq = nh * hd, dkv = nkv * hd, n = kv->len + 1;
+	double scale = 1.0 / sqrt((double)hd);
+	float sc = (float)scale;
+	double *sbuf = ms_malloc(n * sizeof *sbuf);
+	float *pr = ms_malloc(n * sizeof *pr);
+	if (!sbuf || !pr) {
+		ms_free(sbuf);
+		ms_free(pr);
+		__atomic_store_n(&j->oom, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	for (size_t bh = lo; bh < hi; bh++) {
+		uint32_t b = (uint32_t)(bh / nh), h = (uint32_t)(bh % nh);
+		uint32_t g = h / (nh / nkv);
+		const float *q = j->a->q + (size_t)b * dq + h * hd;
+		const float *K = j->dk + (size_t)b * kv->cap * dkv;
+		const float *Vc = j->dv + (size_t)b * kv->cap * dkv;
+		double mx = -INFINITY, sum = 0;
+		for (uint32_t t = 0; t < n; t++) {
+			const float *k = K + (size_t)t * dkv + g * hd;
+			double d = 0;
+			for (uint32_t x = 0; x < hd; x++)
+				d += (double)q[x] * k[x];
+			sbuf[t] = (double)((float)d * sc);
+			if (sbuf[t] > mx)
+				mx = sbuf[t];
+		}
+		for (uint32_t t = 0; t < n; t++) {
+			sbuf[t] = exp(sbuf[t] - mx);
+			sum += sbuf[t];
+		}
+		for (uint32_t t = 0; t < n; t++)
+			pr[t] = (float)(sbuf[t] / sum);
+		float *o = j->a->ctx + (size_t)b * dq + h * hd;
+		for (uint32_t x = 0; x < hd; x++) {
+			double acc = 0;
+			for (uint32_t t = 0; t < n; t++)
+				acc += (double)pr[t] * Vc[(size_t)t * dkv + g * hd + x];
+			o[x] = (float)acc;
+		}
+	}
+	ms_free(sbuf);
+	ms_free(pr);
+}
+
 /* backward of (b, kv head) groups: each owns its dk, dv and its heads' dq */
 static void att_bwd_groups(void *p, size_t lo, size_t hi)
 {
@@ -2148,13 +2211,29 @@ static int layer_fwd(struct ms_model *m, uint32_t l, const float *xin,
 		memcpy(a->kr, a->k0, T * dkv * sizeof(float));
 	}
 	for (size_t t = 0; t < T; t++) {
-		uint32_t pos = (uint32_t)(t % m->S);
+		/* a decode's one token per sequence sits at the cache's length */
+		uint32_t pos = m->kv ? m->kv->len : (uint32_t)(t % m->S);
 		for (size_t h = 0; h < nh; h++)
 			rope_fwd(m, pos, a->qr + t * dq + h * hd, a->q + t * dq + h * hd);
 		for (size_t h = 0; h < nkv; h++)
 			rope_fwd(m, pos, a->kr + t * dkv + h * hd, a->k + t * dkv + h * hd);
 	}
-	par_for(m->nthreads, (size_t)m->B * nh, 1, att_fwd_pairs, &aj);
+	if (m->kv) {
+		struct ms_kv_cache *kv = m->kv;
+		float *K = kv->k + (size_t)l * kv->B * kv->cap * dkv;
+		float *Vc = kv->v + (size_t)l * kv->B * kv->cap * dkv;
+		for (uint32_t b = 0; b < kv->B; b++) {
+			memcpy(K + ((size_t)b * kv->cap + kv->len) * dkv, a->k + b * dkv,
+			       dkv * sizeof(float));
+			memcpy(Vc + ((size_t)b * kv->cap + kv->len) * dkv, a->v + b * dkv,
+			       dkv * sizeof(float));
+		}
+		aj.dk = K;
+		aj.dv = Vc;
+		par_for(m->nthreads, (size_t)m->B * nh, 1, att_decode_pairs, &aj);
+	} else {
+		par_for(m->nthreads, (size_t)m->B * nh, 1, att_fwd_pairs, &aj);
+	}
 	if (aj.oom) {
 		rc = ms_err_set(err, MS_ENOMEM, "out of memory");
 		goto out;
@@ -2489,46 +2568,15 @@ int ms_model_forward(struct ms_model *m, const int32_t *ids, uint32_t batch,
 	return MS_OK;
 }
 
-int ms_model_step(struct ms_model *m, const int32_t *ids,
-		  const uint8_t *loss_mask, uint32_t batch, uint32_t seq,
-		  double grad_scale, uint64_t step, double *loss_sum,
-		  uint64_t *n_tokens, struct ms_err *err)
+/* Backward from m->logits, which hold d loss / d logits [T, V] (already
+ * scaled), into every parameter's g (+=). */
+static int model_bwd(struct ms_model *m, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;
-	size_t T, H = c->hidden, V = c->vocab;
+	size_t T = m->T, H = c->hidden;
 	float *d = NULL, *d2 = NULL;
-	double loss = 0;
-	uint64_t nt = 0;
-	int rc;
+	int rc = MS_OK;
 
-	m->train = 1;
-	m->step = step;
-	if ((rc = model_fwd(m, ids, batch, seq, err)))
-		goto out;
-	T = m->T;
-	/* cross-entropy; the logits become their gradient in place */
-	for (size_t t = 0; t < T; t++) {
-		size_t s = t % seq;
-		float *lg = m->logits + t * V;
-		if (s + 1 >= seq || (loss_mask && !loss_mask[t + 1])) {
-			memset(lg, 0, V * sizeof(float));
-			continue;
-		}
-		int32_t lab = ids[t + 1];
-		double mx = lg[0], sum = 0;
-		for (size_t v = 1; v < V; v++)
-			if (lg[v] > mx)
-				mx = lg[v];
-		for (size_t v = 0; v < V; v++)
-			sum += exp((double)lg[v] - mx);
-		double lse = mx + log(sum);
-		loss += lse - lg[lab];
-		nt++;
-		for (size_t v = 0; v < V; v++) {
-			double pv = exp((double)lg[v] - lse);
-			lg[v] = (float)(grad_scale * (pv - (v == (size_t)lab)));
-		}
-	}
 	d = alloc_f(T * H);
 	d2 = alloc_f(T * H);
 	if (!d || !d2) {
@@ -2562,8 +2610,6 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
 			p->g[e] += (float)s;
 		}
 	}
-	*loss_sum = loss;
-	*n_tokens = nt;
 out:
 	if (rc)
 		for (uint32_t r = 0; r < m->ep; r++)
@@ -2572,6 +2618,137 @@ out:
 				       m->params[i].n * sizeof(double));
 	ms_free(d);
 	ms_free(d2);
+	return rc;
+}
+
+int ms_kv_cache_new(const struct ms_model *m, uint32_t batch, uint32_t cap,
+		    struct ms_kv_cache **out, struct ms_err *err)
+{
+	const struct ms_model_cfg *c = &m->cfg;
+	struct ms_kv_cache *kv;
+	size_t n;
+
+	*out = NULL;
+	if (!batch || !cap)
+		return ms_err_set(err, MS_EINVAL, "KV cache: batch and length must be > 0");
+	if (!(kv = ms_calloc(1, sizeof(*kv))))
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	kv->B = batch;
+	kv->cap = cap;
+	kv->nl = c->n_layers;
+	kv->dkv = c->n_kv_heads * c->head_dim;
+	n = (size_t)kv->nl * batch * cap * kv->dkv;
+	if (!(kv->k = alloc_f(n)) || !(kv->v = alloc_f(n))) {
+		ms_kv_cache_free(kv);
+		return ms_err_set(err, MS_ENOMEM, "out of memory");
+	}
+	*out = kv;
+	return MS_OK;
+}
+
+void ms_kv_cache_free(struct ms_kv_cache *kv)
+{
+	if (!kv)
+		return;
+	ms_free(kv->k);
+	ms_free(kv->v);
+	ms_free(kv);
+}
+
+void ms_kv_cache_reset(struct ms_kv_cache *kv)
+{
+	kv->len = 0;
+}
+
+uint32_t ms_kv_cache_len(const struct ms_kv_cache *kv)
+{
+	return kv->len;
+}
+
+int ms_model_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
+		    float *logits, struct ms_err *err)
+{
+	int rc;
+
+	if (kv->nl != m->cfg.n_layers || kv->dkv != m->cfg.n_kv_heads * m->cfg.head_dim)
+		return ms_err_set(err, MS_EINVAL, "KV cache: made for another model");
+	if (kv->len >= kv->cap)
+		return ms_err_set(err, MS_EINVAL, "KV cache: full (%u positions)", kv->cap);
+	if ((rc = rope_grow(m, kv->len + 1, err)))
+		return rc;
+	m->train = 0;
+	m->kv = kv;
+	rc = model_fwd(m, ids, kv->B, 1, err);
+	m->kv = NULL;
+	if (rc)
+		return rc;
+	kv->len++;
+	if (logits)
+		memcpy(logits, m->logits, (size_t)kv->B * m->cfg.vocab * sizeof(float));
+	return MS_OK;
+}
+
+int ms_model_step(struct ms_model *m, const int32_t *ids,
+		  const uint8_t *loss_mask, uint32_t batch, uint32_t seq,
+		  double grad_scale, uint64_t step, double *loss_sum,
+		  uint64_t *n_tokens, struct ms_err *err)
+{
+	size_t T, V = m->cfg.vocab;
+	double loss = 0;
+	uint64_t nt = 0;
+	int rc;
+
+	m->train = 1;
+	m->step = step;
+	if ((rc = model_fwd(m, ids, batch, seq, err)))
+		goto out;
+	T = m->T;
+	/* cross-entropy; the logits become their gradient in place */
+	for (size_t t = 0; t < T; t++) {
+		size_t s = t % seq;
+		float *lg = m->logits + t * V;
+		if (s + 1 >= seq || (loss_mask && !loss_mask[t + 1])) {
+			memset(lg, 0, V * sizeof(float));
+			continue;
+		}
+		int32_t lab = ids[t + 1];
+		double mx = lg[0], sum = 0;
+		for (size_t v = 1; v < V; v++)
+			if (lg[v] > mx)
+				mx = lg[v];
+		for (size_t v = 0; v < V; v++)
+			sum += exp((double)lg[v] - mx);
+		double lse = mx + log(sum);
+		loss += lse - lg[lab];
+		nt++;
+		for (size_t v = 0; v < V; v++) {
+			double pv = exp((double)lg[v] - lse);
+			lg[v] = (float)(grad_scale * (pv - (v == (size_t)lab)));
+		}
+	}
+	if ((rc = model_bwd(m, err)))
+		goto out;
+	*loss_sum = loss;
+	*n_tokens = nt;
+out:
+	m->train = 0;
+	return rc;
+}
+
+int ms_model_step_fn(struct ms_model *m, const int32_t *ids, uint32_t batch,
+		     uint32_t seq, uint64_t step, ms_model_dlogits_fn fn, void *ctx,
+		     struct ms_err *err)
+{
+	int rc;
+
+	m->train = 1;
+	m->step = step;
+	if ((rc = model_fwd(m, ids, batch, seq, err)))
+		goto out;
+	if ((rc = fn(ctx, m->logits, m->T, m->cfg.vocab, err)))
+		goto out;
+	rc = model_bwd(m, err);
+out:
 	m->train = 0;
 	return rc;
 }

@@ -227,6 +227,39 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
 		  double grad_scale, uint64_t step, double *loss_sum,
 		  uint64_t *n_tokens, struct ms_err *err);
 
+/*
+ * Incremental decoding with a KV cache: batch sequences, up to cap
+ * positions each. ms_model_decode takes one new token per sequence (ids
+ * [batch]) at position ms_kv_cache_len, keeps its keys and values (after
+ * q/k norm and RoPE) in the cache and writes the next-token logits
+ * [batch, vocab]: the same arithmetic, in the same order, as the row of
+ * that position in a full ms_model_forward of the prefix (tested equal).
+ * LoRA applied, dropout off. MS_EINVAL when the cache is full, made for
+ * another model, or batch % ep_size != 0; MS_ENOMEM.
+ */
+struct ms_kv_cache;
+int ms_kv_cache_new(const struct ms_model *m, uint32_t batch, uint32_t cap,
+		    struct ms_kv_cache **out, struct ms_err *err);
+void ms_kv_cache_free(struct ms_kv_cache *kv);
+void ms_kv_cache_reset(struct ms_kv_cache *kv);
+uint32_t ms_kv_cache_len(const struct ms_kv_cache *kv);
+int ms_model_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
+		    float *logits, struct ms_err *err);
+
+/*
+ * Forward + backward of a loss the caller defines over the logits (the RL
+ * objectives of rl.h): fn gets the logits [batch * seq, vocab] of this
+ * forward (LoRA applied, dropout as in ms_model_step at step) and overwrites
+ * them in place with d loss / d logits, already scaled; the backward then
+ * ACCUMULATES (+=) d loss / d param into each parameter's g. fn's error
+ * stops the step with nothing accumulated.
+ */
+typedef int (*ms_model_dlogits_fn)(void *ctx, float *logits, size_t T,
+				   uint32_t V, struct ms_err *err);
+int ms_model_step_fn(struct ms_model *m, const int32_t *ids, uint32_t batch,
+		     uint32_t seq, uint64_t step, ms_model_dlogits_fn fn, void *ctx,
+		     struct ms_err *err);
+
 /* One trainable tensor: its key exactly as PEFT saves it in
  * adapter_model.safetensors (e.g. "base_model.model.model.layers.0.
  * self_attn.q_proj.lora_A.weight"), its shape, float32 values w and

@@ -711,6 +711,59 @@ out:
 	return rc;
 }
 
+/*
+ * GRPO steps (train.rl) over the run's model and optimizer: the monitor's
+ * events are recorded in the inventory (on the launch's run, or on no run
+ * when not launched) as they fire; with monitor.stop the first event ends
+ * the run after a checkpoint of that step. first_loss/last_loss report
+ * the mean reward of the first and last steps.
+ */
+static int rl_loop(struct loop *L, uint64_t start, uint64_t stop, struct ms_err *err)
+{
+	const struct ms_train_plan *tp = L->tp;
+	struct ms_rl *r = NULL;
+	double t0 = ms_now();
+	int rc;
+
+	L->res->rl = 1;
+	if ((rc = ms_rl_new(L->model, &tp->rlc, &tp->optim, L->opt, &r, err)) != MS_OK)
+		goto out;
+	r->step = start;
+	for (uint64_t step = start + 1; step <= stop; step++) {
+		struct ms_rl_metrics s;
+		struct ms_rl_event ev[MS_RL_NRULES];
+		size_t nev;
+
+		if ((rc = ms_rl_step(r, &s, ev, &nev, err)) != MS_OK)
+			goto out;
+		if (step == start + 1) {
+			L->res->first_step = step;
+			L->res->first_loss = s.reward_mean;
+		}
+		L->res->last_step = step;
+		L->res->last_loss = s.reward_mean;
+		for (size_t e = 0; e < nev; e++) {
+			if ((rc = ms_rl_event_record(L->inv, L->run_id, &ev[e], err)) != MS_OK)
+				goto out;
+			L->res->rl_events++;
+		}
+		if (L->o->on_rl_step && (rc = L->o->on_rl_step(L->o->ctx, &s, ev, nev, err)) != MS_OK)
+			goto out;
+		if (nev && tp->rl_stop) {
+			L->res->rl_stopped = 1;
+			rc = checkpoint(L, step, err);
+			goto out;
+		}
+		if ((tp->checkpoint_every && step % tp->checkpoint_every == 0) || step == stop)
+			if ((rc = checkpoint(L, step, err)) != MS_OK)
+				goto out;
+	}
+out:
+	L->res->seconds = ms_now() - t0;
+	ms_rl_free(r);
+	return rc;
+}
+
 /* Keep a loaded state's identity in the result. */
 static int keep_state(struct ms_train_result *res, struct ms_train_state *s, struct ms_err *err)
 {
@@ -734,10 +787,17 @@ static int summary_event(struct ms_inv *inv, const struct ms_train_result *r,
 	int rc;
 
 	ms_buf_init(&b);
-	ms_buf_printf(&b, "{\"first_step\":%" PRIu64 ",\"last_step\":%" PRIu64 ",\"first_loss\":"
-		      "%.17g,\"last_loss\":%.17g,\"tokens\":%" PRIu64 ",\"seconds\":%.3f,"
-		      "\"checkpoints\":[", r->first_step, r->last_step, r->first_loss,
-		      r->last_loss, r->tokens, r->seconds);
+	if (r->rl)
+		ms_buf_printf(&b, "{\"first_step\":%" PRIu64 ",\"last_step\":%" PRIu64
+			      ",\"first_reward\":%.17g,\"last_reward\":%.17g,\"rl_events\":%"
+			      PRIu64 ",\"rl_stopped\":%s,\"seconds\":%.3f,\"checkpoints\":[",
+			      r->first_step, r->last_step, r->first_loss, r->last_loss,
+			      r->rl_events, r->rl_stopped ? "true" : "false", r->seconds);
+	else
+		ms_buf_printf(&b, "{\"first_step\":%" PRIu64 ",\"last_step\":%" PRIu64
+			      ",\"first_loss\":%.17g,\"last_loss\":%.17g,\"tokens\":%" PRIu64
+			      ",\"seconds\":%.3f,\"checkpoints\":[", r->first_step,
+			      r->last_step, r->first_loss, r->last_loss, r->tokens, r->seconds);
 	for (size_t i = 0; i < r->nckpts; i++)
 		ms_buf_printf(&b, "%s{\"step\":%" PRIu64 ",\"state\":\"%s\"}", i ? "," : "",
 			      r->ckpts[i].step, r->ckpts[i].digest);
@@ -1007,7 +1067,13 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 		L.parents[L.nparents++] = quant.digest;
 	if (adapter.role && adapter.digest[0])
 		L.parents[L.nparents++] = adapter.digest;
-	rc = train_loop(&L, start, stop, err);
+	if (tp.rl && o->resume) {
+		/* the rollouts' and the monitor's state are not in a checkpoint */
+		rc = ms_err_set(err, MS_EINVAL, "'%s': a GRPO run (train.rl) cannot be resumed",
+				o->resume);
+		goto out;
+	}
+	rc = tp.rl ? rl_loop(&L, start, stop, err) : train_loop(&L, start, stop, err);
 	if (rc == MS_OK && res->run_id)
 		rc = summary_event(inv, res, err);
 out:

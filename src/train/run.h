@@ -35,6 +35,15 @@
  *     "label": "lora-run1"
  *   }
  *
+ * and, for GRPO instead of supervised steps (rl.h; ms(5) has every key):
+ *     "rl": {"prompts": 4, "group": 4, "prompt_len": 2, "max_new": 3,
+ *            "temperature": 0.25, "top_p": 1, "format_bonus": 1,
+ *            "length_penalty": 0, "std_norm": true, "clip_eps": 0.2,
+ *            "updates": 1, "kl_coef": 0, "kl_estimator": "k3", "ent_coef": 0,
+ *            "reward_command": "python3 check.py",
+ *            "monitor": {"window": 5, "zero_var_max": 0, "reward_std_min": 0,
+ *                        "entropy_min": 0, "reg_share_max": 1, "stop": false}}
+ *
  * Required: lora.r, steps. Defaults: alpha = r, dropout 0, targets
  * ["experts"]; optimizer as torch.optim.AdamW (lr 1e-3, betas (0.9, 0.999),
  * eps 1e-8, weight_decay 0.01), clip 0 (none), warmup 0, cosine; batch 1,
@@ -106,6 +115,7 @@
 #include "train/data.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/rl.h"
 
 #define MS_TRAIN_MAX_STEPS 100000000ull
 #define MS_TRAIN_MAX_BATCH 65536u
@@ -120,6 +130,11 @@ struct ms_train_plan {
 	char *jsonl;           /* resolved against the plan's directory */
 	enum ms_colwise_mode colwise;
 	char *label;
+	int rl;                /* train.rl given: GRPO steps */
+	struct ms_rl_cfg rlc;
+	int rl_stop;           /* train.rl.monitor.stop */
+	char *reward_cmd;      /* train.rl.reward_command (rlc points here) */
+	char *reward_dir;      /* the plan's directory, where it runs */
 };
 
 /* Parse the "train" object of a plan's JSON text (len bytes). dir (may be
@@ -210,6 +225,10 @@ struct ms_train_opts {
 	 * code after the step (a metrics file that cannot be written). */
 	int (*on_step)(void *ctx, const struct ms_train_step *s, struct ms_err *err);
 	void (*on_ckpt)(void *ctx, const struct ms_train_ckpt *c);
+	/* GRPO runs (train.rl): told of every step's metrics and the monitor's
+	 * events of that step; an error stops the run as on_step's does. */
+	int (*on_rl_step)(void *ctx, const struct ms_rl_metrics *s,
+			  const struct ms_rl_event *ev, size_t nev, struct ms_err *err);
 	void *ctx;
 };
 
@@ -222,6 +241,11 @@ struct ms_train_result {
 	uint64_t tokens;       /* target tokens trained on */
 	double seconds;
 	uint64_t nparams;      /* trainable elements */
+	int rl;                /* a GRPO run: first_loss/last_loss hold the
+				* mean reward of the first and last steps */
+	uint64_t rl_events;    /* GRPO: monitor events recorded */
+	int rl_stopped;        /* GRPO: a rule fired with monitor.stop; the
+				* run ended after that step's checkpoint */
 	size_t nckpts;
 	struct ms_train_ckpt *ckpts;
 	size_t nstates;

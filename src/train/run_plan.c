@@ -115,7 +115,13 @@ static int get_str(struct pctx *c, const cJSON *obj, const char *prefix, const c
 
 static const char *const train_keys[] = {
 	"lora", "optimizer", "batch", "seq_len", "grad_accum", "steps", "seed", "data",
-	"checkpoint_every", "colwise", "label", NULL};
+	"checkpoint_every", "colwise", "label", "rl", NULL};
+static const char *const rl_keys[] = {
+	"prompts", "group", "prompt_len", "max_new", "temperature", "top_p", "format_bonus",
+	"length_penalty", "std_norm", "clip_eps", "updates", "kl_coef", "kl_estimator",
+	"ent_coef", "monitor", "reward_command", NULL};
+static const char *const monitor_keys[] = {
+	"window", "zero_var_max", "reward_std_min", "entropy_min", "reg_share_max", "stop", NULL};
 static const char *const lora_keys[] = {"r", "alpha", "dropout", "targets", NULL};
 static const char *const optim_keys[] = {
 	"name", "lr", "betas", "eps", "weight_decay", "clip", "warmup", "schedule", NULL};
@@ -228,10 +234,98 @@ static int check_label(struct pctx *c, const char *s)
 	return MS_OK;
 }
 
+static int get_bool(struct pctx *c, const cJSON *obj, const char *prefix, const char *name,
+		    int *out)
+{
+	const cJSON *it = member(obj, name);
+	char key[256];
+
+	snprintf(key, sizeof(key), "%s.%s", prefix, name);
+	if (!it)
+		return MS_OK;
+	if (!cJSON_IsBool(it))
+		return perr(c, key, "expected true or false");
+	*out = cJSON_IsTrue(it);
+	return MS_OK;
+}
+
+static int get_u32(struct pctx *c, const cJSON *obj, const char *prefix, const char *name,
+		   uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	double d = *out;
+	int rc = get_num(c, obj, prefix, name, lo, hi, 1, 0, &d);
+
+	if (rc == MS_OK)
+		*out = (uint32_t)d;
+	return rc;
+}
+
+/* train.rl: GRPO (rl.h) instead of supervised steps. */
+static int parse_rl(struct pctx *c, const cJSON *o, struct ms_train_plan *tp)
+{
+	struct ms_rl_cfg *r = &tp->rlc;
+	const cJSON *mo;
+	const char *est = NULL, *cmd = NULL;
+	int rc;
+
+	ms_rl_cfg_init(r);
+	if (!cJSON_IsObject(o))
+		return perr(c, "train.rl", "expected an object");
+	if ((rc = check_keys(c, o, "train.rl", rl_keys)) != MS_OK ||
+	    (rc = get_u32(c, o, "train.rl", "prompts", 1, 4096, &r->prompts)) != MS_OK ||
+	    (rc = get_u32(c, o, "train.rl", "group", 2, 4096, &r->group)) != MS_OK ||
+	    (rc = get_u32(c, o, "train.rl", "prompt_len", 1, 4096, &r->prompt_len)) != MS_OK ||
+	    (rc = get_u32(c, o, "train.rl", "max_new", 1, 4096, &r->max_new)) != MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "temperature", 1e-3, 1e3, 0, 0, &r->temperature)) !=
+		    MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "top_p", 1e-6, 1, 0, 0, &r->top_p)) != MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "format_bonus", 0, 1e6, 0, 0, &r->format_bonus)) !=
+		    MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "length_penalty", 0, 1e6, 0, 0,
+			  &r->length_penalty)) != MS_OK ||
+	    (rc = get_bool(c, o, "train.rl", "std_norm", &r->std_norm)) != MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "clip_eps", 1e-6, 1e6, 0, 0, &r->clip_eps)) != MS_OK ||
+	    (rc = get_u32(c, o, "train.rl", "updates", 1, 1024, &r->updates)) != MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "kl_coef", 0, 1e6, 0, 0, &r->kl_coef)) != MS_OK ||
+	    (rc = get_num(c, o, "train.rl", "ent_coef", 0, 1e6, 0, 0, &r->ent_coef)) != MS_OK ||
+	    (rc = get_str(c, o, "train.rl", "kl_estimator", &est)) != MS_OK)
+		return rc;
+	if ((rc = get_str(c, o, "train.rl", "reward_command", &cmd)) != MS_OK)
+		return rc;
+	if (cmd && !(tp->reward_cmd = ms_strdup(cmd)))
+		return oom(c->err);
+	r->reward_cmd = tp->reward_cmd;
+	if (est && !strcmp(est, "k1"))
+		r->kl_est = MS_KL_K1;
+	else if (est && strcmp(est, "k3"))
+		return perr(c, "train.rl.kl_estimator", "'%s' is not k1 or k3", est);
+	if ((mo = member(o, "monitor"))) {
+		if (!cJSON_IsObject(mo))
+			return perr(c, "train.rl.monitor", "expected an object");
+		if ((rc = check_keys(c, mo, "train.rl.monitor", monitor_keys)) != MS_OK ||
+		    (rc = get_u32(c, mo, "train.rl.monitor", "window", 1, 1000000, &r->window)) !=
+			    MS_OK ||
+		    (rc = get_num(c, mo, "train.rl.monitor", "zero_var_max", 0, 1, 0, 0,
+				  &r->zero_var_max)) != MS_OK ||
+		    (rc = get_num(c, mo, "train.rl.monitor", "reward_std_min", 0, 1e6, 0, 0,
+				  &r->reward_std_min)) != MS_OK ||
+		    (rc = get_num(c, mo, "train.rl.monitor", "entropy_min", 0, 1e6, 0, 0,
+				  &r->entropy_min)) != MS_OK ||
+		    (rc = get_num(c, mo, "train.rl.monitor", "reg_share_max", 0, 1e12, 0, 0,
+				  &r->reg_share_max)) != MS_OK ||
+		    (rc = get_bool(c, mo, "train.rl.monitor", "stop", &tp->rl_stop)) != MS_OK)
+			return rc;
+	}
+	tp->rl = 1;
+	return MS_OK;
+}
+
 void ms_train_plan_release(struct ms_train_plan *p)
 {
 	ms_free(p->jsonl);
 	ms_free(p->label);
+	ms_free(p->reward_cmd);
+	ms_free(p->reward_dir);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -336,6 +430,22 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 	if ((rc = ms_adamw_cfg_check(&out->optim, err)) != MS_OK) {
 		ms_err_prefix(err, "plan '%s': train.optimizer", label);
 		goto out;
+	}
+	if ((d = member(tr, "rl"))) {
+		if ((rc = parse_rl(&c, d, out)) != MS_OK)
+			goto out;
+		if (out->task == MS_TASK_JSONL) {
+			rc = perr(&c, "train.rl", "needs a synthetic task in train.data (the "
+				  "rewards check its answers)");
+			goto out;
+		}
+		out->rlc.task = out->task;
+		out->rlc.seed = out->seed;
+		if (out->reward_cmd && dir && !(out->reward_dir = ms_strdup(dir))) {
+			rc = oom(err);
+			goto out;
+		}
+		out->rlc.reward_dir = out->reward_dir;
 	}
 out:
 	cJSON_Delete(root);
