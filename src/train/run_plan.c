@@ -293,7 +293,7 @@ static int parse_rl(struct pctx *c, const cJSON *o, struct ms_train_plan *tp)
 	if ((rc = get_str(c, o, "train.rl", "reward_command", &cmd)) != MS_OK)
 		return rc;
 	if (cmd && !(tp->reward_cmd = ms_strdup(cmd)))
-		return oom(c->err);
+		return ms_err_nomem(c->err);
 	r->reward_cmd = tp->reward_cmd;
 	if (est && !strcmp(est, "k1"))
 		r->kl_est = MS_KL_K1;
@@ -442,7 +442,7 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label, const c
 		out->rlc.task = out->task;
 		out->rlc.seed = out->seed;
 		if (out->reward_cmd && dir && !(out->reward_dir = ms_strdup(dir))) {
-			rc = oom(err);
+			rc = ms_err_nomem(err);
 			goto out;
 		}
 		out->rlc.reward_dir = out->reward_dir;
