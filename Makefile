@@ -206,7 +206,7 @@ $(BUILD)/bench/%: tools/bench/%.c $(LIB) | $(BUILD)/bench
 bench-bins: $(BENCH_BIN)
 
 # ---- tests -----------------------------------------------------------------
-$(BUILD)/tests/t_%: tests/unit/t_%.c tests/unit/test.h $(LIB) | $(BUILD)/tests pkgcheck
+$(BUILD)/tests/t_%: tests/unit/t_%.c $(wildcard tests/unit/*.h) $(LIB) | $(BUILD)/tests pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itests/unit -o $@ $< $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests

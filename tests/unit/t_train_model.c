@@ -17,42 +17,7 @@
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
-struct tset {
-	struct ms_ckpt *c;
-	struct ms_wtensor *t;
-	size_t n;
-};
-
-static int tset_open(struct tset *s, const char *path)
-{
-	struct ms_err err = {0};
-	memset(s, 0, sizeof *s);
-	if (ms_ckpt_open(path, &s->c, &err)) {
-		fprintf(stderr, "%s: %s\n", path, err.msg);
-		return -1;
-	}
-	s->n = s->c->ntensors;
-	s->t = calloc(s->n ? s->n : 1, sizeof *s->t);
-	if (!s->t)
-		return -1;
-	for (size_t i = 0; i < s->n; i++) {
-		const struct ms_tensor *x = s->c->tensors[i];
-		s->t[i].name = x->name;
-		s->t[i].dtype = x->dtype;
-		s->t[i].ndim = x->ndim;
-		memcpy(s->t[i].shape, x->shape, sizeof x->shape);
-		s->t[i].data = x->data;
-		s->t[i].nbytes = x->nbytes;
-	}
-	return 0;
-}
-
-static void tset_close(struct tset *s)
-{
-	free(s->t);
-	ms_ckpt_close(s->c);
-	memset(s, 0, sizeof *s);
-}
+#include "train_fixture.h"
 
 static const struct ms_wtensor *tset_find(const struct tset *s, const char *name)
 {
