@@ -64,8 +64,11 @@ NVFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
 ifeq ($(HAVE_CUDA),1)
 ALL_CFLAGS += -DMS_HAVE_CUDA=1 -DMS_QUANT_GPU=1
 KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
+# cuBLAS (the trainer's GEMMs) is linked as a shared library, found through
+# the toolkit's rpath: its static archive would make every binary hundreds
+# of megabytes; --as-needed keeps it out of programs that never train.
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
-            -lcudart_static -ldl -lrt -lstdc++
+            -lcudart_static -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64 -ldl -lrt -lstdc++
 else
 KERN_OBJ :=
 CUDA_LIBS =

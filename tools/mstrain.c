@@ -155,6 +155,23 @@ static void print_text(const struct ms_train_result *r)
 		       r->ckpts[i].digest, r->ckpts[i].label);
 }
 
+/* --profile FILE: the device's time per phase and what it held (JSON) */
+static int write_profile(const char *path, const struct ms_train_result *r,
+			 struct ms_err *err)
+{
+	FILE *f;
+	int bad;
+
+	if (!r->profile)
+		return ms_err_set(err, MS_EIO, "'%s': the run kept no profile", path);
+	if (!(f = fopen(path, "w")))
+		return ms_err_set(err, MS_EIO, "'%s': cannot create: %s", path, strerror(errno));
+	bad = fputs(r->profile, f) < 0 || fputc('\n', f) < 0;
+	if (fclose(f) || bad)
+		return ms_err_set(err, MS_EIO, "'%s': write failed", path);
+	return MS_OK;
+}
+
 static int cmd_train(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -166,6 +183,8 @@ static int cmd_train(int argc, char **argv)
 		{ "steps", required_argument, NULL, 's' },
 		{ "resume", required_argument, NULL, 'r' },
 		{ "metrics", required_argument, NULL, 'm' },
+		{ "profile", required_argument, NULL, 'P' },
+		{ "gpu-f32", no_argument, NULL, 'F' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -176,7 +195,7 @@ static int cmd_train(int argc, char **argv)
 	struct train_ctx ctx = { 0 };
 	struct ms_err err = { 0 };
 	struct ms_inv *inv = NULL;
-	const char *db = NULL;
+	const char *db = NULL, *profile = NULL;
 	uint64_t v;
 	int c, rc, stopped = 0;
 
@@ -191,12 +210,14 @@ static int cmd_train(int argc, char **argv)
 			db = optarg;
 			break;
 		case 'd':
-			if (!strcmp(optarg, "cuda")) {
-				cli_errorf("--device cuda: this mstrain has the CPU path only");
-				return CLI_IO;
-			}
-			if (strcmp(optarg, "cpu"))
+			if (ms_device_parse(optarg, &o.device) != MS_OK)
 				return cli_usage("--device: '%s' is not cpu or cuda", optarg);
+			break;
+		case 'P':
+			profile = optarg;
+			break;
+		case 'F':
+			o.gpu_f32 = 1;
 			break;
 		case 'c':
 			if (!strcmp(optarg, "resident"))
@@ -239,6 +260,8 @@ static int cmd_train(int argc, char **argv)
 		return cli_usage("unexpected argument '%s'", argv[optind]);
 	if (!o.plan_path)
 		return cli_usage("--plan is required");
+	if ((profile || o.gpu_f32) && o.device != MS_DEVICE_CUDA)
+		return cli_usage("--profile and --gpu-f32 need --device cuda");
 	if ((rc = ms_train_launch_parse(environ, &launch, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
@@ -263,6 +286,10 @@ static int cmd_train(int argc, char **argv)
 		else
 			print_text(&res);
 		stopped = res.rl_stopped;
+		if (profile && (rc = write_profile(profile, &res, &err)) != MS_OK) {
+			ms_train_result_release(&res);
+			goto out;
+		}
 	}
 	ms_train_result_release(&res);
 out:
@@ -279,16 +306,18 @@ out:
 
 static const struct cli_cmd cmds[] = {
 	{ "train", cmd_train,
-	  "train --plan PLAN [--db PATH] [--device cpu] [--colwise resident|on-demand] [--ep N] "
-	  "[--steps N] [--resume CKPT] [--metrics FILE] [--json]",
+	  "train --plan PLAN [--db PATH] [--device cpu|cuda] [--colwise resident|on-demand] [--ep N] "
+	  "[--steps N] [--resume CKPT] [--metrics FILE] [--profile FILE] [--gpu-f32] [--json]",
 	  "train a LoRA adapter on the plan's verified states",
 	  "--plan PLAN\tthe run plan (states, train section, outputs)\n"
-	  "--device cpu\twhere to train (the CPU reference path)\n"
+	  "--device cpu|cuda\twhere to train: the CPU reference path, or one GPU (default cpu)\n"
 	  "--colwise resident|on-demand\tcolumnwise NVFP4 kept resident or built per layer (default: the plan's)\n"
 	  "--ep N\texpert-parallel virtual ranks in this process (default: the plan's ep_size)\n"
 	  "--steps N\tstop after optimizer step N, with a checkpoint (the schedule spans the plan's steps)\n"
 	  "--resume CKPT\tcontinue exactly from a checkpoint directory\n"
-	  "--metrics FILE\tone JSON line of metrics per step\n" },
+	  "--metrics FILE\tone JSON line of metrics per step\n"
+	  "--profile FILE\tcuda: time per phase and device memory held, as JSON\n"
+	  "--gpu-f32\tcuda: float32 GEMMs instead of bf16 tensor cores (the tests' mode)\n" },
 };
 
 int main(int argc, char **argv)

@@ -17,10 +17,8 @@
 
 #include "nvfp4.h"
 #include "train/model.h"
-
-/* Bounds that let per-row scratch live on the stack (and
- * MS_MODEL_MAX_HEAD_DIM, model.h, which the config parser enforces). */
-#define MS_MODEL_MAX_LORA_R 256
+#include "train/model_int.h"
+#include "train/optim.h"
 
 /* ---- threads ---------------------------------------------------------------- */
 
@@ -81,127 +79,6 @@ static void par_for(int nthreads, size_t n, size_t min_chunk, par_fn fn,
 			par_main(&jobs[i]);
 	}
 }
-
-/* ---- weights ---------------------------------------------------------------- */
-
-/* One NVFP4 block of rows of a frozen projection (a projection fused from
- * two quantized modules, gate and up, has two parts stacked by rows). */
-struct qpart {
-	uint64_t rows;
-	uint8_t *packed, *scales;    /* rowwise bytes (owned) */
-	float tscale;
-	enum ms_nvfp4_tscale_kind kind;
-};
-
-/* A frozen projection y = x W^T + b, W [out, in]. */
-struct lin {
-	uint32_t out, in;
-	float *w;                    /* [out, in] rowwise, decoded */
-	float *wt;                   /* [in, out] columnwise: resident, or
-					built for one layer's backward */
-	float *bias;                 /* [out] or NULL */
-	int nparts;                  /* quantized parts; 0: from the base */
-	struct qpart part[2];
-};
-
-/* A LoRA adapter over E experts (E = 1 for attention):
- * A [E*r, in], B [out, r*E]; expert e: A rows e*r+k, B columns k*E+e. */
-struct lora {
-	uint32_t r, in, out, E;
-	float *A, *B, *gA, *gB;      /* parameters and their gradients */
-	int pA, pB;                  /* index of each in m->params */
-	uint32_t id;                 /* dropout stream */
-};
-
-struct expert {
-	struct lin gu;               /* [2F, H]: gate rows then up rows */
-	struct lin down;             /* [H, F] */
-};
-
-/* One EP rank: the experts [e0, e1) of every MoE layer (held by this rank
- * only) and its gradient accumulators (its own tokens' contributions to
- * the replicated parameters, and its experts' slices of the fused expert
- * adapters), reduced over ranks at the end of a step. */
-struct ms_rank {
-	uint32_t e0, e1;
-	struct expert **ex;          /* [L] -> [e1 - e0], NULL: dense layer */
-	double **gacc;               /* [nparams] -> n doubles */
-};
-
-struct layer {
-	float *ln1, *ln2;            /* [H] */
-	struct lin q, k, v, o;
-	float *qn, *kn;              /* [head_dim] or NULL */
-	struct lora *lq, *lk, *lv, *lo;
-	int moe;
-	float *router;               /* [E, H] */
-	float *ecb;                  /* [E] sigmoid routers' correction bias */
-	struct lora *lgu, *ldown;    /* fused expert adapters */
-	int shared;                  /* shared experts (glm4_moe) */
-	struct expert sh;            /* shared experts, or the dense MLP */
-};
-
-/* Per-layer activations kept for the backward. */
-struct acts {
-	float *x;                    /* [T, H] layer input */
-	float *h1, *r1;              /* normed input [T, H], rstd [T] */
-	float *q0, *k0, *v;          /* projections before norm [T, D] */
-	float *qr, *kr;              /* after norm, before RoPE: for norm bwd
-					the rstd is kept: */
-	float *rq, *rk;              /* [T, nh] / [T, nkv] */
-	float *q, *k;                /* after norm + RoPE */
-	float *p;                    /* [B, nh, S, S] attention probs */
-	float *ctx;                  /* [T, nh*hd] */
-	float *uq, *uk, *uv, *uo;    /* LoRA u = A x [T, r] */
-	float *x2;                   /* [T, H] after attention */
-	float *h2, *r2;
-	/* MoE */
-	float *probs;                /* [T, E] router probabilities/scores */
-	int32_t *sel;                /* [T, K] */
-	float *wts;                  /* [T, K] */
-	float *gu;                   /* [T*K, 2F] pre-activation */
-	float *act;                  /* [T*K, F] */
-	float *ugu, *udn;            /* [T*K, r] */
-	float *ye;                   /* [T*K, H] expert output before weight */
-	float *xin;                  /* [T*K, H] expert input as received */
-	/* shared / dense MLP */
-	float *sgu, *sact;           /* [T, 2Fs], [T, Fs] */
-};
-
-struct ms_model {
-	struct ms_model_cfg cfg;
-	struct ms_lora_cfg lora;
-	struct ms_model_opts opts;
-	uint32_t ep;                 /* ranks */
-	float *embed;                /* [V, H] */
-	float *norm;                 /* [H] */
-	float *lm_head;              /* [V, H] (the embedding when tied) */
-	struct layer *layers;
-	float *rope_cos, *rope_sin;  /* [S_max, rotary_dim/2], grown on use */
-	uint32_t rope_len;
-	size_t nparams;
-	struct ms_param *params;
-	char **pnames;
-	struct lora **loras;
-	size_t nloras;
-	int nthreads;
-	/* the last forward's activations */
-	uint32_t T, B, S;
-	struct acts *acts;           /* [L] */
-	float *xf, *hf, *rf;         /* final norm input, output, rstd */
-	float *logits;               /* [T, V] */
-	/* per-step gradient accumulators (double), one set per rank */
-	struct ms_rank *ranks;       /* [ep] */
-	int train;                   /* dropout on */
-	uint64_t step;
-	struct ms_kv_cache *kv;      /* set during ms_model_decode */
-};
-
-struct ms_kv_cache {
-	uint32_t B, cap, len;        /* sequences, positions held, filled */
-	uint32_t nl, dkv;
-	float *k, *v;                /* [L, B, cap, dkv], after norm + RoPE */
-};
 
 static float half_to_f32(enum ms_dtype dt, const uint8_t *p, uint64_t i)
 {
@@ -510,7 +387,9 @@ static int lin_load(struct ms_model *m, struct lin *l, const struct tindex *bx,
 			return rc;
 		if (found) {
 			nq++;
-			if ((rc = ms_nvfp4_dequantize_ref(l->part[i].packed,
+			/* the GPU decodes on the device from these bytes */
+			if (m->opts.device == MS_DEVICE_CPU &&
+			    (rc = ms_nvfp4_dequantize_ref(l->part[i].packed,
 							  l->part[i].scales, rows[i],
 							  in, l->part[i].tscale,
 							  l->part[i].kind, MS_DTYPE_F32,
@@ -547,6 +426,15 @@ static int lin_load(struct ms_model *m, struct lin *l, const struct tindex *bx,
 		snprintf(nm, sizeof nm, "%s.bias", srcs[0]);
 		if ((rc = vec_load(bx, nm, l->out, &l->bias, err)))
 			return rc;
+	}
+	if (m->opts.device != MS_DEVICE_CPU) {
+		/* the device holds its own copies (kernels/train.cu), and its
+		 * transpose validates the 2D blocks */
+		if (nq) {
+			ms_free(l->w);
+			l->w = NULL;
+		}
+		return MS_OK;
 	}
 	/* Validate the 2D blocks now (the transpose refuses 1D ones), and keep
 	 * the columnwise copy in resident mode. */
@@ -988,6 +876,7 @@ void ms_model_free(struct ms_model *m)
 {
 	if (!m)
 		return;
+	ms_gmodel_free(m->gpu);
 	acts_free(m);
 	if (m->layers) {
 		for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
@@ -1076,6 +965,12 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 					   : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	if (m->nthreads < 1)
 		m->nthreads = 1;
+	if (m->opts.device != MS_DEVICE_CPU && m->ep != 1) {
+		rc = ms_err_set(err, MS_EINVAL,
+				"--device cuda trains on one GPU: EP size %u needs the "
+				"CPU path's virtual ranks", m->ep);
+		goto out;
+	}
 	if (m->ep > cfg->n_experts || cfg->n_experts % m->ep) {
 		rc = ms_err_set(err, MS_EINVAL,
 				"EP size %u does not divide the %u experts", m->ep,
@@ -1150,6 +1045,11 @@ int ms_model_build(struct ms_model **out, const struct ms_model_cfg *cfg,
 			}
 		}
 	}
+	if (m->opts.device != MS_DEVICE_CPU) {
+		/* gradients accumulate on the device */
+		rc = ms_gmodel_build(m, err);
+		goto out;
+	}
 	for (uint32_t r = 0; r < m->ep; r++) {
 		double **g = ms_calloc(m->nparams ? m->nparams : 1, sizeof *g);
 		m->ranks[r].gacc = g;
@@ -1190,6 +1090,11 @@ size_t ms_model_params(struct ms_model *m, const struct ms_param **out)
 
 void ms_model_zero_grad(struct ms_model *m)
 {
+	if (m->gpu) {
+		/* a failure here shows at the next step's first CUDA call */
+		ms_gmodel_zero_grad(m, NULL);
+		return;
+	}
 	for (size_t i = 0; i < m->nparams; i++)
 		memset(m->params[i].g, 0, m->params[i].n * sizeof(float));
 }
@@ -1473,7 +1378,7 @@ oom:
 
 /* RoPE tables, float32 as transformers computes them: inv_freq = 1 /
  * theta^(2f/rd), freq = pos * inv_freq, cos/sin of it. */
-static int rope_grow(struct ms_model *m, uint32_t S, struct ms_err *err)
+int ms_model_rope(struct ms_model *m, uint32_t S, struct ms_err *err)
 {
 	uint32_t h = m->cfg.rotary_dim / 2;
 	float *c, *s;
@@ -2505,6 +2410,25 @@ static void head_bwd_rows(void *p, size_t lo, size_t hi)
 	}
 }
 
+int ms_model_check_ids(const struct ms_model *m, const int32_t *ids,
+		       uint32_t batch, uint32_t seq, struct ms_err *err)
+{
+	size_t T = (size_t)batch * seq;
+
+	if (!batch || !seq)
+		return ms_err_set(err, MS_EINVAL, "batch and sequence length must be > 0");
+	if (batch % m->ep)
+		return ms_err_set(err, MS_EINVAL,
+				  "batch %u is not a multiple of the EP size %u", batch,
+				  m->ep);
+	for (size_t t = 0; t < T; t++)
+		if (ids[t] < 0 || (uint32_t)ids[t] >= m->cfg.vocab)
+			return ms_err_set(err, MS_EINVAL,
+					  "token id %d at position %zu is outside the "
+					  "vocabulary (%u)", ids[t], t, m->cfg.vocab);
+	return MS_OK;
+}
+
 static int model_fwd(struct ms_model *m, const int32_t *ids, uint32_t batch,
 		     uint32_t seq, struct ms_err *err)
 {
@@ -2513,19 +2437,10 @@ static int model_fwd(struct ms_model *m, const int32_t *ids, uint32_t batch,
 	float *x = NULL, *x2 = NULL;
 	int rc;
 
-	if (!batch || !seq)
-		return ms_err_set(err, MS_EINVAL, "batch and sequence length must be > 0");
-	if (batch % m->ep)
-		return ms_err_set(err, MS_EINVAL,
-				  "batch %u is not a multiple of the EP size %u", batch,
-				  m->ep);
+	if ((rc = ms_model_check_ids(m, ids, batch, seq, err)))
+		return rc;
 	T = (size_t)batch * seq;
-	for (size_t t = 0; t < T; t++)
-		if (ids[t] < 0 || (uint32_t)ids[t] >= c->vocab)
-			return ms_err_set(err, MS_EINVAL,
-					  "token id %d at position %zu is outside the "
-					  "vocabulary (%u)", ids[t], t, c->vocab);
-	if ((rc = acts_alloc(m, batch, seq, err)) || (rc = rope_grow(m, seq, err)))
+	if ((rc = acts_alloc(m, batch, seq, err)) || (rc = ms_model_rope(m, seq, err)))
 		return rc;
 	x = alloc_f(T * H);
 	x2 = alloc_f(T * H);
@@ -2559,6 +2474,9 @@ int ms_model_forward(struct ms_model *m, const int32_t *ids, uint32_t batch,
 		     uint32_t seq, float *logits, struct ms_err *err)
 {
 	int rc;
+	if (m->gpu)
+		return ms_gmodel_step(m, ids, NULL, batch, seq, 0, 0, NULL, NULL, logits,
+				      0, NULL, NULL, err);
 	m->train = 0;
 	if ((rc = model_fwd(m, ids, batch, seq, err)))
 		return rc;
@@ -2629,6 +2547,9 @@ int ms_kv_cache_new(const struct ms_model *m, uint32_t batch, uint32_t cap,
 	size_t n;
 
 	*out = NULL;
+	if (m->gpu)
+		return ms_err_set(err, MS_EINVAL,
+				  "KV-cache decoding runs on the CPU model only");
 	if (!batch || !cap)
 		return ms_err_set(err, MS_EINVAL, "KV cache: batch and length must be > 0");
 	if (!(kv = ms_calloc(1, sizeof(*kv))))
@@ -2674,7 +2595,7 @@ int ms_model_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *i
 		return ms_err_set(err, MS_EINVAL, "KV cache: made for another model");
 	if (kv->len >= kv->cap)
 		return ms_err_set(err, MS_EINVAL, "KV cache: full (%u positions)", kv->cap);
-	if ((rc = rope_grow(m, kv->len + 1, err)))
+	if ((rc = ms_model_rope(m, kv->len + 1, err)))
 		return rc;
 	m->train = 0;
 	m->kv = kv;
@@ -2698,6 +2619,9 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
 	uint64_t nt = 0;
 	int rc;
 
+	if (m->gpu)
+		return ms_gmodel_step(m, ids, loss_mask, batch, seq, grad_scale, step,
+				      NULL, NULL, NULL, 1, loss_sum, n_tokens, err);
 	m->train = 1;
 	m->step = step;
 	if ((rc = model_fwd(m, ids, batch, seq, err)))
@@ -2741,6 +2665,9 @@ int ms_model_step_fn(struct ms_model *m, const int32_t *ids, uint32_t batch,
 {
 	int rc;
 
+	if (m->gpu)
+		return ms_gmodel_step(m, ids, NULL, batch, seq, 0, step, fn, ctx, NULL,
+				      1, NULL, NULL, err);
 	m->train = 1;
 	m->step = step;
 	if ((rc = model_fwd(m, ids, batch, seq, err)))
@@ -2751,6 +2678,56 @@ int ms_model_step_fn(struct ms_model *m, const int32_t *ids, uint32_t batch,
 out:
 	m->train = 0;
 	return rc;
+}
+
+/* ---- where the parameters live ----------------------------------------------- */
+
+int ms_device_parse(const char *s, enum ms_device *out)
+{
+	if (!strcmp(s, "cpu"))
+		*out = MS_DEVICE_CPU;
+	else if (!strcmp(s, "cuda"))
+		*out = MS_DEVICE_CUDA;
+	else
+		return MS_EINVAL;
+	return MS_OK;
+}
+
+int ms_model_sync(struct ms_model *m, struct ms_adamw *o, int dir,
+		  struct ms_err *err)
+{
+	(void)o;
+	if (!m->gpu)
+		return MS_OK;
+	return ms_gmodel_sync(m, o, dir, err);
+}
+
+int ms_model_optim_step(struct ms_model *m, struct ms_adamw *o, double lr,
+			double *grad_norm, struct ms_err *err)
+{
+	if (m->gpu)
+		return ms_gmodel_optim(m, o, lr, grad_norm, err);
+	if (o->np != m->nparams)
+		return ms_err_set(err, MS_EINVAL,
+				  "optimizer made over %zu tensors, the model has %zu",
+				  o->np, m->nparams);
+	*grad_norm = ms_grad_clip(o->p, o->np, o->cfg.clip);
+	ms_adamw_update(o, lr);
+	return MS_OK;
+}
+
+int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out)
+{
+	memset(out, 0, sizeof *out);
+	return m->gpu ? ms_gmodel_mem(m, out) : MS_OK;
+}
+
+int ms_model_profile(const struct ms_model *m, char **json, struct ms_err *err)
+{
+	*json = NULL;
+	if (!m->gpu)
+		return ms_err_set(err, MS_EINVAL, "the CPU model keeps no profile");
+	return ms_gmodel_profile(m, json, err);
 }
 
 /* ---- adapter_config.json ------------------------------------------------------ */

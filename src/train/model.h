@@ -157,12 +157,26 @@ enum ms_colwise_mode {
 	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
 };
 
+/* Where the model computes. */
+enum ms_device {
+	MS_DEVICE_CPU,
+	MS_DEVICE_CUDA,              /* kernels/train.cu: one GPU, EP 1 */
+};
+
+/* "cpu", "cuda" -> enum; MS_EINVAL. */
+int ms_device_parse(const char *s, enum ms_device *out);
+
 struct ms_model_opts {
 	enum ms_colwise_mode colwise;
 	uint32_t ep_size;            /* virtual EP ranks; 0 or 1: none */
 	int nthreads;                /* 0: one per CPU */
 	double warm_alpha;           /* the warm-start adapter's lora_alpha
 					(adapter_config.json); 0: the run's */
+	enum ms_device device;
+	int gpu_f32;                 /* cuda: float32 GEMMs (no tensor-core
+					rounding), the mode the tests compare
+					with the CPU; 0: bf16 tensor-core
+					GEMMs, float32 everywhere else */
 };
 
 struct ms_model;
@@ -276,6 +290,57 @@ struct ms_param {
 /* The trainable tensors in a fixed order (sorted by name). */
 size_t ms_model_params(struct ms_model *m, const struct ms_param **out);
 void ms_model_zero_grad(struct ms_model *m);
+
+/*
+ * CUDA models (opts.device MS_DEVICE_CUDA) keep the parameters, their
+ * gradients and the optimizer's moments on the GPU; the ms_param arrays are
+ * host copies, current only after ms_model_sync(MS_MODEL_TO_HOST) (w and
+ * g, and o's moments when o is given); MS_MODEL_TO_DEVICE uploads w (and
+ * o's moments) after the caller changed them (a resumed checkpoint). A CPU
+ * model has nothing to move: MS_OK.
+ */
+#define MS_MODEL_TO_HOST   1
+#define MS_MODEL_TO_DEVICE 2
+struct ms_adamw;
+int ms_model_sync(struct ms_model *m, struct ms_adamw *o, int dir,
+		  struct ms_err *err);
+
+/*
+ * One optimizer step where the parameters live: the global gradient norm
+ * (into *grad_norm, before clipping), clipping to o->cfg.clip, then AdamW
+ * with learning rate lr (o->step += 1): optim.h's formulas, on the CPU
+ * through ms_grad_clip / ms_adamw_update over the model's parameters (o made
+ * over ms_model_params in order), on the GPU by kernels with the same
+ * per-element float32 arithmetic.
+ */
+int ms_model_optim_step(struct ms_model *m, struct ms_adamw *o, double lr,
+			double *grad_norm, struct ms_err *err);
+
+/*
+ * What a CUDA model holds on its device, in bytes (0 on the CPU): the NVFP4 base
+ * (rowwise codes and scales; the columnwise copy: resident for every layer,
+ * or the on-demand scratch at its peak), the float weights (embedding,
+ * lm_head, norms, routers, projections not quantized), the LoRA parameters
+ * with gradients and moments, the activations kept for the backward at the
+ * last step's shape, and the working scratch; peak is the largest total
+ * held at once. The _measured fields are what cudaMemGetInfo reported
+ * around each allocation.
+ */
+struct ms_model_mem {
+	/* bytes allocated, by what they hold */
+	uint64_t nvfp4_rowwise, nvfp4_colwise, nvfp4_colwise_peak;
+	uint64_t dense, lora, acts, scratch, peak;
+	/* what cudaMemGetInfo saw the device lose to those allocations (the
+	 * driver's rounding included; 0 for allocations it sub-allocated) */
+	uint64_t nvfp4_rowwise_measured, nvfp4_colwise_measured, measured;
+	uint64_t total;              /* the device's memory */
+};
+int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
+
+/* A CUDA model's time per phase over the steps so far (CUDA events), as
+ * JSON {"steps": n, "step_ms": mean, "colwise_ms": ..., "kernels": [{"name",
+ * "ms", "calls"}]} (ms_free'd by the caller); MS_EINVAL on a CPU model. */
+int ms_model_profile(const struct ms_model *m, char **json, struct ms_err *err);
 
 /* adapter_config.json for the adapter these parameters form (PEFT 0.21
  * keys: r, lora_alpha, lora_dropout, target_modules, target_parameters,

@@ -827,8 +827,9 @@ int ms_rl_step(struct ms_rl *r, struct ms_rl_metrics *s, struct ms_rl_event *ev,
 			s->reg_share = s->reg_norm / fmax(s->pg_norm, 1e-12);
 		}
 		s->clip_frac = j.ntok ? (double)j.clipped / j.ntok : 0;
-		s->grad_norm = ms_grad_clip(r->op, r->np, r->opt->cfg.clip);
-		ms_adamw_update(r->opt, ms_sched_lr(&r->opt->cfg, r->step));
+		if ((rc = ms_model_optim_step(r->m, r->opt, ms_sched_lr(&r->opt->cfg, r->step),
+					      &s->grad_norm, err)) != MS_OK)
+			return rc;
 	}
 	r->step++;
 	s->step = r->step;

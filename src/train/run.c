@@ -534,6 +534,7 @@ void ms_train_result_release(struct ms_train_result *r)
 	for (size_t i = 0; i < r->nstates; i++)
 		ms_train_state_release(&r->states[i]);
 	ms_free(r->states);
+	ms_free(r->profile);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -591,7 +592,9 @@ static int checkpoint(struct loop *L, uint64_t step, struct ms_err *err)
 	char *acfg = NULL, *label = NULL, *had = NULL, *dir = NULL, digest[MS_STATE_DIGEST_LEN];
 	int rc;
 
-	if ((rc = ms_model_adapter_config(L->model, &acfg, err)) != MS_OK)
+	/* a GPU model's parameters and moments come to the host first */
+	if ((rc = ms_model_sync(L->model, L->opt, MS_MODEL_TO_HOST, err)) != MS_OK ||
+	    (rc = ms_model_adapter_config(L->model, &acfg, err)) != MS_OK)
 		return rc;
 	if (!(label = ms_asprintf("%s-step%" PRIu64, L->tp->label, step))) {
 		rc = oom(err);
@@ -640,24 +643,17 @@ static int train_loop(struct loop *L, uint64_t start, uint64_t stop, struct ms_e
 {
 	const struct ms_train_plan *tp = L->tp;
 	struct ms_batch *bs = NULL;
-	struct ms_optim_param *op = NULL;
 	uint32_t A = tp->grad_accum;
 	int rc = MS_OK;
 	double t0 = ms_now();
 
-	if (!(bs = ms_calloc(A, sizeof(*bs))) || !(op = ms_calloc(L->np + 1, sizeof(*op)))) {
+	if (!(bs = ms_calloc(A, sizeof(*bs)))) {
 		rc = oom(err);
 		goto out;
 	}
 	for (uint32_t a = 0; a < A; a++)
 		if ((rc = ms_batch_init(&bs[a], tp->batch, tp->seq_len, err)) != MS_OK)
 			goto out;
-	for (size_t i = 0; i < L->np; i++) {
-		op[i].name = L->params[i].name;
-		op[i].w = L->params[i].w;
-		op[i].g = L->params[i].g;
-		op[i].n = L->params[i].n;
-	}
 	for (uint64_t step = start + 1; step <= stop; step++) {
 		struct ms_train_step s = {0};
 		double t = ms_now(), loss = 0;
@@ -684,9 +680,9 @@ static int train_loop(struct loop *L, uint64_t start, uint64_t stop, struct ms_e
 		s.total = tp->steps;
 		s.loss = loss / (double)ntok;
 		s.tokens = ntok;
-		s.grad_norm = ms_grad_clip(op, L->np, tp->optim.clip);
 		s.lr = ms_sched_lr(&tp->optim, step - 1);
-		ms_adamw_update(L->opt, s.lr);
+		if ((rc = ms_model_optim_step(L->model, L->opt, s.lr, &s.grad_norm, err)) != MS_OK)
+			goto out;
 		s.seconds = ms_now() - t;
 		s.tokens_per_s = s.seconds > 0 ? (double)A * tp->batch * tp->seq_len / s.seconds : 0;
 		if (step == start + 1) {
@@ -707,7 +703,6 @@ out:
 	for (uint32_t a = 0; bs && a < A; a++)
 		ms_batch_release(&bs[a]);
 	ms_free(bs);
-	ms_free(op);
 	return rc;
 }
 
@@ -993,6 +988,14 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	mo.colwise = o->colwise >= 0 ? (enum ms_colwise_mode)o->colwise : tp.colwise;
 	mo.ep_size = o->ep_size ? o->ep_size : fp->ep_size;
 	mo.nthreads = o->nthreads;
+	mo.device = o->device;
+	mo.gpu_f32 = o->gpu_f32;
+	if (tp.rl && o->device != MS_DEVICE_CPU) {
+		/* rollouts decode with the KV cache, which the GPU model has not */
+		rc = ms_err_set(err, MS_EINVAL, "plan '%s': key 'train.rl': GRPO runs on the CPU "
+				"model only (--device cpu)", o->plan_path);
+		goto out;
+	}
 	/* a warm start keeps its own delta: the model rescales B from the
 	 * adapter's alpha to the run's */
 	if (adapter.adapter_config && (rc = warm_alpha(&adapter, &mo.warm_alpha, err)) != MS_OK)
@@ -1048,6 +1051,9 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 		}
 		start = meta.step;
 		L.data->cursor = meta.data_cursor;
+		/* the moments read into the host optimizer go to the device */
+		if ((rc = ms_model_sync(L.model, L.opt, MS_MODEL_TO_DEVICE, err)) != MS_OK)
+			goto out;
 	}
 	stop = o->stop_step && o->stop_step < tp.steps ? o->stop_step : tp.steps;
 	if (start >= stop) {
@@ -1093,6 +1099,12 @@ out:
 	ms_train_state_release(&quant);
 	ms_train_state_release(&adapter);
 	ms_data_free(L.data);
+	if (L.model && o->device != MS_DEVICE_CPU) {
+		/* what the device held and where its time went, for --profile */
+		ms_model_mem(L.model, &res->mem);
+		if (!res->profile)
+			ms_model_profile(L.model, &res->profile, NULL);
+	}
 	ms_adamw_free(L.opt);
 	ms_model_free(L.model);
 	ms_free(op);

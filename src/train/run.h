@@ -219,6 +219,8 @@ struct ms_train_opts {
 				* (the schedule still spans the plan's steps) */
 	const char *resume;    /* a checkpoint directory, or NULL */
 	int nthreads;          /* 0: one per CPU */
+	enum ms_device device; /* where the model computes */
+	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
 	const struct ms_train_launch *launch; /* NULL: not launched */
 	/* Told of every step and every checkpoint (may be NULL). on_step
 	 * returning other than MS_OK (err filled) stops the run with that
@@ -250,6 +252,8 @@ struct ms_train_result {
 	struct ms_train_ckpt *ckpts;
 	size_t nstates;
 	struct ms_train_state *states; /* the loaded states (tensors freed) */
+	struct ms_model_mem mem;       /* cuda: what the device held */
+	char *profile;                 /* cuda: ms_model_profile's JSON */
 };
 
 void ms_train_result_release(struct ms_train_result *r);

@@ -63,13 +63,26 @@ expect 0 "$B/msinv" add --label base-nvfp4 base-nvfp4
 expect 2 "$B/mstrain" train
 has "--plan is required" "$W/err" "no plan"
 expect 2 "$B/mstrain" train --plan x.json --steps 0
-expect 3 "$B/mstrain" train --plan x.json --device cuda
+expect 2 "$B/mstrain" train --plan x.json --device tpu
+has "is not cpu or cuda" "$W/err" "unknown device"
+expect 2 "$B/mstrain" train --plan x.json --profile p.json
+has "need --device cuda" "$W/err" "--profile on the CPU"
 expect 2 "$B/mstrain" train --plan x.json --colwise both
 plan typo.json runs/typo 3 0
 sed 's/"seq_len"/"seqlen"/' typo.json >typo2.json
 expect 2 "$B/mstrain" train --plan typo2.json
 has "key 'train.seqlen': unknown key" "$W/err" "misspelt key"
 one_line "misspelt key"
+
+# --device cuda on a machine without a GPU (or a build without nvcc): one
+# line, exit 3, nothing registered (the GPU tier runs it for real)
+if ! nvidia-smi -L >/dev/null 2>&1; then
+	plan nogpu.json runs/nogpu 3 0
+	expect 3 "$B/mstrain" train --plan nogpu.json --device cuda
+	has "gpu" "$W/err" "--device cuda without a GPU"
+	one_line "--device cuda without a GPU"
+	[ ! -e runs/nogpu ] && ok || bad "--device cuda without a GPU left runs/nogpu"
+fi
 
 # a metrics file that cannot be written stops the run at once (exit 3)
 if [ -w /dev/full ]; then

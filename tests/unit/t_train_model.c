@@ -19,67 +19,6 @@
 
 #include "train_fixture.h"
 
-static const struct ms_wtensor *tset_find(const struct tset *s, const char *name)
-{
-	for (size_t i = 0; i < s->n; i++)
-		if (!strcmp(s->t[i].name, name))
-			return &s->t[i];
-	return NULL;
-}
-
-static const struct ms_lora_cfg LORA_ALL = {
-	.r = 4, .alpha = 8, .dropout = 0,
-	.targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V | MS_LORA_O,
-	.seed = 1,
-};
-
-struct fam {
-	struct ms_model_cfg cfg;
-	struct ms_lora_cfg lora;     /* the golden adapter's */
-	struct tset base, quant, adapter, gold;
-};
-
-static int fam_open(struct fam *f, const char *name)
-{
-	char p[512];
-	const struct ms_ckpt_config *cj;
-	struct ms_err err = {0};
-
-	memset(f, 0, sizeof *f);
-	/* the bundled checkpoint, or one the golden generator wrote */
-	snprintf(p, sizeof p, "%s/train/%s/base", T_FIXTURES, name);
-	if (access(p, F_OK))
-		snprintf(p, sizeof p, "%s/hf/%s", T_FIXTURES, name);
-	if (tset_open(&f->base, p))
-		return -1;
-	f->lora = LORA_ALL;
-	if (strstr(name, "-var"))
-		f->lora.r = 3;
-	snprintf(p, sizeof p, "%s/train/%s/quant", T_FIXTURES, name);
-	if (tset_open(&f->quant, p))
-		return -1;
-	snprintf(p, sizeof p, "%s/train/%s/adapter", T_FIXTURES, name);
-	if (tset_open(&f->adapter, p))
-		return -1;
-	snprintf(p, sizeof p, "%s/train/%s/golden.safetensors", T_FIXTURES, name);
-	if (tset_open(&f->gold, p))
-		return -1;
-	cj = ms_ckpt_config(f->base.c, "config.json");
-	if (!cj || ms_model_cfg_parse(cj->text, cj->len, &f->cfg, &err)) {
-		fprintf(stderr, "%s config: %s\n", name, err.msg);
-		return -1;
-	}
-	return 0;
-}
-
-static void fam_close(struct fam *f)
-{
-	tset_close(&f->base);
-	tset_close(&f->quant);
-	tset_close(&f->adapter);
-	tset_close(&f->gold);
-}
-
 static struct ms_model *fam_model(struct fam *f, const struct ms_model_opts *o,
 				  int warm)
 {
@@ -92,13 +31,6 @@ static struct ms_model *fam_model(struct fam *f, const struct ms_model_opts *o,
 		return NULL;
 	}
 	return m;
-}
-
-static float fget(const struct ms_wtensor *t, size_t i)
-{
-	float f;
-	memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
-	return f;
 }
 
 /* ---- goldens ------------------------------------------------------------------ */

@@ -1,0 +1,2745 @@
+/*
+ * train.cu: the trainer model on one NVIDIA GPU (model_int.h's ms_gmodel_*):
+ * the function model.c computes on the CPU, with the device's arithmetic.
+ *
+ * What lives on the device: the NVFP4 base as stored (rowwise codes and
+ * scales; the columnwise copy too in resident mode, built with the exact
+ * transpose), the float weights (embedding, lm_head, norms, routers, any
+ * projection not quantized), the LoRA parameters with their gradients and
+ * AdamW moments in one block, the activations the backward needs, scratch.
+ *
+ * A layer's forward decodes its projections from the rowwise bytes into a
+ * scratch of the GEMM type in one launch; its backward decodes W^T from the
+ * columnwise bytes (resident: kept; on-demand: transposed from the rowwise
+ * bytes a chunk at a time into a small scratch that never holds more than a
+ * quarter of a layer), so dgrad reads the columnwise orientation as the CPU
+ * path does. Both modes decode the same values (the transpose is exact),
+ * so loss, gradients and the trained adapter are bit-identical.
+ *
+ * GEMMs go through cuBLAS: the frozen projections with bf16 operands on the
+ * tensor cores and float32 accumulation and output (opts.gpu_f32: float32
+ * operands, no TF32, the mode the tests compare with the CPU path), the
+ * LoRA products on float32 operands (TF32 tensor cores, or pedantic float32
+ * in the test mode). Activations are float32; an operand of a bf16 GEMM is
+ * cast into scratch just before it. Experts: token rows sorted by expert
+ * (a stable counting sort on the device, so the order does not depend on
+ * timing), one GEMM per expert over its rows. Attention: per sequence,
+ * strided-batched GEMMs for the scores and the context, a causal softmax
+ * kernel, the probabilities recomputed in the backward (scores are never
+ * kept). Routing (softmax or sigmoid with groups, top-k, renormalisation,
+ * scaling) runs one thread per token with model.c's code path, its logits
+ * summed in double in model.c's order. Reductions that decide a value
+ * (RMSNorm, softmax, the loss) accumulate in double.
+ *
+ * Dropout reproduces model.c's masks (the same counter-based generator of
+ * seed, step, adapter and row key), so a run with dropout is the same
+ * function on both devices.
+ */
+#include <cjson/cJSON.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_internal.h"
+extern "C" {
+#include "train/model_int.h"
+#include "train/optim.h"
+}
+
+#define NTH 256
+
+/* ---- errors ------------------------------------------------------------------ */
+
+static int cb_err(struct ms_err *err, cublasStatus_t s, const char *what)
+{
+	return ms_err_set(err, MS_EIO, "cuBLAS: %s failed (status %d)", what, (int)s);
+}
+
+#define CB(call)                                                               \
+	do {                                                                   \
+		cublasStatus_t cb_s_ = (call);                                 \
+		if (cb_s_ != CUBLAS_STATUS_SUCCESS) {                          \
+			rc = cb_err(err, cb_s_, #call);                        \
+			goto out;                                              \
+		}                                                              \
+	} while (0)
+
+/* after a kernel launch */
+#define LK() CK(cudaGetLastError())
+
+static unsigned nblk(uint64_t n, unsigned per = NTH)
+{
+	uint64_t b = (n + per - 1) / per;
+	return (unsigned)(b < 65535u * 16 ? (b ? b : 1) : 65535u * 16);
+}
+
+/* ---- the device model ---------------------------------------------------------- */
+
+struct dpart {
+	uint64_t rows;
+	uint32_t pst, sst;           /* columnwise row strides */
+	uint32_t rpst, rsst;         /* rowwise row strides (in padded to 16) */
+	uint8_t *pk, *sc;            /* rowwise codes, scales */
+	uint8_t *pkt, *sct;          /* columnwise (resident mode) */
+	float tscale;
+	int kind;
+};
+
+/* A frozen projection [out, in]; quantized parts decode into the layer's
+ * scratch at woff (forward: W [out, in]; backward: W^T [in, out]); a float
+ * one keeps both orientations in the GEMM type. */
+struct dlin {
+	uint32_t out, in;
+	int nparts;
+	struct dpart part[2];
+	void *w, *wt;                /* not quantized */
+	float *bias;
+	uint64_t woff;               /* elements into the decode scratch */
+	uint32_t pst, sst;           /* columnwise row strides (codes, scales) */
+};
+
+struct dlora {
+	uint32_t r, in, out, E;
+	float *A, *B, *gA, *gB;      /* A [E*r, in] (PEFT's); B [E, out, r]
+					(per expert contiguous; PEFT's [out,
+					r*E] on the host, permuted at sync) */
+	uint32_t id;
+	int pA, pB;
+};
+
+struct dlayer {
+	float *ln1, *ln2, *qn, *kn, *router, *ecb;
+	struct dlin q, k, v, o;
+	struct dlora *lq, *lk, *lv, *lo, *lgu, *ldn;
+	int moe;
+	struct dlin *egu, *edn;      /* [E] */
+	int sh;
+	struct dlin sgu, sdn;
+	uint64_t wtotal;             /* decode scratch elements */
+	uint64_t colbytes;           /* columnwise NVFP4 bytes of the layer */
+	/* decode descriptors (device arrays) */
+	struct ddesc *fwd, *bwd;
+	int nfwd, nbwd;
+	struct ddesc *hbwd;          /* host copy of bwd (on-demand chunks) */
+};
+
+/* One block-decode job: rows x cols codes (row stride cols/2) and scales
+ * (row stride cols/16) to out (row stride ld) in the GEMM type. */
+struct ddesc {
+	const uint8_t *pk, *sc;
+	void *out;
+	uint32_t rows, cols, ld;
+	uint32_t pst, sst;           /* row strides of codes (bytes), scales */
+	uint32_t spst, ssst;         /* the same of the transpose's source */
+	float tscale;
+	int kind;
+	/* on-demand: the rowwise source to transpose (pk/sc then point into
+	 * the chunk scratch) */
+	const uint8_t *spk, *ssc;
+	uint64_t cbytes;             /* packed + scales of the transposed part */
+};
+
+struct dacts {
+	float *x, *h1, *r1, *q0, *k0, *v, *rq, *rk, *q, *k, *ctx;
+	float *uq, *uk, *uv, *uo, *x2, *h2, *r2;
+	float *probs, *wts, *gu, *act, *ugu, *udn, *ye, *sgu, *sact;
+	int32_t *sel, *perm, *pos;
+	uint32_t *cnt;               /* host: rows per expert */
+};
+
+enum phase {
+	PH_EMBED, PH_NORM, PH_ATT_PROJ, PH_ATT_CORE, PH_ROUTE, PH_EXPERTS,
+	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
+	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
+	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_N
+};
+static const char *phase_name[PH_N] = {
+	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
+	"attention core (scores, softmax, context)", "router + top-k + sort",
+	"expert GEMMs (+LoRA)", "combine", "shared/dense MLP",
+	"decode NVFP4 rowwise", "decode NVFP4 columnwise",
+	"columnwise transpose (on demand)", "lm_head", "cross-entropy",
+	"bwd lm_head", "bwd expert GEMMs (+LoRA)", "bwd combine + router",
+	"bwd attention core", "bwd attention projections (+LoRA)",
+	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
+};
+
+struct dreg {
+	void *p;
+	uint64_t n;
+};
+
+struct ms_gmodel {
+	cublasHandle_t blas;
+	cudaStream_t st;
+	int f32;                     /* GEMM operands float32 */
+	cudaDataType_t gt;           /* GEMM operand type */
+	size_t esz;                  /* its size */
+	cublasComputeType_t ct_base, ct_lora;
+	uint32_t H, V, L, E, K, F, nh, nkv, hd, dq, dkv, r;
+	float lscale;                /* alpha / r */
+	double pdrop;                /* LoRA dropout */
+	uint64_t seed, step;         /* dropout stream of this step */
+	int train;                   /* dropout on */
+	float *embed, *norm;
+	void *lm;                    /* [V, H] GEMM type */
+	struct dlayer *ly;
+	struct dlora *loras;
+	size_t nloras;
+	/* parameters: one block each for w, g, m, v (params in order) */
+	float *W, *G, *Mo, *Vo;
+	uint64_t *poff;              /* host: element offset of param i */
+	uint64_t ntot;
+	int moments_valid;           /* Mo/Vo hold the optimizer's state */
+	/* scratch */
+	void *wbuf;                  /* decode scratch (GEMM type) */
+	uint8_t *colbuf;             /* on-demand transpose chunk */
+	uint64_t colcap;
+	float *rope_c, *rope_s;
+	uint32_t rope_len;
+	/* shape-dependent */
+	uint32_t B, S, T;
+	struct dacts *a;
+	float *xf, *hf, *rf, *logits, *y, *y2, *tmp, *dA, *dB, *dh1, *dx2, *dh2;
+	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
+	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
+	double *lossrow, *dsum;
+	double *dnorm;               /* the optimizer's sum of squares */
+	void *cA, *cB, *cC, *pg, *dsg;
+	uint64_t cap_a, cap_b, cap_c;
+	float *hlog;                 /* host logits for a callback */
+	double *hloss;               /* host: per-row losses [T] */
+	int32_t *dids;
+	uint8_t *dmask;
+	/* memory: what each allocation asked for, and what the device lost */
+	struct ms_model_mem mem;
+	uint64_t cur;
+	struct dreg *reg;
+	size_t nreg, capreg;
+	/* profile */
+	cudaEvent_t ev[2 * PH_N + 8];
+	int ph_cur;
+	int nev;
+	cudaEvent_t evs[4096];
+	int evph[4096];
+	double ph_ms[PH_N];
+	uint64_t ph_calls[PH_N];
+	uint64_t steps;
+	double step_ms;
+	cudaEvent_t st0, st1;
+};
+
+/* ---- memory accounting ------------------------------------------------------------ */
+
+enum mcat { MC_ROW, MC_COL, MC_DENSE, MC_LORA, MC_ACTS, MC_SCRATCH };
+
+static uint64_t *mslot(struct ms_gmodel *g, int c)
+{
+	switch (c) {
+	case MC_ROW: return &g->mem.nvfp4_rowwise;
+	case MC_COL: return &g->mem.nvfp4_colwise;
+	case MC_DENSE: return &g->mem.dense;
+	case MC_LORA: return &g->mem.lora;
+	case MC_ACTS: return &g->mem.acts;
+	default: return &g->mem.scratch;
+	}
+}
+
+/* cudaMalloc, counted in category c by what cudaMemGetInfo says the
+ * device lost (the allocator's rounding included, as a user would see). */
+static int dmalloc(struct ms_gmodel *g, void **p, uint64_t n, int c,
+		   struct ms_err *err)
+{
+	size_t f0 = 0, f1 = 0, tot = 0;
+	int rc = MS_OK;
+	*p = NULL;
+	CK(cudaMemGetInfo(&f0, &tot));
+	CK(cudaMalloc(p, n ? n : 16));
+	CK(cudaMemGetInfo(&f1, &tot));
+	{
+		uint64_t d = f0 > f1 ? f0 - f1 : 0;
+		*mslot(g, c) += n;
+		g->cur += n;
+		if (g->cur > g->mem.peak)
+			g->mem.peak = g->cur;
+		if (c == MC_ROW)
+			g->mem.nvfp4_rowwise_measured += d;
+		if (c == MC_COL)
+			g->mem.nvfp4_colwise_measured += d;
+		g->mem.measured += d;
+		g->mem.total = tot;
+	}
+	if (g->nreg == g->capreg) {
+		size_t nc = g->capreg ? 2 * g->capreg : 256;
+		struct dreg *nr = (struct dreg *)realloc(g->reg, nc * sizeof *nr);
+		if (!nr) {
+			cudaFree(*p);
+			*p = NULL;
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		g->reg = nr;
+		g->capreg = nc;
+	}
+	g->reg[g->nreg].p = *p;
+	g->reg[g->nreg++].n = n;
+out:
+	return rc;
+}
+
+/* cudaFree, uncounted from category c (n: the bytes it was asked for) */
+static void dfree_n(struct ms_gmodel *g, void *p, uint64_t n, int c)
+{
+	size_t f0 = 0, f1 = 0, tot = 0;
+	uint64_t *s = mslot(g, c);
+	if (!p)
+		return;
+	cudaMemGetInfo(&f0, &tot);
+	cudaFree(p);
+	cudaMemGetInfo(&f1, &tot);
+	*s = *s > n ? *s - n : 0;
+	g->cur = g->cur > n ? g->cur - n : 0;
+	if (f1 > f0)
+		g->mem.measured = g->mem.measured > f1 - f0 ? g->mem.measured - (f1 - f0) : 0;
+}
+
+/* the size an allocation was asked for (the registry dmalloc keeps) */
+static uint64_t dsize(struct ms_gmodel *g, void *p)
+{
+	for (size_t i = g->nreg; i-- > 0;)
+		if (g->reg[i].p == p) {
+			uint64_t n = g->reg[i].n;
+			g->reg[i] = g->reg[--g->nreg];
+			return n;
+		}
+	return 0;
+}
+
+static void dfree(struct ms_gmodel *g, void *p, int c)
+{
+	if (p)
+		dfree_n(g, p, dsize(g, p), c);
+}
+
+#define DM(p, n, c)                                                            \
+	do {                                                                   \
+		if ((rc = dmalloc(g, (void **)&(p), (n), (c), err)))           \
+			goto out;                                              \
+	} while (0)
+
+/* ---- profile ---------------------------------------------------------------------- */
+
+static void ph(struct ms_gmodel *g, int p)
+{
+	if (g->nev >= 4096)
+		return;
+	if (!g->evs[g->nev] && cudaEventCreate(&g->evs[g->nev]) != cudaSuccess)
+		return;
+	cudaEventRecord(g->evs[g->nev], g->st);
+	g->evph[g->nev++] = p;
+}
+
+/* fold the step's events into the per-phase totals (after a sync) */
+static void ph_fold(struct ms_gmodel *g)
+{
+	for (int i = 0; i + 1 < g->nev; i++) {
+		float ms = 0;
+		if (cudaEventElapsedTime(&ms, g->evs[i], g->evs[i + 1]) == cudaSuccess) {
+			g->ph_ms[g->evph[i]] += ms;
+			g->ph_calls[g->evph[i]]++;
+		}
+	}
+	g->nev = 0;
+}
+
+/* ---- device helpers --------------------------------------------------------------- */
+
+__device__ __forceinline__ float e2m1v(unsigned c)
+{
+	const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+	float m = v[c & 7];
+	return (c & 8) ? -m : m;
+}
+
+__device__ __forceinline__ float e4m3v(unsigned b)
+{
+	unsigned e = (b >> 3) & 15, m = b & 7;
+	float v;
+	if ((b & 0x7f) == 0x7f)
+		return __int_as_float(0x7fc00000);
+	if (e == 0)
+		v = (float)m * 0x1p-9f;
+	else
+		v = __int_as_float((int)(((e + 127u - 7u) << 23) | (m << 20)));
+	return (b & 0x80) ? -v : v;
+}
+
+template <typename T> __device__ __forceinline__ T tocv(float x);
+template <> __device__ __forceinline__ float tocv<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 tocv<__nv_bfloat16>(float x)
+{
+	return __float2bfloat16_rn(x);
+}
+
+/* Decode a batch of NVFP4 jobs (ms_nvfp4_dequantize_ref's arithmetic:
+ * e2m1 times the block factor, e4m3 * or / the tensor scale). One byte
+ * (two codes) per thread step; blockIdx.y picks the job. */
+template <typename T>
+__global__ void k_decode(const struct ddesc *d, int nd)
+{
+	const struct ddesc j = d[blockIdx.y];
+	uint64_t nb = (uint64_t)j.rows * j.pst;
+	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb;
+	     b += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t r = (uint32_t)(b / j.pst), c = (uint32_t)(b % j.pst) * 2;
+		if (c >= j.cols)
+			continue;  /* the padding of a ragged row */
+		unsigned byte = j.pk[b];
+		float s = e4m3v(j.sc[(uint64_t)r * j.sst + c / 16]);
+		float f = j.kind == MS_NVFP4_TSCALE_DIV ? s / j.tscale : s * j.tscale;
+		T *o = (T *)j.out + (uint64_t)r * j.ld + c;
+		o[0] = tocv<T>(e2m1v(byte & 15) * f);
+		if (c + 1 < j.cols)
+			o[1] = tocv<T>(e2m1v(byte >> 4) * f);
+	}
+}
+
+/* The exact 2D-block transpose (ms_nvfp4_transpose): codes moved, scales
+ * of each 16x16 block moved; [rows, cols] -> [cols, rows]. */
+__global__ void k_transpose(const struct ddesc *d, int nd)
+{
+	const struct ddesc j = d[blockIdx.y];
+	/* j.rows x j.cols is the transposed (columnwise) logical shape, row
+	 * strides j.pst / j.sst (columns padded to 16); the source is
+	 * [R, C] = [j.cols, j.rows], row strides j.spst / j.ssst */
+	uint32_t R = j.cols, C = j.rows, sp = j.spst, ssp = j.ssst;
+	uint64_t nb = (uint64_t)C * j.pst;
+	uint8_t *pkt = (uint8_t *)j.pk, *sct = (uint8_t *)j.sc;
+	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb;
+	     b += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t i = (uint32_t)(b / j.pst), jj = (uint32_t)(b % j.pst);
+		uint32_t r0 = 2 * jj, r1 = 2 * jj + 1;
+		unsigned lo = r0 < R ? (j.spk[(uint64_t)r0 * sp + i / 2] >> (4 * (i & 1))) & 15 : 0;
+		unsigned hi = r1 < R ? (j.spk[(uint64_t)r1 * sp + i / 2] >> (4 * (i & 1))) & 15 : 0;
+		pkt[b] = (uint8_t)(lo | (hi << 4));
+	}
+	uint64_t ns = (uint64_t)C * j.sst;
+	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < ns;
+	     b += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t i = (uint32_t)(b / j.sst), jb = (uint32_t)(b % j.sst);
+		sct[b] = j.ssc[(uint64_t)jb * 16 * ssp + i / 16];
+	}
+}
+
+template <typename T>
+__global__ void k_cast(const float *x, T *y, uint64_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] = tocv<T>(x[i]);
+}
+
+/* [rows, cols] float -> [cols, rows] in T */
+template <typename T>
+__global__ void k_tcast(const float *x, T *y, uint32_t rows, uint32_t cols)
+{
+	uint64_t n = (uint64_t)rows * cols;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t r = (uint32_t)(i / cols), c = (uint32_t)(i % cols);
+		y[(uint64_t)c * rows + r] = tocv<T>(x[i]);
+	}
+}
+
+__global__ void k_embed(const int32_t *ids, const float *emb, float *x, uint32_t T,
+			uint32_t H)
+{
+	uint64_t n = (uint64_t)T * H;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		x[i] = emb[(uint64_t)ids[i / H] * H + i % H];
+}
+
+__device__ double block_sum(double v, double *sh)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_down_sync(0xffffffffu, v, o);
+	int w = threadIdx.x / 32, l = threadIdx.x % 32;
+	__syncthreads();
+	if (!l)
+		sh[w] = v;
+	__syncthreads();
+	double s = 0;
+	if (threadIdx.x == 0) {
+		for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++)
+			s += sh[i];
+		sh[32] = s;
+	}
+	__syncthreads();
+	return sh[32];
+}
+
+__device__ float block_max(float v, float *sh)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+	int w = threadIdx.x / 32, l = threadIdx.x % 32;
+	__syncthreads();
+	if (!l)
+		sh[w] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float m = sh[0];
+		for (int i = 1; i < (int)(blockDim.x + 31) / 32; i++)
+			m = fmaxf(m, sh[i]);
+		sh[32] = m;
+	}
+	__syncthreads();
+	return sh[32];
+}
+
+/* transformers' RMSNorm in float32 (model.c rms_rows): one block a row */
+__global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
+		      uint32_t H, float eps)
+{
+	__shared__ double sh[33];
+	const float *xr = x + (uint64_t)blockIdx.x * H;
+	float *yr = y + (uint64_t)blockIdx.x * H;
+	double ss = 0;
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+		ss += (double)xr[i] * xr[i];
+	ss = block_sum(ss, sh);
+	float var = (float)(ss / H);
+	float r = (float)(1.0 / sqrt((double)(var + eps)));
+	if (threadIdx.x == 0)
+		rstd[blockIdx.x] = r;
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+		yr[i] = w[i] * (xr[i] * r);
+}
+
+/* dx += d rmsnorm / dx . dy (model.c rms_bwd_row) */
+__global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
+			  const float *dy, float *dx, uint32_t H)
+{
+	__shared__ double sh[33];
+	uint64_t o = (uint64_t)blockIdx.x * H;
+	double dot = 0;
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+		dot += (double)w[i] * dy[o + i] * x[o + i];
+	dot = block_sum(dot, sh);
+	double r = rstd[blockIdx.x];
+	double c = r * r * r * dot / H;
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+		dx[o + i] += (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+}
+
+/* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
+__global__ void k_rope(const float *x, float *y, uint32_t T, uint32_t nhead,
+		       uint32_t hd, uint32_t half, uint32_t S, const float *cs,
+		       const float *sn, int bwd)
+{
+	uint64_t n = (uint64_t)T * nhead * hd;
+	for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+	     idx += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t i = (uint32_t)(idx % hd);
+		uint64_t row = idx / hd;
+		uint32_t pos = (uint32_t)((row / nhead) % S);
+		const float *xr = x + row * hd;
+		float out;
+		if (i >= 2 * half) {
+			out = xr[i];
+		} else {
+			uint32_t f = i < half ? i : i - half;
+			float c = cs[(uint64_t)pos * half + f], s = sn[(uint64_t)pos * half + f];
+			if (!bwd) {
+				if (i < half) {
+					float a = xr[i] * c, b = -xr[i + half] * s;
+					out = a + b;
+				} else {
+					float a2 = xr[i] * c, b2 = xr[i - half] * s;
+					out = a2 + b2;
+				}
+			} else {
+				if (i < half)
+					out = xr[i] * c + xr[i + half] * s;
+				else
+					out = xr[i] * c - xr[i - half] * s;
+			}
+		}
+		y[idx] = out;
+	}
+}
+
+/* causal softmax of scale * scores, one block a row of S (row i of head h
+ * in [nh*S]); P in the GEMM type, zeros above the diagonal (att_fwd_pairs) */
+template <typename T>
+__global__ void k_softmax(const float *sc, T *P, uint32_t S, float scale)
+{
+	__shared__ double shd[33];
+	__shared__ float shf[33];
+	uint64_t row = blockIdx.x;
+	uint32_t i = (uint32_t)(row % S);
+	const float *s = sc + row * S;
+	T *p = P + row * S;
+	float mx = -INFINITY;
+	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
+		mx = fmaxf(mx, s[t] * scale);
+	mx = block_max(mx, shf);
+	double sum = 0;
+	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
+		sum += exp((double)(s[t] * scale) - mx);
+	sum = block_sum(sum, shd);
+	for (uint32_t t = threadIdx.x; t < S; t += blockDim.x)
+		p[t] = tocv<T>(t <= i ? (float)(exp((double)(s[t] * scale) - mx) / sum) : 0.0f);
+}
+
+/* The softmax's backward from recomputed scores: P (GEMM type, for dV),
+ * dS = P (dP - sum_t P dP) * scale (GEMM type, for dQ and dK). */
+template <typename T>
+__global__ void k_softmax_bwd(const float *sc, const float *dP, T *P, T *dS,
+			      uint32_t S, float scale)
+{
+	__shared__ double shd[33];
+	__shared__ float shf[33];
+	uint64_t row = blockIdx.x;
+	uint32_t i = (uint32_t)(row % S);
+	const float *s = sc + row * S, *dp = dP + row * S;
+	float mx = -INFINITY;
+	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
+		mx = fmaxf(mx, s[t] * scale);
+	mx = block_max(mx, shf);
+	double sum = 0;
+	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
+		sum += exp((double)(s[t] * scale) - mx);
+	sum = block_sum(sum, shd);
+	double dot = 0;
+	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
+		dot += (double)(float)(exp((double)(s[t] * scale) - mx) / sum) * dp[t];
+	dot = block_sum(dot, shd);
+	for (uint32_t t = threadIdx.x; t < S; t += blockDim.x) {
+		float p = t <= i ? (float)(exp((double)(s[t] * scale) - mx) / sum) : 0.0f;
+		P[row * S + t] = tocv<T>(p);
+		dS[row * S + t] = tocv<T>((float)(p * ((double)dp[t] - dot)) * scale);
+	}
+}
+
+__device__ __forceinline__ float silu_d(float g)
+{
+	return g / (1.0f + expf(-g));
+}
+
+__global__ void k_swiglu(const float *gu, float *act, uint64_t n, uint32_t F)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * F;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t r = i / F;
+		uint32_t c = (uint32_t)(i % F);
+		act[i] = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
+	}
+}
+
+__global__ void k_swiglu_bwd(const float *dact, const float *gu, float *dgu,
+			     uint64_t n, uint32_t F)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * F;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t r = i / F;
+		uint32_t c = (uint32_t)(i % F);
+		float gg = gu[r * 2 * F + c], sg = 1.0f / (1.0f + expf(-gg));
+		float sl = gg * sg;
+		dgu[r * 2 * F + c] = dact[i] * gu[r * 2 * F + F + c] * (sg * (1.0f + gg * (1.0f - sg)));
+		dgu[r * 2 * F + F + c] = dact[i] * sl;
+	}
+}
+
+__global__ void k_bias(float *y, const float *b, uint64_t n, uint32_t out)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * out;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] += b[i % out];
+}
+
+__global__ void k_add(float *y, const float *a, const float *b, uint64_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] = a[i] + b[i];
+}
+
+/* model.c's dotf: four double lanes, summed (s0 + s1) + (s2 + s3) */
+__device__ double dotf_d(const float *a, const float *b, uint32_t n)
+{
+	double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+	uint32_t i = 0;
+	for (; i + 4 <= n; i += 4) {
+		s0 += (double)a[i] * b[i];
+		s1 += (double)a[i + 1] * b[i + 1];
+		s2 += (double)a[i + 2] * b[i + 2];
+		s3 += (double)a[i + 3] * b[i + 3];
+	}
+	for (; i < n; i++)
+		s0 += (double)a[i] * b[i];
+	return (s0 + s1) + (s2 + s3);
+}
+
+/* router logits z [T, E] in model.c's order, one thread an element */
+__global__ void k_router_logits(const float *h, const float *W, float *z, uint32_t T,
+				uint32_t E, uint32_t H)
+{
+	uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= (uint64_t)T * E)
+		return;
+	uint64_t t = i / E;
+	uint32_t e = (uint32_t)(i % E);
+	z[i] = (float)dotf_d(W + (uint64_t)e * H, h + t * H, H);
+}
+
+#define MAXE 512
+
+struct rcfg {
+	uint32_t E, K, G, topk_group;
+	int sigmoid, norm;
+	float rsf;
+};
+
+/* model.c route_row after the logits: one thread a token */
+__global__ void k_route(const struct rcfg c, const float *z, const float *ecb,
+			float *probs, int32_t *sel, float *wts, uint32_t T)
+{
+	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+	if (t >= T)
+		return;
+	const float *zr = z + (uint64_t)t * c.E;
+	float *p = probs + (uint64_t)t * c.E;
+	float choice[MAXE];
+	uint32_t E = c.E, K = c.K;
+	if (!c.sigmoid) {
+		float mx = zr[0];
+		double sum = 0;
+		for (uint32_t e = 1; e < E; e++)
+			if (zr[e] > mx)
+				mx = zr[e];
+		for (uint32_t e = 0; e < E; e++)
+			sum += exp((double)zr[e] - mx);
+		for (uint32_t e = 0; e < E; e++) {
+			p[e] = (float)(exp((double)zr[e] - mx) / sum);
+			choice[e] = p[e];
+		}
+	} else {
+		uint32_t G = c.G, per = E / G;
+		float gs[64];
+		int keep[64];
+		for (uint32_t e = 0; e < E; e++) {
+			p[e] = 1.0f / (1.0f + expf(-zr[e]));
+			choice[e] = p[e] + ecb[e];
+		}
+		for (uint32_t gi = 0; gi < G; gi++) {
+			float b1 = -INFINITY, b2 = -INFINITY;
+			for (uint32_t e = gi * per; e < (gi + 1) * per; e++) {
+				if (choice[e] > b1) {
+					b2 = b1;
+					b1 = choice[e];
+				} else if (choice[e] > b2) {
+					b2 = choice[e];
+				}
+			}
+			gs[gi] = per >= 2 ? b1 + b2 : b1;
+			keep[gi] = 0;
+		}
+		for (uint32_t k = 0; k < c.topk_group; k++) {
+			int best = -1;
+			for (uint32_t gi = 0; gi < G; gi++)
+				if (!keep[gi] && (best < 0 || gs[gi] > gs[best]))
+					best = (int)gi;
+			keep[best] = 1;
+		}
+		for (uint32_t e = 0; e < E; e++)
+			if (!keep[e / per])
+				choice[e] = -INFINITY;
+	}
+	int32_t *s = sel + (uint64_t)t * K;
+	float *w = wts + (uint64_t)t * K;
+	for (uint32_t k = 0; k < K; k++) {
+		int best = -1;
+		for (uint32_t e = 0; e < E; e++) {
+			int used = 0;
+			for (uint32_t q = 0; q < k; q++)
+				used |= s[q] == (int32_t)e;
+			if (!used && (best < 0 || choice[e] > choice[best]))
+				best = (int)e;
+		}
+		s[k] = best;
+		w[k] = p[best];
+	}
+	if (c.norm) {
+		float sm = 0;
+		for (uint32_t k = 0; k < K; k++)
+			sm += w[k];
+		if (c.sigmoid)
+			sm += 1e-20f;
+		for (uint32_t k = 0; k < K; k++)
+			w[k] /= sm;
+	}
+	if (c.sigmoid)
+		for (uint32_t k = 0; k < K; k++)
+			w[k] = w[k] * c.rsf;
+}
+
+/* model.c route_bwd_row up to dz (the GEMM with the router follows) */
+__global__ void k_route_bwd(const struct rcfg c, const float *probs, const int32_t *sel,
+			    const float *wts, const float *dw, float *dz, uint32_t T)
+{
+	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+	if (t >= T)
+		return;
+	uint32_t E = c.E, K = c.K;
+	const float *p = probs + (uint64_t)t * E, *w = wts + (uint64_t)t * K;
+	const int32_t *s = sel + (uint64_t)t * K;
+	const float *dwr = dw + (uint64_t)t * K;
+	double dp[MAXE];
+	for (uint32_t e = 0; e < E; e++)
+		dp[e] = 0;
+	if (!c.sigmoid) {
+		if (c.norm) {
+			double Sm = 0, dot = 0;
+			for (uint32_t k = 0; k < K; k++) {
+				Sm += p[s[k]];
+				dot += (double)dwr[k] * w[k];
+			}
+			for (uint32_t k = 0; k < K; k++)
+				dp[s[k]] += (dwr[k] - dot) / Sm;
+		} else {
+			for (uint32_t k = 0; k < K; k++)
+				dp[s[k]] += dwr[k];
+		}
+		double dot = 0;
+		for (uint32_t e = 0; e < E; e++)
+			dot += (double)p[e] * dp[e];
+		for (uint32_t e = 0; e < E; e++)
+			dz[(uint64_t)t * E + e] = (float)(p[e] * (dp[e] - dot));
+	} else {
+		double rsf = c.rsf;
+		if (c.norm) {
+			double D = 1e-20, dot = 0;
+			for (uint32_t k = 0; k < K; k++)
+				D += p[s[k]];
+			for (uint32_t k = 0; k < K; k++)
+				dot += (double)dwr[k] * p[s[k]];
+			for (uint32_t k = 0; k < K; k++)
+				dp[s[k]] += rsf * (dwr[k] / D - dot / (D * D));
+		} else {
+			for (uint32_t k = 0; k < K; k++)
+				dp[s[k]] += rsf * dwr[k];
+		}
+		for (uint32_t e = 0; e < E; e++)
+			dz[(uint64_t)t * E + e] = (float)(dp[e] * p[e] * (1.0 - p[e]));
+	}
+}
+
+/* rows per expert; one block an expert */
+__global__ void k_count(const int32_t *sel, uint32_t n, uint32_t *cnt)
+{
+	__shared__ double sh[33];
+	double c = 0;
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		c += sel[i] == (int32_t)blockIdx.x;
+	c = block_sum(c, sh);
+	if (threadIdx.x == 0)
+		cnt[blockIdx.x] = (uint32_t)c;
+}
+
+/* stable placement: expert e's rows in increasing id at off[e].. (one block
+ * an expert, a block-wide scan per chunk of 1024 ids) */
+__global__ void k_perm(const int32_t *sel, uint32_t n, const uint32_t *off,
+		       int32_t *perm, int32_t *pos)
+{
+	__shared__ uint32_t sc[1024];
+	uint32_t e = blockIdx.x, base = off[e];
+	for (uint32_t c0 = 0; c0 < n; c0 += 1024) {
+		uint32_t i = c0 + threadIdx.x;
+		uint32_t f = i < n && sel[i] == (int32_t)e;
+		sc[threadIdx.x] = f;
+		__syncthreads();
+		for (uint32_t o = 1; o < 1024; o <<= 1) {
+			uint32_t v = threadIdx.x >= o ? sc[threadIdx.x - o] : 0;
+			__syncthreads();
+			sc[threadIdx.x] += v;
+			__syncthreads();
+		}
+		if (f) {
+			uint32_t q = base + sc[threadIdx.x] - 1;
+			perm[q] = (int32_t)i;
+			pos[i] = (int32_t)q;
+		}
+		uint32_t tot = sc[1023];
+		__syncthreads();
+		base += tot;
+	}
+}
+
+/* dst[j] = src[perm[j] / K] (a row of H) */
+__global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, float *dst,
+			 uint64_t n, uint32_t H)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * H;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t j = i / H;
+		dst[i] = src[(uint64_t)(perm[j] / K) * H + i % H];
+	}
+}
+
+/* y[t] = sum_k ye[pos[t,k]] * w[t,k] (model.c's order: float products,
+ * double sum) */
+__global__ void k_combine(const float *ye, const int32_t *pos, const float *w, float *y,
+			  uint32_t T, uint32_t K, uint32_t H)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (uint64_t)T * H;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t t = i / H;
+		uint32_t c = (uint32_t)(i % H);
+		double s = 0;
+		for (uint32_t k = 0; k < K; k++)
+			s += (double)(ye[(uint64_t)pos[t * K + k] * H + c] * w[t * K + k]);
+		y[i] = (float)s;
+	}
+}
+
+/* combine's backward: dye[pos[t,k]] = dxo[t] * w[t,k]; dw[t,k] = dxo[t].ye
+ * (double); one block a token */
+__global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *pos,
+			      const float *w, float *dye, float *dw, uint32_t K,
+			      uint32_t H)
+{
+	__shared__ double sh[33];
+	uint64_t t = blockIdx.x;
+	for (uint32_t k = 0; k < K; k++) {
+		uint64_t row = (uint64_t)pos[t * K + k] * H;
+		float wk = w[t * K + k];
+		double d = 0;
+		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+			float g = dxo[t * H + i];
+			d += (double)g * ye[row + i];
+			dye[row + i] = g * wk;
+		}
+		d = block_sum(d, sh);
+		if (threadIdx.x == 0)
+			dw[t * K + k] = (float)d;
+	}
+}
+
+/* dh[t] += sum_k dxs[pos[t,k]] (double sum in slot order) */
+__global__ void k_unperm_sum(const float *dxs, const int32_t *pos, float *dh, uint32_t T,
+			     uint32_t K, uint32_t H)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (uint64_t)T * H;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t t = i / H;
+		double s = 0;
+		for (uint32_t k = 0; k < K; k++)
+			s += dxs[(uint64_t)pos[t * K + k] * H + i % H];
+		dh[i] += (float)s;
+	}
+}
+
+/* model.c's mix64 / unif: the dropout generator */
+__device__ __forceinline__ uint64_t mix64_d(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float drop_fd(uint64_t seed, uint64_t step, uint32_t id,
+					 uint64_t key, uint32_t i, double p)
+{
+	uint64_t a = seed ^ (step * 0x9E3779B97F4A7C15ull), b = ((uint64_t)id << 40) ^ key;
+	uint64_t z = mix64_d(mix64_d(mix64_d(a) ^ b) ^ i);
+	double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
+	return u < p ? 0.0f : (float)(1.0 / (1.0 - p));
+}
+
+/* y = x * mask (acc: y += x * mask); key of row j: keys[j] or j */
+__global__ void k_drop(const float *x, float *y, uint64_t n, uint32_t in,
+		       const int32_t *keys, uint64_t seed, uint64_t step, uint32_t id,
+		       double p, int acc)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * in;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t j = i / in;
+		uint64_t key = keys ? (uint64_t)keys[j] : j;
+		float f = drop_fd(seed, step, id, key, (uint32_t)(i % in), p);
+		if (acc)
+			y[i] += x[i] * f;
+		else
+			y[i] = x[i] * f;
+	}
+}
+
+/* next-token cross-entropy per row; the logits become the gradient */
+__global__ void k_xent(float *lg, const int32_t *ids, const uint8_t *mask, uint32_t S,
+		       uint32_t V, double scale, double *lossrow)
+{
+	__shared__ double shd[33];
+	__shared__ float shf[33];
+	uint64_t t = blockIdx.x;
+	uint32_t s = (uint32_t)(t % S);
+	float *l = lg + t * V;
+	if (s + 1 >= S || (mask && !mask[t + 1])) {
+		for (uint32_t v = threadIdx.x; v < V; v += blockDim.x)
+			l[v] = 0;
+		if (threadIdx.x == 0)
+			lossrow[t] = 0;
+		return;
+	}
+	int32_t lab = ids[t + 1];
+	float mx = -INFINITY;
+	for (uint32_t v = threadIdx.x; v < V; v += blockDim.x)
+		mx = fmaxf(mx, l[v]);
+	mx = block_max(mx, shf);
+	double sum = 0;
+	for (uint32_t v = threadIdx.x; v < V; v += blockDim.x)
+		sum += exp((double)l[v] - mx);
+	sum = block_sum(sum, shd);
+	double lse = mx + log(sum);
+	float ll = l[lab];
+	__syncthreads();
+	if (threadIdx.x == 0)
+		lossrow[t] = lse - ll;
+	for (uint32_t v = threadIdx.x; v < V; v += blockDim.x) {
+		double pv = exp((double)l[v] - lse);
+		l[v] = (float)(scale * (pv - (v == (uint32_t)lab)));
+	}
+}
+
+/* sum of squares of n floats into *out (double atomics per block) */
+__global__ void k_sumsq(const float *g, uint64_t n, double *out)
+{
+	__shared__ double sh[33];
+	double s = 0;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		s += (double)g[i] * g[i];
+	s = block_sum(s, sh);
+	if (threadIdx.x == 0)
+		atomicAdd(out, s);
+}
+
+/* torch's lerp on the CPU (optim.c lerpf), without contraction */
+__device__ __forceinline__ float lerp_d(float self, float end, float w)
+{
+	return fabsf(w) < 0.5f ? __fadd_rn(self, __fmul_rn(w, __fsub_rn(end, self)))
+			       : __fsub_rn(end, __fmul_rn(__fsub_rn(end, self), __fsub_rn(1.0f, w)));
+}
+
+struct adam_s {
+	float decay, w1, b2, w2, step_size, bc2_sqrt, eps, clip;
+	int wd;
+};
+
+/* optim.c's ms_grad_clip scaling then ms_adamw_update, element by element
+ * with its float32 operations in its order */
+__global__ void k_adamw(float *w, float *g, float *m, float *v, uint64_t n,
+			const struct adam_s a)
+{
+	for (uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n;
+	     j += (uint64_t)gridDim.x * blockDim.x) {
+		float gj = g[j];
+		if (a.clip != 1.0f) {
+			gj = __fmul_rn(gj, a.clip);
+			g[j] = gj;
+		}
+		float wj = w[j];
+		if (a.wd)
+			wj = __fmul_rn(wj, a.decay);
+		float mj = lerp_d(m[j], gj, a.w1);
+		float vj = __fadd_rn(__fmul_rn(v[j], a.b2), __fmul_rn(__fmul_rn(a.w2, gj), gj));
+		float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vj), a.bc2_sqrt), a.eps);
+		wj = __fadd_rn(wj, __fdiv_rn(__fmul_rn(-a.step_size, mj), denom));
+		m[j] = mj;
+		v[j] = vj;
+		w[j] = wj;
+	}
+}
+
+/* PEFT's B [out, r*E] (column k*E+e) <-> the device's [E, out, r] */
+__global__ void k_bperm(const float *src, float *dst, uint32_t out, uint32_t r,
+			uint32_t E, int to_dev)
+{
+	uint64_t n = (uint64_t)out * r * E;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		/* i indexes the device layout: e, o, k */
+		uint32_t k = (uint32_t)(i % r);
+		uint64_t eo = i / r;
+		uint32_t o = (uint32_t)(eo % out), e = (uint32_t)(eo / out);
+		uint64_t h = (uint64_t)o * r * E + (uint64_t)k * E + e;
+		if (to_dev)
+			dst[i] = src[h];
+		else
+			dst[h] = src[i];
+	}
+}
+
+/* ---- GEMMs ------------------------------------------------------------------------ */
+
+/* Row-major C [M, N] = alpha op(A) op(B) + beta C: A [M, K] (ta 0) or
+ * [K, M] (ta 1) with row stride lda, B [K, N] or [N, K]; cuBLAS is
+ * column-major, so it computes C^T = op(B)^T op(A)^T. */
+static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
+		float alpha, const void *A, uint32_t lda, const void *B, uint32_t ldb,
+		float beta, float *C, uint32_t ldc, cudaDataType_t ty,
+		cublasComputeType_t ct, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!M || !N)
+		return MS_OK;
+	if (!K) {
+		if (beta == 0)
+			for (uint32_t i = 0; i < M; i++)
+				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), g->st));
+		return MS_OK;
+	}
+	CB(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
+			CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
+out:
+	return rc;
+}
+
+/* the same, batched with strides (elements) */
+static int gemm_sb(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
+		   float alpha, const void *A, uint32_t lda, long long sa, const void *B,
+		   uint32_t ldb, long long sb, float beta, float *C, uint32_t ldc,
+		   long long sc, int batch, cudaDataType_t ty, cudaDataType_t cty,
+		   struct ms_err *err)
+{
+	int rc = MS_OK;
+	CB(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+				      ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
+				      &alpha, B, ty, (int)ldb, sb, A, ty, (int)lda, sa, &beta,
+				      C, cty, (int)ldc, sc, batch, g->ct_base,
+				      CUBLAS_GEMM_DEFAULT));
+out:
+	return rc;
+}
+
+/* x (float, n elements) as a GEMM operand: itself in float32 mode, else cast
+ * into buf */
+static int opnd(struct ms_gmodel *g, const float *x, uint64_t n, void *buf,
+		const void **out, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (g->f32) {
+		*out = x;
+		return MS_OK;
+	}
+	k_cast<__nv_bfloat16><<<nblk(n), NTH, 0, g->st>>>(x, (__nv_bfloat16 *)buf, n);
+	LK();
+	*out = buf;
+out:
+	return rc;
+}
+
+/* a frozen projection's weight in the GEMM type: W [out, in] (fwd) or
+ * W^T [in, out] (bwd) */
+static const void *lin_w(struct ms_gmodel *g, const struct dlin *l, int bwd)
+{
+	if (!l->nparts)
+		return bwd ? l->wt : l->w;
+	return (const char *)g->wbuf + l->woff * g->esz;
+}
+
+/* Y [n, out] = X [n, in] W^T (+ b); X already a GEMM operand */
+static int lin_fwd(struct ms_gmodel *g, const struct dlin *l, const void *X, uint64_t n,
+		   float *Y, float beta, struct ms_err *err)
+{
+	int rc;
+	if ((rc = gemm(g, 0, 1, (uint32_t)n, l->out, l->in, 1.0f, X, l->in, lin_w(g, l, 0),
+		       l->in, beta, Y, l->out, g->gt, g->ct_base, err)))
+		return rc;
+	if (l->bias) {
+		k_bias<<<nblk(n * l->out), NTH, 0, g->st>>>(Y, l->bias, n, l->out);
+		CK(cudaGetLastError());
+	}
+	return MS_OK;
+out:
+	return rc;
+}
+
+/* dX [n, in] (+)= dY [n, out] W, reading W^T [in, out] */
+static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, uint64_t n,
+		     float *dX, float beta, struct ms_err *err)
+{
+	return gemm(g, 0, 1, (uint32_t)n, l->in, l->out, 1.0f, dY, l->out, lin_w(g, l, 1),
+		    l->out, beta, dX, l->in, g->gt, g->ct_base, err);
+}
+
+/* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
+ * X is the (dropped) input in float32. */
+static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, const float *X,
+		    uint64_t n, float *U, float *Y, struct ms_err *err)
+{
+	int rc;
+	const float *A = L->A + (uint64_t)e * L->r * L->in;
+	const float *B = L->B + (uint64_t)e * L->out * L->r;
+	if (!n)
+		return MS_OK;
+	if ((rc = gemm(g, 0, 1, (uint32_t)n, L->r, L->in, 1.0f, X, L->in, A, L->in, 0.0f, U,
+		       L->r, CUDA_R_32F, g->ct_lora, err)))
+		return rc;
+	return gemm(g, 0, 1, (uint32_t)n, L->out, L->r, g->lscale, U, L->r, B, L->r, 1.0f, Y,
+		    L->out, CUDA_R_32F, g->ct_lora, err);
+}
+
+/* LoRA backward over n rows of expert e: dU = s dY B_e, gB_e += s dY^T U,
+ * gA_e += dU^T X, dX += drop(dU A_e) (dX NULL: not wanted). keys: the
+ * rows' dropout keys (NULL: the row index). */
+static int lora_bwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, const float *X,
+		    const float *U, const float *dY, uint64_t n, float *dX,
+		    const int32_t *keys, struct ms_err *err)
+{
+	int rc = MS_OK;
+	float s = g->lscale;
+	const float *A = L->A + (uint64_t)e * L->r * L->in;
+	const float *B = L->B + (uint64_t)e * L->out * L->r;
+	float *gA = L->gA + (uint64_t)e * L->r * L->in;
+	float *gB = L->gB + (uint64_t)e * L->out * L->r;
+	if (!n)
+		return MS_OK;
+	if ((rc = gemm(g, 0, 0, (uint32_t)n, L->r, L->out, s, dY, L->out, B, L->r, 0.0f, g->du,
+		       L->r, CUDA_R_32F, g->ct_lora, err)) ||
+	    (rc = gemm(g, 1, 0, L->out, L->r, (uint32_t)n, s, dY, L->out, U, L->r, 1.0f, gB,
+		       L->r, CUDA_R_32F, g->ct_lora, err)) ||
+	    (rc = gemm(g, 1, 0, L->r, L->in, (uint32_t)n, 1.0f, g->du, L->r, X, L->in, 1.0f, gA,
+		       L->in, CUDA_R_32F, g->ct_lora, err)))
+		return rc;
+	if (!dX)
+		return MS_OK;
+	if (!g->train || g->pdrop <= 0)
+		return gemm(g, 0, 0, (uint32_t)n, L->in, L->r, 1.0f, g->du, L->r, A, L->in, 1.0f,
+			    dX, L->in, CUDA_R_32F, g->ct_lora, err);
+	if ((rc = gemm(g, 0, 0, (uint32_t)n, L->in, L->r, 1.0f, g->du, L->r, A, L->in, 0.0f,
+		       g->tmp, L->in, CUDA_R_32F, g->ct_lora, err)))
+		return rc;
+	k_drop<<<nblk(n * L->in), NTH, 0, g->st>>>(g->tmp, dX, n, L->in, keys, g->seed, g->step,
+						   L->id, g->pdrop, 1);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+/* the LoRA input of adapter L over n rows: x itself, or x with the
+ * dropout mask into buf */
+static int lora_in(struct ms_gmodel *g, const struct dlora *L, const float *x, uint64_t n,
+		   const int32_t *keys, float *buf, const float **out, struct ms_err *err)
+{
+	int rc = MS_OK;
+	*out = x;
+	if (!L || !g->train || g->pdrop <= 0)
+		return MS_OK;
+	k_drop<<<nblk(n * L->in), NTH, 0, g->st>>>(x, buf, n, L->in, keys, g->seed, g->step,
+						   L->id, g->pdrop, 0);
+	LK();
+	*out = buf;
+out:
+	return rc;
+}
+
+#define OFF(p, n) ((void *)((char *)(p) + (uint64_t)(n) * g->esz))
+
+/* ---- build ------------------------------------------------------------------------ */
+
+/* float host data (n) into a new device buffer of category c */
+static int up_f(struct ms_gmodel *g, const float *h, uint64_t n, float **d, int c,
+		struct ms_err *err)
+{
+	int rc;
+	*d = NULL;
+	if (!h)
+		return MS_OK;
+	DM(*d, n * sizeof(float), c);
+	CK(cudaMemcpy(*d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+out:
+	return rc;
+}
+
+/* float host [rows, cols] into the GEMM type, as is and transposed (wt
+ * may be NULL) */
+static int up_w(struct ms_gmodel *g, const float *h, uint32_t rows, uint32_t cols,
+		void **w, void **wt, struct ms_err *err)
+{
+	int rc;
+	float *tmp = NULL;
+	uint64_t n = (uint64_t)rows * cols;
+	DM(*w, n * g->esz, MC_DENSE);
+	if (wt)
+		DM(*wt, n * g->esz, MC_DENSE);
+	CK(cudaMalloc(&tmp, n * sizeof(float)));
+	CK(cudaMemcpy(tmp, h, n * sizeof(float), cudaMemcpyHostToDevice));
+	if (g->f32) {
+		CK(cudaMemcpy(*w, tmp, n * sizeof(float), cudaMemcpyDeviceToDevice));
+		if (wt) {
+			k_tcast<float><<<nblk(n), NTH>>>(tmp, (float *)*wt, rows, cols);
+			LK();
+		}
+	} else {
+		k_cast<__nv_bfloat16><<<nblk(n), NTH>>>(tmp, (__nv_bfloat16 *)*w, n);
+		LK();
+		if (wt) {
+			k_tcast<__nv_bfloat16><<<nblk(n), NTH>>>(tmp, (__nv_bfloat16 *)*wt, rows,
+								cols);
+			LK();
+		}
+	}
+	CK(cudaDeviceSynchronize());
+out:
+	cudaFree(tmp);
+	return rc;
+}
+
+/* one frozen projection: its NVFP4 parts (rowwise, and columnwise through
+ * the validating transpose: kept when resident, else only checked) or its
+ * float weight in both orientations */
+static int up_lin(struct ms_gmodel *g, const struct ms_model *m, const struct lin *hl,
+		  struct dlin *dl, uint64_t *woff, uint64_t *colbytes, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint8_t *vp = NULL, *vs = NULL;
+	memset(dl, 0, sizeof *dl);
+	dl->out = hl->out;
+	dl->in = hl->in;
+	dl->nparts = hl->nparts;
+	if (!hl->out)
+		return MS_OK;
+	if ((rc = up_f(g, hl->bias, hl->out, &dl->bias, MC_DENSE, err)))
+		return rc;
+	if (!hl->nparts)
+		return up_w(g, hl->w, hl->out, hl->in, &dl->w, &dl->wt, err);
+	dl->woff = *woff;
+	*woff += (uint64_t)hl->out * hl->in;
+	for (int p = 0; p < hl->nparts; p++) {
+		const struct qpart *q = &hl->part[p];
+		struct dpart *d = &dl->part[p];
+		uint64_t ps[2], ss[2], pst[2], sst[2];
+		if ((rc = ms_nvfp4_shapes(q->rows, hl->in, MS_NVFP4_LAYOUT_ROWWISE, ps, ss, err)) ||
+		    (rc = ms_nvfp4_shapes(q->rows, hl->in, MS_NVFP4_LAYOUT_COLUMNWISE, pst, sst,
+					  err)))
+			goto out;
+		d->rows = q->rows;
+		d->pst = (uint32_t)pst[1];
+		d->sst = (uint32_t)sst[1];
+		d->rpst = (uint32_t)ps[1];
+		d->rsst = (uint32_t)ss[1];
+		d->tscale = q->tscale;
+		d->kind = q->kind;
+		DM(d->pk, ps[0] * ps[1], MC_ROW);
+		DM(d->sc, ss[0] * ss[1], MC_ROW);
+		CK(cudaMemcpy(d->pk, q->packed, ps[0] * ps[1], cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(d->sc, q->scales, ss[0] * ss[1], cudaMemcpyHostToDevice));
+		*colbytes += pst[0] * pst[1] + sst[0] * sst[1];
+		if (m->opts.colwise == MS_COLWISE_RESIDENT) {
+			DM(d->pkt, pst[0] * pst[1], MC_COL);
+			DM(d->sct, sst[0] * sst[1], MC_COL);
+			vp = d->pkt;
+			vs = d->sct;
+		} else {
+			CK(cudaMalloc(&vp, pst[0] * pst[1] + 1));
+			CK(cudaMalloc(&vs, sst[0] * sst[1] + 1));
+		}
+		/* the library's transpose validates the 2D blocks (a 1D-block
+		 * state is refused here, as on the CPU) */
+		if ((rc = ms_gpu_nvfp4_transpose(MS_NVFP4_BLOCK_2D, q->rows, hl->in, d->pk, d->sc,
+						 vp, vs, err)))
+			goto out;
+		if (m->opts.colwise != MS_COLWISE_RESIDENT) {
+			cudaFree(vp);
+			cudaFree(vs);
+		}
+		vp = vs = NULL;
+	}
+out:
+	if (m->opts.colwise != MS_COLWISE_RESIDENT) {
+		cudaFree(vp);
+		cudaFree(vs);
+	}
+	return rc;
+}
+
+static struct dlora *dlora_of(struct ms_gmodel *g, const struct ms_model *m,
+			      const struct lora *L)
+{
+	if (!L)
+		return NULL;
+	for (size_t i = 0; i < m->nloras; i++)
+		if (m->loras[i] == L)
+			return &g->loras[i];
+	return NULL;
+}
+
+/* the layer's decode jobs: forward (rowwise -> W) and backward (columnwise
+ * -> W^T), into the layer's scratch offsets */
+static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dlayer *dl,
+		       struct ms_err *err)
+{
+	int rc = MS_OK, n = 0;
+	struct dlin *ls[8 + 2 * MAXE];
+	struct ddesc *hf = NULL, *hb = NULL;
+	int nl = 0;
+	ls[nl++] = &dl->q;
+	ls[nl++] = &dl->k;
+	ls[nl++] = &dl->v;
+	ls[nl++] = &dl->o;
+	if (dl->moe)
+		for (uint32_t e = 0; e < g->E; e++) {
+			ls[nl++] = &dl->egu[e];
+			ls[nl++] = &dl->edn[e];
+		}
+	if (dl->sh) {
+		ls[nl++] = &dl->sgu;
+		ls[nl++] = &dl->sdn;
+	}
+	for (int i = 0; i < nl; i++)
+		n += ls[i]->nparts;
+	hf = (struct ddesc *)calloc(n + 1, sizeof *hf);
+	hb = (struct ddesc *)calloc(n + 1, sizeof *hb);
+	if (!hf || !hb) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	n = 0;
+	for (int i = 0; i < nl; i++) {
+		struct dlin *l = ls[i];
+		uint64_t ro = 0;
+		for (int p = 0; p < l->nparts; p++) {
+			struct dpart *d = &l->part[p];
+			struct ddesc *f = &hf[n], *b = &hb[n];
+			f->pk = d->pk;
+			f->sc = d->sc;
+			f->out = OFF(g->wbuf, l->woff + ro * l->in);
+			f->rows = (uint32_t)d->rows;
+			f->cols = l->in;
+			f->ld = l->in;
+			f->pst = d->rpst;
+			f->sst = d->rsst;
+			f->tscale = d->tscale;
+			f->kind = d->kind;
+			b->pk = d->pkt;
+			b->sc = d->sct;
+			b->spk = d->pk;
+			b->ssc = d->sc;
+			b->out = OFF(g->wbuf, l->woff + ro);
+			b->rows = l->in;
+			b->cols = (uint32_t)d->rows;
+			b->ld = l->out;
+			b->pst = d->pst;
+			b->sst = d->sst;
+			b->spst = d->rpst;
+			b->ssst = d->rsst;
+			b->tscale = d->tscale;
+			b->kind = d->kind;
+			b->cbytes = (uint64_t)l->in * (d->pst + d->sst);
+			ro += d->rows;
+			n++;
+		}
+	}
+	dl->nfwd = dl->nbwd = n;
+	if (n) {
+		CK(cudaMalloc(&dl->fwd, n * sizeof *hf));
+		CK(cudaMalloc(&dl->bwd, n * sizeof *hb));
+		CK(cudaMemcpy(dl->fwd, hf, n * sizeof *hf, cudaMemcpyHostToDevice));
+		CK(cudaMemcpy(dl->bwd, hb, n * sizeof *hb, cudaMemcpyHostToDevice));
+	}
+	dl->hbwd = hb;
+	hb = NULL;
+out:
+	free(hf);
+	free(hb);
+	return rc;
+}
+
+static void gfree(struct ms_gmodel *g);
+
+int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
+{
+	const struct ms_model_cfg *c = &m->cfg;
+	struct ms_gmodel *g = NULL;
+	int rc;
+	uint64_t wmax = 0, colmax = 0, partmax = 0;
+
+	if ((rc = ms_gpu_ready(err)))
+		return rc;
+	if (c->n_experts > MAXE || (c->router == MS_ROUTER_SIGMOID && c->n_group > 64))
+		return ms_err_set(err, MS_EINVAL,
+				  "--device cuda: at most %d experts and 64 groups", MAXE);
+	if (!(g = (struct ms_gmodel *)calloc(1, sizeof *g)))
+		return ms_err_nomem(err);
+	g->f32 = m->opts.gpu_f32;
+	g->gt = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
+	g->esz = g->f32 ? 4 : 2;
+	g->ct_base = g->f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+	g->ct_lora = g->f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F_FAST_TF32;
+	g->H = c->hidden;
+	g->V = c->vocab;
+	g->L = c->n_layers;
+	g->E = c->n_experts;
+	g->K = c->top_k;
+	g->F = c->moe_ffn;
+	g->nh = c->n_heads;
+	g->nkv = c->n_kv_heads;
+	g->hd = c->head_dim;
+	g->dq = g->nh * g->hd;
+	g->dkv = g->nkv * g->hd;
+	g->r = m->lora.r;
+	g->lscale = (float)(m->lora.alpha / m->lora.r);
+	g->pdrop = m->lora.dropout;
+	g->seed = m->lora.seed;
+	CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+	if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
+		g->blas = NULL;
+		rc = ms_err_set(err, MS_EIO, "cuBLAS: cublasCreate failed");
+		goto out;
+	}
+	CB(cublasSetStream(g->blas, g->st));
+	CK(cudaEventCreate(&g->st0));
+	CK(cudaEventCreate(&g->st1));
+	/* float weights */
+	if ((rc = up_f(g, m->embed, (uint64_t)g->V * g->H, &g->embed, MC_DENSE, err)) ||
+	    (rc = up_f(g, m->norm, g->H, &g->norm, MC_DENSE, err)) ||
+	    (rc = up_w(g, m->lm_head, g->V, g->H, &g->lm, NULL, err)))
+		goto out;
+	/* parameters, one block each for w, g and the two moments */
+	if (!(g->poff = (uint64_t *)calloc(m->nparams + 1, sizeof *g->poff))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < m->nparams; i++)
+		g->poff[i + 1] = g->poff[i] + m->params[i].n;
+	g->ntot = g->poff[m->nparams];
+	DM(g->W, g->ntot * 4, MC_LORA);
+	DM(g->G, g->ntot * 4, MC_LORA);
+	DM(g->Mo, g->ntot * 4, MC_LORA);
+	DM(g->Vo, g->ntot * 4, MC_LORA);
+	DM(g->dnorm, 8, MC_SCRATCH);
+	CK(cudaMemset(g->G, 0, g->ntot * 4));
+	CK(cudaMemset(g->Mo, 0, g->ntot * 4));
+	CK(cudaMemset(g->Vo, 0, g->ntot * 4));
+	if (!(g->loras = (struct dlora *)calloc(m->nloras + 1, sizeof *g->loras))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	g->nloras = m->nloras;
+	for (size_t i = 0; i < m->nloras; i++) {
+		const struct lora *L = m->loras[i];
+		struct dlora *d = &g->loras[i];
+		d->r = L->r;
+		d->in = L->in;
+		d->out = L->out;
+		d->E = L->E;
+		d->id = L->id;
+		d->pA = L->pA;
+		d->pB = L->pB;
+		d->A = g->W + g->poff[L->pA];
+		d->B = g->W + g->poff[L->pB];
+		d->gA = g->G + g->poff[L->pA];
+		d->gB = g->G + g->poff[L->pB];
+	}
+	m->gpu = g;
+	if ((rc = ms_gmodel_sync(m, NULL, MS_MODEL_TO_DEVICE, err)))
+		goto out;
+	/* layers */
+	if (!(g->ly = (struct dlayer *)calloc(g->L, sizeof *g->ly))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (uint32_t l = 0; l < g->L; l++) {
+		const struct layer *L = &m->layers[l];
+		struct dlayer *d = &g->ly[l];
+		uint64_t wo = 0, cb = 0;
+		if ((rc = up_f(g, L->ln1, g->H, &d->ln1, MC_DENSE, err)) ||
+		    (rc = up_f(g, L->ln2, g->H, &d->ln2, MC_DENSE, err)) ||
+		    (rc = up_f(g, L->qn, g->hd, &d->qn, MC_DENSE, err)) ||
+		    (rc = up_f(g, L->kn, g->hd, &d->kn, MC_DENSE, err)) ||
+		    (rc = up_lin(g, m, &L->q, &d->q, &wo, &cb, err)) ||
+		    (rc = up_lin(g, m, &L->k, &d->k, &wo, &cb, err)) ||
+		    (rc = up_lin(g, m, &L->v, &d->v, &wo, &cb, err)) ||
+		    (rc = up_lin(g, m, &L->o, &d->o, &wo, &cb, err)))
+			goto out;
+		d->lq = dlora_of(g, m, L->lq);
+		d->lk = dlora_of(g, m, L->lk);
+		d->lv = dlora_of(g, m, L->lv);
+		d->lo = dlora_of(g, m, L->lo);
+		d->lgu = dlora_of(g, m, L->lgu);
+		d->ldn = dlora_of(g, m, L->ldown);
+		d->moe = L->moe;
+		if (L->moe) {
+			const struct expert *ex = m->ranks[0].ex[l];
+			if ((rc = up_f(g, L->router, (uint64_t)g->E * g->H, &d->router, MC_DENSE,
+				       err)) ||
+			    (rc = up_f(g, L->ecb, g->E, &d->ecb, MC_DENSE, err)))
+				goto out;
+			d->egu = (struct dlin *)calloc(g->E, sizeof *d->egu);
+			d->edn = (struct dlin *)calloc(g->E, sizeof *d->edn);
+			if (!d->egu || !d->edn) {
+				rc = ms_err_nomem(err);
+				goto out;
+			}
+			for (uint32_t e = 0; e < g->E; e++)
+				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], &wo, &cb, err)) ||
+				    (rc = up_lin(g, m, &ex[e].down, &d->edn[e], &wo, &cb, err)))
+					goto out;
+		}
+		if (L->sh.gu.out) {
+			d->sh = 1;
+			if ((rc = up_lin(g, m, &L->sh.gu, &d->sgu, &wo, &cb, err)) ||
+			    (rc = up_lin(g, m, &L->sh.down, &d->sdn, &wo, &cb, err)))
+				goto out;
+		}
+		d->wtotal = wo;
+		d->colbytes = cb;
+		if (wo > wmax)
+			wmax = wo;
+		if (cb > colmax)
+			colmax = cb;
+	}
+	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
+	for (uint32_t l = 0; l < g->L; l++) {
+		if ((rc = build_descs(g, m, &g->ly[l], err)))
+			goto out;
+		for (int i = 0; i < g->ly[l].nbwd; i++)
+			if (g->ly[l].hbwd[i].cbytes > partmax)
+				partmax = g->ly[l].hbwd[i].cbytes;
+	}
+	if (m->opts.colwise != MS_COLWISE_RESIDENT) {
+		/* a quarter of the largest layer (or its largest part), 256-byte
+		 * aligned pieces */
+		g->colcap = colmax / 4 > partmax + 512 ? colmax / 4 : partmax + 512;
+		DM(g->colbuf, g->colcap, MC_COL);
+	}
+	g->mem.nvfp4_colwise_peak = g->mem.nvfp4_colwise;
+	/* the host copies of the NVFP4 bytes are no longer needed */
+	for (uint32_t l = 0; l < g->L; l++) {
+		struct layer *L = &m->layers[l];
+		struct lin *ls[6] = {&L->q, &L->k, &L->v, &L->o, &L->sh.gu, &L->sh.down};
+		for (int i = 0; i < 6; i++)
+			for (int p = 0; p < ls[i]->nparts; p++) {
+				ms_free(ls[i]->part[p].packed);
+				ms_free(ls[i]->part[p].scales);
+				ls[i]->part[p].packed = ls[i]->part[p].scales = NULL;
+			}
+		if (L->moe)
+			for (uint32_t e = 0; e < g->E; e++) {
+				struct expert *x = &m->ranks[0].ex[l][e];
+				struct lin *xl[2] = {&x->gu, &x->down};
+				for (int i = 0; i < 2; i++)
+					for (int p = 0; p < xl[i]->nparts; p++) {
+						ms_free(xl[i]->part[p].packed);
+						ms_free(xl[i]->part[p].scales);
+						xl[i]->part[p].packed = NULL;
+						xl[i]->part[p].scales = NULL;
+					}
+			}
+	}
+	CK(cudaDeviceSynchronize());
+out:
+	if (rc) {
+		m->gpu = NULL;
+		gfree(g);
+	}
+	return rc;
+}
+
+/* ---- activations and scratch for a shape ---------------------------------------- */
+
+static void acts_release(struct ms_gmodel *g)
+{
+	if (g->a) {
+		for (uint32_t l = 0; l < g->L; l++) {
+			struct dacts *a = &g->a[l];
+			float *f[] = {a->x, a->h1, a->r1, a->q0, a->k0, a->v, a->rq, a->rk, a->q,
+				      a->k, a->ctx, a->uq, a->uk, a->uv, a->uo, a->x2, a->h2,
+				      a->r2, a->probs, a->wts, a->gu, a->act, a->ugu, a->udn,
+				      a->ye, a->sgu, a->sact};
+			for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+				dfree(g, f[i], MC_ACTS);
+			dfree(g, a->sel, MC_ACTS);
+			dfree(g, a->perm, MC_ACTS);
+			dfree(g, a->pos, MC_ACTS);
+			free(a->cnt);
+		}
+		free(g->a);
+		g->a = NULL;
+	}
+	float *s[] = {g->xf, g->hf, g->rf, g->logits, g->y, g->y2, g->tmp, g->dA, g->dB,
+		      g->dh1, g->dx2, g->dh2, g->dctx, g->dqv, g->dkk, g->dvv, g->dq0, g->dk0,
+		      g->xs, g->xsd, g->actd, g->dye, g->dact, g->dgu, g->dxs, g->dz, g->du,
+		      g->dw, g->sc, g->dp};
+	for (size_t i = 0; i < sizeof s / sizeof *s; i++)
+		dfree(g, s[i], MC_SCRATCH);
+	dfree(g, g->lossrow, MC_SCRATCH);
+	dfree(g, g->dsum, MC_SCRATCH);
+	dfree(g, g->cA, MC_SCRATCH);
+	dfree(g, g->cB, MC_SCRATCH);
+	dfree(g, g->cC, MC_SCRATCH);
+	dfree(g, g->pg, MC_SCRATCH);
+	dfree(g, g->dsg, MC_SCRATCH);
+	dfree(g, g->dids, MC_SCRATCH);
+	dfree(g, g->dmask, MC_SCRATCH);
+	g->xf = g->hf = g->rf = g->logits = g->y = g->y2 = g->tmp = g->dA = g->dB = NULL;
+	g->dh1 = g->dx2 = g->dh2 = g->dctx = g->dqv = g->dkk = g->dvv = g->dq0 = NULL;
+	g->dk0 = g->xs = g->xsd = g->actd = g->dye = g->dact = g->dgu = g->dxs = NULL;
+	g->dz = g->du = g->dw = g->sc = g->dp = NULL;
+	g->lossrow = g->dsum = NULL;
+	g->cA = g->cB = g->cC = g->pg = g->dsg = NULL;
+	g->dids = NULL;
+	g->dmask = NULL;
+	free(g->hlog);
+	g->hlog = NULL;
+	free(g->hloss);
+	g->hloss = NULL;
+	g->T = 0;
+}
+
+static uint64_t u64max(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B, uint32_t S,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = (uint64_t)B * S, H = g->H, TK = 0, F = g->F, Fs = 0, r = g->r;
+	uint64_t att = (uint64_t)g->nh * S * S, wide, rows;
+	int anymoe = 0;
+	if (g->a && g->B == B && g->S == S)
+		return MS_OK;
+	acts_release(g);
+	for (uint32_t l = 0; l < g->L; l++) {
+		anymoe |= g->ly[l].moe;
+		if (g->ly[l].sh)
+			Fs = u64max(Fs, g->ly[l].sgu.out / 2);
+	}
+	if (anymoe)
+		TK = T * g->K;
+	rows = u64max(TK, T);
+	/* the widest row any scratch holds */
+	wide = u64max(u64max(H, g->dq), u64max(u64max(2 * F, 2 * Fs), g->dkv));
+	if (!(g->a = (struct dacts *)calloc(g->L, sizeof *g->a))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (uint32_t l = 0; l < g->L; l++) {
+		struct dacts *a = &g->a[l];
+		struct dlayer *d = &g->ly[l];
+		DM(a->x, T * H * 4, MC_ACTS);
+		DM(a->h1, T * H * 4, MC_ACTS);
+		DM(a->r1, T * 4, MC_ACTS);
+		DM(a->q0, T * g->dq * 4, MC_ACTS);
+		DM(a->k0, T * g->dkv * 4, MC_ACTS);
+		DM(a->v, T * g->dkv * 4, MC_ACTS);
+		if (d->qn) {
+			DM(a->rq, T * g->nh * 4, MC_ACTS);
+			DM(a->rk, T * g->nkv * 4, MC_ACTS);
+		}
+		DM(a->q, T * g->dq * 4, MC_ACTS);
+		DM(a->k, T * g->dkv * 4, MC_ACTS);
+		DM(a->ctx, T * g->dq * 4, MC_ACTS);
+		if (d->lq)
+			DM(a->uq, T * r * 4, MC_ACTS);
+		if (d->lk)
+			DM(a->uk, T * r * 4, MC_ACTS);
+		if (d->lv)
+			DM(a->uv, T * r * 4, MC_ACTS);
+		if (d->lo)
+			DM(a->uo, T * r * 4, MC_ACTS);
+		DM(a->x2, T * H * 4, MC_ACTS);
+		DM(a->h2, T * H * 4, MC_ACTS);
+		DM(a->r2, T * 4, MC_ACTS);
+		if (d->moe) {
+			DM(a->probs, T * g->E * 4, MC_ACTS);
+			DM(a->sel, TK * 4, MC_ACTS);
+			DM(a->wts, TK * 4, MC_ACTS);
+			DM(a->perm, TK * 4, MC_ACTS);
+			DM(a->pos, TK * 4, MC_ACTS);
+			DM(a->gu, TK * 2 * F * 4, MC_ACTS);
+			DM(a->act, TK * F * 4, MC_ACTS);
+			if (d->lgu)
+				DM(a->ugu, TK * r * 4, MC_ACTS);
+			if (d->ldn)
+				DM(a->udn, TK * r * 4, MC_ACTS);
+			DM(a->ye, TK * H * 4, MC_ACTS);
+			if (!(a->cnt = (uint32_t *)calloc(g->E + 1, sizeof *a->cnt))) {
+				rc = ms_err_nomem(err);
+				goto out;
+			}
+		}
+		if (d->sh) {
+			DM(a->sgu, T * d->sgu.out * 4, MC_ACTS);
+			DM(a->sact, T * (d->sgu.out / 2) * 4, MC_ACTS);
+		}
+	}
+	DM(g->xf, T * H * 4, MC_ACTS);
+	DM(g->hf, T * H * 4, MC_ACTS);
+	DM(g->rf, T * 4, MC_ACTS);
+	DM(g->logits, T * g->V * 4, MC_ACTS);
+	DM(g->y, T * H * 4, MC_SCRATCH);
+	DM(g->y2, T * H * 4, MC_SCRATCH);
+	DM(g->dA, T * H * 4, MC_SCRATCH);
+	DM(g->dB, T * H * 4, MC_SCRATCH);
+	DM(g->dh1, T * H * 4, MC_SCRATCH);
+	DM(g->dx2, T * H * 4, MC_SCRATCH);
+	DM(g->dh2, T * H * 4, MC_SCRATCH);
+	DM(g->dctx, T * g->dq * 4, MC_SCRATCH);
+	DM(g->dqv, T * g->dq * 4, MC_SCRATCH);
+	DM(g->dq0, T * g->dq * 4, MC_SCRATCH);
+	DM(g->dkk, T * g->dkv * 4, MC_SCRATCH);
+	DM(g->dvv, T * g->dkv * 4, MC_SCRATCH);
+	DM(g->dk0, T * g->dkv * 4, MC_SCRATCH);
+	DM(g->tmp, rows * wide * 4, MC_SCRATCH);
+	DM(g->du, rows * r * 4, MC_SCRATCH);
+	if (g->pdrop > 0) {
+		DM(g->xsd, rows * wide * 4, MC_SCRATCH);
+		DM(g->actd, rows * u64max(F, Fs) * 4, MC_SCRATCH);
+	}
+	if (TK) {
+		DM(g->xs, TK * H * 4, MC_SCRATCH);
+		DM(g->dye, TK * H * 4, MC_SCRATCH);
+		DM(g->dxs, TK * H * 4, MC_SCRATCH);
+		DM(g->dz, T * g->E * 4, MC_SCRATCH);
+		DM(g->dw, TK * 4, MC_SCRATCH);
+		DM(g->dsum, (g->E + 1) * 8, MC_SCRATCH);
+	}
+	DM(g->dact, rows * u64max(F, Fs) * 4, MC_SCRATCH);
+	DM(g->dgu, rows * 2 * u64max(F, Fs) * 4, MC_SCRATCH);
+	DM(g->sc, att * 4, MC_SCRATCH);
+	DM(g->dp, att * 4, MC_SCRATCH);
+	DM(g->pg, att * g->esz, MC_SCRATCH);
+	DM(g->dsg, att * g->esz, MC_SCRATCH);
+	if (!g->f32) {
+		DM(g->cA, u64max(rows * wide, T * g->V) * g->esz, MC_SCRATCH);
+		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
+		DM(g->cC, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
+	}
+	DM(g->lossrow, T * 8, MC_SCRATCH);
+	if (!(g->hloss = (double *)malloc(T * 8))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	DM(g->dids, T * 4, MC_SCRATCH);
+	DM(g->dmask, T + 1, MC_SCRATCH);
+	g->B = B;
+	g->S = S;
+	g->T = (uint32_t)T;
+out:
+	if (rc)
+		acts_release(g);
+	return rc;
+}
+
+/* ---- forward --------------------------------------------------------------------- */
+
+static struct rcfg rcfg_of(const struct ms_model *m)
+{
+	struct rcfg r;
+	r.E = m->cfg.n_experts;
+	r.K = m->cfg.top_k;
+	r.G = m->cfg.n_group ? m->cfg.n_group : 1;
+	r.topk_group = m->cfg.topk_group;
+	r.sigmoid = m->cfg.router == MS_ROUTER_SIGMOID;
+	r.norm = m->cfg.norm_topk_prob;
+	r.rsf = (float)m->cfg.routed_scaling_factor;
+	return r;
+}
+
+/* decode a layer's projections: forward W from the rowwise bytes; backward
+ * W^T from the columnwise bytes (on demand: transposed a chunk of parts at a
+ * time into colbuf first) */
+static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!d->nfwd)
+		return MS_OK;
+	if (!bwd) {
+		ph(g, PH_DECODE_ROW);
+		if (g->f32)
+			k_decode<float><<<dim3(64, d->nfwd), NTH, 0, g->st>>>(d->fwd, d->nfwd);
+		else
+			k_decode<__nv_bfloat16><<<dim3(64, d->nfwd), NTH, 0, g->st>>>(d->fwd,
+										d->nfwd);
+		LK();
+		return MS_OK;
+	}
+	if (!g->colbuf) {
+		ph(g, PH_DECODE_COL);
+		if (g->f32)
+			k_decode<float><<<dim3(64, d->nbwd), NTH, 0, g->st>>>(d->bwd, d->nbwd);
+		else
+			k_decode<__nv_bfloat16><<<dim3(64, d->nbwd), NTH, 0, g->st>>>(d->bwd,
+										d->nbwd);
+		LK();
+		return MS_OK;
+	}
+	/* on demand: parts [i0, i1) whose columnwise bytes fit colbuf; their
+	 * descriptors (pk/sc into colbuf) are rewritten each time, in the
+	 * host copy, then uploaded after the previous chunk's decode (the
+	 * stream orders the upload after it) */
+	for (int i0 = 0; i0 < d->nbwd;) {
+		uint64_t used = 0;
+		int i1 = i0;
+		while (i1 < d->nbwd) {
+			struct ddesc *b = &d->hbwd[i1];
+			uint64_t ps = (uint64_t)b->rows * b->pst, ss = (uint64_t)b->rows * b->sst;
+			uint64_t need = ((ps + 255) & ~255ull) + ((ss + 255) & ~255ull);
+			if (used + need > g->colcap && i1 > i0)
+				break;
+			b->pk = g->colbuf + used;
+			b->sc = g->colbuf + used + ((ps + 255) & ~255ull);
+			used += need;
+			i1++;
+		}
+		ph(g, PH_TRANSPOSE);
+		CK(cudaMemcpyAsync(d->bwd + i0, d->hbwd + i0, (i1 - i0) * sizeof *d->hbwd,
+				   cudaMemcpyHostToDevice, g->st));
+		k_transpose<<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
+		LK();
+		ph(g, PH_DECODE_COL);
+		if (g->f32)
+			k_decode<float><<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
+		else
+			k_decode<__nv_bfloat16><<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0,
+										 i1 - i0);
+		LK();
+		/* the host copy is rewritten for the next chunk only after this
+		 * upload has been read */
+		CK(cudaStreamSynchronize(g->st));
+		i0 = i1;
+	}
+out:
+	return rc;
+}
+
+/* attention core, forward (ctx) or backward (dqv, dkk, dvv from dctx) */
+static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t S = g->S, nh = g->nh, nkv = g->nkv, hd = g->hd, dq = g->dq, dkv = g->dkv;
+	uint32_t rep = nh / nkv;
+	float scale = (float)(1.0 / sqrt((double)hd));
+	const void *Q = NULL, *Kk = NULL, *Vv = NULL, *dO = NULL;
+	void *vbuf = g->f32 ? NULL : g->tmp;
+	long long SS = (long long)S * S;
+	if ((rc = opnd(g, a->q, (uint64_t)g->T * dq, g->cB, &Q, err)) ||
+	    (rc = opnd(g, a->k, (uint64_t)g->T * dkv, g->cC, &Kk, err)) ||
+	    (rc = opnd(g, a->v, (uint64_t)g->T * dkv, vbuf, &Vv, err)))
+		return rc;
+	if (bwd && (rc = opnd(g, g->dctx, (uint64_t)g->T * dq, g->cA, &dO, err)))
+		return rc;
+	for (uint32_t b = 0; b < g->B; b++) {
+		const void *Qb = OFF(Q, (uint64_t)b * S * dq), *Kb = OFF(Kk, (uint64_t)b * S * dkv);
+		const void *Vb = OFF(Vv, (uint64_t)b * S * dkv);
+		for (uint32_t r0 = 0; r0 < rep; r0++)
+			if ((rc = gemm_sb(g, 0, 1, S, S, hd, 1.0f, OFF(Qb, r0 * hd), dq,
+					  (long long)rep * hd, Kb, dkv, hd, 0.0f, g->sc + r0 * SS,
+					  S, rep * SS, (int)nkv, g->gt, CUDA_R_32F, err)))
+				return rc;
+		if (!bwd) {
+			if (g->f32)
+				k_softmax<float><<<nh * S, NTH, 0, g->st>>>(g->sc, (float *)g->pg, S,
+									 scale);
+			else
+				k_softmax<__nv_bfloat16><<<nh * S, NTH, 0, g->st>>>(
+					g->sc, (__nv_bfloat16 *)g->pg, S, scale);
+			LK();
+			for (uint32_t r0 = 0; r0 < rep; r0++)
+				if ((rc = gemm_sb(g, 0, 0, S, hd, S, 1.0f, OFF(g->pg, r0 * SS), S,
+						  rep * SS, Vb, dkv, hd, 0.0f,
+						  a->ctx + (uint64_t)b * S * dq + r0 * hd, dq,
+						  (long long)rep * hd, (int)nkv, g->gt, CUDA_R_32F,
+						  err)))
+					return rc;
+			continue;
+		}
+		const void *dOb = OFF(dO, (uint64_t)b * S * dq);
+		for (uint32_t r0 = 0; r0 < rep; r0++)
+			if ((rc = gemm_sb(g, 0, 1, S, S, hd, 1.0f, OFF(dOb, r0 * hd), dq,
+					  (long long)rep * hd, Vb, dkv, hd, 0.0f, g->dp + r0 * SS, S,
+					  rep * SS, (int)nkv, g->gt, CUDA_R_32F, err)))
+				return rc;
+		if (g->f32)
+			k_softmax_bwd<float><<<nh * S, NTH, 0, g->st>>>(g->sc, g->dp, (float *)g->pg,
+								     (float *)g->dsg, S, scale);
+		else
+			k_softmax_bwd<__nv_bfloat16><<<nh * S, NTH, 0, g->st>>>(
+				g->sc, g->dp, (__nv_bfloat16 *)g->pg, (__nv_bfloat16 *)g->dsg, S,
+				scale);
+		LK();
+		for (uint32_t r0 = 0; r0 < rep; r0++) {
+			float beta = r0 ? 1.0f : 0.0f;
+			if ((rc = gemm_sb(g, 1, 0, S, hd, S, 1.0f, OFF(g->pg, r0 * SS), S, rep * SS,
+					  OFF(dOb, r0 * hd), dq, (long long)rep * hd, beta,
+					  g->dvv + (uint64_t)b * S * dkv, dkv, hd, (int)nkv, g->gt,
+					  CUDA_R_32F, err)) ||
+			    (rc = gemm_sb(g, 0, 0, S, hd, S, 1.0f, OFF(g->dsg, r0 * SS), S, rep * SS,
+					  Kb, dkv, hd, 0.0f,
+					  g->dqv + (uint64_t)b * S * dq + r0 * hd, dq,
+					  (long long)rep * hd, (int)nkv, g->gt, CUDA_R_32F, err)) ||
+			    (rc = gemm_sb(g, 1, 0, S, hd, S, 1.0f, OFF(g->dsg, r0 * SS), S, rep * SS,
+					  OFF(Qb, r0 * hd), dq, (long long)rep * hd, beta,
+					  g->dkk + (uint64_t)b * S * dkv, dkv, hd, (int)nkv, g->gt,
+					  CUDA_R_32F, err)))
+				return rc;
+		}
+	}
+out:
+	return rc;
+}
+
+/* rows per expert to the host, offsets back, then the stable sort */
+static int moe_sort(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t TK = g->T * g->K, off[MAXE + 1];
+	uint32_t *dc = (uint32_t *)g->dsum;
+	k_count<<<g->E, NTH, 0, g->st>>>(a->sel, TK, dc);
+	LK();
+	CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->st));
+	CK(cudaStreamSynchronize(g->st));
+	off[0] = 0;
+	for (uint32_t e = 0; e < g->E; e++)
+		off[e + 1] = off[e] + a->cnt[e];
+	CK(cudaMemcpyAsync(dc, off, (g->E + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice, g->st));
+	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, dc, a->perm, a->pos);
+	LK();
+	/* the upload reads off before this function's frame is gone */
+	CK(cudaStreamSynchronize(g->st));
+out:
+	return rc;
+}
+
+static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
+		     struct ms_err *err)
+{
+	struct dlayer *d = &g->ly[l];
+	struct dacts *a = &g->a[l];
+	uint64_t T = g->T, H = g->H, F = g->F, r = g->r;
+	const void *X = NULL;
+	const float *xl;
+	int rc;
+
+	if ((rc = decode_layer(g, d, 0, err)))
+		return rc;
+	ph(g, PH_NORM);
+	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->h1, a->r1, (uint32_t)H,
+					      (float)m->cfg.rms_eps);
+	LK();
+	ph(g, PH_ATT_PROJ);
+	if ((rc = opnd(g, a->h1, T * H, g->cA, &X, err)) ||
+	    (rc = lin_fwd(g, &d->q, X, T, a->q0, 0, err)) ||
+	    (rc = lin_fwd(g, &d->k, X, T, a->k0, 0, err)) ||
+	    (rc = lin_fwd(g, &d->v, X, T, a->v, 0, err)))
+		return rc;
+	{
+		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
+		float *us[3] = {a->uq, a->uk, a->uv}, *ys[3] = {a->q0, a->k0, a->v};
+		for (int i = 0; i < 3; i++) {
+			if (!ls[i])
+				continue;
+			if ((rc = lora_in(g, ls[i], a->h1, T, NULL, g->xsd, &xl, err)) ||
+			    (rc = lora_fwd(g, ls[i], 0, xl, T, us[i], ys[i], err)))
+				return rc;
+		}
+	}
+	ph(g, PH_NORM);
+	{
+		const float *qs = a->q0, *ks = a->k0;
+		uint32_t half = m->cfg.rotary_dim / 2;
+		if (d->qn) {
+			k_rms<<<(unsigned)(T * g->nh), 64, 0, g->st>>>(a->q0, d->qn, g->dqv, a->rq,
+								       g->hd, (float)m->cfg.rms_eps);
+			LK();
+			k_rms<<<(unsigned)(T * g->nkv), 64, 0, g->st>>>(a->k0, d->kn, g->dkk, a->rk,
+									g->hd, (float)m->cfg.rms_eps);
+			LK();
+			qs = g->dqv;
+			ks = g->dkk;
+		}
+		k_rope<<<nblk(T * g->dq), NTH, 0, g->st>>>(qs, a->q, (uint32_t)T, g->nh, g->hd, half,
+							   g->S, g->rope_c, g->rope_s, 0);
+		LK();
+		k_rope<<<nblk(T * g->dkv), NTH, 0, g->st>>>(ks, a->k, (uint32_t)T, g->nkv, g->hd,
+							    half, g->S, g->rope_c, g->rope_s, 0);
+		LK();
+	}
+	ph(g, PH_ATT_CORE);
+	if ((rc = att_core(g, a, 0, err)))
+		return rc;
+	ph(g, PH_ATT_PROJ);
+	if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)) ||
+	    (rc = lin_fwd(g, &d->o, X, T, g->y, 0, err)))
+		return rc;
+	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
+		      (rc = lora_fwd(g, d->lo, 0, xl, T, a->uo, g->y, err))))
+		return rc;
+	k_add<<<nblk(T * H), NTH, 0, g->st>>>(a->x2, a->x, g->y, T * H);
+	LK();
+	ph(g, PH_NORM);
+	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->h2, a->r2, (uint32_t)H,
+					      (float)m->cfg.rms_eps);
+	LK();
+	if (d->moe) {
+		uint64_t TK = T * g->K;
+		struct rcfg rc_ = rcfg_of(m);
+		uint32_t off = 0;
+		const float *al;
+		ph(g, PH_ROUTE);
+		k_router_logits<<<nblk(T * g->E), NTH, 0, g->st>>>(a->h2, d->router, g->dz,
+								    (uint32_t)T, g->E, (uint32_t)H);
+		LK();
+		k_route<<<nblk(T, 64), 64, 0, g->st>>>(rc_, g->dz, d->ecb, a->probs, a->sel,
+						       a->wts, (uint32_t)T);
+		LK();
+		if ((rc = moe_sort(g, a, err)))
+			return rc;
+		k_gather<<<nblk(TK * H), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, TK,
+							  (uint32_t)H);
+		LK();
+		ph(g, PH_EXPERTS);
+		if ((rc = opnd(g, g->xs, TK * H, g->cA, &X, err)) ||
+		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E; e++) {
+			uint32_t n = a->cnt[e];
+			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * H), n,
+						a->gu + (uint64_t)off * 2 * F, 0, err)) ||
+				  (d->lgu && (rc = lora_fwd(g, d->lgu, e, xl + (uint64_t)off * H, n,
+							    a->ugu + (uint64_t)off * r,
+							    a->gu + (uint64_t)off * 2 * F, err)))))
+				return rc;
+			off += n;
+		}
+		k_swiglu<<<nblk(TK * F), NTH, 0, g->st>>>(a->gu, a->act, TK, (uint32_t)F);
+		LK();
+		if ((rc = opnd(g, a->act, TK * F, g->cA, &X, err)) ||
+		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
+			return rc;
+		off = 0;
+		for (uint32_t e = 0; e < g->E; e++) {
+			uint32_t n = a->cnt[e];
+			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * F), n,
+						a->ye + (uint64_t)off * H, 0, err)) ||
+				  (d->ldn && (rc = lora_fwd(g, d->ldn, e, al + (uint64_t)off * F, n,
+							    a->udn + (uint64_t)off * r,
+							    a->ye + (uint64_t)off * H, err)))))
+				return rc;
+			off += n;
+		}
+		ph(g, PH_COMBINE);
+		k_combine<<<nblk(T * H), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
+							  (uint32_t)T, g->K, (uint32_t)H);
+		LK();
+	}
+	if (d->sh) {
+		uint32_t Fs = d->sgu.out / 2;
+		ph(g, PH_SHARED);
+		if ((rc = opnd(g, a->h2, T * H, g->cA, &X, err)) ||
+		    (rc = lin_fwd(g, &d->sgu, X, T, a->sgu, 0, err)))
+			return rc;
+		k_swiglu<<<nblk(T * Fs), NTH, 0, g->st>>>(a->sgu, a->sact, T, Fs);
+		LK();
+		if ((rc = opnd(g, a->sact, T * Fs, g->cA, &X, err)) ||
+		    (rc = lin_fwd(g, &d->sdn, X, T, d->moe ? g->y2 : g->y, 0, err)))
+			return rc;
+		if (d->moe) {
+			k_add<<<nblk(T * H), NTH, 0, g->st>>>(g->y, g->y, g->y2, T * H);
+			LK();
+		}
+	} else if (!d->moe) {
+		CK(cudaMemsetAsync(g->y, 0, T * H * 4, g->st));
+	}
+	k_add<<<nblk(T * H), NTH, 0, g->st>>>(xout, a->x2, g->y, T * H);
+	LK();
+out:
+	return rc;
+}
+
+static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
+		     const float *dxo, float *dxi, struct ms_err *err)
+{
+	struct dlayer *d = &g->ly[l];
+	struct dacts *a = &g->a[l];
+	uint64_t T = g->T, H = g->H, F = g->F, r = g->r;
+	const void *X = NULL;
+	const float *xl;
+	int rc;
+
+	if ((rc = decode_layer(g, d, 1, err)))
+		return rc;
+	if (d->moe) {
+		uint64_t TK = T * g->K;
+		struct rcfg rc_ = rcfg_of(m);
+		uint32_t off = 0;
+		const float *al;
+		ph(g, PH_B_ROUTE);
+		k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts, g->dye,
+							      g->dw, g->K, (uint32_t)H);
+		LK();
+		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
+							   g->dz, (uint32_t)T);
+		LK();
+		if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
+			       d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H, CUDA_R_32F,
+			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
+			return rc;
+		ph(g, PH_B_EXPERTS);
+		k_gather<<<nblk(TK * H), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, TK,
+							  (uint32_t)H);
+		LK();
+		if ((rc = opnd(g, g->dye, TK * H, g->cA, &X, err)) ||
+		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)) ||
+		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E; e++) {
+			uint32_t n = a->cnt[e];
+			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), n,
+						  g->dact + (uint64_t)off * F, 0, err)) ||
+				  (d->ldn &&
+				   (rc = lora_bwd(g, d->ldn, e, al + (uint64_t)off * F,
+						  a->udn + (uint64_t)off * r, g->dye + (uint64_t)off * H,
+						  n, g->dact + (uint64_t)off * F, a->perm + off,
+						  err)))))
+				return rc;
+			off += n;
+		}
+		k_swiglu_bwd<<<nblk(TK * F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, TK,
+							      (uint32_t)F);
+		LK();
+		if ((rc = opnd(g, g->dgu, TK * 2 * F, g->cA, &X, err)))
+			return rc;
+		off = 0;
+		for (uint32_t e = 0; e < g->E; e++) {
+			uint32_t n = a->cnt[e];
+			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), n,
+						  g->dxs + (uint64_t)off * H, 0, err)) ||
+				  (d->lgu &&
+				   (rc = lora_bwd(g, d->lgu, e, xl + (uint64_t)off * H,
+						  a->ugu + (uint64_t)off * r,
+						  g->dgu + (uint64_t)off * 2 * F, n,
+						  g->dxs + (uint64_t)off * H, a->perm + off, err)))))
+				return rc;
+			off += n;
+		}
+		ph(g, PH_B_ROUTE);
+		k_unperm_sum<<<nblk(T * H), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
+							     g->K, (uint32_t)H);
+		LK();
+	} else {
+		CK(cudaMemsetAsync(g->dh2, 0, T * H * 4, g->st));
+	}
+	if (d->sh) {
+		uint32_t Fs = d->sgu.out / 2;
+		ph(g, PH_B_SHARED);
+		if ((rc = opnd(g, dxo, T * H, g->cA, &X, err)) ||
+		    (rc = lin_dgrad(g, &d->sdn, X, T, g->dact, 0, err)))
+			return rc;
+		k_swiglu_bwd<<<nblk(T * Fs), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu, T, Fs);
+		LK();
+		if ((rc = opnd(g, g->dgu, T * 2 * Fs, g->cA, &X, err)) ||
+		    (rc = lin_dgrad(g, &d->sgu, X, T, g->dh2, 1.0f, err)))
+			return rc;
+	}
+	ph(g, PH_B_NORM);
+	CK(cudaMemcpyAsync(g->dx2, dxo, T * H * 4, cudaMemcpyDeviceToDevice, g->st));
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->r2, g->dh2, g->dx2,
+						  (uint32_t)H);
+	LK();
+	ph(g, PH_B_ATT_PROJ);
+	if ((rc = opnd(g, g->dx2, T * H, g->cA, &X, err)) ||
+	    (rc = lin_dgrad(g, &d->o, X, T, g->dctx, 0, err)))
+		return rc;
+	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
+		      (rc = lora_bwd(g, d->lo, 0, xl, a->uo, g->dx2, T, g->dctx, NULL, err))))
+		return rc;
+	ph(g, PH_B_ATT_CORE);
+	if ((rc = att_core(g, a, 1, err)))
+		return rc;
+	ph(g, PH_B_NORM);
+	{
+		uint32_t half = m->cfg.rotary_dim / 2;
+		k_rope<<<nblk(T * g->dq), NTH, 0, g->st>>>(g->dqv, g->dq0, (uint32_t)T, g->nh,
+							   g->hd, half, g->S, g->rope_c, g->rope_s,
+							   1);
+		LK();
+		k_rope<<<nblk(T * g->dkv), NTH, 0, g->st>>>(g->dkk, g->dk0, (uint32_t)T, g->nkv,
+							    g->hd, half, g->S, g->rope_c, g->rope_s,
+							    1);
+		LK();
+		if (d->qn) {
+			/* dq0 holds d(normed q); the norm's input gradient replaces it */
+			CK(cudaMemcpyAsync(g->dqv, g->dq0, T * g->dq * 4, cudaMemcpyDeviceToDevice,
+					   g->st));
+			CK(cudaMemcpyAsync(g->dkk, g->dk0, T * g->dkv * 4, cudaMemcpyDeviceToDevice,
+					   g->st));
+			CK(cudaMemsetAsync(g->dq0, 0, T * g->dq * 4, g->st));
+			CK(cudaMemsetAsync(g->dk0, 0, T * g->dkv * 4, g->st));
+			k_rms_bwd<<<(unsigned)(T * g->nh), 64, 0, g->st>>>(a->q0, d->qn, a->rq,
+									   g->dqv, g->dq0, g->hd);
+			LK();
+			k_rms_bwd<<<(unsigned)(T * g->nkv), 64, 0, g->st>>>(a->k0, d->kn, a->rk,
+									    g->dkk, g->dk0, g->hd);
+			LK();
+		}
+	}
+	ph(g, PH_B_ATT_PROJ);
+	if ((rc = opnd(g, g->dq0, T * g->dq, g->cA, &X, err)) ||
+	    (rc = lin_dgrad(g, &d->q, X, T, g->dh1, 0, err)) ||
+	    (rc = opnd(g, g->dk0, T * g->dkv, g->cA, &X, err)) ||
+	    (rc = lin_dgrad(g, &d->k, X, T, g->dh1, 1.0f, err)) ||
+	    (rc = opnd(g, g->dvv, T * g->dkv, g->cA, &X, err)) ||
+	    (rc = lin_dgrad(g, &d->v, X, T, g->dh1, 1.0f, err)))
+		return rc;
+	{
+		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
+		float *us[3] = {a->uq, a->uk, a->uv}, *dys[3] = {g->dq0, g->dk0, g->dvv};
+		for (int i = 0; i < 3; i++) {
+			if (!ls[i])
+				continue;
+			if ((rc = lora_in(g, ls[i], a->h1, T, NULL, g->xsd, &xl, err)) ||
+			    (rc = lora_bwd(g, ls[i], 0, xl, us[i], dys[i], T, g->dh1, NULL, err)))
+				return rc;
+		}
+	}
+	ph(g, PH_B_NORM);
+	CK(cudaMemcpyAsync(dxi, g->dx2, T * H * 4, cudaMemcpyDeviceToDevice, g->st));
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->r1, g->dh1, dxi, (uint32_t)H);
+	LK();
+out:
+	return rc;
+}
+
+/* ---- the step ------------------------------------------------------------------- */
+
+int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_mask,
+		   uint32_t batch, uint32_t seq, double grad_scale, uint64_t step,
+		   ms_model_dlogits_fn fn, void *ctx, float *logits_out,
+		   int backward, double *loss_sum, uint64_t *n_tokens,
+		   struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	uint64_t T, H = g->H, V = g->V;
+	const void *X = NULL;
+	float *d, *d2;
+	int rc;
+
+	if ((rc = ms_model_check_ids(m, ids, batch, seq, err)) ||
+	    (rc = acts_alloc(g, m, batch, seq, err)))
+		return rc;
+	if (m->rope_len < seq || g->rope_len < seq) {
+		uint64_t n = (uint64_t)seq * (m->cfg.rotary_dim / 2);
+		if ((rc = ms_model_rope(m, seq, err)))
+			return rc;
+		dfree(g, g->rope_c, MC_DENSE);
+		dfree(g, g->rope_s, MC_DENSE);
+		g->rope_c = g->rope_s = NULL;
+		g->rope_len = 0;
+		if ((rc = up_f(g, m->rope_cos, n ? n : 1, &g->rope_c, MC_DENSE, err)) ||
+		    (rc = up_f(g, m->rope_sin, n ? n : 1, &g->rope_s, MC_DENSE, err)))
+			return rc;
+		g->rope_len = seq;
+	}
+	T = g->T;
+	g->train = backward;
+	g->step = step;
+	g->nev = 0;
+	CK(cudaEventRecord(g->st0, g->st));
+	ph(g, PH_COPY);
+	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
+	if (loss_mask)
+		CK(cudaMemcpyAsync(g->dmask, loss_mask, T, cudaMemcpyHostToDevice, g->st));
+	ph(g, PH_EMBED);
+	k_embed<<<nblk(T * H), NTH, 0, g->st>>>(g->dids, g->embed, g->a[0].x, (uint32_t)T,
+						(uint32_t)H);
+	LK();
+	for (uint32_t l = 0; l < g->L; l++)
+		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, err)))
+			goto out;
+	ph(g, PH_NORM);
+	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->hf, g->rf, (uint32_t)H,
+					      (float)m->cfg.rms_eps);
+	LK();
+	ph(g, PH_HEAD);
+	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
+	    (rc = gemm(g, 0, 1, (uint32_t)T, (uint32_t)V, (uint32_t)H, 1.0f, X, (uint32_t)H, g->lm,
+		       (uint32_t)H, 0.0f, g->logits, (uint32_t)V, g->gt, g->ct_base, err)))
+		goto out;
+	if (!backward) {
+		ph(g, PH_COPY);
+		if (logits_out)
+			CK(cudaMemcpyAsync(logits_out, g->logits, T * V * 4, cudaMemcpyDeviceToHost,
+					   g->st));
+		goto done;
+	}
+	if (fn) {
+		/* a loss the caller defines over the logits (rl.h) */
+		ph(g, PH_COPY);
+		if (!g->hlog && !(g->hlog = (float *)malloc(T * V * 4))) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		CK(cudaMemcpyAsync(g->hlog, g->logits, T * V * 4, cudaMemcpyDeviceToHost, g->st));
+		CK(cudaStreamSynchronize(g->st));
+		if ((rc = fn(ctx, g->hlog, T, (uint32_t)V, err)))
+			goto out;
+		CK(cudaMemcpyAsync(g->logits, g->hlog, T * V * 4, cudaMemcpyHostToDevice, g->st));
+	} else {
+		ph(g, PH_LOSS);
+		k_xent<<<(unsigned)T, NTH, 0, g->st>>>(g->logits, g->dids,
+						       loss_mask ? g->dmask : NULL, seq,
+						       (uint32_t)V, grad_scale, g->lossrow);
+		LK();
+	}
+	ph(g, PH_B_HEAD);
+	if ((rc = opnd(g, g->logits, T * V, g->cA, &X, err)) ||
+	    (rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, (uint32_t)V, 1.0f, X, (uint32_t)V, g->lm,
+		       (uint32_t)H, 0.0f, g->y, (uint32_t)H, g->gt, g->ct_base, err)))
+		goto out;
+	d = g->dA;
+	d2 = g->dB;
+	CK(cudaMemsetAsync(d, 0, T * H * 4, g->st));
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->rf, g->y, d, (uint32_t)H);
+	LK();
+	for (uint32_t l = g->L; l-- > 0;) {
+		float *t;
+		if ((rc = layer_bwd(g, m, l, d, d2, err)))
+			goto out;
+		t = d;
+		d = d2;
+		d2 = t;
+	}
+	if (!fn) {
+		double sum = 0;
+		uint64_t nt = 0;
+		ph(g, PH_COPY);
+		CK(cudaMemcpyAsync(g->hloss, g->lossrow, T * 8, cudaMemcpyDeviceToHost, g->st));
+		CK(cudaStreamSynchronize(g->st));
+		/* summed here in token order, as model.c does */
+		for (uint64_t t = 0; t < T; t++) {
+			uint32_t sp = (uint32_t)(t % seq);
+			if (sp + 1 >= seq || (loss_mask && !loss_mask[t + 1]))
+				continue;
+			sum += g->hloss[t];
+			nt++;
+		}
+		*loss_sum = sum;
+		*n_tokens = nt;
+	}
+done:
+	ph(g, PH_COPY);  /* the end mark */
+	CK(cudaEventRecord(g->st1, g->st));
+	CK(cudaStreamSynchronize(g->st));
+	{
+		float ms = 0;
+		cudaEventElapsedTime(&ms, g->st0, g->st1);
+		g->step_ms += ms;
+		g->steps++;
+	}
+	ph_fold(g);
+out:
+	if (rc) {
+		cudaStreamSynchronize(g->st);
+		g->nev = 0;
+	}
+	g->train = 0;
+	return rc;
+}
+
+/* ---- parameters, optimizer ---------------------------------------------------------- */
+
+/* the lora whose B is parameter i with more than one expert, or NULL */
+static const struct dlora *bperm_of(const struct ms_gmodel *g, size_t i)
+{
+	for (size_t j = 0; j < g->nloras; j++)
+		if (g->loras[j].pB == (int)i && g->loras[j].E > 1)
+			return &g->loras[j];
+	return NULL;
+}
+
+/* one block of device values (W, G, Mo or Vo) <-> the host arrays, per
+ * parameter (PEFT's layout on the host) */
+static int xfer(struct ms_gmodel *g, const struct ms_model *m, float *dev, float **host,
+		int dir, struct ms_err *err)
+{
+	int rc = MS_OK;
+	float *tmp = NULL;
+	for (size_t i = 0; i < m->nparams; i++) {
+		const struct dlora *L = bperm_of(g, i);
+		uint64_t n = m->params[i].n;
+		float *dp = dev + g->poff[i];
+		if (!L) {
+			if (dir == MS_MODEL_TO_HOST)
+				CK(cudaMemcpy(host[i], dp, n * 4, cudaMemcpyDeviceToHost));
+			else
+				CK(cudaMemcpy(dp, host[i], n * 4, cudaMemcpyHostToDevice));
+			continue;
+		}
+		if (!tmp)
+			CK(cudaMalloc(&tmp, g->ntot * 4 + 4));
+		if (dir == MS_MODEL_TO_HOST) {
+			k_bperm<<<nblk(n), NTH>>>(dp, tmp, L->out, L->r, L->E, 0);
+			LK();
+			CK(cudaMemcpy(host[i], tmp, n * 4, cudaMemcpyDeviceToHost));
+		} else {
+			CK(cudaMemcpy(tmp, host[i], n * 4, cudaMemcpyHostToDevice));
+			k_bperm<<<nblk(n), NTH>>>(tmp, dp, L->out, L->r, L->E, 1);
+			LK();
+			CK(cudaDeviceSynchronize());
+		}
+	}
+out:
+	cudaFree(tmp);
+	return rc;
+}
+
+int ms_gmodel_sync(struct ms_model *m, struct ms_adamw *o, int dir, struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	float **w = NULL, **gr = NULL;
+	int rc = MS_OK;
+
+	if (o && o->np != m->nparams)
+		return ms_err_set(err, MS_EINVAL,
+				  "optimizer made over %zu tensors, the model has %zu", o->np,
+				  m->nparams);
+	w = (float **)calloc(m->nparams + 1, sizeof *w);
+	gr = (float **)calloc(m->nparams + 1, sizeof *gr);
+	if (!w || !gr) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < m->nparams; i++) {
+		w[i] = m->params[i].w;
+		gr[i] = m->params[i].g;
+	}
+	CK(cudaStreamSynchronize(g->st));
+	if ((rc = xfer(g, m, g->W, w, dir, err)))
+		goto out;
+	if (dir == MS_MODEL_TO_HOST && (rc = xfer(g, m, g->G, gr, dir, err)))
+		goto out;
+	if (o && ((rc = xfer(g, m, g->Mo, o->m, dir, err)) ||
+		  (rc = xfer(g, m, g->Vo, o->v, dir, err))))
+		goto out;
+out:
+	free(w);
+	free(gr);
+	return rc;
+}
+
+int ms_gmodel_zero_grad(struct ms_model *m, struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	int rc = MS_OK;
+	CK(cudaMemsetAsync(g->G, 0, g->ntot * 4, g->st));
+out:
+	return rc;
+}
+
+int ms_gmodel_optim(struct ms_model *m, struct ms_adamw *o, double lr, double *grad_norm,
+		    struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	const struct ms_adamw_cfg *c = &o->cfg;
+	struct adam_s a;
+	double ss = 0, norm, bc1, bc2;
+	int rc = MS_OK;
+
+	if (o->np != m->nparams)
+		return ms_err_set(err, MS_EINVAL,
+				  "optimizer made over %zu tensors, the model has %zu", o->np,
+				  m->nparams);
+	g->nev = 0;
+	ph(g, PH_OPTIM);
+	CK(cudaMemsetAsync(g->dnorm, 0, 8, g->st));
+	k_sumsq<<<nblk(g->ntot, NTH * 8), NTH, 0, g->st>>>(g->G, g->ntot, g->dnorm);
+	LK();
+	CK(cudaMemcpyAsync(&ss, g->dnorm, 8, cudaMemcpyDeviceToHost, g->st));
+	CK(cudaStreamSynchronize(g->st));
+	norm = sqrt(ss);
+	*grad_norm = norm;
+	a.clip = 1.0f;
+	if (c->clip > 0) {
+		double coef = c->clip / (norm + 1e-6);
+		if (coef < 1.0)
+			a.clip = (float)coef;
+	}
+	/* optim.c's scalars, in double, then rounded as there */
+	o->step++;
+	bc1 = 1.0 - pow(c->beta1, (double)o->step);
+	bc2 = 1.0 - pow(c->beta2, (double)o->step);
+	a.decay = (float)(1.0 - lr * c->weight_decay);
+	a.w1 = (float)(1.0 - c->beta1);
+	a.b2 = (float)c->beta2;
+	a.w2 = (float)(1.0 - c->beta2);
+	a.step_size = (float)(lr / bc1);
+	a.bc2_sqrt = (float)sqrt(bc2);
+	a.eps = (float)c->eps;
+	a.wd = c->weight_decay != 0;
+	k_adamw<<<nblk(g->ntot), NTH, 0, g->st>>>(g->W, g->G, g->Mo, g->Vo, g->ntot, a);
+	LK();
+	ph(g, PH_COPY);
+	CK(cudaStreamSynchronize(g->st));
+	ph_fold(g);
+out:
+	return rc;
+}
+
+/* ---- memory, profile, free ----------------------------------------------------------- */
+
+int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out)
+{
+	const struct ms_gmodel *g = m->gpu;
+	*out = g->mem;
+	out->nvfp4_colwise_peak = g->mem.nvfp4_colwise;
+	return MS_OK;
+}
+
+int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
+{
+	const struct ms_gmodel *g = m->gpu;
+	cJSON *o = cJSON_CreateObject(), *ks = cJSON_CreateArray(), *mem = cJSON_CreateObject();
+	double st = g->steps ? (double)g->steps : 1;
+	char *s = NULL;
+	int rc = MS_OK;
+	if (!o || !ks || !mem) {
+		cJSON_Delete(o);
+		cJSON_Delete(ks);
+		cJSON_Delete(mem);
+		return ms_err_nomem(err);
+	}
+	cJSON_AddNumberToObject(o, "steps", (double)g->steps);
+	cJSON_AddNumberToObject(o, "step_ms", g->step_ms / st);
+	cJSON_AddNumberToObject(o, "colwise_ms", g->ph_ms[PH_TRANSPOSE] / st);
+	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
+	for (int p = 0; p < PH_N; p++) {
+		cJSON *k;
+		if (!g->ph_calls[p])
+			continue;
+		k = cJSON_CreateObject();
+		if (!k)
+			continue;
+		cJSON_AddStringToObject(k, "name", phase_name[p]);
+		cJSON_AddNumberToObject(k, "ms", g->ph_ms[p] / st);
+		cJSON_AddNumberToObject(k, "calls", (double)g->ph_calls[p]);
+		cJSON_AddItemToArray(ks, k);
+	}
+	cJSON_AddItemToObject(o, "kernels", ks);
+	cJSON_AddNumberToObject(mem, "nvfp4_rowwise", (double)g->mem.nvfp4_rowwise);
+	cJSON_AddNumberToObject(mem, "nvfp4_colwise", (double)g->mem.nvfp4_colwise);
+	cJSON_AddNumberToObject(mem, "dense", (double)g->mem.dense);
+	cJSON_AddNumberToObject(mem, "lora", (double)g->mem.lora);
+	cJSON_AddNumberToObject(mem, "acts", (double)g->mem.acts);
+	cJSON_AddNumberToObject(mem, "scratch", (double)g->mem.scratch);
+	cJSON_AddNumberToObject(mem, "peak", (double)g->mem.peak);
+	cJSON_AddNumberToObject(mem, "nvfp4_rowwise_measured",
+				(double)g->mem.nvfp4_rowwise_measured);
+	cJSON_AddNumberToObject(mem, "nvfp4_colwise_measured",
+				(double)g->mem.nvfp4_colwise_measured);
+	cJSON_AddNumberToObject(mem, "measured", (double)g->mem.measured);
+	cJSON_AddItemToObject(o, "mem", mem);
+	cJSON_AddNumberToObject(o, "base_bytes",
+				(double)(g->mem.nvfp4_rowwise + g->mem.nvfp4_colwise));
+	cJSON_AddNumberToObject(o, "peak_bytes", (double)g->mem.peak);
+	s = cJSON_PrintUnformatted(o);
+	cJSON_Delete(o);
+	if (!s)
+		return ms_err_nomem(err);
+	*json = (char *)ms_malloc(strlen(s) + 1);
+	if (!*json)
+		rc = ms_err_nomem(err);
+	else
+		memcpy(*json, s, strlen(s) + 1);
+	cJSON_free(s);
+	return rc;
+}
+
+static void dlin_free(struct ms_gmodel *g, struct dlin *l)
+{
+	for (int p = 0; p < 2; p++) {
+		dfree(g, l->part[p].pk, MC_ROW);
+		dfree(g, l->part[p].sc, MC_ROW);
+		dfree(g, l->part[p].pkt, MC_COL);
+		dfree(g, l->part[p].sct, MC_COL);
+	}
+	dfree(g, l->w, MC_DENSE);
+	dfree(g, l->wt, MC_DENSE);
+	dfree(g, l->bias, MC_DENSE);
+}
+
+static void gfree(struct ms_gmodel *g)
+{
+	if (!g)
+		return;
+	if (g->st)
+		cudaStreamSynchronize(g->st);
+	acts_release(g);
+	if (g->ly) {
+		for (uint32_t l = 0; l < g->L; l++) {
+			struct dlayer *d = &g->ly[l];
+			float *f[] = {d->ln1, d->ln2, d->qn, d->kn, d->router, d->ecb};
+			for (int i = 0; i < 6; i++)
+				dfree(g, f[i], MC_DENSE);
+			dlin_free(g, &d->q);
+			dlin_free(g, &d->k);
+			dlin_free(g, &d->v);
+			dlin_free(g, &d->o);
+			if (d->egu)
+				for (uint32_t e = 0; e < g->E; e++)
+					dlin_free(g, &d->egu[e]);
+			if (d->edn)
+				for (uint32_t e = 0; e < g->E; e++)
+					dlin_free(g, &d->edn[e]);
+			free(d->egu);
+			free(d->edn);
+			dlin_free(g, &d->sgu);
+			dlin_free(g, &d->sdn);
+			cudaFree(d->fwd);
+			cudaFree(d->bwd);
+			free(d->hbwd);
+		}
+		free(g->ly);
+	}
+	dfree(g, g->embed, MC_DENSE);
+	dfree(g, g->norm, MC_DENSE);
+	dfree(g, g->lm, MC_DENSE);
+	dfree(g, g->rope_c, MC_DENSE);
+	dfree(g, g->rope_s, MC_DENSE);
+	dfree(g, g->W, MC_LORA);
+	dfree(g, g->G, MC_LORA);
+	dfree(g, g->Mo, MC_LORA);
+	dfree(g, g->Vo, MC_LORA);
+	dfree(g, g->dnorm, MC_SCRATCH);
+	dfree(g, g->wbuf, MC_SCRATCH);
+	dfree(g, g->colbuf, MC_COL);
+	for (int i = 0; i < 4096; i++)
+		if (g->evs[i])
+			cudaEventDestroy(g->evs[i]);
+	if (g->st0)
+		cudaEventDestroy(g->st0);
+	if (g->st1)
+		cudaEventDestroy(g->st1);
+	if (g->blas)
+		cublasDestroy(g->blas);
+	if (g->st)
+		cudaStreamDestroy(g->st);
+	free(g->loras);
+	free(g->poff);
+	free(g->reg);
+	free(g);
+}
+
+void ms_gmodel_free(struct ms_gmodel *g)
+{
+	gfree(g);
+}

@@ -1,0 +1,64 @@
+/*
+ * model_nogpu.c: the CUDA half of the trainer model (model_int.h) in a
+ * build without nvcc: a model asked for on the GPU is refused with one line
+ * saying so; nothing pretends to compute. With nvcc, kernels/train.cu
+ * provides these and this file compiles to nothing.
+ */
+#ifndef MS_HAVE_CUDA
+
+#include "train/model_int.h"
+
+static int nodev(struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENODEV,
+			  "--device cuda: no gpu support in this build (built without nvcc)");
+}
+
+int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
+{
+	(void)m;
+	return nodev(err);
+}
+
+void ms_gmodel_free(struct ms_gmodel *g)
+{
+	(void)g;
+}
+
+int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_mask,
+		   uint32_t batch, uint32_t seq, double grad_scale, uint64_t step,
+		   ms_model_dlogits_fn fn, void *ctx, float *logits_out,
+		   int backward, double *loss_sum, uint64_t *n_tokens,
+		   struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gmodel_sync(struct ms_model *m, struct ms_adamw *o, int dir,
+		   struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gmodel_zero_grad(struct ms_model *m, struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gmodel_optim(struct ms_model *m, struct ms_adamw *o, double lr,
+		    double *grad_norm, struct ms_err *err)
+{
+	return nodev(err);
+}
+
+int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out)
+{
+	return MS_ENODEV;
+}
+
+int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
+{
+	return nodev(err);
+}
+
+#endif
