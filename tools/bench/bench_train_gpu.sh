@@ -7,7 +7,8 @@
 #
 # In a temporary directory: the model (gen_train_model.py, bf16, built by
 # transformers), its NVFP4 copy (msconvert, 2D blocks, rowwise), both
-# registered in an inventory of their own and verified; then for each
+# registered in an inventory of their own and verified; a JSONL of random
+# token ids (gen_train_data.py) both sides train on; then for each
 # columnwise mode (resident, on-demand) one mstrain run under msinv launch,
 # with --metrics and, when this mstrain has it, --profile; then
 # train_torch.py (transformers + PEFT, grouped_mm experts, and
@@ -110,6 +111,13 @@ step quantize "$BUILD/msconvert" quantize base -o base-nvfp4 --block 2d --layout
 step add-nvfp4 "$BUILD/msinv" add --label base-nvfp4 base-nvfp4
 step verify "$BUILD/msverify" files base base-nvfp4
 
+# the ids both sides train on: uniform over the vocabulary, so that the
+# routing spreads tokens as a real batch does (the synthetic tasks use ten
+# symbols); one sequence per example of the run (mstrain takes them in an
+# order of its own; train_torch.py in file order)
+VOCAB=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' config.json) || exit 3
+step data python3 "$ROOT/$B/gen_train_data.py" data.jsonl --vocab "$VOCAB" --seq "$SEQ" \
+	--examples "$((BATCH * STEPS))" --seed 1
 # a plan per columnwise mode: each run registers its own adapter under its
 # own label and output directory
 plan() { # MODE
@@ -119,7 +127,7 @@ plan() { # MODE
  "train": {"lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": ["experts", "q_proj", "v_proj"]},
            "optimizer": {"lr": 1e-4, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
            "batch": $BATCH, "seq_len": $SEQ, "grad_accum": 1, "steps": $STEPS, "seed": 1,
-           "data": {"task": "copy"}, "checkpoint_every": 0, "colwise": "$1",
+           "data": {"jsonl": "data.jsonl"}, "checkpoint_every": 0, "colwise": "$1",
            "label": "bench-$1"}}
 EOF
 }
@@ -165,7 +173,7 @@ TARGS="--device $DEV --batch $BATCH --seq $SEQ --steps $TSTEPS --warmup $TWARM -
 [ "${MS_BENCH_TORCH_COMPILE:-1}" = 0 ] && TARGS="$TARGS --no-compile"
 echo "bench-train-gpu: PyTorch reference (train_torch.py $TARGS)" >&2
 # shellcheck disable=SC2086 # TARGS is a list of options
-if ! "$PY" "$ROOT/$B/train_torch.py" base $TARGS >torch.txt 2>torch.err; then
+if ! "$PY" "$ROOT/$B/train_torch.py" base $TARGS --data data.jsonl >torch.txt 2>torch.err; then
 	echo "bench-train-gpu: train_torch.py failed: $(tail -n 1 torch.err)" >&2
 	status=1
 fi

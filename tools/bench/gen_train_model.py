@@ -12,6 +12,7 @@ can be made on a CPU. It is built on the GPU when there is one (the
 initialisation of 5 B parameters on a CPU takes minutes).
 
     gen_train_model.py OUT [--hidden N] [--layers N] ... [--device auto|cpu|cuda]
+                       [--max-shard-size 5GB]
 
 Prints "PARAMS <n>" (all parameters) and "ACTIVE_PARAMS <n>" (those one
 token's forward multiplies by: the top-k experts only).
@@ -53,6 +54,9 @@ def main():
     ap.add_argument("--max-pos", type=int, default=4096)
     ap.add_argument("--rope-theta", type=float, default=1e6)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--max-shard-size", default="5GB",
+                    help="safetensors shard size, as save_pretrained takes it (default 5GB, "
+                    "the size checkpoints are published in)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     a = ap.parse_args()
     if a.top_k > a.experts:
@@ -82,7 +86,7 @@ def main():
     if bad:
         print("gen_train_model: non-finite initial weights in %s" % bad[0], file=sys.stderr)
         return 3
-    model.save_pretrained(a.out)
+    model.save_pretrained(a.out, max_shard_size=a.max_shard_size)
     print("PARAMS %d" % n)
     print("ACTIVE_PARAMS %d" % active)
     print("gen_train_model: %s: %.3f B parameters (%.3f B active per token), bf16, built on %s"

@@ -162,7 +162,9 @@ def main():
                 cfg["num_experts_per_tok"], cfg["moe_intermediate_size"], cfg["vocab_size"],
                 "NVFP4 base (2D blocks) for ours, the bf16 checkpoint for PyTorch"))
     L.append("- step: batch %d x %d tokens (%d tokens), LoRA r=16 alpha=32 on the experts "
-             "and q/v, AdamW, %d steps" % (a.batch, a.seq, tokens, a.steps))
+             "and q/v, AdamW; both sides on the same uniformly random token ids "
+             "(gen_train_data.py), every token but the first a target; mstrain %d steps"
+             % (a.batch, a.seq, tokens, a.steps))
     L.append("- FLOPs per step: %.4g (2x the forward, causal attention: "
              "tools/bench/train_flops.py); %% of a bf16 matrix peak of %g TFLOP/s"
              % (flops, a.peak))

@@ -6,15 +6,17 @@ fused [experts, out, in] weights, the library's default, set explicitly
 here so a fallback cannot pass unnoticed) and SDPA attention, in bf16;
 PEFT LoRA r=16 alpha=32 dropout 0 on the fused experts (target_parameters
 mlp.experts.gate_up_proj and mlp.experts.down_proj) and on q_proj/v_proj
-(target_modules); torch.optim.AdamW on the LoRA parameters; a batch of
-random token ids (fixed seed), labels = ids (the causal LM loss).
+(target_modules); torch.optim.AdamW on the LoRA parameters; batches of
+token ids, labels = ids (the causal LM loss): consecutive batches of the
+sequences of --data (the JSONL file mstrain trains on, gen_train_data.py),
+else one batch of random ids (fixed seed).
 
 Warm-up steps first, then each timed step is synchronized and the median
 taken (the per-step times are printed too). Then the same with
 torch.compile of the model (mode default), if it compiles; if it does
 not, one line says why.
 
-    train_torch.py MODEL [--device cuda|cpu] [--batch 4] [--seq 2048]
+    train_torch.py MODEL [--device cuda|cpu] [--batch 4] [--seq 2048] [--data FILE]
                    [--steps 10] [--warmup 3] [--peak 782] [--no-compile]
 
 Machine-readable lines (on stdout):
@@ -47,18 +49,39 @@ def one_line(e):
     return s[:300]
 
 
+def read_data(path, seq, vocab):
+    """The sequences of a gen_train_data.py file, or a one-line reason."""
+    rows = []
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                ids = json.loads(line)["input_ids"]
+                if len(ids) != seq or not all(isinstance(i, int) and 0 <= i < vocab for i in ids):
+                    return "%s:%d: not %d token ids below %d" % (path, n, seq, vocab)
+                rows.append(ids)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return "%s: %s" % (path, one_line(e))
+    return rows
+
+
 def sync(dev):
     import torch
     if dev == "cuda":
         torch.cuda.synchronize()
 
 
-def run(name, model, params, ids, a, flops):
-    """Warm up and time a.steps optimizer steps; print NAME's line."""
+def run(name, model, params, batches, a, flops, warmup):
+    """Warm up and time a.steps optimizer steps, step k on batches[k % n];
+    print NAME's line."""
     import torch
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
+    k = [0]
 
     def step():
+        ids = batches[k[0] % len(batches)]
+        k[0] += 1
         opt.zero_grad(set_to_none=True)
         out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
@@ -69,7 +92,7 @@ def run(name, model, params, ids, a, flops):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for _ in range(a.warmup):
+    for _ in range(warmup):
         loss = step()
     sync(a.device)
     warm_s = time.perf_counter() - t0
@@ -109,10 +132,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", help="JSONL of gen_train_data.py (default: one batch of "
+                    "random ids from --seed)")
     ap.add_argument("--peak", type=float, default=782.0,
                     help="bf16 matrix peak of the device, TFLOP/s (default 782)")
-    ap.add_argument("--recompile-limit", type=int, default=64,
-                    help="torch._dynamo recompile limit for the compiled run (default 64)")
+    ap.add_argument("--recompile-limit", type=int, default=0,
+                    help="torch._dynamo recompile limit for the compiled run (default: torch's)")
+    ap.add_argument("--compile-warmup", type=int, default=5,
+                    help="warm-up steps of the compiled run (default 5)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq < 2 or a.peak <= 0:
@@ -159,11 +186,24 @@ def main():
     ntrain = sum(p.numel() for p in params)
     print("LORA params=%d tensors=%d dtype=%s experts_implementation=%s attn=%s"
           % (ntrain, len(params), params[0].dtype, impl, model.config._attn_implementation))
-    g = torch.Generator().manual_seed(a.seed)
-    ids = torch.randint(0, cfg["vocab_size"], (a.batch, a.seq), generator=g).to(a.device)
+    if a.data:
+        rows = read_data(a.data, a.seq, cfg["vocab_size"])
+        if isinstance(rows, str):
+            print("train_torch: %s" % rows, file=sys.stderr)
+            return 2
+        if len(rows) < a.batch:
+            print("train_torch: %s: %d sequences, fewer than a batch of %d"
+                  % (a.data, len(rows), a.batch), file=sys.stderr)
+            return 2
+        t = torch.tensor(rows, dtype=torch.long)
+        batches = [t[j * a.batch:(j + 1) * a.batch].to(a.device)
+                   for j in range(len(rows) // a.batch)]
+    else:
+        g = torch.Generator().manual_seed(a.seed)
+        batches = [torch.randint(0, cfg["vocab_size"], (a.batch, a.seq), generator=g).to(a.device)]
 
     try:
-        run("TORCH_EAGER", pm, params, ids, a, flops)
+        run("TORCH_EAGER", pm, params, batches, a, flops, a.warmup)
     except Exception as e:  # an out-of-memory or a library error: one line, exit 1
         print("TORCH_EAGER failed: %s" % one_line(e))
         print("train_torch: eager step: %s" % one_line(e), file=sys.stderr)
@@ -172,15 +212,17 @@ def main():
         print("TORCH_COMPILE skipped: --no-compile")
         return 0
     try:
-        # PEFT's parametrized expert weights (ParamWrapper, nested: gate_up
-        # then down) make dynamo guard on each wrapper's shapes and type, so
-        # the stock recompile limit of 8 sends layers back to eager: raised
-        # so that every layer compiles (--recompile-limit)
-        torch._dynamo.config.recompile_limit = a.recompile_limit
-        torch._dynamo.config.accumulated_recompile_limit = max(
-            torch._dynamo.config.accumulated_recompile_limit, 4 * a.recompile_limit)
+        # PEFT's expert LoRA (ParamWrapper) registers a parametrization
+        # on the experts module at every forward and removes it after, and
+        # each registration makes a new class: dynamo's type guards fail
+        # and the PEFT frames recompile at every step until the recompile
+        # limit (8) makes them run eager, which is their steady state. A
+        # raised limit (--recompile-limit) only recompiles them for longer.
+        # Hence the longer warm-up: the timed steps are the steady state.
+        if a.recompile_limit:
+            torch._dynamo.config.recompile_limit = a.recompile_limit
         cm = torch.compile(pm)
-        run("TORCH_COMPILE", cm, params, ids, a, flops)
+        run("TORCH_COMPILE", cm, params, batches, a, flops, max(a.warmup, a.compile_warmup))
     except Exception as e:
         print("TORCH_COMPILE failed: %s" % one_line(e))
     return 0
