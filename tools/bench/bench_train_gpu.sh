@@ -26,7 +26,13 @@
 # python3): needed for the model, so without it nothing runs.
 # MS_BENCH_OUT: where the table goes; by default tools/bench/RESULTS-train-gpu.md
 # for the full-size cuda run, and for any other run only the standard output
-# (a CPU or tiny table is no record). MS_BENCH_KEEP=1 keeps the directory.
+# (a CPU or tiny table is no record).
+# MS_BENCH_DIR: work there and keep it (default: a temporary directory,
+# removed): what is done there (the preparation, each mstrain mode, the
+# PyTorch runs) is not done again, so a run cut short continues, and the
+# parts can run in separate calls: MS_BENCH_PARTS (default "ours torch")
+# names those to run this time ("" prepares only); the table is written
+# from everything the directory holds.
 # Exit 0; 1 when a run failed (its row left out); 2 on bad usage; 3 when
 # something needed is missing.
 set -u
@@ -79,10 +85,22 @@ if [ "$DEV" = cuda ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.
 	echo "bench-train-gpu: torch sees no CUDA device (--device cpu with MS_BENCH_TINY=1 checks the script without one)" >&2
 	exit 3
 fi
-W=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX") || exit 3
-if [ "${MS_BENCH_KEEP:-0}" = 1 ]; then
-	echo "bench-train-gpu: keeping $W" >&2
+PARTS=${MS_BENCH_PARTS-ours torch}
+for p in $PARTS; do
+	case $p in ours|torch) ;; *) echo "bench-train-gpu: MS_BENCH_PARTS: '$p' is not ours or torch" >&2; exit 2;; esac
+done
+if [ -n "${MS_BENCH_DIR:-}" ]; then
+	case $MS_BENCH_DIR in /*) W=$MS_BENCH_DIR;; *) W=$ROOT/$MS_BENCH_DIR;; esac
+	mkdir -p "$W" || exit 3
+	# a directory prepared for another shape is not reused
+	SHAPE="device=$DEV tiny=$TINY batch=$BATCH seq=$SEQ steps=$STEPS"
+	if [ -f "$W/shape" ] && [ "$(cat "$W/shape")" != "$SHAPE" ]; then
+		echo "bench-train-gpu: $W was prepared for $(cat "$W/shape"), not $SHAPE: use another MS_BENCH_DIR" >&2
+		exit 2
+	fi
+	echo "$SHAPE" >"$W/shape" || exit 3
 else
+	W=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX") || exit 3
 	trap 'rm -rf "$W"' EXIT INT TERM
 fi
 export MSINV_DB="$W/inv.db"
@@ -98,26 +116,30 @@ step() {
 	fi
 }
 
-echo "bench-train-gpu: generating the model ($W/base)" >&2
-# shellcheck disable=SC2086 # GEN is a list of options
-step gen "$PY" "$B/gen_train_model.py" "$W/base" $GEN --device "$DEV"
-sed -n 's/^PARAMS /parameters: /p' "$W/gen.log" >&2
-cp "$W/base/config.json" "$W/config.json"
 cd "$W" || exit 3
-step init "$BUILD/msinv" init
-step add-base "$BUILD/msinv" add --label base base
-echo "bench-train-gpu: quantizing (msconvert, --device $DEV)" >&2
-step quantize "$BUILD/msconvert" quantize base -o base-nvfp4 --block 2d --layout rowwise --device "$DEV"
-step add-nvfp4 "$BUILD/msinv" add --label base-nvfp4 base-nvfp4
-step verify "$BUILD/msverify" files base base-nvfp4
-
-# the ids both sides train on: uniform over the vocabulary, so that the
-# routing spreads tokens as a real batch does (the synthetic tasks use ten
-# symbols); one sequence per example of the run (mstrain takes them in an
-# order of its own; train_torch.py in file order)
-VOCAB=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' config.json) || exit 3
-step data python3 "$ROOT/$B/gen_train_data.py" data.jsonl --vocab "$VOCAB" --seq "$SEQ" \
-	--examples "$((BATCH * STEPS))" --seed 1
+# the preparation, once per directory (prepared.done)
+if [ ! -f prepared.done ]; then
+	rm -rf base base-nvfp4 inv.db inv.db-* runs
+	echo "bench-train-gpu: generating the model ($W/base)" >&2
+	# shellcheck disable=SC2086 # GEN is a list of options
+	step gen "$PY" "$ROOT/$B/gen_train_model.py" base $GEN --device "$DEV"
+	sed -n 's/^PARAMS /parameters: /p' gen.log >&2
+	cp base/config.json config.json || exit 3
+	step init "$BUILD/msinv" init
+	step add-base "$BUILD/msinv" add --label base base
+	echo "bench-train-gpu: quantizing (msconvert, --device $DEV)" >&2
+	step quantize "$BUILD/msconvert" quantize base -o base-nvfp4 --block 2d --layout rowwise --device "$DEV"
+	step add-nvfp4 "$BUILD/msinv" add --label base-nvfp4 base-nvfp4
+	step verify "$BUILD/msverify" files base base-nvfp4
+	# the ids both sides train on: uniform over the vocabulary, so that the
+	# routing spreads tokens as a real batch does (the synthetic tasks use
+	# ten symbols); one sequence per example of the run (mstrain takes them
+	# in an order of its own, train_torch.py in file order)
+	VOCAB=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' config.json) || exit 3
+	step data python3 "$ROOT/$B/gen_train_data.py" data.jsonl --vocab "$VOCAB" --seq "$SEQ" \
+		--examples "$((BATCH * STEPS))" --seed 1
+	: >prepared.done
+fi
 # a plan per columnwise mode: each run registers its own adapter under its
 # own label and output directory
 plan() { # MODE
@@ -137,7 +159,12 @@ if "$BUILD/mstrain" train --help 2>&1 | grep -q -e '--profile'; then
 else
 	echo "bench-train-gpu: this mstrain has no --profile: no peak memory, kernel table or base bytes for our rows" >&2
 fi
-for c in resident on-demand; do
+case " $PARTS " in *" ours "*) MODES="resident on-demand";; *) MODES="";; esac
+for c in $MODES; do
+	if [ -f "done-$c" ]; then
+		echo "bench-train-gpu: mstrain, colwise $c: done before in $W" >&2
+		continue
+	fi
 	plan "$c"
 	"$BUILD/msinv" footprint --json "plan-$c.json" >"footprint-$c.json" 2>"footprint-$c.err" ||
 		rm -f "footprint-$c.json"
@@ -149,6 +176,8 @@ for c in resident on-demand; do
 		tail -n 10 "train-$c.log" | sed 's/^/  /' >&2
 		rm -f "m-$c.jsonl" "prof-$c.json"
 		status=1
+	else
+		: >"done-$c"
 	fi
 done
 # the two modes must train the same: the issue asks for bit-identical
@@ -169,15 +198,21 @@ else
 	SAME=""
 fi
 
+case " $PARTS " in *" torch "*) RUN_TORCH=1;; *) RUN_TORCH=0;; esac
+[ -f done-torch ] && RUN_TORCH=0 && echo "bench-train-gpu: PyTorch reference: done before in $W" >&2
 TARGS="--device $DEV --batch $BATCH --seq $SEQ --steps $TSTEPS --warmup $TWARM --peak $PEAK"
 [ "${MS_BENCH_TORCH_COMPILE:-1}" = 0 ] && TARGS="$TARGS --no-compile"
-echo "bench-train-gpu: PyTorch reference (train_torch.py $TARGS)" >&2
-# shellcheck disable=SC2086 # TARGS is a list of options
-if ! "$PY" "$ROOT/$B/train_torch.py" base $TARGS --data data.jsonl >torch.txt 2>torch.err; then
-	echo "bench-train-gpu: train_torch.py failed: $(tail -n 1 torch.err)" >&2
-	status=1
+if [ $RUN_TORCH = 1 ]; then
+	echo "bench-train-gpu: PyTorch reference (train_torch.py $TARGS)" >&2
+	# shellcheck disable=SC2086 # TARGS is a list of options
+	if "$PY" "$ROOT/$B/train_torch.py" base $TARGS --data data.jsonl >torch.txt 2>torch.err; then
+		: >done-torch
+	else
+		echo "bench-train-gpu: train_torch.py failed: $(tail -n 1 torch.err)" >&2
+		status=1
+	fi
+	grep '^TORCH_COMPILE failed' torch.txt >&2
 fi
-grep '^TORCH_COMPILE failed' torch.txt >&2
 
 if [ "$DEV" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
 	NAME=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
