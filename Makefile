@@ -6,6 +6,8 @@
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
+#   make bench-train-gpu  the LoRA step of mstrain --device cuda against
+#                   transformers + PEFT on the same GPU (PYTHON: one with torch)
 #   make python     libms.so and the Python package (python/) in .venv
 #   make install PREFIX=/usr/local
 #
@@ -96,7 +98,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all shlib python deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-bins install clean venv fault goldens-train
+.PHONY: all shlib python deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-train-gpu bench-bins install clean venv fault goldens-train
 
 all: $(LIB) $(TOOLS)
 
@@ -255,6 +257,11 @@ bench: deps
 
 bench-gpu: all bench-bins
 	@BUILD=$(BUILD) sh tools/bench/bench-gpu.sh
+
+# writes tools/bench/RESULTS-train-gpu.md; tools/bench/bench_train_gpu.sh
+# says which variables it reads
+bench-train-gpu: all
+	@BUILD=$(BUILD) sh tools/bench/bench_train_gpu.sh
 
 # ---- install ---------------------------------------------------------------
 install: all $(SHLIB)

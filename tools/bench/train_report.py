@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""train_report.py: the results table of the trainer benchmark
+(bench_train_gpu.sh), from what the runs left in one directory:
+
+    config.json              the model's (for the FLOP count)
+    m-resident.jsonl         mstrain --metrics, one line per step
+    m-on-demand.jsonl
+    prof-resident.json       mstrain --profile (optional): {"step_ms",
+    prof-on-demand.json      "kernels": [{"name", "ms", "calls"}],
+                             "colwise_ms", "base_bytes", "peak_bytes"}
+    torch.txt                train_torch.py's output (optional)
+    footprint-<mode>.json    msinv footprint --json (optional)
+
+A row is written only for a run that finished and left its numbers: a
+missing or failed run is a line that says so, never a number. Our step
+time is the median of the steps after the first --skip (warm-up); tokens/s
+is batch x seq_len over that median, the same count train_torch.py uses;
+TFLOP/s counts train_flops.step_flops for every row.
+
+    train_report.py DIR --batch B --seq S --skip 2 --peak 782 --device NAME
+                    --date DATE --versions TEXT --out FILE.md
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_flops  # noqa: E402
+
+MODES = ("resident", "on-demand")
+GIB = float(1 << 30)
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def metrics(path, skip):
+    """(median step seconds after the first `skip` steps, steps used, last loss) or None."""
+    try:
+        with open(path) as f:
+            rows = [json.loads(l) for l in f if l.strip()]
+    except (OSError, ValueError):
+        return None
+    rows = [r for r in rows if r.get("step", 0) > skip]
+    if not rows:
+        return None
+    return statistics.median(r["seconds"] for r in rows), len(rows), rows[-1]["loss"]
+
+
+def torch_lines(path):
+    """{"TORCH_EAGER": {...}, "TORCH_COMPILE": {...} or "failed: ...", "VERSIONS": {...}}"""
+    out = {}
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for l in lines:
+        key, _, rest = l.partition(" ")
+        if key not in ("TORCH_EAGER", "TORCH_COMPILE", "VERSIONS", "LORA"):
+            continue
+        if rest.startswith(("failed:", "skipped:")):
+            out[key] = rest
+            continue
+        out[key] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    return out
+
+
+def gib(n):
+    return "%.1f" % (n / GIB) if n is not None else "–"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--peak", type=float, default=782.0)
+    ap.add_argument("--device", required=True)
+    ap.add_argument("--mstrain-device", default="cuda")
+    ap.add_argument("--date", required=True)
+    ap.add_argument("--versions", default="")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    d = a.dir
+    cfg = load_json(os.path.join(d, "config.json"))
+    if cfg is None:
+        print("train_report: %s/config.json: cannot be read" % d, file=sys.stderr)
+        return 3
+    flops = train_flops.step_flops(cfg, a.batch, a.seq)
+    tokens = a.batch * a.seq
+    notes = []
+    rows = []  # (name, ms, peak bytes or None)
+
+    ours = {}
+    for m in MODES:
+        r = metrics(os.path.join(d, "m-%s.jsonl" % m), a.skip)
+        prof = load_json(os.path.join(d, "prof-%s.json" % m))
+        if r is None:
+            notes.append("ours, %s: no timed step (the run failed or left fewer than %d steps): "
+                         "row left out" % (m, a.skip + 1))
+            continue
+        if prof is None:
+            notes.append("ours, %s: no profile (mstrain --profile absent or not written): "
+                         "no peak memory, kernel table or base bytes" % m)
+        ours[m] = (r, prof)
+        rows.append(("ours, colwise %s (mstrain --device %s)" % (m, a.mstrain_device),
+                     r[0] * 1e3, prof.get("peak_bytes") if prof else None,
+                     "median of %d steps after %d warm-up, last loss %.4f" % (r[1], a.skip, r[2])))
+
+    t = torch_lines(os.path.join(d, "torch.txt"))
+    eager_ms = None
+    for key, name in (("TORCH_EAGER", "PyTorch eager, transformers + PEFT, grouped_mm"),
+                      ("TORCH_COMPILE", "torch.compile of the same (mode default)")):
+        v = t.get(key)
+        if v is None:
+            notes.append("%s: not run (no PyTorch with the device here, or it failed before "
+                         "this row): row left out" % name)
+            continue
+        if isinstance(v, str):
+            notes.append("%s: %s" % (name, v))
+            continue
+        ms = float(v["ms"])
+        pk = int(v["peak_alloc"]) if v.get("peak_alloc", "na") != "na" else None
+        extra = "median of %s steps, loss %s" % (v.get("steps", "?"), v.get("loss", "?"))
+        if "compile_s" in v:
+            extra += ", warm-up incl. compilation %s s" % v["compile_s"]
+        if pk is not None:
+            extra += ", reserved %s GiB" % gib(int(v["peak_reserved"]))
+        rows.append((name, ms, pk, extra))
+        if key == "TORCH_EAGER":
+            eager_ms = ms
+
+    L = []
+    L.append("# Trainer benchmark: the LoRA step, mstrain against PyTorch")
+    L.append("")
+    L.append("Written by `tools/bench/bench_train_gpu.sh` (`make bench-train-gpu`).")
+    L.append("")
+    L.append("- device: %s" % a.device)
+    L.append("- date: %s" % a.date)
+    if a.versions:
+        L.append("- versions: %s" % a.versions)
+    tv = t.get("VERSIONS")
+    if isinstance(tv, dict):
+        L.append("- PyTorch side: torch %s, transformers %s, peft %s, CUDA %s"
+                 % (tv.get("torch"), tv.get("transformers"), tv.get("peft"), tv.get("cuda")))
+    L.append("- model: generated Qwen3-MoE (tools/bench/gen_train_model.py): hidden %d, "
+             "%d layers, %d heads / %d KV heads of %d, %d experts top-%d, expert ffn %d, "
+             "vocab %d; %s"
+             % (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
+                cfg["num_key_value_heads"], cfg.get("head_dim") or 0,
+                cfg.get("num_experts", cfg.get("num_local_experts")),
+                cfg["num_experts_per_tok"], cfg["moe_intermediate_size"], cfg["vocab_size"],
+                "NVFP4 base (2D blocks) for ours, the bf16 checkpoint for PyTorch"))
+    L.append("- step: batch %d x %d tokens (%d tokens), LoRA r=16 alpha=32 on the experts "
+             "and q/v, AdamW; both sides on the same uniformly random token ids "
+             "(gen_train_data.py), every token but the first a target; mstrain %d steps"
+             % (a.batch, a.seq, tokens, a.steps))
+    L.append("- FLOPs per step: %.4g (2x the forward, causal attention: "
+             "tools/bench/train_flops.py); %% of a bf16 matrix peak of %g TFLOP/s"
+             % (flops, a.peak))
+    L.append("")
+    if rows:
+        L.append("| run | ms / step | tokens/s | vs torch eager | TFLOP/s | % of bf16 peak "
+                 "| peak memory (GiB) | |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---|")
+        for name, ms, pk, extra in rows:
+            tf = flops / (ms / 1e3) / 1e12
+            ratio = "%.2fx" % (eager_ms / ms) if eager_ms else "–"
+            L.append("| %s | %.1f | %.0f | %s | %.1f | %.1f%% | %s | %s |"
+                     % (name, ms, tokens / (ms / 1e3), ratio, tf, 100 * tf / a.peak, gib(pk),
+                        extra))
+        L.append("")
+        L.append("vs torch eager: its step time over the row's (tokens/s ratio). Peak "
+                 "memory: torch.cuda.max_memory_allocated for PyTorch; the profile's "
+                 "peak_bytes for ours.")
+        L.append("")
+    else:
+        L.append("No run finished: no table.")
+        L.append("")
+    if notes:
+        L.append("Left out:")
+        L.append("")
+        for n in notes:
+            L.append("- %s" % n)
+        L.append("")
+
+    # the on-demand transpose, the base bytes of each mode
+    prof = {m: ours[m][1] for m in ours if ours[m][1]}
+    if "on-demand" in prof:
+        p = prof["on-demand"]
+        step_ms = p.get("step_ms") or ours["on-demand"][0][0] * 1e3
+        if p.get("colwise_ms") is not None and step_ms:
+            L.append("## The on-demand transpose")
+            L.append("")
+            L.append("Building the columnwise copy of each layer (exact transpose kernel) "
+                     "took %.2f ms of a %.1f ms step: %.1f%%."
+                     % (p["colwise_ms"], step_ms, 100 * p["colwise_ms"] / step_ms))
+            L.append("")
+    fps = {m: load_json(os.path.join(d, "footprint-%s.json" % m)) for m in MODES}
+    if prof or any(isinstance(f, dict) for f in fps.values()):
+        L.append("## Memory of each mode")
+        L.append("")
+        L.append("Measured by mstrain --profile: the NVFP4 base bytes on the device "
+                 "(cudaMemGetInfo) and the peak; predicted: `msinv footprint --json` "
+                 "on the same plan (total_bytes_per_gpu).")
+        L.append("")
+        L.append("| colwise | NVFP4 base bytes | peak bytes | msinv footprint | "
+                 "footprint / peak |")
+        L.append("|---|---:|---:|---:|---:|")
+        for m in MODES:
+            p = prof.get(m) or {}
+            f = fps[m] if isinstance(fps[m], dict) else {}
+            base, peak, pred = p.get("base_bytes"), p.get("peak_bytes"), \
+                f.get("total_bytes_per_gpu")
+            if base is None and peak is None and pred is None:
+                continue
+            fmt = lambda n: "%d (%.2f GiB)" % (n, n / GIB) if n is not None else "–"
+            ratio = "%.3f" % (pred / peak) if pred is not None and peak else "–"
+            L.append("| %s | %s | %s | %s | %s |" % (m, fmt(base), fmt(peak), fmt(pred), ratio))
+        if all(prof.get(m, {}).get("base_bytes") for m in MODES):
+            L.append("")
+            L.append("NVFP4 base bytes, on-demand / resident: %.3f (the bound: <= 0.52)"
+                     % (prof["on-demand"]["base_bytes"] / prof["resident"]["base_bytes"]))
+        L.append("")
+    for m in MODES:
+        if m not in prof or not prof[m].get("kernels"):
+            continue
+        p = prof[m]
+        step_ms = p.get("step_ms") or ours[m][0][0] * 1e3
+        ks = sorted(p["kernels"], key=lambda k: -k["ms"])
+        total = sum(k["ms"] for k in p["kernels"])
+        L.append("## Where the time goes: colwise %s (mstrain --profile)" % m)
+        L.append("")
+        L.append("Top 15 of %d kernels by time per step; the step: %.1f ms, all kernels: "
+                 "%.1f ms (%.1f%%)." % (len(ks), step_ms, total, 100 * total / step_ms))
+        L.append("")
+        L.append("| kernel | ms / step | calls | share of step |")
+        L.append("|---|---:|---:|---:|")
+        for k in ks[:15]:
+            L.append("| `%s` | %.2f | %d | %.1f%% |" % (k["name"].replace("|", "\\|"), k["ms"],
+                                                      k["calls"], 100 * k["ms"] / step_ms))
+        L.append("")
+    with open(a.out, "w") as f:
+        f.write("\n".join(L))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
