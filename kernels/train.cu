@@ -154,7 +154,7 @@ enum phase {
 	PH_EMBED, PH_NORM, PH_ATT_PROJ, PH_ATT_CORE, PH_ROUTE, PH_EXPERTS,
 	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
-	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_N
+	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_N
 };
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
@@ -165,6 +165,7 @@ static const char *phase_name[PH_N] = {
 	"bwd lm_head", "bwd expert GEMMs (+LoRA)", "bwd combine + router",
 	"bwd attention core", "bwd attention projections (+LoRA)",
 	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
+	"expert LoRA (grouped)",
 };
 
 struct dreg {
@@ -219,13 +220,21 @@ struct ms_gmodel {
 	uint64_t cur;
 	struct dreg *reg;
 	size_t nreg, capreg;
+	/* grouped GEMMs' pointer arrays: host staging, device copy */
+	void **hparr, **parr;
+#define PSLOTS 64
+	cudaEvent_t pev[PSLOTS];
+	int pslot;
 	/* profile */
 	cudaEvent_t ev[2 * PH_N + 8];
 	int ph_cur;
 	int nev;
 	cudaEvent_t evs[4096];
 	int evph[4096];
+	double evt[4096];            /* host clock at each event */
 	double ph_ms[PH_N];
+	double ph_host_ms[PH_N];     /* the host's time between the marks:
+					near ph_ms, the GPU waited on it */
 	uint64_t ph_calls[PH_N];
 	uint64_t steps;
 	double step_ms;
@@ -339,6 +348,7 @@ static void ph(struct ms_gmodel *g, int p)
 	if (!g->evs[g->nev] && cudaEventCreate(&g->evs[g->nev]) != cudaSuccess)
 		return;
 	cudaEventRecord(g->evs[g->nev], g->st);
+	g->evt[g->nev] = ms_now();
 	g->evph[g->nev++] = p;
 }
 
@@ -349,6 +359,7 @@ static void ph_fold(struct ms_gmodel *g)
 		float ms = 0;
 		if (cudaEventElapsedTime(&ms, g->evs[i], g->evs[i + 1]) == cudaSuccess) {
 			g->ph_ms[g->evph[i]] += ms;
+			g->ph_host_ms[g->evph[i]] += 1e3 * (g->evt[i + 1] - g->evt[i]);
 			g->ph_calls[g->evph[i]]++;
 		}
 	}
@@ -357,11 +368,13 @@ static void ph_fold(struct ms_gmodel *g)
 
 /* ---- device helpers --------------------------------------------------------------- */
 
+/* e2m1 by its bits (a table would live in local memory, one load a code):
+ * exponent field e, mantissa bit m; e 0 is 0 or 0.5, else (1 + m/2) 2^(e-1) */
 __device__ __forceinline__ float e2m1v(unsigned c)
 {
-	const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-	float m = v[c & 7];
-	return (c & 8) ? -m : m;
+	unsigned e = (c >> 1) & 3, m = c & 1;
+	unsigned bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+	return __int_as_float((int)(bits | ((c & 8u) << 28)));
 }
 
 __device__ __forceinline__ float e4m3v(unsigned b)
@@ -391,19 +404,21 @@ template <typename T>
 __global__ void k_decode(const struct ddesc *d, int nd)
 {
 	const struct ddesc j = d[blockIdx.y];
-	uint64_t nb = (uint64_t)j.rows * j.pst;
-	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb;
-	     b += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t r = (uint32_t)(b / j.pst), c = (uint32_t)(b % j.pst) * 2;
-		if (c >= j.cols)
-			continue;  /* the padding of a ragged row */
-		unsigned byte = j.pk[b];
-		float s = e4m3v(j.sc[(uint64_t)r * j.sst + c / 16]);
-		float f = j.kind == MS_NVFP4_TSCALE_DIV ? s / j.tscale : s * j.tscale;
-		T *o = (T *)j.out + (uint64_t)r * j.ld + c;
-		o[0] = tocv<T>(e2m1v(byte & 15) * f);
-		if (c + 1 < j.cols)
-			o[1] = tocv<T>(e2m1v(byte >> 4) * f);
+	/* a block a row at a time; a thread two bytes (four codes) of it */
+	for (uint32_t r = blockIdx.x; r < j.rows; r += gridDim.x) {
+		const uint8_t *pk = j.pk + (uint64_t)r * j.pst;
+		const uint8_t *sc = j.sc + (uint64_t)r * j.sst;
+		T *o = (T *)j.out + (uint64_t)r * j.ld;
+		for (uint32_t b = 2 * threadIdx.x; b < j.pst; b += 2 * blockDim.x) {
+			uint32_t c = 2 * b;
+			if (c >= j.cols)
+				break;  /* the padding of a ragged row */
+			float s = e4m3v(sc[c / 16]);
+			float f = j.kind == MS_NVFP4_TSCALE_DIV ? s / j.tscale : s * j.tscale;
+			unsigned v = pk[b] | (b + 1 < j.pst ? (unsigned)pk[b + 1] << 8 : 0u);
+			for (int q = 0; q < 4 && c + q < j.cols; q++)
+				o[c + q] = tocv<T>(e2m1v((v >> (4 * q)) & 15) * f);
+		}
 	}
 }
 
@@ -573,9 +588,22 @@ __global__ void k_rope(const float *x, float *y, uint32_t T, uint32_t nhead,
 	}
 }
 
+/* exp(s - mx): in double in the test mode (att_fwd_pairs' arithmetic), in
+ * float (the fast exp) for the bf16 path, whose operands are rounded to 8
+ * bits anyway */
+template <bool EX> __device__ __forceinline__ double sexp(float s, float mx);
+template <> __device__ __forceinline__ double sexp<true>(float s, float mx)
+{
+	return exp((double)s - mx);
+}
+template <> __device__ __forceinline__ double sexp<false>(float s, float mx)
+{
+	return (double)__expf(s - mx);
+}
+
 /* causal softmax of scale * scores, one block a row of S (row i of head h
  * in [nh*S]); P in the GEMM type, zeros above the diagonal (att_fwd_pairs) */
-template <typename T>
+template <typename T, bool EX>
 __global__ void k_softmax(const float *sc, T *P, uint32_t S, float scale)
 {
 	__shared__ double shd[33];
@@ -590,15 +618,15 @@ __global__ void k_softmax(const float *sc, T *P, uint32_t S, float scale)
 	mx = block_max(mx, shf);
 	double sum = 0;
 	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
-		sum += exp((double)(s[t] * scale) - mx);
+		sum += sexp<EX>(s[t] * scale, mx);
 	sum = block_sum(sum, shd);
 	for (uint32_t t = threadIdx.x; t < S; t += blockDim.x)
-		p[t] = tocv<T>(t <= i ? (float)(exp((double)(s[t] * scale) - mx) / sum) : 0.0f);
+		p[t] = tocv<T>(t <= i ? (float)(sexp<EX>(s[t] * scale, mx) / sum) : 0.0f);
 }
 
 /* The softmax's backward from recomputed scores: P (GEMM type, for dV),
  * dS = P (dP - sum_t P dP) * scale (GEMM type, for dQ and dK). */
-template <typename T>
+template <typename T, bool EX>
 __global__ void k_softmax_bwd(const float *sc, const float *dP, T *P, T *dS,
 			      uint32_t S, float scale)
 {
@@ -613,14 +641,14 @@ __global__ void k_softmax_bwd(const float *sc, const float *dP, T *P, T *dS,
 	mx = block_max(mx, shf);
 	double sum = 0;
 	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
-		sum += exp((double)(s[t] * scale) - mx);
+		sum += sexp<EX>(s[t] * scale, mx);
 	sum = block_sum(sum, shd);
 	double dot = 0;
 	for (uint32_t t = threadIdx.x; t <= i; t += blockDim.x)
-		dot += (double)(float)(exp((double)(s[t] * scale) - mx) / sum) * dp[t];
+		dot += (double)(float)(sexp<EX>(s[t] * scale, mx) / sum) * dp[t];
 	dot = block_sum(dot, shd);
 	for (uint32_t t = threadIdx.x; t < S; t += blockDim.x) {
-		float p = t <= i ? (float)(exp((double)(s[t] * scale) - mx) / sum) : 0.0f;
+		float p = t <= i ? (float)(sexp<EX>(s[t] * scale, mx) / sum) : 0.0f;
 		P[row * S + t] = tocv<T>(p);
 		dS[row * S + t] = tocv<T>((float)(p * ((double)dp[t] - dot)) * scale);
 	}
@@ -1015,8 +1043,10 @@ __global__ void k_xent(float *lg, const int32_t *ids, const uint8_t *mask, uint3
 	}
 }
 
-/* sum of squares of n floats into *out (double atomics per block) */
-__global__ void k_sumsq(const float *g, uint64_t n, double *out)
+/* sum of squares of n floats: each block's share into part[blockIdx.x]
+ * (a fixed grid and order, so the norm is the same on every run) */
+#define SQ_BLOCKS 512
+__global__ void k_sumsq(const float *g, uint64_t n, double *part)
 {
 	__shared__ double sh[33];
 	double s = 0;
@@ -1025,7 +1055,18 @@ __global__ void k_sumsq(const float *g, uint64_t n, double *out)
 		s += (double)g[i] * g[i];
 	s = block_sum(s, sh);
 	if (threadIdx.x == 0)
-		atomicAdd(out, s);
+		part[blockIdx.x] = s;
+}
+
+__global__ void k_sum_parts(double *part, int n)
+{
+	__shared__ double sh[33];
+	double s = 0;
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		s += part[i];
+	s = block_sum(s, sh);
+	if (threadIdx.x == 0)
+		part[n] = s;
 }
 
 /* torch's lerp on the CPU (optim.c lerpf), without contraction */
@@ -1230,6 +1271,102 @@ static int lora_bwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	CK(cudaGetLastError());
 out:
 	return rc;
+}
+
+/* One cuBLAS grouped GEMM (column-major terms, float32, TF32 tensor cores)
+ * over the experts with rows: expert e's C_e = alpha op(A_e) op(B_e) + beta
+ * C_e. One launch instead of one per expert: the LoRA products are too
+ * small for a launch each to keep the GPU busy. Used for the forward only:
+ * on the H200 the backward's four products (two of them reducing over the
+ * expert's rows, a length that differs per expert) ran slower grouped than
+ * one GEMM per expert (213 against 135 ms a step for the whole expert
+ * backward of the bench model). */
+struct gg {
+	cublasOperation_t ta, tb;
+	int lda, ldb, ldc;
+	float alpha, beta;
+};
+
+static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
+		 const int *n, const int *k, const void **A, const void **B, void **C,
+		 struct ms_err *err)
+{
+	int rc = MS_OK;
+	cublasOperation_t ta[MAXE], tb[MAXE];
+	int lda[MAXE], ldb[MAXE], ldc[MAXE], gs[MAXE];
+	float al[MAXE], be[MAXE];
+	if (!cnt)
+		return MS_OK;
+	for (int i = 0; i < cnt; i++) {
+		ta[i] = o->ta;
+		tb[i] = o->tb;
+		lda[i] = o->lda;
+		ldb[i] = o->ldb;
+		ldc[i] = o->ldc;
+		gs[i] = 1;
+		al[i] = o->alpha;
+		be[i] = o->beta;
+	}
+	/* the pointer arrays go to the device in stream order (after the
+	 * previous grouped launch has read the device copy), staged through
+	 * a ring of pinned slots, each reused once its copy has run */
+	void **h = g->hparr + (size_t)g->pslot * 3 * MAXE;
+	CK(cudaEventSynchronize(g->pev[g->pslot]));
+	memcpy(h, A, cnt * sizeof(void *));
+	memcpy(h + MAXE, B, cnt * sizeof(void *));
+	memcpy(h + 2 * MAXE, C, cnt * sizeof(void *));
+	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
+	CK(cudaEventRecord(g->pev[g->pslot], g->st));
+	g->pslot = (g->pslot + 1) % PSLOTS;
+	CB(cublasGemmGroupedBatchedEx(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr,
+				      CUDA_R_32F, lda, (const void *const *)(g->parr + MAXE),
+				      CUDA_R_32F, ldb, be, g->parr + 2 * MAXE, CUDA_R_32F, ldc, cnt,
+				      gs, g->ct_lora));
+out:
+	return rc;
+}
+
+/* Expert LoRA forward over the sorted rows of every expert with rows:
+ * U_e = X_e A_e^T, Y_e += s U_e B_e^T (lora_fwd, grouped) */
+static int lora_fwd_grouped(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+			    const float *X, float *U, float *Y, struct ms_err *err)
+{
+	int m[MAXE], n[MAXE], k[MAXE], c = 0, rc;
+	const void *A[MAXE], *B[MAXE];
+	void *C[MAXE];
+	uint64_t off = 0;
+	struct gg o1 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->in, (int)L->in, (int)L->r, 1.0f, 0.0f};
+	struct gg o2 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->r, (int)L->r, (int)L->out, g->lscale,
+			1.0f};
+	for (uint32_t e = 0; e < L->E; e++) {
+		if (cnt[e]) {
+			m[c] = (int)L->r;
+			n[c] = (int)cnt[e];
+			k[c] = (int)L->in;
+			A[c] = L->A + (uint64_t)e * L->r * L->in;
+			B[c] = X + off * L->in;
+			C[c] = U + off * L->r;
+			c++;
+		}
+		off += cnt[e];
+	}
+	if ((rc = ggemm(g, &o1, c, m, n, k, A, B, C, err)))
+		return rc;
+	c = 0;
+	off = 0;
+	for (uint32_t e = 0; e < L->E; e++) {
+		if (cnt[e]) {
+			m[c] = (int)L->out;
+			n[c] = (int)cnt[e];
+			k[c] = (int)L->r;
+			A[c] = L->B + (uint64_t)e * L->out * L->r;
+			B[c] = U + off * L->r;
+			C[c] = Y + off * L->out;
+			c++;
+		}
+		off += cnt[e];
+	}
+	return ggemm(g, &o2, c, m, n, k, A, B, C, err);
 }
 
 /* the LoRA input of adapter L over n rows: x itself, or x with the
@@ -1506,6 +1643,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	CB(cublasSetStream(g->blas, g->st));
 	CK(cudaEventCreate(&g->st0));
 	CK(cudaEventCreate(&g->st1));
+	for (int i = 0; i < PSLOTS; i++)
+		CK(cudaEventCreateWithFlags(&g->pev[i], cudaEventDisableTiming));
+	CK(cudaMallocHost(&g->hparr, (size_t)PSLOTS * 3 * MAXE * sizeof(void *)));
+	DM(g->parr, 3 * MAXE * sizeof(void *), MC_SCRATCH);
 	/* float weights */
 	if ((rc = up_f(g, m->embed, (uint64_t)g->V * g->H, &g->embed, MC_DENSE, err)) ||
 	    (rc = up_f(g, m->norm, g->H, &g->norm, MC_DENSE, err)) ||
@@ -1523,7 +1664,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	DM(g->G, g->ntot * 4, MC_LORA);
 	DM(g->Mo, g->ntot * 4, MC_LORA);
 	DM(g->Vo, g->ntot * 4, MC_LORA);
-	DM(g->dnorm, 8, MC_SCRATCH);
+	DM(g->dnorm, (SQ_BLOCKS + 1) * 8, MC_SCRATCH);
 	CK(cudaMemset(g->G, 0, g->ntot * 4));
 	CK(cudaMemset(g->Mo, 0, g->ntot * 4));
 	CK(cudaMemset(g->Vo, 0, g->ntot * 4));
@@ -1652,6 +1793,25 @@ out:
 	return rc;
 }
 
+/*
+ * The rows an expert's frozen GEMM runs over: its row count rounded up to
+ * a multiple of BUCKET. cuBLAS chooses a kernel per problem shape on the
+ * host, and with every expert's count a new shape that choice cost about
+ * 0.1 ms a call, more than the GEMM (measured on the H200: the expert
+ * phases' host time equalled their GPU time); rounded, the shapes repeat.
+ * The extra rows read past the expert's block (into the next expert's rows,
+ * or the BUCKET rows of slack every expert-row buffer has) and write past
+ * it: the experts run in order and each GEMM writes all of its own rows
+ * (beta 0), so whatever the previous one wrote there is overwritten, and
+ * the LoRA products, the activation and the combine read exact counts.
+ */
+#define BUCKET 128u
+
+static uint32_t bucket(uint32_t n)
+{
+	return (n + BUCKET - 1) / BUCKET * BUCKET;
+}
+
 /* ---- activations and scratch for a shape ---------------------------------------- */
 
 static void acts_release(struct ms_gmodel *g)
@@ -1725,7 +1885,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	if (anymoe)
 		TK = T * g->K;
-	rows = u64max(TK, T);
+	/* expert-row buffers hold BUCKET rows of slack (bucket()) */
+	rows = u64max(TK, T) + (anymoe ? BUCKET : 0);
 	/* the widest row any scratch holds */
 	wide = u64max(u64max(H, g->dq), u64max(u64max(2 * F, 2 * Fs), g->dkv));
 	if (!(g->a = (struct dacts *)calloc(g->L, sizeof *g->a))) {
@@ -1765,13 +1926,13 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			DM(a->wts, TK * 4, MC_ACTS);
 			DM(a->perm, TK * 4, MC_ACTS);
 			DM(a->pos, TK * 4, MC_ACTS);
-			DM(a->gu, TK * 2 * F * 4, MC_ACTS);
-			DM(a->act, TK * F * 4, MC_ACTS);
+			DM(a->gu, (TK + BUCKET) * 2 * F * 4, MC_ACTS);
+			DM(a->act, (TK + BUCKET) * F * 4, MC_ACTS);
 			if (d->lgu)
 				DM(a->ugu, TK * r * 4, MC_ACTS);
 			if (d->ldn)
 				DM(a->udn, TK * r * 4, MC_ACTS);
-			DM(a->ye, TK * H * 4, MC_ACTS);
+			DM(a->ye, (TK + BUCKET) * H * 4, MC_ACTS);
 			if (!(a->cnt = (uint32_t *)calloc(g->E + 1, sizeof *a->cnt))) {
 				rc = ms_err_nomem(err);
 				goto out;
@@ -1806,9 +1967,9 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->actd, rows * u64max(F, Fs) * 4, MC_SCRATCH);
 	}
 	if (TK) {
-		DM(g->xs, TK * H * 4, MC_SCRATCH);
-		DM(g->dye, TK * H * 4, MC_SCRATCH);
-		DM(g->dxs, TK * H * 4, MC_SCRATCH);
+		DM(g->xs, (TK + BUCKET) * H * 4, MC_SCRATCH);
+		DM(g->dye, (TK + BUCKET) * H * 4, MC_SCRATCH);
+		DM(g->dxs, (TK + BUCKET) * H * 4, MC_SCRATCH);
 		DM(g->dz, T * g->E * 4, MC_SCRATCH);
 		DM(g->dw, TK * 4, MC_SCRATCH);
 		DM(g->dsum, (g->E + 1) * 8, MC_SCRATCH);
@@ -1866,9 +2027,9 @@ static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 	if (!bwd) {
 		ph(g, PH_DECODE_ROW);
 		if (g->f32)
-			k_decode<float><<<dim3(64, d->nfwd), NTH, 0, g->st>>>(d->fwd, d->nfwd);
+			k_decode<float><<<dim3(256, d->nfwd), NTH, 0, g->st>>>(d->fwd, d->nfwd);
 		else
-			k_decode<__nv_bfloat16><<<dim3(64, d->nfwd), NTH, 0, g->st>>>(d->fwd,
+			k_decode<__nv_bfloat16><<<dim3(256, d->nfwd), NTH, 0, g->st>>>(d->fwd,
 										d->nfwd);
 		LK();
 		return MS_OK;
@@ -1876,9 +2037,9 @@ static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 	if (!g->colbuf) {
 		ph(g, PH_DECODE_COL);
 		if (g->f32)
-			k_decode<float><<<dim3(64, d->nbwd), NTH, 0, g->st>>>(d->bwd, d->nbwd);
+			k_decode<float><<<dim3(256, d->nbwd), NTH, 0, g->st>>>(d->bwd, d->nbwd);
 		else
-			k_decode<__nv_bfloat16><<<dim3(64, d->nbwd), NTH, 0, g->st>>>(d->bwd,
+			k_decode<__nv_bfloat16><<<dim3(256, d->nbwd), NTH, 0, g->st>>>(d->bwd,
 										d->nbwd);
 		LK();
 		return MS_OK;
@@ -1908,9 +2069,9 @@ static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 		LK();
 		ph(g, PH_DECODE_COL);
 		if (g->f32)
-			k_decode<float><<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
+			k_decode<float><<<dim3(256, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
 		else
-			k_decode<__nv_bfloat16><<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0,
+			k_decode<__nv_bfloat16><<<dim3(256, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0,
 										 i1 - i0);
 		LK();
 		/* the host copy is rewritten for the next chunk only after this
@@ -1948,10 +2109,10 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 				return rc;
 		if (!bwd) {
 			if (g->f32)
-				k_softmax<float><<<nh * S, NTH, 0, g->st>>>(g->sc, (float *)g->pg, S,
-									 scale);
+				k_softmax<float, true><<<nh * S, NTH, 0, g->st>>>(
+					g->sc, (float *)g->pg, S, scale);
 			else
-				k_softmax<__nv_bfloat16><<<nh * S, NTH, 0, g->st>>>(
+				k_softmax<__nv_bfloat16, false><<<nh * S, NTH, 0, g->st>>>(
 					g->sc, (__nv_bfloat16 *)g->pg, S, scale);
 			LK();
 			for (uint32_t r0 = 0; r0 < rep; r0++)
@@ -1970,10 +2131,10 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 					  rep * SS, (int)nkv, g->gt, CUDA_R_32F, err)))
 				return rc;
 		if (g->f32)
-			k_softmax_bwd<float><<<nh * S, NTH, 0, g->st>>>(g->sc, g->dp, (float *)g->pg,
-								     (float *)g->dsg, S, scale);
+			k_softmax_bwd<float, true><<<nh * S, NTH, 0, g->st>>>(
+				g->sc, g->dp, (float *)g->pg, (float *)g->dsg, S, scale);
 		else
-			k_softmax_bwd<__nv_bfloat16><<<nh * S, NTH, 0, g->st>>>(
+			k_softmax_bwd<__nv_bfloat16, false><<<nh * S, NTH, 0, g->st>>>(
 				g->sc, g->dp, (__nv_bfloat16 *)g->pg, (__nv_bfloat16 *)g->dsg, S,
 				scale);
 		LK();
@@ -2096,9 +2257,17 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		uint32_t off = 0;
 		const float *al;
 		ph(g, PH_ROUTE);
-		k_router_logits<<<nblk(T * g->E), NTH, 0, g->st>>>(a->h2, d->router, g->dz,
-								    (uint32_t)T, g->E, (uint32_t)H);
-		LK();
+		if (g->f32) {
+			/* model.c's order, so the test mode routes as the CPU */
+			k_router_logits<<<nblk(T * g->E), NTH, 0, g->st>>>(a->h2, d->router, g->dz,
+									    (uint32_t)T, g->E,
+									    (uint32_t)H);
+			LK();
+		} else if ((rc = gemm(g, 0, 1, (uint32_t)T, g->E, (uint32_t)H, 1.0f, a->h2,
+				      (uint32_t)H, d->router, (uint32_t)H, 0.0f, g->dz, g->E,
+				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
+			return rc;
+		}
 		k_route<<<nblk(T, 64), 64, 0, g->st>>>(rc_, g->dz, d->ecb, a->probs, a->sel,
 						       a->wts, (uint32_t)T);
 		LK();
@@ -2113,14 +2282,21 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			return rc;
 		for (uint32_t e = 0; e < g->E; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * H), n,
+			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * H), bucket(n),
 						a->gu + (uint64_t)off * 2 * F, 0, err)) ||
-				  (d->lgu && (rc = lora_fwd(g, d->lgu, e, xl + (uint64_t)off * H, n,
+				  (d->lgu && g->f32 &&
+				   (rc = lora_fwd(g, d->lgu, e, xl + (uint64_t)off * H, n,
 							    a->ugu + (uint64_t)off * r,
 							    a->gu + (uint64_t)off * 2 * F, err)))))
 				return rc;
 			off += n;
 		}
+		/* the bf16 path adds every expert's LoRA in two grouped launches */
+		ph(g, PH_LORA);
+		if (d->lgu && !g->f32 &&
+		    (rc = lora_fwd_grouped(g, d->lgu, a->cnt, xl, a->ugu, a->gu, err)))
+			return rc;
+		ph(g, PH_EXPERTS);
 		k_swiglu<<<nblk(TK * F), NTH, 0, g->st>>>(a->gu, a->act, TK, (uint32_t)F);
 		LK();
 		if ((rc = opnd(g, a->act, TK * F, g->cA, &X, err)) ||
@@ -2129,14 +2305,19 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		off = 0;
 		for (uint32_t e = 0; e < g->E; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * F), n,
+			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * F), bucket(n),
 						a->ye + (uint64_t)off * H, 0, err)) ||
-				  (d->ldn && (rc = lora_fwd(g, d->ldn, e, al + (uint64_t)off * F, n,
+				  (d->ldn && g->f32 &&
+				   (rc = lora_fwd(g, d->ldn, e, al + (uint64_t)off * F, n,
 							    a->udn + (uint64_t)off * r,
 							    a->ye + (uint64_t)off * H, err)))))
 				return rc;
 			off += n;
 		}
+		ph(g, PH_LORA);
+		if (d->ldn && !g->f32 &&
+		    (rc = lora_fwd_grouped(g, d->ldn, a->cnt, al, a->udn, a->ye, err)))
+			return rc;
 		ph(g, PH_COMBINE);
 		k_combine<<<nblk(T * H), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
 							  (uint32_t)T, g->K, (uint32_t)H);
@@ -2204,7 +2385,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		for (uint32_t e = 0; e < g->E; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), n,
+			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), bucket(n),
 						  g->dact + (uint64_t)off * F, 0, err)) ||
 				  (d->ldn &&
 				   (rc = lora_bwd(g, d->ldn, e, al + (uint64_t)off * F,
@@ -2214,6 +2395,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 				return rc;
 			off += n;
 		}
+
 		k_swiglu_bwd<<<nblk(TK * F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, TK,
 							      (uint32_t)F);
 		LK();
@@ -2222,7 +2404,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		off = 0;
 		for (uint32_t e = 0; e < g->E; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), n,
+			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), bucket(n),
 						  g->dxs + (uint64_t)off * H, 0, err)) ||
 				  (d->lgu &&
 				   (rc = lora_bwd(g, d->lgu, e, xl + (uint64_t)off * H,
@@ -2232,6 +2414,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 				return rc;
 			off += n;
 		}
+
 		ph(g, PH_B_ROUTE);
 		k_unperm_sum<<<nblk(T * H), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
 							     g->K, (uint32_t)H);
@@ -2561,10 +2744,11 @@ int ms_gmodel_optim(struct ms_model *m, struct ms_adamw *o, double lr, double *g
 				  m->nparams);
 	g->nev = 0;
 	ph(g, PH_OPTIM);
-	CK(cudaMemsetAsync(g->dnorm, 0, 8, g->st));
-	k_sumsq<<<nblk(g->ntot, NTH * 8), NTH, 0, g->st>>>(g->G, g->ntot, g->dnorm);
+	k_sumsq<<<SQ_BLOCKS, NTH, 0, g->st>>>(g->G, g->ntot, g->dnorm);
 	LK();
-	CK(cudaMemcpyAsync(&ss, g->dnorm, 8, cudaMemcpyDeviceToHost, g->st));
+	k_sum_parts<<<1, NTH, 0, g->st>>>(g->dnorm, SQ_BLOCKS);
+	LK();
+	CK(cudaMemcpyAsync(&ss, g->dnorm + SQ_BLOCKS, 8, cudaMemcpyDeviceToHost, g->st));
 	CK(cudaStreamSynchronize(g->st));
 	norm = sqrt(ss);
 	*grad_norm = norm;
@@ -2631,6 +2815,7 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 			continue;
 		cJSON_AddStringToObject(k, "name", phase_name[p]);
 		cJSON_AddNumberToObject(k, "ms", g->ph_ms[p] / st);
+		cJSON_AddNumberToObject(k, "host_ms", g->ph_host_ms[p] / st);
 		cJSON_AddNumberToObject(k, "calls", (double)g->ph_calls[p]);
 		cJSON_AddItemToArray(ks, k);
 	}
@@ -2725,6 +2910,11 @@ static void gfree(struct ms_gmodel *g)
 	for (int i = 0; i < 4096; i++)
 		if (g->evs[i])
 			cudaEventDestroy(g->evs[i]);
+	for (int i = 0; i < PSLOTS; i++)
+		if (g->pev[i])
+			cudaEventDestroy(g->pev[i]);
+	cudaFreeHost(g->hparr);
+	dfree(g, g->parr, MC_SCRATCH);
 	if (g->st0)
 		cudaEventDestroy(g->st0);
 	if (g->st1)
