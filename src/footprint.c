@@ -1814,6 +1814,14 @@ static int entry_with_role(const struct ms_fp_plan *p, const char *role, size_t 
 /* Does a target of train.lora name this weight? PEFT's rule for a module
  * name (the leaf: "q_proj" trains every q_proj), plus "experts" for every
  * routed expert projection and "shared_experts" for the shared ones. */
+static int lora_target_is(const struct ms_fp_train_plan *t, const char *name)
+{
+	for (size_t i = 0; i < t->ntargets; i++)
+		if (!strcmp(t->targets[i], name))
+			return 1;
+	return 0;
+}
+
 static int lora_target(const struct ms_fp_train_plan *t, const struct ms_name_info *info)
 {
 	for (size_t i = 0; i < t->ntargets; i++) {
@@ -1878,8 +1886,17 @@ static int train_pass(struct ms_fp_calc *c, struct acc *tp, struct ms_fp_train *
 			if (!r->lora_base || ms_name_parse(r->name, &info) != MS_OK ||
 			    !lora_target(&p->train, &info))
 				continue;
-			if (ms_add_u64(r->shape[r->ndim - 2], r->shape[r->ndim - 1], &sides) ||
-			    ms_mul_u64(sides, p->train.lora_r, &n) ||
+			/* the "experts" target adapts the fused gate_up parameter
+			 * (PEFT's target_parameters): one A over the input for gate
+			 * and up together, so a per-expert up (w3) adds only its B */
+			sides = r->shape[r->ndim - 2];
+			if (!(info.part == MS_NAME_PART_EXPERT && lora_target_is(&p->train, "experts") &&
+			      (!strcmp(info.proj, "up_proj") || !strcmp(info.proj, "w3"))) &&
+			    ms_add_u64(sides, r->shape[r->ndim - 1], &sides))
+				return ms_err_set(err, MS_EINVAL,
+						  "plan '%s': tensor '%s': LoRA parameter count overflows",
+						  p->label, r->name);
+			if (ms_mul_u64(sides, p->train.lora_r, &n) ||
 			    (r->ndim == 3 && ms_mul_u64(n, r->shape[0], &n)))
 				return ms_err_set(err, MS_EINVAL,
 						  "plan '%s': tensor '%s': LoRA parameter count overflows",
@@ -2228,6 +2245,28 @@ int ms_fp_report_text(const struct ms_fp_report *r, struct ms_buf *out,
 				      a, b, c2, d);
 		}
 	}
+	if (!r->trainer.present && r->trainer.why[0])
+		ms_buf_printf(out, "trainer on one gpu: no prediction: %s\n", r->trainer.why);
+	if (r->trainer.present) {
+		const struct ms_fp_trainer *t = &r->trainer;
+
+		ms_buf_printf(out, "trainer on one gpu (mstrain --device cuda, bf16 GEMMs, batch %llu x seq_len %llu):\n",
+			      (unsigned long long)t->batch, (unsigned long long)t->seq_len);
+		for (int m = 0; m < 2; m++) {
+			char e[32], f[32], g[32];
+			human(t->mode[m].nvfp4_rowwise, a, sizeof(a));
+			human(t->mode[m].nvfp4_colwise, b, sizeof(b));
+			human(t->mode[m].dense, c2, sizeof(c2));
+			human(t->mode[m].lora, d, sizeof(d));
+			human(t->mode[m].acts, e, sizeof(e));
+			human(t->mode[m].scratch, f, sizeof(f));
+			human(t->mode[m].total, g, sizeof(g));
+			ms_buf_printf(out, "  colwise %s%s: NVFP4 rowwise %s, columnwise %s, float weights %s, LoRA with gradients and AdamW %s, activations %s, scratch %s: %llu bytes (%s)\n",
+				      m ? "on-demand" : "resident",
+				      m == t->colwise_ondemand ? " (the plan's)" : "", a, b, c2, d, e, f,
+				      (unsigned long long)t->mode[m].total, g);
+		}
+	}
 	/* what the total is of, and what it leaves out */
 	ms_buf_puts(out, r->train.present ?
 		    "counted: the weights each gpu holds (rows above), LoRA weights, gradients and AdamW state\n" :
@@ -2368,6 +2407,38 @@ int ms_fp_report_json(const struct ms_fp_report *r, struct ms_buf *out,
 		add_u64(tr, "bytes_per_gpu", t->bytes_per_gpu);
 	} else {
 		cJSON_AddNullToObject(root, "train");
+	}
+	if (!r->trainer.present && r->trainer.why[0]) {
+		cJSON *tr = cJSON_AddObjectToObject(root, "trainer");
+
+		if (!tr)
+			goto oom;
+		cJSON_AddStringToObject(tr, "error", r->trainer.why);
+	}
+	if (r->trainer.present) {
+		const struct ms_fp_trainer *t = &r->trainer;
+		cJSON *tr = cJSON_AddObjectToObject(root, "trainer");
+
+		if (!tr)
+			goto oom;
+		cJSON_AddStringToObject(tr, "device", "cuda");
+		add_u64(tr, "batch", t->batch);
+		add_u64(tr, "seq_len", t->seq_len);
+		cJSON_AddStringToObject(tr, "colwise", t->colwise_ondemand ? "on-demand" : "resident");
+		for (int m = 0; m < 2; m++) {
+			cJSON *o = cJSON_AddObjectToObject(tr, m ? "on-demand" : "resident");
+
+			if (!o)
+				goto oom;
+			add_u64(o, "nvfp4_rowwise", t->mode[m].nvfp4_rowwise);
+			add_u64(o, "nvfp4_colwise", t->mode[m].nvfp4_colwise);
+			add_u64(o, "dense", t->mode[m].dense);
+			add_u64(o, "lora", t->mode[m].lora);
+			add_u64(o, "acts", t->mode[m].acts);
+			add_u64(o, "scratch", t->mode[m].scratch);
+			add_u64(o, "total", t->mode[m].total);
+		}
+		add_u64(tr, "total", t->mode[t->colwise_ondemand].total);
 	}
 	{
 		static const char *const counted[] = {"weights", "lora_weights", "gradients",

@@ -131,12 +131,17 @@
  * Training state (a "train" object): trainable parameters are r*(a+b) for
  * every [a, b] weight of the 'base' entry a lora target names (leaf name as
  * PEFT matches it, "experts" for routed experts, "shared_experts"), per
- * expert of a fused [E, a, b] one; without "lora", the LoRA tensors of the
+ * expert of a fused [E, a, b] one (under "experts" a per-expert up_proj /
+ * w3 adds only r*a: PEFT adapts gate and up as one fused parameter, one A
+ * for both, as mstrain does); without "lora", the LoRA tensors of the
  * 'adapter' entry. They are placed as the tensor they come from. Bytes per
  * parameter: MS_FP_TRAIN_PARAM_BYTES (unless an 'adapter' entry holds the
  * weights), MS_FP_TRAIN_GRAD_BYTES, MS_FP_TRAIN_ADAMW_BYTES; added to each
  * rank's total. Not counted, and said so in the report: activations, the
- * CUDA context, workspaces, communication buffers, fragmentation.
+ * CUDA context, workspaces, communication buffers, fragmentation. The
+ * GPU trainer's own holding for the plan (its activations and scratch
+ * included) is the separate "trainer" part (struct ms_fp_trainer), which
+ * the caller fills from the trainer's prediction.
  *
  * ---- Use ----------------------------------------------------------------------
  *
@@ -379,9 +384,27 @@ struct ms_fp_train {
 	uint64_t bytes_per_gpu;        /* the three together */
 };
 
+/* What the GPU trainer (mstrain --device cuda) holds on its device for
+ * the plan's train section, filled by the caller (ms_train_footprint):
+ * by colwise mode [0] resident, [1] on-demand. Reported beside the rows,
+ * not added to their totals (the trainer holds its own copies: NVFP4 codes
+ * as stored, float weights it needs, never the bf16 base whole). */
+struct ms_fp_trainer {
+	int present;
+	char why[1100];                /* not present: why not ("" when the
+					* plan has no train section) */
+	uint64_t batch, seq_len;
+	int colwise_ondemand;          /* the plan's mode */
+	struct {
+		uint64_t nvfp4_rowwise, nvfp4_colwise, dense, lora, acts, scratch;
+		uint64_t total;
+	} mode[2];
+};
+
 struct ms_fp_report {
 	const struct ms_fp_plan *plan; /* borrowed */
 	struct ms_fp_train train;      /* included in the totals below */
+	struct ms_fp_trainer trainer;  /* not included */
 	size_t nrows;
 	struct ms_fp_row *rows;        /* entry order, then layout order */
 	size_t ndups;

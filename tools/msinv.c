@@ -18,6 +18,7 @@
 #include "gate.h"
 #include "inventory.h"
 #include "names.h"
+#include "train/run.h"
 #include "verify.h"
 
 /* ---- inspect --------------------------------------------------------------- */
@@ -1509,6 +1510,23 @@ static int fp_add_state(struct ms_inv *inv, struct ms_fp_calc *calc, size_t entr
 	return rc;
 }
 
+/* The GPU trainer's prediction for a plan with a train section; a plan or
+ * base the trainer cannot take is said in the report, not an error of the
+ * count (which stands on its own). */
+static void fp_trainer(struct ms_inv *inv, const struct ms_fp_plan *plan, const char *path,
+		       struct ms_fp_trainer *t)
+{
+	struct ms_err e = {0};
+	char *text = NULL;
+	size_t len = 0;
+
+	if (ms_read_file(path, MS_FP_MAX_PLAN, &text, &len, &e) == MS_OK)
+		ms_train_footprint(inv, plan, text, len, t, &e);
+	if (!t->present)
+		snprintf(t->why, sizeof(t->why), "%s", e.msg[0] ? e.msg : "unknown");
+	ms_free(text);
+}
+
 static int cmd_footprint(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1557,6 +1575,8 @@ static int cmd_footprint(int argc, char **argv)
 	}
 	if (rc == MS_OK)
 		rc = ms_fp_calc_finish(calc, &report, &err);
+	if (rc == MS_OK && plan->train.present)
+		fp_trainer(inv, plan, argv[optind], &report->trainer);
 	if (rc == MS_OK)
 		rc = json ? ms_fp_report_json(report, &out, &err) : ms_fp_report_text(report, &out, &err);
 	if (rc != MS_OK) {

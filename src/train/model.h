@@ -337,6 +337,15 @@ struct ms_model_mem {
 };
 int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 
+/* What ms_model_mem will report for a CUDA model of cfg with adapter lora
+ * after a step of batch x seq (gpu_plan.c; no GPU needed): the footprint
+ * planner's prediction. It assumes the quantized state holds every
+ * attention, expert and shared projection whose input dimension is a
+ * multiple of 16 and no other (msconvert's default selection). MS_OK. */
+int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
+		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,
+		      int gpu_f32, struct ms_model_mem *out);
+
 /* A CUDA model's time per phase over the steps so far (CUDA events), as
  * JSON {"steps": n, "step_ms": mean, "colwise_ms": ..., "kernels": [{"name",
  * "ms", "calls"}]} (ms_free'd by the caller); MS_EINVAL on a CPU model. */

@@ -84,7 +84,10 @@ if lora:
             continue
         if not (("experts" in targets and (per or fused)) or leaf in targets):
             continue
-        n = r * (s[-2] + s[-1]) * (s[0] if fused else 1)
+        # PEFT's fused gate_up (target_parameters): one A for gate and up,
+        # so a per-expert up (w3) adds only its B [out, r]
+        shared_a = per and "experts" in targets and leaf in ("up_proj", "w3")
+        n = r * (s[-2] + (0 if shared_a else s[-1])) * (s[0] if fused else 1)
         total += n
         if per:
             e = int(per.group(1))
@@ -144,7 +147,7 @@ sed -i "s|\"\.\./|\"$FX/|g" "$tmp/plans/train-lora.json"
 check "$tmp/plans/train-lora.json" "per-expert lora"
 run 0 "text" "$B/msinv" footprint "$tmp/plans/train-lora.json"
 has "$tmp/out" "text names lora" "train: LoRA r=4 on 56 weights of 'base'"
-has "$tmp/out" "text names the three parts" "LoRA weights 16.00 KiB (bf16), gradients 32.00 KiB (fp32), AdamW 96.00 KiB"
+has "$tmp/out" "text names the three parts" "LoRA weights 14.00 KiB (bf16), gradients 28.00 KiB (fp32), AdamW 84.00 KiB"
 has "$tmp/out" "counted line" "counted: the weights each gpu holds (rows above), LoRA weights, gradients and AdamW state"
 has "$tmp/out" "not counted line" "not counted: activations (batch 4 x seq_len 64)"
 has "$tmp/out" "budget says what it covers" "the counted bytes fit"

@@ -239,6 +239,56 @@ static int colwise(const char *name, int f32)
 	return 0;
 }
 
+/* the footprint planner's prediction (gpu_plan.c) against what the model
+ * allocated, byte for byte, by category, in both colwise modes and GEMM
+ * types */
+static int predict(const char *name)
+{
+	struct fam f;
+	struct ms_err err = {0};
+	int32_t ids[2 * 16];
+	T_ASSERT(fam_open(&f, name) == 0);
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	for (int mode = 0; mode < 4; mode++) {
+		struct ms_model_opts o = {.ep_size = 1, .device = MS_DEVICE_CUDA};
+		struct ms_model *m = NULL;
+		struct ms_model_mem got, want;
+		double loss;
+		uint64_t nt;
+		o.colwise = mode & 1 ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT;
+		o.gpu_f32 = mode >> 1;
+		T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+					&f.lora, NULL, 0, &o, &err) == MS_OK);
+		T_ASSERT(ms_model_step(m, ids, NULL, 2, 16, 1.0, 0, &loss, &nt, &err) == MS_OK);
+		ms_model_mem(m, &got);
+		ms_model_free(m);
+		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, &want);
+		fprintf(stderr, "  %s %s %s: rowwise %llu/%llu colwise %llu/%llu dense %llu/%llu "
+			"lora %llu/%llu acts %llu/%llu scratch %llu/%llu (allocated/predicted)\n",
+			name, mode & 1 ? "on-demand" : "resident", mode >> 1 ? "f32" : "bf16",
+			(unsigned long long)got.nvfp4_rowwise, (unsigned long long)want.nvfp4_rowwise,
+			(unsigned long long)got.nvfp4_colwise, (unsigned long long)want.nvfp4_colwise,
+			(unsigned long long)got.dense, (unsigned long long)want.dense,
+			(unsigned long long)got.lora, (unsigned long long)want.lora,
+			(unsigned long long)got.acts, (unsigned long long)want.acts,
+			(unsigned long long)got.scratch, (unsigned long long)want.scratch);
+		T_ASSERT(got.nvfp4_rowwise == want.nvfp4_rowwise);
+		T_ASSERT(got.nvfp4_colwise == want.nvfp4_colwise);
+		T_ASSERT(got.dense == want.dense);
+		T_ASSERT(got.lora == want.lora);
+		T_ASSERT(got.acts == want.acts);
+		T_ASSERT(got.scratch == want.scratch);
+		T_ASSERT(got.peak == want.peak);
+	}
+	fam_close(&f);
+	return 0;
+}
+
+static int test_predict_qwen3moe(void) { return predict("qwen3moe"); }
+static int test_predict_mixtral(void) { return predict("mixtral"); }
+static int test_predict_glm4moe(void) { return predict("glm4moe"); }
+static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
+
 static int test_colwise_qwen3moe(void) { return colwise("qwen3moe", 0); }
 static int test_colwise_glm4moe(void) { return colwise("glm4moe", 1); }
 
@@ -432,6 +482,10 @@ static const struct t_case cases[] = {
 	T_CASE(test_bf16_glm4moe),
 	T_CASE(test_bf16_qwen3moe_var),
 	T_CASE(test_bf16_glm4moe_var),
+	T_CASE(test_predict_qwen3moe),
+	T_CASE(test_predict_mixtral),
+	T_CASE(test_predict_glm4moe),
+	T_CASE(test_predict_glm4moe_var),
 	T_CASE(test_colwise_qwen3moe),
 	T_CASE(test_colwise_glm4moe),
 	T_CASE(test_optim_noclip),

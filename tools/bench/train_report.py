@@ -210,23 +210,30 @@ def main():
     if prof or any(isinstance(f, dict) for f in fps.values()):
         L.append("## Memory of each mode")
         L.append("")
-        L.append("Measured by mstrain --profile: the NVFP4 base bytes on the device "
-                 "(cudaMemGetInfo) and the peak; predicted: `msinv footprint --json` "
-                 "on the same plan (total_bytes_per_gpu).")
+        L.append("Measured by mstrain --profile: the NVFP4 base bytes it allocated "
+                 "(codes and scales, both layouts), the peak of everything it allocated, "
+                 "and what cudaMemGetInfo saw the device lose to those allocations; "
+                 "predicted: `msinv footprint --json` on the same plan, its trainer "
+                 "part for that colwise mode (the whole GPU trainer: NVFP4, float "
+                 "weights, LoRA with gradients and AdamW, activations, scratch).")
         L.append("")
-        L.append("| colwise | NVFP4 base bytes | peak bytes | msinv footprint | "
-                 "footprint / peak |")
-        L.append("|---|---:|---:|---:|---:|")
+        L.append("| colwise | NVFP4 base bytes | peak allocated | cudaMemGetInfo | "
+                 "msinv footprint | footprint / allocated | footprint / cudaMemGetInfo |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
         for m in MODES:
             p = prof.get(m) or {}
             f = fps[m] if isinstance(fps[m], dict) else {}
-            base, peak, pred = p.get("base_bytes"), p.get("peak_bytes"), \
-                f.get("total_bytes_per_gpu")
+            tr = f.get("trainer") if isinstance(f.get("trainer"), dict) else {}
+            base, peak = p.get("base_bytes"), p.get("peak_bytes")
+            meas = (p.get("mem") or {}).get("measured")
+            pred = (tr.get(m) or {}).get("total")
             if base is None and peak is None and pred is None:
                 continue
             fmt = lambda n: "%d (%.2f GiB)" % (n, n / GIB) if n is not None else "–"
-            ratio = "%.3f" % (pred / peak) if pred is not None and peak else "–"
-            L.append("| %s | %s | %s | %s | %s |" % (m, fmt(base), fmt(peak), fmt(pred), ratio))
+            ratio = lambda a, b: "%.4f" % (a / b) if a is not None and b else "–"
+            L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                m, fmt(base), fmt(peak), fmt(meas), fmt(pred), ratio(pred, peak),
+                ratio(pred, meas)))
         if all(prof.get(m, {}).get("base_bytes") for m in MODES):
             L.append("")
             L.append("NVFP4 base bytes, on-demand / resident: %.3f (the bound: <= 0.52)"

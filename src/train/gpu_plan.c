@@ -1,0 +1,171 @@
+/*
+ * gpu_plan.c: what the GPU trainer (kernels/train.cu) allocates on its
+ * device for a model, an adapter and a batch shape, without a GPU: the
+ * footprint planner's prediction for `mstrain --device cuda`. Every line
+ * here mirrors an allocation in train.cu (the build, acts_alloc, the RoPE
+ * tables); t_train_gpu compares the two byte for byte on the fixture
+ * families, so a change to one that misses the other fails the GPU tier.
+ */
+#include <string.h>
+
+#include "nvfp4.h"
+#include "train/model.h"
+
+/* train.cu's constants */
+#define GP_MAXE 512u
+#define GP_SQ_BLOCKS 512u
+#define GP_BUCKET 128u
+
+struct gp {
+	struct ms_model_mem *m;
+	int ondemand;
+	uint64_t esz;
+	uint64_t wo, cb, wmax, colmax, partmax;
+};
+
+static uint64_t u64max(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+static uint64_t pad16(uint64_t x)
+{
+	return (x + 15) / 16 * 16;
+}
+
+/* one frozen projection of nparts row blocks (rows[i] each) over in */
+static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int bias)
+{
+	uint64_t out = 0;
+	for (int i = 0; i < nparts; i++)
+		out += rows[i];
+	if (bias)
+		p->m->dense += out * 4;
+	if (in % 16) {
+		/* left in its dtype by msconvert: both orientations, GEMM type */
+		p->m->dense += 2 * out * in * p->esz;
+		return;
+	}
+	p->wo += out * in;
+	for (int i = 0; i < nparts; i++) {
+		uint64_t row = (uint64_t)rows[i] * (pad16(in) / 2 + pad16(in) / 16);
+		uint64_t col = (uint64_t)in * (pad16(rows[i]) / 2 + pad16(rows[i]) / 16);
+		p->m->nvfp4_rowwise += row;
+		if (!p->ondemand)
+			p->m->nvfp4_colwise += col;
+		p->cb += col;
+		p->partmax = u64max(p->partmax, col);
+	}
+}
+
+int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,
+		      uint32_t B, uint32_t S, enum ms_colwise_mode colwise, int f32,
+		      struct ms_model_mem *out)
+{
+	struct gp p;
+	uint64_t H = c->hidden, V = c->vocab, E = c->n_experts, K = c->top_k;
+	uint64_t F = c->moe_ffn, hd = c->head_dim, dq = (uint64_t)c->n_heads * hd;
+	uint64_t dkv = (uint64_t)c->n_kv_heads * hd, r = lora->r, T = (uint64_t)B * S;
+	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0;
+	int anymoe = 0;
+
+	memset(out, 0, sizeof *out);
+	memset(&p, 0, sizeof p);
+	p.m = out;
+	p.ondemand = colwise != MS_COLWISE_RESIDENT;
+	p.esz = f32 ? 4 : 2;
+	/* the build: float weights, the parameter block, fixed scratch */
+	out->dense += V * H * 4 + H * 4 + V * H * p.esz;
+	out->scratch += (GP_SQ_BLOCKS + 1) * 8 + 3 * GP_MAXE * sizeof(void *);
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		uint32_t rq[1] = {(uint32_t)dq}, rkv[1] = {(uint32_t)dkv}, rh[1] = {(uint32_t)H};
+		int moe = !c->dense[l];
+		p.wo = p.cb = 0;
+		out->dense += 2 * H * 4;
+		if (c->qk_norm)
+			out->dense += 2 * hd * 4;
+		lin(&p, 1, rq, (uint32_t)H, c->attention_bias);
+		lin(&p, 1, rkv, (uint32_t)H, c->attention_bias);
+		lin(&p, 1, rkv, (uint32_t)H, c->attention_bias);
+		lin(&p, 1, rh, (uint32_t)dq,
+		    c->attention_bias && c->family == MS_MODEL_QWEN3_MOE);
+		if (lora->targets & MS_LORA_Q)
+			ntot += r * H + dq * r;
+		if (lora->targets & MS_LORA_K)
+			ntot += r * H + dkv * r;
+		if (lora->targets & MS_LORA_V)
+			ntot += r * H + dkv * r;
+		if (lora->targets & MS_LORA_O)
+			ntot += r * dq + H * r;
+		if (moe) {
+			uint32_t gu[2] = {(uint32_t)F, (uint32_t)F};
+			anymoe = 1;
+			out->dense += E * H * 4;
+			if (c->router == MS_ROUTER_SIGMOID)
+				out->dense += E * 4;
+			for (uint64_t e = 0; e < E; e++) {
+				lin(&p, 2, gu, (uint32_t)H, 0);
+				lin(&p, 1, rh, (uint32_t)F, 0);
+			}
+			if (lora->targets & MS_LORA_EXPERTS)
+				ntot += E * r * H + 2 * F * r * E + E * r * F + H * r * E;
+		}
+		if (!moe || c->n_shared_experts) {
+			uint64_t fs = moe ? F * c->n_shared_experts : c->dense_ffn;
+			uint32_t gu[2] = {(uint32_t)fs, (uint32_t)fs};
+			lin(&p, 2, gu, (uint32_t)H, 0);
+			lin(&p, 1, rh, (uint32_t)fs, 0);
+			Fs = u64max(Fs, fs);
+		}
+		p.wmax = u64max(p.wmax, p.wo);
+		p.colmax = u64max(p.colmax, p.cb);
+	}
+	out->lora += 4 * ntot * 4;
+	out->scratch += p.wmax * p.esz;
+	if (p.ondemand)
+		out->nvfp4_colwise += p.colmax / 4 > p.partmax + 512 ? p.colmax / 4 : p.partmax + 512;
+	/* acts_alloc at the step's shape */
+	if (anymoe)
+		TK = T * K;
+	rows = u64max(TK, T) + (anymoe ? GP_BUCKET : 0);
+	wide = u64max(u64max(H, dq), u64max(u64max(2 * F, 2 * Fs), dkv));
+	att = (uint64_t)c->n_heads * S * S;
+	for (uint32_t l = 0; l < c->n_layers; l++) {
+		int moe = !c->dense[l];
+		acts += (4 * T * H + 2 * T + 3 * T * dq + 3 * T * dkv) * 4;
+		if (c->qk_norm)
+			acts += T * (c->n_heads + c->n_kv_heads) * 4;
+		acts += T * r * 4 * (!!(lora->targets & MS_LORA_Q) + !!(lora->targets & MS_LORA_K) +
+				     !!(lora->targets & MS_LORA_V) + !!(lora->targets & MS_LORA_O));
+		if (moe) {
+			acts += (T * E + 4 * TK) * 4;
+			acts += (TK + GP_BUCKET) * (2 * F + F + H) * 4;
+			if (lora->targets & MS_LORA_EXPERTS)
+				acts += 2 * TK * r * 4;
+		}
+		if (!moe || c->n_shared_experts) {
+			uint64_t fs = moe ? F * c->n_shared_experts : c->dense_ffn;
+			acts += T * 3 * fs * 4;
+		}
+	}
+	acts += (2 * T * H + T + T * V) * 4;
+	out->acts = acts;
+	out->scratch += (7 * T * H + 3 * T * dq + 3 * T * dkv) * 4;
+	out->scratch += rows * wide * 4 + rows * r * 4;
+	if (lora->dropout > 0)
+		out->scratch += rows * wide * 4 + rows * u64max(F, Fs) * 4;
+	if (TK)
+		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8;
+	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
+	out->scratch += 2 * att * 4 + 2 * att * p.esz;
+	if (!f32)
+		out->scratch += u64max(rows * wide, T * V) * p.esz +
+				2 * T * u64max(dq, dkv) * p.esz;
+	out->scratch += T * 8 + T * 4 + T + 1;
+	/* the RoPE tables, allocated at the first step */
+	out->dense += 2 * (uint64_t)S * (c->rotary_dim / 2) * 4;
+	out->nvfp4_colwise_peak = out->nvfp4_colwise;
+	out->peak = out->nvfp4_rowwise + out->nvfp4_colwise + out->dense + out->lora +
+		    out->acts + out->scratch;
+	return MS_OK;
+}
