@@ -154,7 +154,7 @@ enum phase {
 	PH_EMBED, PH_NORM, PH_ATT_PROJ, PH_ATT_CORE, PH_ROUTE, PH_EXPERTS,
 	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
-	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_N
+	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA, PH_N
 };
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
@@ -165,7 +165,7 @@ static const char *phase_name[PH_N] = {
 	"bwd lm_head", "bwd expert GEMMs (+LoRA)", "bwd combine + router",
 	"bwd attention core", "bwd attention projections (+LoRA)",
 	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
-	"expert LoRA (grouped)",
+	"expert LoRA (grouped)", "bwd expert LoRA",
 };
 
 struct dreg {
@@ -207,6 +207,10 @@ struct ms_gmodel {
 	float *xf, *hf, *rf, *logits, *y, *y2, *tmp, *dA, *dB, *dh1, *dx2, *dh2;
 	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
+	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
+					group sums */
+	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
+	uint32_t *dpad;              /* its offsets */
 	double *lossrow, *dsum;
 	double *dnorm;               /* the optimizer's sum of squares */
 	void *cA, *cB, *cC, *pg, *dsg;
@@ -1151,23 +1155,6 @@ out:
 	return rc;
 }
 
-/* the same, batched with strides (elements) */
-static int gemm_sb(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
-		   float alpha, const void *A, uint32_t lda, long long sa, const void *B,
-		   uint32_t ldb, long long sb, float beta, float *C, uint32_t ldc,
-		   long long sc, int batch, cudaDataType_t ty, cudaDataType_t cty,
-		   struct ms_err *err)
-{
-	int rc = MS_OK;
-	CB(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-				      ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
-				      &alpha, B, ty, (int)ldb, sb, A, ty, (int)lda, sa, &beta,
-				      C, cty, (int)ldc, sc, batch, g->ct_base,
-				      CUBLAS_GEMM_DEFAULT));
-out:
-	return rc;
-}
-
 /* x (float, n elements) as a GEMM operand: itself in float32 mode, else cast
  * into buf */
 static int opnd(struct ms_gmodel *g, const float *x, uint64_t n, void *buf,
@@ -1217,6 +1204,25 @@ static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, 
 {
 	return gemm(g, 0, 1, (uint32_t)n, l->in, l->out, 1.0f, dY, l->out, lin_w(g, l, 1),
 		    l->out, beta, dX, l->in, g->gt, g->ct_base, err);
+}
+
+/*
+ * The rows an expert's frozen GEMM runs over: its row count rounded up to
+ * a multiple of BUCKET. cuBLAS chooses a kernel per problem shape on the
+ * host, and with every expert's count a new shape that choice cost about
+ * 0.1 ms a call, more than the GEMM (measured on the H200: the expert
+ * phases' host time equalled their GPU time); rounded, the shapes repeat.
+ * The extra rows read past the expert's block (into the next expert's rows,
+ * or the BUCKET rows of slack every expert-row buffer has) and write past
+ * it: the experts run in order and each GEMM writes all of its own rows
+ * (beta 0), so whatever the previous one wrote there is overwritten, and
+ * the LoRA products, the activation and the combine read exact counts.
+ */
+#define BUCKET 128u
+
+static uint32_t bucket(uint32_t n)
+{
+	return (n + BUCKET - 1) / BUCKET * BUCKET;
 }
 
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
@@ -1276,11 +1282,7 @@ out:
 /* One cuBLAS grouped GEMM (column-major terms, float32, TF32 tensor cores)
  * over the experts with rows: expert e's C_e = alpha op(A_e) op(B_e) + beta
  * C_e. One launch instead of one per expert: the LoRA products are too
- * small for a launch each to keep the GPU busy. Used for the forward only:
- * on the H200 the backward's four products (two of them reducing over the
- * expert's rows, a length that differs per expert) ran slower grouped than
- * one GEMM per expert (213 against 135 ms a step for the whole expert
- * backward of the bench model). */
+ * small for a launch each to keep the GPU busy. */
 struct gg {
 	cublasOperation_t ta, tb;
 	int lda, ldb, ldc;
@@ -1367,6 +1369,144 @@ static int lora_fwd_grouped(struct ms_gmodel *g, const struct dlora *L, const ui
 		off += cnt[e];
 	}
 	return ggemm(g, &o2, c, m, n, k, A, B, C, err);
+}
+
+/* rows of expert e: src [off_e + j] -> dst [poff_e + j], j < cnt_e (pad:
+ * off [E], poff [E], cnt [E]) */
+__global__ void k_pad_rows(const float *src, float *dst, const uint32_t *pad, uint32_t E,
+			   uint32_t r)
+{
+	uint32_t e = blockIdx.x, off = pad[e], po = pad[E + e], n = pad[2 * E + e];
+	for (uint32_t i = threadIdx.x; i < n * r; i += blockDim.x)
+		dst[(uint64_t)po * r + i] = src[(uint64_t)off * r + i];
+}
+
+/* Expert LoRA backward over every expert with rows (lora_bwd's four
+ * products): dU and dX, whose row count varies per expert, as one grouped
+ * launch each; gB and gA, which reduce over the expert's rows, one GEMM per
+ * expert over its bucketed rows (grouped, with every expert's own length,
+ * those ran slower on the H200). */
+static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+			    const float *X, const float *U, const float *dY, float *dX,
+			    const int32_t *keys, uint64_t TK, struct ms_err *err)
+{
+	int m[MAXE], n[MAXE], k[MAXE], c = 0, rc = MS_OK;
+	const void *A[MAXE], *B[MAXE];
+	void *C[MAXE];
+	uint64_t off = 0;
+	int drop = g->train && g->pdrop > 0;
+	float *dst = drop ? g->tmp : dX;
+	struct gg odu = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->r, (int)L->out, (int)L->r, g->lscale,
+			 0.0f};
+	struct gg odx = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in, (int)L->r, (int)L->in, 1.0f,
+			 drop ? 0.0f : 1.0f};
+	for (uint32_t e = 0; e < L->E; e++) {
+		if (cnt[e]) {
+			m[c] = (int)L->r;
+			n[c] = (int)cnt[e];
+			k[c] = (int)L->out;
+			A[c] = L->B + (uint64_t)e * L->out * L->r;
+			B[c] = dY + off * L->out;
+			C[c] = g->du + off * L->r;
+			c++;
+		}
+		off += cnt[e];
+	}
+	if ((rc = ggemm(g, &odu, c, m, n, k, A, B, C, err)))
+		return rc;
+	/* U and dU to a padded layout (each expert's block BUCKET-rounded,
+	 * zeros after its rows), so the two reductions run over bucketed row
+	 * counts whose shapes repeat (bucket()): the rows past an expert's
+	 * own in dY and X are the next expert's or the zeroed slack, and they
+	 * meet zeros here */
+	{
+		/* pageable: the copy has read it when cudaMemcpyAsync returns */
+		uint32_t h[3 * MAXE];
+		uint64_t po = 0;
+		off = 0;
+		for (uint32_t e = 0; e < L->E; e++) {
+			h[e] = (uint32_t)off;
+			h[L->E + e] = (uint32_t)po;
+			h[2 * L->E + e] = cnt[e];
+			off += cnt[e];
+			po += bucket(cnt[e]);
+		}
+		CK(cudaMemcpyAsync(g->dpad, h, 3 * L->E * sizeof(uint32_t), cudaMemcpyHostToDevice,
+				   g->st));
+		CK(cudaMemsetAsync(g->up, 0, (TK + (uint64_t)L->E * BUCKET) * L->r * 4, g->st));
+		CK(cudaMemsetAsync(g->dup, 0, (TK + (uint64_t)L->E * BUCKET) * L->r * 4, g->st));
+		k_pad_rows<<<L->E, NTH, 0, g->st>>>(U, g->up, g->dpad, L->E, L->r);
+		LK();
+		k_pad_rows<<<L->E, NTH, 0, g->st>>>(g->du, g->dup, g->dpad, L->E, L->r);
+		LK();
+	}
+	{
+		/* gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e over bucketed rows,
+		 * each one grouped launch */
+		struct gg ogb = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->r, (int)L->out, (int)L->r,
+				 g->lscale, 1.0f};
+		struct gg oga = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->r, (int)L->in,
+				 1.0f, 1.0f};
+		uint64_t po = 0;
+		c = 0;
+		off = 0;
+		for (uint32_t e = 0; e < L->E; e++) {
+			if (cnt[e]) {
+				m[c] = (int)L->r;
+				n[c] = (int)L->out;
+				k[c] = (int)bucket(cnt[e]);
+				A[c] = g->up + po * L->r;
+				B[c] = dY + off * L->out;
+				C[c] = L->gB + (uint64_t)e * L->out * L->r;
+				c++;
+			}
+			off += cnt[e];
+			po += bucket(cnt[e]);
+		}
+		if ((rc = ggemm(g, &ogb, c, m, n, k, A, B, C, err)))
+			return rc;
+		po = 0;
+		c = 0;
+		off = 0;
+		for (uint32_t e = 0; e < L->E; e++) {
+			if (cnt[e]) {
+				m[c] = (int)L->in;
+				n[c] = (int)L->r;
+				k[c] = (int)bucket(cnt[e]);
+				A[c] = X + off * L->in;
+				B[c] = g->dup + po * L->r;
+				C[c] = L->gA + (uint64_t)e * L->r * L->in;
+				c++;
+			}
+			off += cnt[e];
+			po += bucket(cnt[e]);
+		}
+		if ((rc = ggemm(g, &oga, c, m, n, k, A, B, C, err)))
+			return rc;
+	}
+	c = 0;
+	off = 0;
+	for (uint32_t e = 0; e < L->E; e++) {
+		if (cnt[e]) {
+			m[c] = (int)L->in;
+			n[c] = (int)cnt[e];
+			k[c] = (int)L->r;
+			A[c] = L->A + (uint64_t)e * L->r * L->in;
+			B[c] = g->du + off * L->r;
+			C[c] = dst + off * L->in;
+			c++;
+		}
+		off += cnt[e];
+	}
+	if ((rc = ggemm(g, &odx, c, m, n, k, A, B, C, err)))
+		return rc;
+	if (drop) {
+		k_drop<<<nblk(TK * L->in), NTH, 0, g->st>>>(g->tmp, dX, TK, L->in, keys, g->seed,
+							    g->step, L->id, g->pdrop, 1);
+		CK(cudaGetLastError());
+	}
+out:
+	return rc;
 }
 
 /* the LoRA input of adapter L over n rows: x itself, or x with the
@@ -1793,24 +1933,6 @@ out:
 	return rc;
 }
 
-/*
- * The rows an expert's frozen GEMM runs over: its row count rounded up to
- * a multiple of BUCKET. cuBLAS chooses a kernel per problem shape on the
- * host, and with every expert's count a new shape that choice cost about
- * 0.1 ms a call, more than the GEMM (measured on the H200: the expert
- * phases' host time equalled their GPU time); rounded, the shapes repeat.
- * The extra rows read past the expert's block (into the next expert's rows,
- * or the BUCKET rows of slack every expert-row buffer has) and write past
- * it: the experts run in order and each GEMM writes all of its own rows
- * (beta 0), so whatever the previous one wrote there is overwritten, and
- * the LoRA products, the activation and the combine read exact counts.
- */
-#define BUCKET 128u
-
-static uint32_t bucket(uint32_t n)
-{
-	return (n + BUCKET - 1) / BUCKET * BUCKET;
-}
 
 /* ---- activations and scratch for a shape ---------------------------------------- */
 
@@ -1836,7 +1958,7 @@ static void acts_release(struct ms_gmodel *g)
 	float *s[] = {g->xf, g->hf, g->rf, g->logits, g->y, g->y2, g->tmp, g->dA, g->dB,
 		      g->dh1, g->dx2, g->dh2, g->dctx, g->dqv, g->dkk, g->dvv, g->dq0, g->dk0,
 		      g->xs, g->xsd, g->actd, g->dye, g->dact, g->dgu, g->dxs, g->dz, g->du,
-		      g->dw, g->sc, g->dp};
+		      g->dw, g->sc, g->dp, g->dctx2, g->up, g->dup};
 	for (size_t i = 0; i < sizeof s / sizeof *s; i++)
 		dfree(g, s[i], MC_SCRATCH);
 	dfree(g, g->lossrow, MC_SCRATCH);
@@ -1851,7 +1973,9 @@ static void acts_release(struct ms_gmodel *g)
 	g->xf = g->hf = g->rf = g->logits = g->y = g->y2 = g->tmp = g->dA = g->dB = NULL;
 	g->dh1 = g->dx2 = g->dh2 = g->dctx = g->dqv = g->dkk = g->dvv = g->dq0 = NULL;
 	g->dk0 = g->xs = g->xsd = g->actd = g->dye = g->dact = g->dgu = g->dxs = NULL;
-	g->dz = g->du = g->dw = g->sc = g->dp = NULL;
+	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = NULL;
+	dfree(g, g->dpad, MC_SCRATCH);
+	g->dpad = NULL;
 	g->lossrow = g->dsum = NULL;
 	g->cA = g->cB = g->cC = g->pg = g->dsg = NULL;
 	g->dids = NULL;
@@ -1976,6 +2100,12 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	DM(g->dact, rows * u64max(F, Fs) * 4, MC_SCRATCH);
 	DM(g->dgu, rows * 2 * u64max(F, Fs) * 4, MC_SCRATCH);
+	DM(g->dctx2, (uint64_t)S * g->dq * 4, MC_SCRATCH);
+	if (TK) {
+		DM(g->up, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
+		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
+		DM(g->dpad, 3 * (uint64_t)g->E * 4, MC_SCRATCH);
+	}
 	DM(g->sc, att * 4, MC_SCRATCH);
 	DM(g->dp, att * 4, MC_SCRATCH);
 	DM(g->pg, att * g->esz, MC_SCRATCH);
@@ -1984,6 +2114,20 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->cA, u64max(rows * wide, T * g->V) * g->esz, MC_SCRATCH);
 		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
 		DM(g->cC, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
+	}
+	/* the expert-row inputs the bucketed reductions read past their rows
+	 * (lora_bwd_experts) start as zeros: their slack is never written */
+	if (TK) {
+		CK(cudaMemset(g->xs, 0, (TK + BUCKET) * H * 4));
+		CK(cudaMemset(g->dye, 0, (TK + BUCKET) * H * 4));
+		for (uint32_t l = 0; l < g->L; l++)
+			if (g->a[l].act)
+				CK(cudaMemset(g->a[l].act, 0, (TK + BUCKET) * F * 4));
+	}
+	CK(cudaMemset(g->dgu, 0, rows * 2 * u64max(F, Fs) * 4));
+	if (g->xsd) {
+		CK(cudaMemset(g->xsd, 0, rows * wide * 4));
+		CK(cudaMemset(g->actd, 0, rows * u64max(F, Fs) * 4));
 	}
 	DM(g->lossrow, T * 8, MC_SCRATCH);
 	if (!(g->hloss = (double *)malloc(T * 8))) {
@@ -2083,7 +2227,55 @@ out:
 	return rc;
 }
 
-/* attention core, forward (ctx) or backward (dqv, dkk, dvv from dctx) */
+/* Row-major batched GEMM over explicit operand pointers (one per item of
+ * the batch, staged to the device through ggemm's ring): C_i = alpha op(A_i)
+ * op(B_i) + beta C_i, uniform shapes; float32 output. */
+static int gemm_ptrs(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
+		     float alpha, const void **A, uint32_t lda, const void **B, uint32_t ldb,
+		     float beta, void **C, uint32_t ldc, int batch, cudaDataType_t ty,
+		     struct ms_err *err)
+{
+	int rc = MS_OK;
+	void **h = g->hparr + (size_t)g->pslot * 3 * MAXE;
+	if (batch > (int)MAXE)
+		return ms_err_set(err, MS_EINVAL, "attention: more than %u heads", MAXE);
+	CK(cudaEventSynchronize(g->pev[g->pslot]));
+	memcpy(h, B, batch * sizeof(void *));
+	memcpy(h + MAXE, A, batch * sizeof(void *));
+	memcpy(h + 2 * MAXE, C, batch * sizeof(void *));
+	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
+	CK(cudaEventRecord(g->pev[g->pslot], g->st));
+	g->pslot = (g->pslot + 1) % PSLOTS;
+	CB(cublasGemmBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+			       (int)N, (int)M, (int)K, &alpha, (const void *const *)g->parr, ty,
+			       (int)ldb, (const void *const *)(g->parr + MAXE), ty, (int)lda, &beta,
+			       g->parr + 2 * MAXE, CUDA_R_32F, (int)ldc, batch, g->ct_base,
+			       CUBLAS_GEMM_DEFAULT));
+out:
+	return rc;
+}
+
+/* dst[t, g*hd + x] = sum over the group's heads r0 of src[t, (g*rep + r0)*hd + x]
+ * (GQA: a KV head's gradient from its query heads, summed in head order) */
+__global__ void k_group_sum(const float *src, float *dst, uint32_t S, uint32_t nkv,
+			    uint32_t rep, uint32_t hd)
+{
+	uint64_t n = (uint64_t)S * nkv * hd;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t t = i / ((uint64_t)nkv * hd);
+		uint32_t gx = (uint32_t)(i % ((uint64_t)nkv * hd)), gi = gx / hd, x = gx % hd;
+		const float *r = src + t * (uint64_t)nkv * rep * hd + (uint64_t)gi * rep * hd + x;
+		float s = 0;
+		for (uint32_t q = 0; q < rep; q++)
+			s += r[(uint64_t)q * hd];
+		dst[i] = s;
+	}
+}
+
+/* attention core, forward (ctx) or backward (dqv, dkk, dvv from dctx): per
+ * sequence, one batched GEMM over the heads for each product (query head h
+ * reads KV head h / rep), the softmax kernels between */
 static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -2092,7 +2284,11 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 	float scale = (float)(1.0 / sqrt((double)hd));
 	const void *Q = NULL, *Kk = NULL, *Vv = NULL, *dO = NULL;
 	void *vbuf = g->f32 ? NULL : g->tmp;
-	long long SS = (long long)S * S;
+	uint64_t SS = (uint64_t)S * S;
+	const void *pa[MAXE], *pb[MAXE];
+	void *pc[MAXE];
+	if (nh > MAXE)
+		return ms_err_set(err, MS_EINVAL, "attention: more than %u heads", MAXE);
 	if ((rc = opnd(g, a->q, (uint64_t)g->T * dq, g->cB, &Q, err)) ||
 	    (rc = opnd(g, a->k, (uint64_t)g->T * dkv, g->cC, &Kk, err)) ||
 	    (rc = opnd(g, a->v, (uint64_t)g->T * dkv, vbuf, &Vv, err)))
@@ -2102,11 +2298,16 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 	for (uint32_t b = 0; b < g->B; b++) {
 		const void *Qb = OFF(Q, (uint64_t)b * S * dq), *Kb = OFF(Kk, (uint64_t)b * S * dkv);
 		const void *Vb = OFF(Vv, (uint64_t)b * S * dkv);
-		for (uint32_t r0 = 0; r0 < rep; r0++)
-			if ((rc = gemm_sb(g, 0, 1, S, S, hd, 1.0f, OFF(Qb, r0 * hd), dq,
-					  (long long)rep * hd, Kb, dkv, hd, 0.0f, g->sc + r0 * SS,
-					  S, rep * SS, (int)nkv, g->gt, CUDA_R_32F, err)))
-				return rc;
+		const void *dOb = bwd ? OFF(dO, (uint64_t)b * S * dq) : NULL;
+		/* scores S_h = Q_h K_g^T */
+		for (uint32_t h = 0; h < nh; h++) {
+			pa[h] = OFF(Qb, h * hd);
+			pb[h] = OFF(Kb, (h / rep) * hd);
+			pc[h] = g->sc + h * SS;
+		}
+		if ((rc = gemm_ptrs(g, 0, 1, S, S, hd, 1.0f, pa, dq, pb, dkv, 0.0f, pc, S, (int)nh,
+				    g->gt, err)))
+			return rc;
 		if (!bwd) {
 			if (g->f32)
 				k_softmax<float, true><<<nh * S, NTH, 0, g->st>>>(
@@ -2115,21 +2316,26 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 				k_softmax<__nv_bfloat16, false><<<nh * S, NTH, 0, g->st>>>(
 					g->sc, (__nv_bfloat16 *)g->pg, S, scale);
 			LK();
-			for (uint32_t r0 = 0; r0 < rep; r0++)
-				if ((rc = gemm_sb(g, 0, 0, S, hd, S, 1.0f, OFF(g->pg, r0 * SS), S,
-						  rep * SS, Vb, dkv, hd, 0.0f,
-						  a->ctx + (uint64_t)b * S * dq + r0 * hd, dq,
-						  (long long)rep * hd, (int)nkv, g->gt, CUDA_R_32F,
-						  err)))
-					return rc;
+			/* context O_h = P_h V_g */
+			for (uint32_t h = 0; h < nh; h++) {
+				pa[h] = OFF(g->pg, h * SS);
+				pb[h] = OFF(Vb, (h / rep) * hd);
+				pc[h] = a->ctx + (uint64_t)b * S * dq + h * hd;
+			}
+			if ((rc = gemm_ptrs(g, 0, 0, S, hd, S, 1.0f, pa, S, pb, dkv, 0.0f, pc, dq,
+					    (int)nh, g->gt, err)))
+				return rc;
 			continue;
 		}
-		const void *dOb = OFF(dO, (uint64_t)b * S * dq);
-		for (uint32_t r0 = 0; r0 < rep; r0++)
-			if ((rc = gemm_sb(g, 0, 1, S, S, hd, 1.0f, OFF(dOb, r0 * hd), dq,
-					  (long long)rep * hd, Vb, dkv, hd, 0.0f, g->dp + r0 * SS, S,
-					  rep * SS, (int)nkv, g->gt, CUDA_R_32F, err)))
-				return rc;
+		/* dP_h = dO_h V_g^T */
+		for (uint32_t h = 0; h < nh; h++) {
+			pa[h] = OFF(dOb, h * hd);
+			pb[h] = OFF(Vb, (h / rep) * hd);
+			pc[h] = g->dp + h * SS;
+		}
+		if ((rc = gemm_ptrs(g, 0, 1, S, S, hd, 1.0f, pa, dq, pb, dkv, 0.0f, pc, S, (int)nh,
+				    g->gt, err)))
+			return rc;
 		if (g->f32)
 			k_softmax_bwd<float, true><<<nh * S, NTH, 0, g->st>>>(
 				g->sc, g->dp, (float *)g->pg, (float *)g->dsg, S, scale);
@@ -2138,22 +2344,39 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 				g->sc, g->dp, (__nv_bfloat16 *)g->pg, (__nv_bfloat16 *)g->dsg, S,
 				scale);
 		LK();
-		for (uint32_t r0 = 0; r0 < rep; r0++) {
-			float beta = r0 ? 1.0f : 0.0f;
-			if ((rc = gemm_sb(g, 1, 0, S, hd, S, 1.0f, OFF(g->pg, r0 * SS), S, rep * SS,
-					  OFF(dOb, r0 * hd), dq, (long long)rep * hd, beta,
-					  g->dvv + (uint64_t)b * S * dkv, dkv, hd, (int)nkv, g->gt,
-					  CUDA_R_32F, err)) ||
-			    (rc = gemm_sb(g, 0, 0, S, hd, S, 1.0f, OFF(g->dsg, r0 * SS), S, rep * SS,
-					  Kb, dkv, hd, 0.0f,
-					  g->dqv + (uint64_t)b * S * dq + r0 * hd, dq,
-					  (long long)rep * hd, (int)nkv, g->gt, CUDA_R_32F, err)) ||
-			    (rc = gemm_sb(g, 1, 0, S, hd, S, 1.0f, OFF(g->dsg, r0 * SS), S, rep * SS,
-					  OFF(Qb, r0 * hd), dq, (long long)rep * hd, beta,
-					  g->dkk + (uint64_t)b * S * dkv, dkv, hd, (int)nkv, g->gt,
-					  CUDA_R_32F, err)))
-				return rc;
+		/* per query head: dV_h = P_h^T dO_h and dK_h = dS_h^T Q_h into
+		 * [S, nh*hd] scratch (summed over each KV head's group after),
+		 * dQ_h = dS_h K_g straight into dqv */
+		for (uint32_t h = 0; h < nh; h++) {
+			pa[h] = OFF(g->pg, h * SS);
+			pb[h] = OFF(dOb, h * hd);
+			pc[h] = g->dctx2 + h * hd;
 		}
+		if ((rc = gemm_ptrs(g, 1, 0, S, hd, S, 1.0f, pa, S, pb, dq, 0.0f, pc, dq, (int)nh,
+				    g->gt, err)))
+			return rc;
+		k_group_sum<<<nblk((uint64_t)S * dkv), NTH, 0, g->st>>>(
+			g->dctx2, g->dvv + (uint64_t)b * S * dkv, S, nkv, rep, hd);
+		LK();
+		for (uint32_t h = 0; h < nh; h++) {
+			pa[h] = OFF(g->dsg, h * SS);
+			pb[h] = OFF(Kb, (h / rep) * hd);
+			pc[h] = g->dqv + (uint64_t)b * S * dq + h * hd;
+		}
+		if ((rc = gemm_ptrs(g, 0, 0, S, hd, S, 1.0f, pa, S, pb, dkv, 0.0f, pc, dq, (int)nh,
+				    g->gt, err)))
+			return rc;
+		for (uint32_t h = 0; h < nh; h++) {
+			pa[h] = OFF(g->dsg, h * SS);
+			pb[h] = OFF(Qb, h * hd);
+			pc[h] = g->dctx2 + h * hd;
+		}
+		if ((rc = gemm_ptrs(g, 1, 0, S, hd, S, 1.0f, pa, S, pb, dq, 0.0f, pc, dq, (int)nh,
+				    g->gt, err)))
+			return rc;
+		k_group_sum<<<nblk((uint64_t)S * dkv), NTH, 0, g->st>>>(
+			g->dctx2, g->dkk + (uint64_t)b * S * dkv, S, nkv, rep, hd);
+		LK();
 	}
 out:
 	return rc;
@@ -2387,7 +2610,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), bucket(n),
 						  g->dact + (uint64_t)off * F, 0, err)) ||
-				  (d->ldn &&
+				  (d->ldn && g->f32 &&
 				   (rc = lora_bwd(g, d->ldn, e, al + (uint64_t)off * F,
 						  a->udn + (uint64_t)off * r, g->dye + (uint64_t)off * H,
 						  n, g->dact + (uint64_t)off * F, a->perm + off,
@@ -2396,6 +2619,12 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			off += n;
 		}
 
+		ph(g, PH_B_LORA);
+		if (d->ldn && !g->f32 &&
+		    (rc = lora_bwd_experts(g, d->ldn, a->cnt, al, a->udn, g->dye, g->dact, a->perm,
+					   TK, err)))
+			return rc;
+		ph(g, PH_B_EXPERTS);
 		k_swiglu_bwd<<<nblk(TK * F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, TK,
 							      (uint32_t)F);
 		LK();
@@ -2406,7 +2635,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), bucket(n),
 						  g->dxs + (uint64_t)off * H, 0, err)) ||
-				  (d->lgu &&
+				  (d->lgu && g->f32 &&
 				   (rc = lora_bwd(g, d->lgu, e, xl + (uint64_t)off * H,
 						  a->ugu + (uint64_t)off * r,
 						  g->dgu + (uint64_t)off * 2 * F, n,
@@ -2415,6 +2644,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			off += n;
 		}
 
+		ph(g, PH_B_LORA);
+		if (d->lgu && !g->f32 &&
+		    (rc = lora_bwd_experts(g, d->lgu, a->cnt, xl, a->ugu, g->dgu, g->dxs, a->perm,
+					   TK, err)))
+			return rc;
 		ph(g, PH_B_ROUTE);
 		k_unperm_sum<<<nblk(T * H), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
 							     g->K, (uint32_t)H);

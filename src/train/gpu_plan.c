@@ -155,9 +155,10 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	if (lora->dropout > 0)
 		out->scratch += rows * wide * 4 + rows * u64max(F, Fs) * 4;
 	if (TK)
-		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8;
+		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
+				2 * (TK + E * GP_BUCKET) * r * 4 + 3 * E * 4;
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
-	out->scratch += 2 * att * 4 + 2 * att * p.esz;
+	out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
 	if (!f32)
 		out->scratch += u64max(rows * wide, T * V) * p.esz +
 				2 * T * u64max(dq, dkv) * p.esz;
