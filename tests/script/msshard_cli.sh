@@ -180,7 +180,7 @@ FB=""; why="no fault-injection build (make fault)"
 if fault_build "$B"; then FB=$B
 elif fault_build "$ROOT/build-fault"; then
 	newer=$(cd "$ROOT" && find src/shard*.c src/shard*.h src/fsutil.c src/safetensors.c \
-		src/inventory.c tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
+		src/inventory*.c src/inventory*.h tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
 	if [ -z "$newer" ]; then FB=$(cd "$ROOT/build-fault" && pwd); else
 		why="build-fault is older than $newer (make fault)"; fi
 fi
