@@ -655,141 +655,132 @@ static int lora_rank_check(const struct src *s, const cJSON *acfg, const struct 
 	return rc;
 }
 
-/*
- * Classify every tensor of s, resolve fused LoRA wrappers to parameters and
- * ranks, settle E and build the expert records. e_given is E when the
- * caller knows it (an option, a manifest), else 0; given_from names it.
- */
-int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
-		  struct ms_err *err)
+/* What classifying the tensors of a model found, for settling E. */
+struct census {
+	struct wrapper *w;     /* [n] the fused LoRA wrappers, nw used */
+	struct wrapper **wp;   /* [n] the same, to be sorted by module */
+	size_t nw;
+	uint32_t e_cfg, e_fused, e_grouped;
+	const char *fused_from, *grouped_from, *max_from;
+	int64_t max_expert;
+};
+
+/* Classify tensor i of s by its name and shape: per-expert, the A or B of
+ * a fused LoRA wrapper (collected in c->w, resolved later), grouped, or
+ * replicated. */
+static int classify_tensor(struct src *s, const cJSON *acfg, size_t i, struct census *c,
+			   struct ms_err *err)
 {
-	cJSON *acfg = NULL, *mcfg = NULL;
-	struct wrapper *w = NULL, **wp = NULL;
-	size_t nw = 0, k;
-	uint32_t e_cfg = 0, e_fused = 0, e_grouped = 0, e;
-	const char *fused_from = NULL, *grouped_from = NULL, *max_from = NULL;
-	int64_t max_expert = -1;
-	int rc;
+	struct stensor *t = &s->t[i];
+	struct ms_name_info in;
+	int rc = MS_OK;
 
-	s->packing = 0;
-	s->r = 0;
-	s->e_from = NULL;
-	if ((rc = parse_config(s, "adapter_config.json", &acfg, err)) != MS_OK ||
-	    (rc = parse_config(s, "config.json", &mcfg, err)) != MS_OK)
-		goto out;
-	if (acfg && cfg_u32(acfg, "r", MAX_LORA_RANK, &s->r) < 0) {
-		rc = ms_err_set(err, MS_EINVAL, "'%s': adapter_config.json \"r\" is not a rank in 1..%u",
-				s->label, MAX_LORA_RANK);
+	ms_free(t->param);
+	ms_free(t->part);
+	t->param = t->part = NULL;
+	t->kind = TK_REPLICATED;
+	t->expert = -1;
+	t->r = 0;
+	if (ms_name_parse(t->name, &in) != MS_OK) {
+		rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': name too long", t->name,
+				s->label);
 		goto out;
 	}
-	if ((rc = config_experts(s, mcfg, &e_cfg, err)) != MS_OK)
+	t->layer = in.layer;
+	if ((in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B) &&
+	    in.part != MS_NAME_PART_EXPERTS_FUSED &&
+	    (rc = lora_rank_check(s, acfg, t, &in, err)) != MS_OK)
 		goto out;
-	w = ms_calloc(s->n ? s->n : 1, sizeof(*w));
-	wp = ms_calloc(s->n ? s->n : 1, sizeof(*wp));
-	if (!w || !wp) {
-		rc = ms_err_nomem(err);
-		goto out;
-	}
-
-	for (size_t i = 0; i < s->n; i++) {
-		struct stensor *t = &s->t[i];
-		struct ms_name_info in;
-
-		ms_free(t->param);
-		ms_free(t->part);
-		t->param = t->part = NULL;
-		t->kind = TK_REPLICATED;
-		t->expert = -1;
-		t->r = 0;
-		if (ms_name_parse(t->name, &in) != MS_OK) {
-			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': name too long", t->name,
-					s->label);
+	if (in.part == MS_NAME_PART_EXPERT && in.expert >= 0) {
+		t->kind = TK_EXPERT;
+		t->expert = in.expert;
+		if (in.expert > c->max_expert) {
+			c->max_expert = in.expert;
+			c->max_from = t->name;
+		}
+		t->param = canon_path(t->name, in.module_len, 1);
+		t->part = canon_part(t->name, &in);
+		if (!t->param || !t->part) {
+			rc = ms_err_nomem(err);
 			goto out;
 		}
-		t->layer = in.layer;
-		if ((in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B) &&
-		    in.part != MS_NAME_PART_EXPERTS_FUSED &&
-		    (rc = lora_rank_check(s, acfg, t, &in, err)) != MS_OK)
-			goto out;
-		if (in.part == MS_NAME_PART_EXPERT && in.expert >= 0) {
-			t->kind = TK_EXPERT;
-			t->expert = in.expert;
-			if (in.expert > max_expert) {
-				max_expert = in.expert;
-				max_from = t->name;
-			}
-			t->param = canon_path(t->name, in.module_len, 1);
-			t->part = canon_part(t->name, &in);
-			if (!t->param || !t->part) {
+		s->packing |= PACK_PER_EXPERT;
+	} else if (in.part == MS_NAME_PART_EXPERTS_FUSED &&
+		   (in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B)) {
+		struct wrapper *x = NULL;
+
+		for (size_t j = 0; j < c->nw && !x; j++)
+			if (c->w[j].plen == in.module_len &&
+			    !memcmp(c->w[j].prefix, t->name, in.module_len))
+				x = &c->w[j];
+		if (!x) {
+			x = &c->w[c->nw++];
+			x->prefix = t->name;
+			x->plen = in.module_len;
+			x->nesting = in.lora_nesting;
+			x->a = x->b = -1;
+			if (!(x->module = canon_path(t->name, in.module_len, 0))) {
 				rc = ms_err_nomem(err);
 				goto out;
 			}
-			s->packing |= PACK_PER_EXPERT;
-		} else if (in.part == MS_NAME_PART_EXPERTS_FUSED &&
-			   (in.role == MS_NAME_ROLE_LORA_A || in.role == MS_NAME_ROLE_LORA_B)) {
-			struct wrapper *x = NULL;
-
-			for (size_t j = 0; j < nw && !x; j++)
-				if (w[j].plen == in.module_len &&
-				    !memcmp(w[j].prefix, t->name, in.module_len))
-					x = &w[j];
-			if (!x) {
-				x = &w[nw++];
-				x->prefix = t->name;
-				x->plen = in.module_len;
-				x->nesting = in.lora_nesting;
-				x->a = x->b = -1;
-				if (!(x->module = canon_path(t->name, in.module_len, 0))) {
-					rc = ms_err_nomem(err);
-					goto out;
-				}
-			}
-			if (in.role == MS_NAME_ROLE_LORA_A ? x->a >= 0 : x->b >= 0) {
-				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': a second %s for "
-						"the same fused LoRA wrapper", t->name, s->label,
-						ms_name_role_str(in.role));
-				goto out;
-			}
-			if (in.role == MS_NAME_ROLE_LORA_A) {
-				x->a = (int64_t)i;
-				t->kind = TK_FUSED_A;
-			} else {
-				x->b = (int64_t)i;
-				t->kind = TK_FUSED_B;
-			}
-			if (ms_dtype_bits(t->dtype) % 8) {
-				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': fused LoRA in a "
-						"sub-byte dtype cannot be sliced", t->name, s->label);
-				goto out;
-			}
-		} else if (in.part == MS_NAME_PART_EXPERTS_FUSED && in.lora_nesting >= 0) {
-			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': this LoRA tensor of a fused "
-					"experts module cannot be split by expert", t->name, s->label);
-			goto out;
-		} else if (in.part == MS_NAME_PART_EXPERTS_FUSED && t->ndim >= 1 &&
-			   t->nbytes > 0 && !(t->ndim == 1 && t->shape[0] == 1)) {
-			t->kind = TK_GROUPED;
-			if (!e_grouped) {
-				e_grouped = t->shape[0] > MS_EP_MAX_EXPERTS ? MS_EP_MAX_EXPERTS + 1
-									    : (uint32_t)t->shape[0];
-				grouped_from = t->name;
-			} else if (t->shape[0] != e_grouped) {
-				rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': %llu experts in its "
-						"first dimension, but '%s' has %u", t->name, s->label,
-						(unsigned long long)t->shape[0], grouped_from, e_grouped);
-				goto out;
-			}
-			t->param = canon_path(t->name, in.module_len, 0);
-			t->part = canon_part(t->name, &in);
-			if (!t->param || !t->part) {
-				rc = ms_err_nomem(err);
-				goto out;
-			}
-			s->packing |= PACK_GROUPED;
 		}
-		/* everything else, including a fused scalar shared by all
-		 * experts, is replicated */
+		if (in.role == MS_NAME_ROLE_LORA_A ? x->a >= 0 : x->b >= 0) {
+			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': a second %s for "
+					"the same fused LoRA wrapper", t->name, s->label,
+					ms_name_role_str(in.role));
+			goto out;
+		}
+		if (in.role == MS_NAME_ROLE_LORA_A) {
+			x->a = (int64_t)i;
+			t->kind = TK_FUSED_A;
+		} else {
+			x->b = (int64_t)i;
+			t->kind = TK_FUSED_B;
+		}
+		if (ms_dtype_bits(t->dtype) % 8) {
+			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': fused LoRA in a "
+					"sub-byte dtype cannot be sliced", t->name, s->label);
+			goto out;
+		}
+	} else if (in.part == MS_NAME_PART_EXPERTS_FUSED && in.lora_nesting >= 0) {
+		rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': this LoRA tensor of a fused "
+				"experts module cannot be split by expert", t->name, s->label);
+		goto out;
+	} else if (in.part == MS_NAME_PART_EXPERTS_FUSED && t->ndim >= 1 &&
+		   t->nbytes > 0 && !(t->ndim == 1 && t->shape[0] == 1)) {
+		t->kind = TK_GROUPED;
+		if (!c->e_grouped) {
+			c->e_grouped = t->shape[0] > MS_EP_MAX_EXPERTS ? MS_EP_MAX_EXPERTS + 1
+								       : (uint32_t)t->shape[0];
+			c->grouped_from = t->name;
+		} else if (t->shape[0] != c->e_grouped) {
+			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': %llu experts in its "
+					"first dimension, but '%s' has %u", t->name, s->label,
+					(unsigned long long)t->shape[0], c->grouped_from, c->e_grouped);
+			goto out;
+		}
+		t->param = canon_path(t->name, in.module_len, 0);
+		t->part = canon_part(t->name, &in);
+		if (!t->param || !t->part) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		s->packing |= PACK_GROUPED;
 	}
+	/* everything else, including a fused scalar shared by all experts, is
+	 * replicated */
+out:
+	return rc;
+}
+
+/* Pair each fused LoRA wrapper's A with its B, resolve the parameter of
+ * its module that each wraps, and take the expert count they hold. */
+static int resolve_wrappers(struct src *s, const cJSON *acfg, struct census *c,
+			    struct ms_err *err)
+{
+	struct wrapper *w = c->w, **wp = c->wp;
+	size_t nw = c->nw, k;
+	int rc = MS_OK;
 
 	for (size_t j = 0; j < nw; j++) {
 		if (w[j].a < 0 || w[j].b < 0) {
@@ -821,35 +812,47 @@ int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
 			rc = ms_err_nomem(err);
 			goto out;
 		}
-		if (!e_fused) {
-			e_fused = ew;
-			fused_from = a->name;
+		if (!c->e_fused) {
+			c->e_fused = ew;
+			c->fused_from = a->name;
 			s->e_from = a;
-		} else if (ew != e_fused) {
+		} else if (ew != c->e_fused) {
 			rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': %u experts at r=%u, but "
-					"'%s' has %u", a->name, s->label, ew, w[j].r, fused_from,
-					e_fused);
+					"'%s' has %u", a->name, s->label, ew, w[j].r, c->fused_from,
+					c->e_fused);
 			goto out;
 		}
 		s->packing |= PACK_FUSED;
 	}
+out:
+	return rc;
+}
 
-	/* Every source of E must agree. */
-	e = e_given ? e_given : e_cfg ? e_cfg : e_fused ? e_fused : e_grouped;
-	if (e_cfg && e_cfg != e) {
+/* Set s->E from every source of the expert count, which must agree: the
+ * caller's (e_given, named given_from), config.json's, the fused LoRA's,
+ * the grouped tensors' and the highest expert index. */
+static int settle_experts(struct src *s, uint32_t e_given, const char *given_from,
+			  const struct census *c, struct ms_err *err)
+{
+	uint32_t e = e_given ? e_given : c->e_cfg ? c->e_cfg : c->e_fused ? c->e_fused
+										     : c->e_grouped;
+	int rc = MS_OK;
+
+	if (c->e_cfg && c->e_cfg != e) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': config.json says %u experts, but %s says %u",
-				s->label, e_cfg, given_from, e);
+				s->label, c->e_cfg, given_from, e);
 		goto out;
 	}
-	if (e_fused && e_fused != e) {
+	if (c->e_fused && c->e_fused != e) {
 		rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': holds %u experts, but %s says %u",
-				fused_from, s->label, e_fused, e_given ? given_from : "config.json", e);
+				c->fused_from, s->label, c->e_fused,
+				e_given ? given_from : "config.json", e);
 		goto out;
 	}
-	if (e_grouped && e_grouped != e) {
+	if (c->e_grouped && c->e_grouped != e) {
 		rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': holds %u experts, but %s says %u",
-				grouped_from, s->label, e_grouped,
-				e_given ? given_from : e_cfg ? "config.json" : "the fused LoRA", e);
+				c->grouped_from, s->label, c->e_grouped,
+				e_given ? given_from : c->e_cfg ? "config.json" : "the fused LoRA", e);
 		goto out;
 	}
 	if (!s->packing) {
@@ -858,10 +861,10 @@ int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
 		goto out;
 	}
 	if (!e)
-		e = (uint32_t)(max_expert + 1);
-	if (max_expert >= (int64_t)e) {
+		e = (uint32_t)(c->max_expert + 1);
+	if (c->max_expert >= (int64_t)e) {
 		rc = ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': expert %lld, but the model has %u "
-				"experts", max_from, s->label, (long long)max_expert, e);
+				"experts", c->max_from, s->label, (long long)c->max_expert, e);
 		goto out;
 	}
 	if (e > MS_EP_MAX_EXPERTS) {
@@ -882,8 +885,18 @@ int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
 			goto out;
 		}
 	}
+out:
+	return rc;
+}
 
-	/* The expert records, one per (expert, tensor) slice. */
+/* The expert records, one per (expert, tensor) slice, in cmp_rec order;
+ * no expert may have one slice in two tensors. */
+static int build_records(struct src *s, struct ms_err *err)
+{
+	uint32_t e = s->E;
+	size_t k = 0;
+	int rc = MS_OK;
+
 	s->nrec = 0;
 	for (size_t i = 0; i < s->n; i++)
 		s->nrec += s->t[i].kind == TK_EXPERT ? 1 : shard_is_sliced(s->t[i].kind) ? e : 0;
@@ -893,7 +906,6 @@ int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
 		rc = ms_err_nomem(err);
 		goto out;
 	}
-	k = 0;
 	for (size_t i = 0; i < s->n; i++) {
 		if (s->t[i].kind == TK_EXPERT) {
 			s->rec[k].tensor = (uint32_t)i;
@@ -918,12 +930,53 @@ int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
 			goto out;
 		}
 	}
-	rc = MS_OK;
 out:
-	for (size_t j = 0; w && j < nw; j++)
-		ms_free(w[j].module);
-	ms_free(w);
-	ms_free(wp);
+	return rc;
+}
+
+/*
+ * Classify every tensor of s, resolve fused LoRA wrappers to parameters and
+ * ranks, settle E and build the expert records. e_given is E when the
+ * caller knows it (an option, a manifest), else 0; given_from names it.
+ */
+int shard_analyze(struct src *s, uint32_t e_given, const char *given_from,
+		  struct ms_err *err)
+{
+	cJSON *acfg = NULL, *mcfg = NULL;
+	struct census c = { .max_expert = -1 };
+	int rc;
+
+	s->packing = 0;
+	s->r = 0;
+	s->e_from = NULL;
+	if ((rc = parse_config(s, "adapter_config.json", &acfg, err)) != MS_OK ||
+	    (rc = parse_config(s, "config.json", &mcfg, err)) != MS_OK)
+		goto out;
+	if (acfg && cfg_u32(acfg, "r", MAX_LORA_RANK, &s->r) < 0) {
+		rc = ms_err_set(err, MS_EINVAL, "'%s': adapter_config.json \"r\" is not a rank in 1..%u",
+				s->label, MAX_LORA_RANK);
+		goto out;
+	}
+	if ((rc = config_experts(s, mcfg, &c.e_cfg, err)) != MS_OK)
+		goto out;
+	c.w = ms_calloc(s->n ? s->n : 1, sizeof(*c.w));
+	c.wp = ms_calloc(s->n ? s->n : 1, sizeof(*c.wp));
+	if (!c.w || !c.wp) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < s->n; i++)
+		if ((rc = classify_tensor(s, acfg, i, &c, err)) != MS_OK)
+			goto out;
+	if ((rc = resolve_wrappers(s, acfg, &c, err)) != MS_OK ||
+	    (rc = settle_experts(s, e_given, given_from, &c, err)) != MS_OK ||
+	    (rc = build_records(s, err)) != MS_OK)
+		goto out;
+out:
+	for (size_t j = 0; c.w && j < c.nw; j++)
+		ms_free(c.w[j].module);
+	ms_free(c.w);
+	ms_free(c.wp);
 	cJSON_Delete(acfg);
 	cJSON_Delete(mcfg);
 	return rc;
