@@ -149,10 +149,8 @@ struct pool {
 	struct ms_shard_out_file *files; /* and where to say what was written */
 	size_t nfiles;
 	const struct ms_shard_opts *o;   /* progress (may be NULL) */
-	pthread_mutex_t lock;
-	size_t next, done;
-	int rc;                          /* first failure */
-	struct ms_err err;
+	pthread_mutex_t lock;            /* progress: done and the callback */
+	size_t done;                     /* files written */
 };
 
 /* A growable job list. */

@@ -27,6 +27,7 @@
 #include "hash.h"
 #include "inventory.h"
 #include "names.h"
+#include "pool.h"
 #include "safetensors.h"
 #include "stage.h"
 
@@ -198,40 +199,11 @@ static int run_job(struct pool *p, const struct job *j, uint8_t *buf, struct ms_
 	return rc;
 }
 
-static void pool_fail(struct pool *p, int rc, const struct ms_err *err)
+static int pool_job(struct ms_pool *mp, size_t i, uint8_t *buf, struct ms_err *err)
 {
-	pthread_mutex_lock(&p->lock);
-	if (p->rc == MS_OK) {
-		p->rc = rc;
-		p->err = *err;
-	}
-	pthread_mutex_unlock(&p->lock);
-}
+	struct pool *p = mp->ctx;
 
-static void *pool_main(void *arg)
-{
-	struct pool *p = arg;
-	uint8_t *buf = ms_malloc(CHUNK);
-	struct ms_err err = { 0 };
-
-	if (!buf) {
-		pool_fail(p, ms_err_nomem(&err), &err);
-		return NULL;
-	}
-	for (;;) {
-		size_t i;
-		int rc;
-
-		pthread_mutex_lock(&p->lock);
-		i = p->next < p->njobs && p->rc == MS_OK ? p->next++ : SIZE_MAX;
-		pthread_mutex_unlock(&p->lock);
-		if (i == SIZE_MAX)
-			break;
-		if ((rc = run_job(p, &p->jobs[i], buf, &err)) != MS_OK)
-			pool_fail(p, rc, &err);
-	}
-	ms_free(buf);
-	return NULL;
+	return run_job(p, &p->jobs[i], buf, err);
 }
 
 /* Run p's jobs on nthreads threads (0: one per CPU, and one more when
@@ -239,30 +211,17 @@ static void *pool_main(void *arg)
  * failure stops the rest and is returned. */
 int shard_pool_run(struct pool *p, int nthreads, struct ms_err *err)
 {
-	pthread_t th[64];
-	int started = 0, nth = nthreads;
+	struct ms_pool mp = { .njobs = p->njobs, .scratch = CHUNK, .run = pool_job, .ctx = p };
+	int rc;
 
-	if (nth <= 0)
-		nth = ms_ncpus() + (p->nfiles ? 1 : 0);
-	if (nth > 64)
-		nth = 64;
-	if ((size_t)nth > p->njobs)
-		nth = p->njobs ? (int)p->njobs : 1;
-	p->next = p->done = 0;
-	p->rc = MS_OK;
+	mp.nthreads = nthreads > 0 ? nthreads : ms_ncpus() + (p->nfiles ? 1 : 0);
+	if (mp.nthreads > 64)
+		mp.nthreads = 64;
+	p->done = 0;
 	pthread_mutex_init(&p->lock, NULL);
-	for (int i = 1; i < nth; i++) {
-		if (pthread_create(&th[started], NULL, pool_main, p))
-			break;
-		started++;
-	}
-	pool_main(p);
-	for (int i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
+	rc = ms_pool_run(&mp, err);
 	pthread_mutex_destroy(&p->lock);
-	if (p->rc != MS_OK)
-		return ms_err_set(err, p->rc, "%s", p->err.msg);
-	return MS_OK;
+	return rc;
 }
 
 void shard_jobs_release(struct jobs *j)

@@ -179,7 +179,7 @@ fault_build() { # DIR: a fault build? (it logs the failures it injects)
 FB=""; why="no fault-injection build (make fault)"
 if fault_build "$B"; then FB=$B
 elif fault_build "$ROOT/build-fault"; then
-	newer=$(cd "$ROOT" && find src/shard*.c src/shard*.h src/fsutil.c src/safetensors.c \
+	newer=$(cd "$ROOT" && find src/shard*.c src/shard*.h src/pool.c src/fsutil.c src/safetensors.c \
 		src/inventory*.c src/inventory*.h tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
 	if [ -z "$newer" ]; then FB=$(cd "$ROOT/build-fault" && pwd); else
 		why="build-fault is older than $newer (make fault)"; fi

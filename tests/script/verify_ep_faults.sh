@@ -156,7 +156,7 @@ ROOT=${MS_ROOT:-.}
 FB=""
 if fault_build "$B"; then FB=$B
 elif fault_build "$ROOT/build-fault" &&
-	[ -z "$(cd "$ROOT" && find src/shard*.c src/shard*.h tools/msverify.c -newer build-fault/msverify 2>/dev/null)" ]; then
+	[ -z "$(cd "$ROOT" && find src/shard*.c src/shard*.h src/pool.c tools/msverify.c -newer build-fault/msverify 2>/dev/null)" ]; then
 	FB="$ROOT/build-fault"
 fi
 if [ -n "$FB" ]; then
