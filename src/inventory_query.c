@@ -527,7 +527,7 @@ static int load_tensors(struct ms_inv *inv, sqlite3_stmt *st, struct ms_inv_file
 	sqlite3_reset(st);
 	sqlite3_bind_int64(st, 1, f->id);
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		struct ms_inv_tensor *t;
+		struct ms_vtensor *t;
 		const char *dt = inv_col_str(st, 1);
 		int bad = 0;
 
