@@ -1,7 +1,7 @@
 #!/bin/sh
 # footprint_big.sh: plan a 700B-class MoE run from headers alone.
 #
-# tools/scripts/make_sparse_ckpt.py writes a 688B-parameter checkpoint (60
+# tests/gen/make_sparse_ckpt.py writes a 688B-parameter checkpoint (60
 # layers x 256 experts x 3 projections of 2048 x 7168, bf16, 61 shards and
 # an index) whose data are holes, so it costs a few MB of disk. The planner
 # (through a small C driver over libms, and through `msinv footprint` when
@@ -95,7 +95,7 @@ t0=$(date +%s)
 for v in perexpert fused; do
 	flag=""
 	[ $v = fused ] && flag=--fused
-	if python3 "$MS_ROOT/tools/scripts/make_sparse_ckpt.py" --out "$tmp/$v" $flag \
+	if python3 "$MS_ROOT/tests/gen/make_sparse_ckpt.py" --out "$tmp/$v" $flag \
 		>"$tmp/$v.summary" 2>"$tmp/gen.err"; then
 		ok
 	else

@@ -12,7 +12,7 @@ fixture into that layout, so every fused value is a known per-expert value:
 Everything else (attention, router, norms, embeddings, config files) is
 copied unchanged. Needs numpy, ml_dtypes and safetensors (the test venv).
 
-    python3 tools/scripts/gen_fused_experts_fixture.py SRC_DIR OUT_DIR
+    python3 tests/gen/gen_fused_experts_fixture.py SRC_DIR OUT_DIR
 """
 import os
 import re

@@ -8,7 +8,7 @@ independently of the C reader, so the corpus tests the reader rather than
 echoing it. Output is deterministic: running this again gives the same
 bytes (tests/script/malformed.sh runs every case through `msinv inspect`).
 
-    python3 tools/scripts/gen_bad_corpus.py [OUTDIR]   (default tests/fixtures/bad)
+    python3 tests/gen/gen_bad_corpus.py [OUTDIR]   (default tests/fixtures/bad)
 """
 import json
 import os

@@ -21,7 +21,7 @@ A fixture needs its transformers generation, so run the script once in an
 environment of each (it builds what its transformers can and says what it
 skipped):
   python3 -m venv /some/venv && /some/venv/bin/pip install torch transformers peft safetensors
-  /some/venv/bin/python tools/scripts/gen_peft_fixtures.py --out tests/fixtures/peft
+  /some/venv/bin/python tests/gen/gen_peft_fixtures.py --out tests/fixtures/peft
 
 PEFT wraps a module's parameters in the order the module declares them
 (gate_up_proj innermost), and saves target_parameters from a set, so their
@@ -95,7 +95,7 @@ def truth_of(pm, want):
 
 def readme(path, title, body):
     with open(os.path.join(path, "README.md"), "w") as f:
-        f.write("# %s\n\n%s\n\nMade by tools/scripts/gen_peft_fixtures.py with %s.\n"
+        f.write("# %s\n\n%s\n\nMade by tests/gen/gen_peft_fixtures.py with %s.\n"
                 % (title, body.strip(), versions()))
 
 

@@ -30,7 +30,7 @@ after the rename, before the commit): counted ("unregistered outputs"),
 and the rerun must cope with it. A partial directory, or part of the work
 registered (some shards but not all), fails the trial.
 
-    python3 tools/scripts/rel_crash.py --build DIR [--trials N] [--mb MB]
+    python3 tests/rel/rel_crash.py --build DIR [--trials N] [--mb MB]
 """
 import argparse
 import os

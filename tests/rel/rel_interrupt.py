@@ -23,7 +23,7 @@ directory argument must remove what it left, both for an output written in
 the inventory's directory and for one written beside the registered input
 (the parent of a recorded state's directory).
 
-    python3 tools/scripts/rel_interrupt.py --build DIR [--mb MB]
+    python3 tests/rel/rel_interrupt.py --build DIR [--mb MB]
 """
 import argparse
 import os

@@ -19,7 +19,7 @@ complete file equal to a single run's, and no temporary is left.
 Part 3, the same for a directory output (`msshard split` twice to one
 directory): one wins, the other refuses, the directory is the single run's.
 
-    python3 tools/scripts/rel_concurrency.py --build DIR [--rounds N]
+    python3 tests/rel/rel_concurrency.py --build DIR [--rounds N]
         [--writers 16] [--races N]
 """
 import argparse

@@ -26,7 +26,7 @@ every call of that kind in the run was failed once. After each trial:
 SQLite's own allocations and file I/O do not go through ms_malloc or
 fsutil, so they are not failed here; the crash tests cover the database.
 
-    python3 tools/scripts/rel_fault.py --build DIR [--scenario NAME]...
+    python3 tests/rel/rel_fault.py --build DIR [--scenario NAME]...
         [--kinds alloc,read,...] [--persist] [--valgrind-every K]
         [--alloc-stride K] [--jobs N] [--messages FILE]
     (a scenario may name its own kinds, and a stride for one:

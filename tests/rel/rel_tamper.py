@@ -21,7 +21,7 @@ checked to pass first, so a detection is the change's doing. The layout of
 the files is read here with the standard library (the safetensors header,
 the bundle JSON), not taken from the tools under test.
 
-    python3 tools/scripts/rel_tamper.py --build DIR [--all]
+    python3 tests/rel/rel_tamper.py --build DIR [--all]
 """
 import argparse
 import json

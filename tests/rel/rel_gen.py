@@ -14,7 +14,7 @@ shard), config.json. Values are BF16 with magnitudes around 2^-7 .. 2^-4
 and random signs; the bytes are deterministic for a given --seed. Only the
 standard library is used.
 
-    python3 tools/scripts/rel_gen.py OUTDIR [--mb 64] [--shard-mb 32] [--seed 0]
+    python3 tests/rel/rel_gen.py OUTDIR [--mb 64] [--shard-mb 32] [--seed 0]
 """
 import argparse
 import json

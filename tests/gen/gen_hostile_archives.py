@@ -15,7 +15,7 @@ program). A few are also written as plain tar streams (NAME.tar), which
 the fuzz target compresses itself: the fuzzer mutates those far better than
 compressed bytes. Output is deterministic; every file stays under a few KiB.
 
-    python3 tools/scripts/gen_hostile_archives.py [OUTDIR]
+    python3 tests/gen/gen_hostile_archives.py [OUTDIR]
         (default tests/fuzz/corpus/bundle)
 """
 import copy
