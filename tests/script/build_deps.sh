@@ -13,6 +13,10 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 MAKE=$(command -v make)
+# each make below stands for a user's plain `make`: under `make -j2 test`
+# the parent's jobserver is not passed down to this script, and a make that
+# inherits its MAKEFLAGS warns that it is unavailable
+unset MAKEFLAGS MFLAGS MAKELEVEL
 if [ -z "$MAKE" ] || ! command -v pkg-config >/dev/null 2>&1 ||
    ! pkg-config --exists sqlite3 libcrypto libcjson libarchive libzstd; then
 	echo "build_deps: skipped (needs make, pkg-config and the libraries)"
