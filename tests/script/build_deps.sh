@@ -5,12 +5,8 @@
 # PKG_CONFIG_LIBDIR pointing at a copy of the .pc files that lacks it, a
 # missing pkg-config with a PATH that does not have it.
 ROOT=${MS_ROOT:-$(pwd)}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/build-deps.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 MAKE=$(command -v make)
 # each make below stands for a user's plain `make`: under `make -j2 test`

@@ -14,9 +14,8 @@
 MS_BUILD=${MS_BUILD:-build}
 MS_ROOT=${MS_ROOT:-.}
 name=footprint_big
-pass=0; fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $name: $*" >&2; }
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 finish() { echo "$name: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit $?; }
 
 CC=${CC:-cc}
@@ -35,8 +34,6 @@ if [ ! -f "$MS_BUILD/libms.a" ]; then
 	bad "missing $MS_BUILD/libms.a (run make)"
 	finish
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ms-fpbig-XXXXXX") || exit 3
-trap 'rm -rf "$tmp"' EXIT
 
 # ---- the driver: plan file in, report out, the tool's exit statuses -------------
 cat >"$tmp/fpdrv.c" <<'EOF'

@@ -17,14 +17,19 @@
 #   has PATTERN FILE WHAT, hasnt PATTERN FILE WHAT   grep in a file
 #   one_line [WHAT]  stderr ($W/err) is exactly one line
 # and ends with its own totals line, "NAME: N passed, N failed", which
-# tests/run.sh reads.
+# tests/run.sh reads. A test whose helper checks more than these (msinv_cli's
+# expect also checks the one-line message) defines its own after sourcing.
+# Tests that exec a Python driver (fault_injection, crash_consistency, ...)
+# do not source it: the driver keeps the counts and its own scratch space.
 t_name=$(basename "$0" .sh)
 B=${MS_BUILD:-build}
 FX=${MS_FIXTURES:-tests/fixtures}
 ROOT=${MS_ROOT:-.}
 pass=0; fail=0
 W=$(mktemp -d "${TMPDIR:-/tmp}/$t_name.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
+# removed by its own name: a test may point W elsewhere later
+t_scratch=$W
+trap 'rm -rf "$t_scratch"' EXIT
 if [ -d "$B" ]; then PATH="$(cd "$B" && pwd):$PATH"; export PATH; fi
 
 ok() { pass=$((pass + 1)); }

@@ -9,12 +9,9 @@ MS_BUILD=${MS_BUILD:-build}
 MS_FIXTURES=${MS_FIXTURES:-tests/fixtures}
 BAD=$MS_FIXTURES/bad
 MSINV=$MS_BUILD/msinv
-pass=0; fail=0
-tmp=$(mktemp -d -t ms-malformed-XXXXXX) || exit 3
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL malformed: $*" >&2; }
 
 if [ ! -x "$MSINV" ] || [ ! -f "$BAD/EXPECTED.tsv" ]; then
 	echo "malformed: missing $MSINV or $BAD/EXPECTED.tsv" >&2

@@ -5,15 +5,10 @@
 # and what it may replace; with a fault-injection build, a failure at every
 # write, fsync and rename and at a sample of allocations leaves nothing),
 # and the man page's EXAMPLES run as written.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-ROOT=${MS_ROOT:-.}
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 M="$B/msshard"
-pass=0; fail=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # run EXPECTED_RC NAME CMD...: stdout in $tmp/out, stderr in $tmp/err
 run() {
