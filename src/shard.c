@@ -212,6 +212,190 @@ int shard_foreign_shard(const char *dir, const char *stem, uint32_t n, char **fo
 	return rc;
 }
 
+/* What split_src plans for each of the n shards: its staging path, its
+ * metadata and the strings they point to, its experts' local positions and
+ * what it holds (os). */
+struct split_plan {
+	uint32_t n;
+	size_t nmeta;                 /* metadata entries per shard */
+	struct ms_st_meta *meta;      /* [n * nmeta] */
+	char **strs;                  /* [2n] each shard's rank and expert list */
+	char **spaths;                /* [n] staging paths (NULL in a dry run) */
+	int32_t *lpos;                /* [n * E] */
+	struct outspec *os;           /* [n] */
+	char num[16], size_s[16], e_s[16];
+};
+
+static void split_plan_release(struct split_plan *sp)
+{
+	for (uint32_t r = 0; sp->strs && r < 2 * sp->n; r++)
+		ms_free(sp->strs[r]);
+	for (uint32_t r = 0; sp->spaths && r < sp->n; r++)
+		ms_free(sp->spaths[r]);
+	ms_free(sp->strs);
+	ms_free(sp->spaths);
+	ms_free(sp->os);
+	ms_free(sp->meta);
+	ms_free(sp->lpos);
+}
+
+/* Plan the shards of s under placement pl: each one's path in fdir (and
+ * in the staging directory st unless a dry run), its experts and its
+ * metadata (the source's, and what the shard is), and count what it will
+ * hold into res. */
+static int plan_shards(const struct src *s, const struct ms_ep_placement *pl, const char *fdir,
+		       const struct stage *st, const struct ms_shard_opts *o,
+		       struct ms_shard_result *res, struct split_plan *sp, struct ms_err *err)
+{
+	const struct sfile *f0 = s->nfiles ? &s->files[0] : NULL;
+	uint32_t n = pl->ep_size;
+	size_t nbase = 0;
+	int rc = MS_OK;
+
+	sp->n = n;
+	/* Each shard keeps the source's metadata and says what it is. */
+	for (size_t k = 0; f0 && k < f0->nmeta; k++)
+		nbase += strncmp(f0->meta[k].key, META_PREFIX, strlen(META_PREFIX)) != 0;
+	sp->nmeta = nbase + 7;
+	sp->meta = ms_calloc((size_t)n * sp->nmeta, sizeof(*sp->meta));
+	sp->strs = ms_calloc((size_t)n * 2, sizeof(*sp->strs));
+	sp->spaths = ms_calloc(n, sizeof(*sp->spaths));
+	sp->lpos = ms_malloc((size_t)n * s->E * sizeof(*sp->lpos));
+	sp->os = ms_calloc(n, sizeof(*sp->os));
+	if (!sp->meta || !sp->strs || !sp->spaths || !sp->lpos || !sp->os) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	snprintf(sp->size_s, sizeof(sp->size_s), "%u", n);
+	snprintf(sp->e_s, sizeof(sp->e_s), "%u", s->E);
+	snprintf(sp->num, sizeof(sp->num), "%d", MS_EP_MANIFEST_VERSION);
+	for (uint32_t r = 0; r < n; r++) {
+		struct ms_shard_out_file *f = &res->files[r];
+		struct ms_st_meta *m = sp->meta + (size_t)r * sp->nmeta;
+		int32_t *lp = sp->lpos + (size_t)r * s->E;
+		char *name = shard_name(shard_stem_of(s), r, n);
+		uint32_t l = pl->first[r + 1] - pl->first[r];
+		struct ms_buf b;
+		size_t k = 0;
+
+		f->path = name ? ms_path_join(fdir, name) : NULL;
+		sp->spaths[r] = name && !o->dry_run ? stage_path(st, name) : NULL;
+		ms_free(name);
+		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
+		if (!f->path || !f->experts || (!o->dry_run && !sp->spaths[r])) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		memcpy(f->experts, pl->ids + pl->first[r], l * sizeof(uint32_t));
+		f->nexperts = l;
+		f->rank = r;
+		for (size_t i = 0; f0 && i < f0->nmeta; i++)
+			if (strncmp(f0->meta[i].key, META_PREFIX, strlen(META_PREFIX)))
+				m[k++] = f0->meta[i];
+		ms_buf_init(&b);
+		for (uint32_t i = 0; i < f->nexperts; i++)
+			ms_buf_printf(&b, i ? ",%u" : "%u", f->experts[i]);
+		sp->strs[2 * r] = ms_asprintf("%u", r);
+		sp->strs[2 * r + 1] = b.oom ? NULL : b.data ? ms_buf_detach(&b, NULL) : ms_strdup("");
+		ms_buf_release(&b);
+		if (!sp->strs[2 * r] || !sp->strs[2 * r + 1]) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "version", sp->num };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "rank", sp->strs[2 * r] };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "size", sp->size_s };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "num_experts", sp->e_s };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "placement",
+					      (char *)ms_ep_placement_name(pl->kind) };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "experts", sp->strs[2 * r + 1] };
+		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "source", (char *)s->digest };
+		for (uint32_t e = 0; e < s->E; e++)
+			lp[e] = -1;
+		for (uint32_t i = 0; i < f->nexperts; i++)
+			lp[f->experts[i]] = (int32_t)i;
+		sp->os[r] = (struct outspec){ .path = sp->spaths[r], .file = -1, .ids = f->experts,
+					      .l = f->nexperts, .lpos = lp, .nmeta = k, .meta = m };
+		if ((rc = shard_out_plan(s, &sp->os[r], f, err)) != MS_OK)
+			goto out;
+	}
+out:
+	return rc;
+}
+
+/* Write the planned shards on the pool: v's first npre jobs (the inputs'
+ * faulting in) before them, its other checks after them, so that the
+ * shards' fsyncs overlap the checks; then v's check must pass. */
+static int split_write(const struct src *s, const struct split_plan *sp,
+		       const struct ms_shard_opts *o, const struct vplan *v,
+		       struct ms_shard_result *res, struct ms_err *err)
+{
+	uint32_t n = sp->n;
+	size_t nj = (size_t)n + (v ? v->njobs : 0);
+	struct job *jobs = NULL;
+	struct pool pool;
+	int rc;
+
+	if (!(jobs = ms_calloc(nj ? nj : 1, sizeof(*jobs)))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; v && i < v->npre; i++)
+		jobs[i] = v->jobs[i];
+	for (uint32_t r = 0; r < n; r++) {
+		jobs[(v ? v->npre : 0) + r].kind = JOB_FILE;
+		jobs[(v ? v->npre : 0) + r].file = r;
+	}
+	for (size_t i = v ? v->npre : 0; v && i < v->njobs; i++)
+		jobs[n + i] = v->jobs[i];
+	pool = (struct pool){ .jobs = jobs, .njobs = nj, .s = s, .os = sp->os, .files = res->files,
+			      .nfiles = n, .o = o };
+	if ((rc = shard_pool_run(&pool, o->nthreads, err)) != MS_OK)
+		goto out;
+	if (v && (rc = v->check(v->ctx, err)) != MS_OK)
+		goto out;
+out:
+	ms_free(jobs);
+	return rc;
+}
+
+/* The config files, then the manifest last (a set without one is
+ * incomplete and is refused), into the staging directory st. */
+static int split_write_manifest(const struct src *s, const struct ms_ep_placement *pl,
+				const char *fdir, const struct stage *st,
+				struct ms_shard_result *res, struct ms_err *err)
+{
+	char *mtext = NULL, *p = NULL;
+	size_t mlen = 0;
+	int rc = MS_OK;
+
+	for (size_t c = 0; c < s->nconfigs; c++) {
+		if (!(p = stage_path(st, s->configs[c].name))) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
+		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
+		ms_free(p);
+		p = NULL;
+		if (rc != MS_OK)
+			goto out;
+	}
+	if ((rc = shard_manifest_text(s, pl, res->files, &mtext, &mlen, err)) != MS_OK)
+		goto out;
+	if (!(p = stage_path(st, MS_EP_MANIFEST))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
+		goto out;
+	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST)))
+		rc = ms_err_nomem(err);
+out:
+	ms_free(mtext);
+	ms_free(p);
+	return rc;
+}
+
 /*
  * Write s as the shard set of placement pl to dir: the shards, the config
  * files and the manifest (last) into the staging directory st (opened by
@@ -225,157 +409,24 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		     struct ms_shard_result **out, struct ms_err *err)
 {
 	struct ms_shard_result *res = NULL;
-	struct ms_st_meta *meta = NULL;
-	struct outspec *os = NULL;
-	struct pool pool;
-	struct job *jobs = NULL;
-	int32_t *lpos = NULL;
-	char **strs = NULL, **spaths = NULL;
-	char *mtext = NULL, *p = NULL, num[16], size_s[16], e_s[16];
-	const char *fdir;
-	size_t mlen = 0, nbase = 0, nmeta = 0, nj = 0;
-	const struct sfile *f0 = s->nfiles ? &s->files[0] : NULL;
-	uint32_t n = pl->ep_size;
+	struct split_plan sp = { 0 };
+	const char *fdir = o->dry_run ? dir : st->s.dest;
 	int rc;
 
 	*out = NULL;
-	memset(&pool, 0, sizeof(pool));
-	fdir = o->dry_run ? dir : st->s.dest;
-	if ((rc = shard_result_new(s, pl, n, &res, err)) != MS_OK)
+	if ((rc = shard_result_new(s, pl, pl->ep_size, &res, err)) != MS_OK ||
+	    (rc = plan_shards(s, pl, fdir, st, o, res, &sp, err)) != MS_OK)
 		goto out;
-	/* Each shard keeps the source's metadata and says what it is. */
-	for (size_t k = 0; f0 && k < f0->nmeta; k++)
-		nbase += strncmp(f0->meta[k].key, META_PREFIX, strlen(META_PREFIX)) != 0;
-	nmeta = nbase + 7;
-	meta = ms_calloc((size_t)n * nmeta, sizeof(*meta));
-	strs = ms_calloc((size_t)n * 2, sizeof(*strs));
-	spaths = ms_calloc(n, sizeof(*spaths));
-	lpos = ms_malloc((size_t)n * s->E * sizeof(*lpos));
-	os = ms_calloc(n, sizeof(*os));
-	if (!meta || !strs || !spaths || !lpos || !os) {
-		rc = ms_err_nomem(err);
+	if (!o->dry_run &&
+	    ((rc = split_write(s, &sp, o, v, res, err)) != MS_OK ||
+	     (rc = split_write_manifest(s, pl, fdir, st, res, err)) != MS_OK ||
+	     (rc = stage_commit(st, res, o, err)) != MS_OK))
 		goto out;
-	}
-	snprintf(size_s, sizeof(size_s), "%u", n);
-	snprintf(e_s, sizeof(e_s), "%u", s->E);
-	snprintf(num, sizeof(num), "%d", MS_EP_MANIFEST_VERSION);
-	for (uint32_t r = 0; r < n; r++) {
-		struct ms_shard_out_file *f = &res->files[r];
-		struct ms_st_meta *m = meta + (size_t)r * nmeta;
-		int32_t *lp = lpos + (size_t)r * s->E;
-		char *name = shard_name(shard_stem_of(s), r, n);
-		uint32_t l = pl->first[r + 1] - pl->first[r];
-		struct ms_buf b;
-		size_t k = 0;
-
-		f->path = name ? ms_path_join(fdir, name) : NULL;
-		spaths[r] = name && !o->dry_run ? stage_path(st, name) : NULL;
-		ms_free(name);
-		f->experts = ms_malloc((l ? l : 1) * sizeof(uint32_t));
-		if (!f->path || !f->experts || (!o->dry_run && !spaths[r])) {
-			rc = ms_err_nomem(err);
-			goto out;
-		}
-		memcpy(f->experts, pl->ids + pl->first[r], l * sizeof(uint32_t));
-		f->nexperts = l;
-		f->rank = r;
-		for (size_t i = 0; f0 && i < f0->nmeta; i++)
-			if (strncmp(f0->meta[i].key, META_PREFIX, strlen(META_PREFIX)))
-				m[k++] = f0->meta[i];
-		ms_buf_init(&b);
-		for (uint32_t i = 0; i < f->nexperts; i++)
-			ms_buf_printf(&b, i ? ",%u" : "%u", f->experts[i]);
-		strs[2 * r] = ms_asprintf("%u", r);
-		strs[2 * r + 1] = b.oom ? NULL : b.data ? ms_buf_detach(&b, NULL) : ms_strdup("");
-		ms_buf_release(&b);
-		if (!strs[2 * r] || !strs[2 * r + 1]) {
-			rc = ms_err_nomem(err);
-			goto out;
-		}
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "version", num };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "rank", strs[2 * r] };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "size", size_s };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "num_experts", e_s };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "placement",
-					      (char *)ms_ep_placement_name(pl->kind) };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "experts", strs[2 * r + 1] };
-		m[k++] = (struct ms_st_meta){ (char *)META_PREFIX "source", (char *)s->digest };
-		for (uint32_t e = 0; e < s->E; e++)
-			lp[e] = -1;
-		for (uint32_t i = 0; i < f->nexperts; i++)
-			lp[f->experts[i]] = (int32_t)i;
-		os[r] = (struct outspec){ .path = spaths[r], .file = -1, .ids = f->experts,
-					  .l = f->nexperts, .lpos = lp, .nmeta = k, .meta = m };
-		if ((rc = shard_out_plan(s, &os[r], f, err)) != MS_OK)
-			goto out;
-	}
-	if (o->dry_run)
-		goto done;
-
-	/* the inputs' faulting in first, then the shards (whose fsyncs then
-	 * overlap the checks that follow them), then the checks */
-	nj = (size_t)n + (v ? v->njobs : 0);
-	if (!(jobs = ms_calloc(nj ? nj : 1, sizeof(*jobs)))) {
-		rc = ms_err_nomem(err);
-		goto out;
-	}
-	for (size_t i = 0; v && i < v->npre; i++)
-		jobs[i] = v->jobs[i];
-	for (uint32_t r = 0; r < n; r++) {
-		jobs[(v ? v->npre : 0) + r].kind = JOB_FILE;
-		jobs[(v ? v->npre : 0) + r].file = r;
-	}
-	for (size_t i = v ? v->npre : 0; v && i < v->njobs; i++)
-		jobs[n + i] = v->jobs[i];
-	pool = (struct pool){ .jobs = jobs, .njobs = nj, .s = s, .os = os, .files = res->files,
-			      .nfiles = n, .o = o };
-	if ((rc = shard_pool_run(&pool, o->nthreads, err)) != MS_OK)
-		goto out;
-	if (v && (rc = v->check(v->ctx, err)) != MS_OK)
-		goto out;
-	for (size_t c = 0; c < s->nconfigs; c++) {
-		if (!(p = stage_path(st, s->configs[c].name))) {
-			rc = ms_err_nomem(err);
-			goto out;
-		}
-		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
-		ms_free(p);
-		p = NULL;
-		if (rc != MS_OK)
-			goto out;
-	}
-	/* The manifest last: a set without one is incomplete and is refused. */
-	if ((rc = shard_manifest_text(s, pl, res->files, &mtext, &mlen, err)) != MS_OK)
-		goto out;
-	if (!(p = stage_path(st, MS_EP_MANIFEST))) {
-		rc = ms_err_nomem(err);
-		goto out;
-	}
-	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
-		goto out;
-	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST))) {
-		rc = ms_err_nomem(err);
-		goto out;
-	}
-	if ((rc = stage_commit(st, res, o, err)) != MS_OK)
-		goto out;
-done:
 	*out = res;
 	res = NULL;
 out:
-	for (uint32_t r = 0; strs && r < 2 * n; r++)
-		ms_free(strs[r]);
-	for (uint32_t r = 0; spaths && r < n; r++)
-		ms_free(spaths[r]);
-	ms_free(strs);
-	ms_free(spaths);
-	ms_free(os);
-	ms_free(jobs);
+	split_plan_release(&sp);
 	ms_shard_result_free(res);
-	ms_free(meta);
-	ms_free(lpos);
-	ms_free(mtext);
-	ms_free(p);
 	return rc;
 }
 

@@ -987,25 +987,15 @@ int shard_sset_hash_verify(struct sset *ss, int nthreads, unsigned what, struct 
 	return shard_sset_check(ss, what, err);
 }
 
-/*
- * Open the set at path (directory or manifest). only: the one rank to
- * open, or -1 for all; expect_n: the EP size the caller needs (0: any);
- * hash: hash the shards and verify them, with the extra checks in what.
- */
-int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
-		    unsigned what, int nthreads, const struct ms_shard_opts *o, struct sset *ss,
-		    struct ms_err *err)
+/* The manifest of the set at path (its directory, or the manifest
+ * itself), read and parsed into ss->m. */
+static int sset_read_manifest(struct sset *ss, const char *path, struct ms_err *err)
 {
 	struct stat st;
-	char *text = NULL, *foreign = NULL;
+	char *text = NULL;
 	size_t len;
-	const cJSON *pj, *shards, *x;
-	const char *kind, *stem, *pname;
-	uint64_t e, n, v;
-	uint32_t foreign_n = 0;
 	int rc, nomem;
 
-	memset(ss, 0, sizeof(*ss));
 	if (stat(path, &st))
 		return ms_err_set(err, errno == ENOENT ? MS_ENOTFOUND : MS_EIO, "'%s': %s", path,
 				  strerror(errno));
@@ -1035,32 +1025,53 @@ int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
 		return ms_err_nomem(err);
 	if (!ss->m || !cJSON_IsObject(ss->m))
 		return bad(ss, err, "not a JSON object");
+	return MS_OK;
+}
+
+/* The manifest's header: format, version, kind and stem (into ss->stem),
+ * the expert count *e and EP size *n, which must be the caller's
+ * expect_n (0: any) and hold rank only (-1: all). */
+static int sset_header(struct sset *ss, int64_t only, uint32_t expect_n, const char **kind,
+		       uint64_t *e, uint64_t *n, struct ms_err *err)
+{
+	const char *stem;
+	uint64_t v;
+
 	if (!jstr(ss->m, "format") || strcmp(jstr(ss->m, "format"), MS_EP_MANIFEST_FORMAT))
 		return bad(ss, err, "not an EP manifest (\"format\" is not \"" MS_EP_MANIFEST_FORMAT "\")");
 	if (shard_json_u64(cJSON_GetObjectItemCaseSensitive(ss->m, "version"), UINT32_MAX, &v) ||
 	    v != MS_EP_MANIFEST_VERSION)
 		return bad(ss, err, "unsupported manifest version");
-	kind = jstr(ss->m, "kind");
+	*kind = jstr(ss->m, "kind");
 	stem = jstr(ss->m, "stem");
-	if (!kind || (strcmp(kind, "adapter") && strcmp(kind, "checkpoint")) || !stem ||
-	    strcmp(stem, !strcmp(kind, "adapter") ? "adapter_model" : "model"))
+	if (!*kind || (strcmp(*kind, "adapter") && strcmp(*kind, "checkpoint")) || !stem ||
+	    strcmp(stem, !strcmp(*kind, "adapter") ? "adapter_model" : "model"))
 		return bad(ss, err, "\"kind\" must be adapter (stem adapter_model) or checkpoint "
 			   "(stem model)");
 	snprintf(ss->stem, sizeof(ss->stem), "%s", stem);
-	if (shard_json_u64(cJSON_GetObjectItemCaseSensitive(ss->m, "num_experts"), MS_EP_MAX_EXPERTS, &e) ||
-	    e == 0 ||
-	    shard_json_u64(cJSON_GetObjectItemCaseSensitive(ss->m, "ep_size"), MS_EP_MAX_RANKS, &n) || n == 0)
+	if (shard_json_u64(cJSON_GetObjectItemCaseSensitive(ss->m, "num_experts"), MS_EP_MAX_EXPERTS, e) ||
+	    *e == 0 ||
+	    shard_json_u64(cJSON_GetObjectItemCaseSensitive(ss->m, "ep_size"), MS_EP_MAX_RANKS, n) || *n == 0)
 		return bad(ss, err, "\"num_experts\" and \"ep_size\" must be positive integers");
-	if (expect_n && n != expect_n)
+	if (expect_n && *n != expect_n)
 		return ms_err_set(err, MS_EINVAL, "'%s': the shards were made for EP size %llu, but this "
 				  "run has EP size %u: run 'msshard reshard %s -o DIR --ep-size %u' "
-				  "and load that", ss->dir, (unsigned long long)n, expect_n, ss->dir,
+				  "and load that", ss->dir, (unsigned long long)*n, expect_n, ss->dir,
 				  expect_n);
-	if (only >= (int64_t)n)
+	if (only >= (int64_t)*n)
 		return ms_err_set(err, MS_EINVAL, "rank %lld is not in 0..%llu", (long long)only,
-				  (unsigned long long)(n - 1));
-	pj = cJSON_GetObjectItemCaseSensitive(ss->m, "placement");
-	pname = jstr(pj, "name");
+				  (unsigned long long)(*n - 1));
+	return MS_OK;
+}
+
+/* The manifest's placement table (into ss->pl), which must be the
+ * built-in placement its name says, or a map. */
+static int sset_placement(struct sset *ss, uint64_t e, uint64_t n, struct ms_err *err)
+{
+	const cJSON *pj = cJSON_GetObjectItemCaseSensitive(ss->m, "placement");
+	const char *pname = jstr(pj, "name");
+	int rc;
+
 	if (!cJSON_IsObject(pj) || !pname)
 		return bad(ss, err, "\"placement\" needs a \"name\" and \"ranks\"");
 	if ((rc = shard_placement_from_ranks(cJSON_GetObjectItemCaseSensitive(pj, "ranks"), ss->mpath,
@@ -1084,22 +1095,17 @@ int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
 	} else if (strcmp(pname, "map")) {
 		return bad(ss, err, "placement name must be contiguous, round-robin or map");
 	}
+	return MS_OK;
+}
 
-	if ((rc = sset_read_source(ss, err)) != MS_OK)
-		return rc;
-	if ((!strcmp(kind, "adapter")) != ss->s.is_adapter)
-		return bad(ss, err, "\"kind\" does not match the config files (adapter_config.json)");
-	if ((rc = shard_analyze(&ss->s, (uint32_t)e, "the manifest", err)) != MS_OK ||
-	    (rc = sset_check_classes(ss, err)) != MS_OK)
-		return rc;
-	/* a set split with a wrong r is self-consistent: only the base's
-	 * expert count shows it (a fault; the rest is still checked) */
-	if (shard_check_base(&ss->s, o, MS_ECHECK, err) != MS_OK &&
-	    (rc = fault_add(ss, fault_of(MS_EP_FAULT_EXPERTS, ss->s.e_from ? ss->s.e_from->name : NULL,
-					 ss->mpath, -1, -1, -1, -1), -1, err, "%s", err->msg)) != MS_OK)
-		return rc;
+/* The manifest's "shards": one entry per rank, in rank order, naming the
+ * rank's file, its experts (the placement's) and its state digest (into
+ * ss->sdig); the per-rank and per-tensor tables are allocated here. */
+static int sset_shard_list(struct sset *ss, uint64_t n, struct ms_err *err)
+{
+	const cJSON *shards = cJSON_GetObjectItemCaseSensitive(ss->m, "shards"), *x;
+	uint32_t r = 0;
 
-	shards = cJSON_GetObjectItemCaseSensitive(ss->m, "shards");
 	if (!cJSON_IsArray(shards) || (uint64_t)cJSON_GetArraySize(shards) != n)
 		return ms_err_set(err, MS_EINVAL, "'%s': \"shards\" must list %llu shards", ss->mpath,
 				  (unsigned long long)n);
@@ -1111,9 +1117,7 @@ int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
 	ss->missing = ms_calloc(ss->s.n ? ss->s.n : 1, 1);
 	if (!ss->ck || !ss->names || !ss->sdig || !ss->rbad || !ss->tbad || !ss->missing)
 		return ms_err_nomem(err);
-	v = 0;
 	cJSON_ArrayForEach(x, shards) {
-		uint32_t r = (uint32_t)v++;
 		uint64_t got;
 		const char *file = jstr(x, "file"), *d = jstr(x, "state_digest");
 
@@ -1128,7 +1132,19 @@ int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
 					  "the placement's experts and a state digest", ss->mpath, r,
 					  r, ss->names[r]);
 		memcpy(ss->sdig[r], d, MS_STATE_DIGEST_LEN);
+		r++;
 	}
+	return MS_OK;
+}
+
+/* Open the shard of each rank (only: that one; -1: all) and check it
+ * against the manifest; no shard of another set may lie among them. */
+static int sset_open_shards(struct sset *ss, int64_t only, uint64_t n, struct ms_err *err)
+{
+	char *foreign = NULL;
+	uint32_t foreign_n = 0;
+	struct stat st;
+	int rc;
 
 	if ((rc = shard_foreign_shard(ss->dir, ss->stem, (uint32_t)n, &foreign, &foreign_n, err)) != MS_OK)
 		return rc;
@@ -1158,7 +1174,42 @@ int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
 		if ((rc = sset_check_shard(ss, r, err)) != MS_OK)
 			return rc;
 	}
-	if ((rc = sset_resolve_strays(ss, only, err)) != MS_OK ||
+	return MS_OK;
+}
+
+/*
+ * Open the set at path (directory or manifest). only: the one rank to
+ * open, or -1 for all; expect_n: the EP size the caller needs (0: any);
+ * hash: hash the shards and verify them, with the extra checks in what.
+ */
+int shard_sset_open(const char *path, int64_t only, uint32_t expect_n, int hash,
+		    unsigned what, int nthreads, const struct ms_shard_opts *o, struct sset *ss,
+		    struct ms_err *err)
+{
+	const char *kind = NULL;
+	uint64_t e = 0, n = 0;
+	int rc;
+
+	memset(ss, 0, sizeof(*ss));
+	if ((rc = sset_read_manifest(ss, path, err)) != MS_OK ||
+	    (rc = sset_header(ss, only, expect_n, &kind, &e, &n, err)) != MS_OK ||
+	    (rc = sset_placement(ss, e, n, err)) != MS_OK ||
+	    (rc = sset_read_source(ss, err)) != MS_OK)
+		return rc;
+	if ((!strcmp(kind, "adapter")) != ss->s.is_adapter)
+		return bad(ss, err, "\"kind\" does not match the config files (adapter_config.json)");
+	if ((rc = shard_analyze(&ss->s, (uint32_t)e, "the manifest", err)) != MS_OK ||
+	    (rc = sset_check_classes(ss, err)) != MS_OK)
+		return rc;
+	/* a set split with a wrong r is self-consistent: only the base's
+	 * expert count shows it (a fault; the rest is still checked) */
+	if (shard_check_base(&ss->s, o, MS_ECHECK, err) != MS_OK &&
+	    (rc = fault_add(ss, fault_of(MS_EP_FAULT_EXPERTS, ss->s.e_from ? ss->s.e_from->name : NULL,
+					 ss->mpath, -1, -1, -1, -1), -1, err, "%s", err->msg)) != MS_OK)
+		return rc;
+	if ((rc = sset_shard_list(ss, n, err)) != MS_OK ||
+	    (rc = sset_open_shards(ss, only, n, err)) != MS_OK ||
+	    (rc = sset_resolve_strays(ss, only, err)) != MS_OK ||
 	    (rc = sset_point(ss, err)) != MS_OK)
 		return rc;
 	return hash ? shard_sset_hash_verify(ss, nthreads, what, err) : sset_verdict(ss, err);
