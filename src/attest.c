@@ -25,6 +25,7 @@
 
 #include "fsutil.h"
 #include "hash.h"
+#include "pool.h"
 
 #define KEY_MAX_BYTES (1u << 20)
 #define JSON_MAX_DEPTH 16
@@ -132,6 +133,15 @@ static int b64_decode(const char *s, size_t n, uint8_t **out, size_t *outlen)
 }
 
 /* ---- strict JSON reader (RFC 8259) -------------------------------------- */
+
+/*
+ * Why a reader of our own beside cJSON: the signature files come from
+ * outside, and what a signed statement says must not depend on which
+ * parser reads it. cJSON takes the first of two members of one name
+ * (others take the last), accepts invalid UTF-8 and lone surrogates in
+ * strings and has no bound on the values it allocates. This reader refuses
+ * all of these, bounded in depth and values, and says at which byte.
+ */
 
 enum jtype { J_NULL, J_FALSE, J_TRUE, J_NUM, J_STR, J_ARR, J_OBJ };
 
@@ -1405,23 +1415,20 @@ out:
 
 /* ---- parallel hashing ---------------------------------------------------- */
 
+/* What the pool's jobs share (ms_pool.ctx). */
 struct hpool {
 	struct ms_oms_manifest *m;
 	const char *root;
 	size_t *order;          /* file indexes, largest first */
-	size_t next;            /* atomic */
 	uint64_t done;          /* atomic: bytes hashed */
-	int stop;               /* atomic */
-	int running;            /* atomic: workers still running */
-	pthread_mutex_t lock;
-	int rc;
-	struct ms_err err;
+	const struct ms_oms_opts *opts;
 };
 
-static int hash_one(struct hpool *hp, struct ms_oms_file *f, uint8_t *buf,
+static int hash_one(struct ms_pool *pool, struct ms_oms_file *f, uint8_t *buf,
 		    struct ms_err *err)
 {
 	struct ms_sha256_ctx *c = NULL;
+	struct hpool *hp = pool->ctx;
 	char *path = ms_path_join(hp->root, f->name);
 	uint64_t got = 0;
 	struct stat st;
@@ -1462,7 +1469,7 @@ static int hash_one(struct hpool *hp, struct ms_oms_file *f, uint8_t *buf,
 			goto out;
 		}
 		__atomic_add_fetch(&hp->done, (uint64_t)r, __ATOMIC_RELAXED);
-		if (__atomic_load_n(&hp->stop, __ATOMIC_RELAXED))
+		if (ms_pool_stopping(pool))
 			goto out;
 	}
 	if (got != f->size) {
@@ -1480,34 +1487,19 @@ out:
 	return rc;
 }
 
-static void *hash_worker(void *arg)
+static int hash_job(struct ms_pool *pool, size_t i, uint8_t *buf, struct ms_err *err)
 {
-	struct hpool *hp = arg;
-	uint8_t *buf = ms_malloc(HASH_BUF);
-	struct ms_err err = {0};
+	struct hpool *hp = pool->ctx;
 
-	for (;;) {
-		size_t i = __atomic_fetch_add(&hp->next, 1, __ATOMIC_RELAXED);
-		int rc;
+	return hash_one(pool, &hp->m->files[hp->order[i]], buf, err);
+}
 
-		if (i >= hp->m->nfiles || __atomic_load_n(&hp->stop, __ATOMIC_RELAXED))
-			break;
-		rc = buf ? hash_one(hp, &hp->m->files[hp->order[i]], buf, &err)
-			 : ms_err_set(&err, MS_ENOMEM, "out of memory");
-		if (rc != MS_OK) {
-			pthread_mutex_lock(&hp->lock);
-			if (hp->rc == MS_OK) {
-				hp->rc = rc;
-				hp->err = err;
-			}
-			pthread_mutex_unlock(&hp->lock);
-			__atomic_store_n(&hp->stop, 1, __ATOMIC_RELAXED);
-			break;
-		}
-	}
-	ms_free(buf);
-	__atomic_sub_fetch(&hp->running, 1, __ATOMIC_RELEASE);
-	return NULL;
+static void hash_report(struct ms_pool *pool)
+{
+	struct hpool *hp = pool->ctx;
+
+	hp->opts->progress(hp->opts->progress_arg, __atomic_load_n(&hp->done, __ATOMIC_RELAXED),
+			   hp->m->total_bytes);
 }
 
 static int by_size_desc(const void *a, const void *b, void *arg)
@@ -1522,21 +1514,20 @@ static int by_size_desc(const void *a, const void *b, void *arg)
 int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
 			 const struct ms_oms_opts *opts, struct ms_err *err)
 {
-	struct hpool hp = {0};
+	struct hpool hp = { .m = m, .root = model_dir, .opts = opts };
+	struct ms_pool pool = { .njobs = m->nfiles, .scratch = HASH_BUF, .run = hash_job,
+				.ctx = &hp };
 	struct ms_sha256_ctx *c = NULL;
-	pthread_t *th = NULL;
-	int nthreads = opts && opts->nthreads > 0 ? opts->nthreads : ms_ncpus();
-	int started = 0, rc = MS_OK, inline_worker;
+	int rc = MS_OK;
 
-	if ((size_t)nthreads > m->nfiles)
-		nthreads = m->nfiles ? (int)m->nfiles : 1;
-	if (nthreads > 256)
-		nthreads = 256;
-	hp.m = m;
-	hp.root = model_dir;
+	pool.nthreads = opts && opts->nthreads > 0 ? opts->nthreads : ms_ncpus();
+	if (pool.nthreads > 256)
+		pool.nthreads = 256;
+	/* with a progress callback the calling thread reports; else it works */
+	if (opts && opts->progress)
+		pool.report = hash_report;
 	hp.order = ms_malloc((m->nfiles ? m->nfiles : 1) * sizeof(*hp.order));
-	th = ms_calloc((size_t)nthreads, sizeof(*th));
-	if (!hp.order || !th) {
+	if (!hp.order) {
 		rc = ms_err_nomem(err);
 		goto out;
 	}
@@ -1544,45 +1535,8 @@ int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
 		hp.order[i] = i;
 	/* Largest first, so one big shard does not start last. */
 	qsort_r(hp.order, m->nfiles, sizeof(*hp.order), by_size_desc, m);
-	pthread_mutex_init(&hp.lock, NULL);
-	/* With a progress callback the calling thread reports; else it works. */
-	inline_worker = !(opts && opts->progress);
-	hp.running = nthreads;
-	for (int i = inline_worker ? 1 : 0; i < nthreads; i++) {
-		if (pthread_create(&th[i], NULL, hash_worker, &hp)) {
-			__atomic_sub_fetch(&hp.running, nthreads - i, __ATOMIC_RELAXED);
-			break;
-		}
-		started = i + 1;
-	}
-	if (inline_worker || started == 0) {
-		if (!inline_worker)
-			__atomic_add_fetch(&hp.running, 1, __ATOMIC_RELAXED);
-		hash_worker(&hp);
-	} else {
-		struct timespec ts = {0, 200 * 1000 * 1000};
-
-		while (__atomic_load_n(&hp.running, __ATOMIC_ACQUIRE) > 0) {
-			opts->progress(opts->progress_arg,
-				       __atomic_load_n(&hp.done, __ATOMIC_RELAXED),
-				       m->total_bytes);
-			nanosleep(&ts, NULL);
-		}
-		opts->progress(opts->progress_arg, hp.done, m->total_bytes);
-	}
-	for (int i = inline_worker ? 1 : 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	pthread_mutex_destroy(&hp.lock);
-	if (hp.rc != MS_OK) {
-		rc = hp.rc;
-		if (err)
-			*err = hp.err;
+	if ((rc = ms_pool_run(&pool, err)) != MS_OK)
 		goto out;
-	}
-	if (hp.next < m->nfiles) {
-		rc = ms_err_set(err, MS_EIO, "'%s': hashing stopped early", model_dir);
-		goto out;
-	}
 	c = ms_sha256_new();
 	if (!c) {
 		rc = ms_err_nomem(err);
@@ -1597,7 +1551,6 @@ int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
 out:
 	ms_sha256_free(c);
 	ms_free(hp.order);
-	ms_free(th);
 	return rc;
 }
 

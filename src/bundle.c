@@ -966,17 +966,13 @@ static int agree_int(struct importer *x, const cJSON *b, const char *key, int32_
 			   "\"bundle\".\"%s\" contradicts the manifest's \"%s\"", key, key);
 }
 
-/* Parse and cross-check the manifest: the state (verify.h's parser, which
- * recomputes the state digest), then the bundle object against it. */
-static int plan_build(struct importer *x, struct ms_err *err)
+/* The state the manifest describes (verify.h's parser, which recomputes
+ * the state digest), copied into the plan. */
+static int plan_state(struct importer *x, struct ms_err *err)
 {
 	struct ms_import_plan *p = x->plan;
 	struct ms_err e = {0};
-	cJSON *o = NULL, *b, *members, *m, *ex;
-	const cJSON *v;
-	uint64_t sum = 0, total;
-	size_t nm, k;
-	int rc, nomem;
+	int rc;
 
 	if (json_values(x->manifest, x->manifest_len) > MS_IMPORT_MAX_JSON_VALUES)
 		return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
@@ -996,22 +992,24 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	if ((x->vs->kind && !(p->kind = ms_strdup(x->vs->kind))) ||
 	    (x->vs->label && !(p->label = ms_strdup(x->vs->label))) ||
 	    (x->vs->layout && !(p->layout = ms_strdup(x->vs->layout))))
-		goto oom;
+		return ms_err_nomem(err);
 	if (p->kind) {
 		enum ms_inv_kind kind;
 
 		if (ms_inv_kind_parse(p->kind, &kind) != MS_OK)
 			return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "unknown kind");
 	}
+	return MS_OK;
+}
 
-	o = ms_json_parse(x->manifest, x->manifest_len, &nomem);
-	if (!o && nomem)
-		goto oom;
-	b = cJSON_GetObjectItemCaseSensitive(o, "bundle");
-	if (!cJSON_IsObject(b)) {
-		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "no \"bundle\" object");
-		goto out;
-	}
+/* The "bundle" object's own fields: its format, what it repeats of the
+ * state (which must agree), its experts and its lineage. */
+static int plan_bundle_fields(struct importer *x, const cJSON *b, struct ms_err *err)
+{
+	struct ms_import_plan *p = x->plan;
+	const cJSON *v, *ex, *m;
+	int rc;
+
 	v = cJSON_GetObjectItemCaseSensitive(b, "format");
 	if (!cJSON_IsString(v) || strcmp(v->valuestring, MS_BUNDLE_FORMAT)) {
 		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
@@ -1040,8 +1038,10 @@ static int plan_build(struct importer *x, struct ms_err *err)
 				goto out;
 			}
 		}
-		if (!(p->experts = cJSON_PrintUnformatted(ex)))
-			goto oom;
+		if (!(p->experts = cJSON_PrintUnformatted(ex))) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
 	}
 
 	/* optional (bundles of earlier versions have none); checked now, so
@@ -1050,8 +1050,10 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	if (v && !cJSON_IsNull(v)) {
 		struct ms_err le = {0};
 
-		if (!(p->lineage = cJSON_PrintUnformatted(v)))
-			goto oom;
+		if (!(p->lineage = cJSON_PrintUnformatted(v))) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
 		if ((rc = ms_inv_lineage_check(p->lineage, strlen(p->lineage), p->digest, &le)) != MS_OK) {
 			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
 					     : fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
@@ -1059,9 +1061,22 @@ static int plan_build(struct importer *x, struct ms_err *err)
 			goto out;
 		}
 	}
+	rc = MS_OK;
+out:
+	return rc;
+}
 
-	members = cJSON_GetObjectItemCaseSensitive(b, "members");
-	nm = cJSON_IsArray(members) ? (size_t)cJSON_GetArraySize(members) : 0;
+/* "bundle"."members": one entry per file and configuration, each with a
+ * path that obeys the path rules, a size and a sha256; none listed twice;
+ * *sum: their sizes added up. */
+static int plan_members(struct importer *x, const cJSON *b, uint64_t *sum, struct ms_err *err)
+{
+	struct ms_import_plan *p = x->plan;
+	const cJSON *members = cJSON_GetObjectItemCaseSensitive(b, "members"), *m;
+	size_t nm = cJSON_IsArray(members) ? (size_t)cJSON_GetArraySize(members) : 0;
+	int rc;
+
+	*sum = 0;
 	if (nm == 0 || nm != x->vs->nfiles + x->vs->nconfigs) {
 		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
 				 "\"bundle\".\"members\" must list the %zu files and configurations once each",
@@ -1072,8 +1087,10 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	x->order = ms_calloc(nm, sizeof(*x->order));
 	x->vidx = ms_calloc(nm, sizeof(*x->vidx));
 	x->seen = ms_calloc(nm, 1);
-	if (!p->members || !x->order || !x->vidx || !x->seen)
-		goto oom;
+	if (!p->members || !x->order || !x->vidx || !x->seen) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
 	cJSON_ArrayForEach(m, members) {
 		struct ms_import_member *mm = &p->members[p->nmembers];
 		const cJSON *path = cJSON_GetObjectItemCaseSensitive(m, "path");
@@ -1097,12 +1114,14 @@ static int plan_build(struct importer *x, struct ms_err *err)
 					 "the name is reserved for the manifest");
 			goto out;
 		}
-		if (!(mm->path = ms_strdup(path->valuestring)))
-			goto oom;
+		if (!(mm->path = ms_strdup(path->valuestring))) {
+			rc = ms_err_nomem(err);
+			goto out;
+		}
 		x->vidx[p->nmembers] = -1;
 		x->order[p->nmembers] = p->nmembers;
 		p->nmembers++;
-		if (ms_add_u64(sum, mm->size, &sum)) {
+		if (ms_add_u64(*sum, mm->size, sum)) {
 			rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "member sizes overflow");
 			goto out;
 		}
@@ -1114,41 +1133,116 @@ static int plan_build(struct importer *x, struct ms_err *err)
 					 "listed twice in the manifest");
 			goto out;
 		}
-	/* every file and configuration of the state is exactly one member */
+	rc = MS_OK;
+out:
+	return rc;
+}
+
+/* Every file and configuration of the state is exactly one member, with
+ * the size and sha256 the state gives it. */
+static int plan_match_state(struct importer *x, struct ms_err *err)
+{
+	struct ms_import_plan *p = x->plan;
+
 	for (size_t i = 0; i < x->vs->nfiles + x->vs->nconfigs; i++) {
 		int is_cfg = i >= x->vs->nfiles;
 		const char *path = is_cfg ? x->vs->configs[i - x->vs->nfiles].path : x->vs->files[i].path;
 		long j = find_member(x, path);
 
-		if (j < 0) {
-			rc = fail_member(x, err, MS_EINVAL, path,
-					 "in the manifest's %s but not in \"bundle\".\"members\"",
-					 is_cfg ? "configs" : "files");
-			goto out;
-		}
-		if (x->vidx[j] >= 0) {
-			rc = fail_member(x, err, MS_EINVAL, path, "listed twice in the manifest");
-			goto out;
-		}
+		if (j < 0)
+			return fail_member(x, err, MS_EINVAL, path,
+					   "in the manifest's %s but not in \"bundle\".\"members\"",
+					   is_cfg ? "configs" : "files");
+		if (x->vidx[j] >= 0)
+			return fail_member(x, err, MS_EINVAL, path, "listed twice in the manifest");
 		x->vidx[j] = (int)(is_cfg ? i - x->vs->nfiles : i);
 		p->members[j].is_config = is_cfg;
 		if (is_cfg) {
-			if (memcmp(p->members[j].sha256, x->vs->configs[i - x->vs->nfiles].digest, 32)) {
-				rc = fail_member(x, err, MS_ECHECK, path,
-						 "the manifest gives it two different sha256");
-				goto out;
-			}
+			if (memcmp(p->members[j].sha256, x->vs->configs[i - x->vs->nfiles].digest, 32))
+				return fail_member(x, err, MS_ECHECK, path,
+						   "the manifest gives it two different sha256");
 		} else {
 			const struct ms_vfile *vf = &x->vs->files[i];
 
 			if (vf->size != p->members[j].size ||
-			    (vf->has_file_digest && memcmp(vf->file_digest, p->members[j].sha256, 32))) {
-				rc = fail_member(x, err, MS_ECHECK, path,
-						 "the manifest gives it two different sizes or sha256");
-				goto out;
-			}
+			    (vf->has_file_digest && memcmp(vf->file_digest, p->members[j].sha256, 32)))
+				return fail_member(x, err, MS_ECHECK, path,
+						   "the manifest gives it two different sizes or sha256");
 		}
 	}
+	return MS_OK;
+}
+
+/* The directories the member paths imply, sorted; none may also be a
+ * member. In path order the paths under one directory are adjacent, so a
+ * directory is new unless the previous path is under it: linear in the
+ * paths even when a hostile manifest makes them many. */
+static int plan_dirs(struct importer *x, struct ms_err *err)
+{
+	struct ms_import_plan *p = x->plan;
+	size_t cap = 0;
+	const char *prev = NULL;
+
+	for (size_t k = 0; k < p->nmembers; k++) {
+		const char *path = p->members[x->order[k]].path;
+
+		for (const char *s = strchr(path, '/'); s; s = strchr(s + 1, '/')) {
+			size_t l = (size_t)(s - path);
+
+			if (prev && !strncmp(prev, path, l + 1))
+				continue;
+			if (x->ndirs == cap) {
+				size_t nc = cap ? 2 * cap : 16;
+				char **nd = ms_realloc(x->dirs, nc * sizeof(*nd));
+
+				if (!nd)
+					return ms_err_nomem(err);
+				x->dirs = nd;
+				cap = nc;
+			}
+			if (!(x->dirs[x->ndirs] = ms_strndup(path, l)))
+				return ms_err_nomem(err);
+			x->ndirs++;
+		}
+		prev = path;
+	}
+	if (x->ndirs)
+		qsort(x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
+	for (size_t i = 0; i < x->ndirs; i++)
+		if (find_member(x, x->dirs[i]) >= 0 || !strcmp(x->dirs[i], MS_BUNDLE_MANIFEST))
+			return fail_member(x, err, MS_EINVAL, x->dirs[i],
+					   "is both a file and the directory of another member");
+	if (!(x->dir_seen = ms_calloc(x->ndirs + 1, 1)))
+		return ms_err_nomem(err);
+	return MS_OK;
+}
+
+/* Parse and cross-check the manifest: the state, then the bundle object
+ * against it: its fields, its members, their total and their directories. */
+static int plan_build(struct importer *x, struct ms_err *err)
+{
+	struct ms_import_plan *p = x->plan;
+	cJSON *o = NULL;
+	const cJSON *b;
+	uint64_t sum, total;
+	int rc, nomem;
+
+	if ((rc = plan_state(x, err)) != MS_OK)
+		return rc;
+	o = ms_json_parse(x->manifest, x->manifest_len, &nomem);
+	if (!o && nomem) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	b = cJSON_GetObjectItemCaseSensitive(o, "bundle");
+	if (!cJSON_IsObject(b)) {
+		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST, "no \"bundle\" object");
+		goto out;
+	}
+	if ((rc = plan_bundle_fields(x, b, err)) != MS_OK ||
+	    (rc = plan_members(x, b, &sum, err)) != MS_OK ||
+	    (rc = plan_match_state(x, err)) != MS_OK)
+		goto out;
 	if (json_u64(cJSON_GetObjectItemCaseSensitive(b, "total_bytes"), &total)) {
 		rc = fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
 				 "\"bundle\".\"total_bytes\" is not a byte count");
@@ -1167,52 +1261,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 				 (unsigned long long)sum, (unsigned long long)x->max_total);
 		goto out;
 	}
-	/* the directories the paths imply; none may also be a member. In path
-	 * order the paths under one directory are adjacent, so a directory is
-	 * new unless the previous path is under it: linear in the paths even
-	 * when a hostile manifest makes them many. */
-	{
-		size_t cap = 0;
-		const char *prev = NULL;
-
-		for (k = 0; k < nm; k++) {
-			const char *path = p->members[x->order[k]].path;
-
-			for (const char *s = strchr(path, '/'); s; s = strchr(s + 1, '/')) {
-				size_t l = (size_t)(s - path);
-
-				if (prev && !strncmp(prev, path, l + 1))
-					continue;
-				if (x->ndirs == cap) {
-					size_t nc = cap ? 2 * cap : 16;
-					char **nd = ms_realloc(x->dirs, nc * sizeof(*nd));
-
-					if (!nd)
-						goto oom;
-					x->dirs = nd;
-					cap = nc;
-				}
-				if (!(x->dirs[x->ndirs] = ms_strndup(path, l)))
-					goto oom;
-				x->ndirs++;
-			}
-			prev = path;
-		}
-		if (x->ndirs)
-			qsort(x->dirs, x->ndirs, sizeof(*x->dirs), ms_cmp_str);
-	}
-	for (size_t i = 0; i < x->ndirs; i++)
-		if (find_member(x, x->dirs[i]) >= 0 || !strcmp(x->dirs[i], MS_BUNDLE_MANIFEST)) {
-			rc = fail_member(x, err, MS_EINVAL, x->dirs[i],
-					 "is both a file and the directory of another member");
-			goto out;
-		}
-	if (!(x->dir_seen = ms_calloc(x->ndirs + 1, 1)))
-		goto oom;
-	rc = MS_OK;
-	goto out;
-oom:
-	rc = ms_err_nomem(err);
+	rc = plan_dirs(x, err);
 out:
 	cJSON_Delete(o);
 	return rc;
@@ -1888,55 +1937,43 @@ out:
 	return rc;
 }
 
-int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *into_dir,
-		     const struct ms_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
-		     struct ms_err *err)
+/* The target of an import: a new name in an existing directory (*target,
+ * into_dir without trailing slashes). *exists: something is there; *adopt:
+ * what is there is an earlier run of this import, left unregistered (to be
+ * decided once the archive's manifest is read); anything else there is
+ * replaced only under --force, and only if it is empty or an import. */
+static int import_target(const char *into_dir, const struct ms_import_opts *opts,
+			 char **target, int *exists, int *adopt, struct ms_err *err)
 {
-	struct ms_import_opts defaults;
-	struct importer x;
-	struct ms_inv_add_opts ao;
-	struct ms_inv_add_stats as;
-	char *target = NULL, *parent = NULL, **dirs = NULL;
-	char **final = NULL, got[MS_STATE_DIGEST_LEN];
-	const char *base, *label;
-	size_t ndirs = 0;
-	double t0 = ms_now();
+	char *parent = NULL;
+	const char *base;
 	struct stat st;
-	struct ms_stage stg;
-	int rc, rootfd = -1, exists, adopt = 0, batch = 0;
+	int rc;
 
-	ms_stage_init(&stg);
-	importer_init(&x);
-	if (!opts) {
-		ms_import_opts_init(&defaults);
-		opts = &defaults;
-	}
-	if (opts->stats)
-		memset(opts->stats, 0, sizeof(*opts->stats));
-	/* the target: a new name in an existing directory */
+	*exists = *adopt = 0;
 	if (!into_dir || !*into_dir) {
 		rc = ms_err_set(err, MS_EINVAL, "no target directory given");
 		goto out;
 	}
-	if (!(target = ms_strdup(into_dir))) {
+	if (!(*target = ms_strdup(into_dir))) {
 		rc = ms_err_nomem(err);
 		goto out;
 	}
-	for (size_t n = strlen(target); n > 1 && target[n - 1] == '/'; n--)
-		target[n - 1] = 0;
-	base = ms_path_base(target);
+	for (size_t n = strlen(*target); n > 1 && (*target)[n - 1] == '/'; n--)
+		(*target)[n - 1] = 0;
+	base = ms_path_base(*target);
 	if (!ms_name_is_plain(base)) {
 		rc = ms_err_set(err, MS_EINVAL, "'%s': not a directory name to create", into_dir);
 		goto out;
 	}
-	if (base == target) {
+	if (base == *target) {
 		parent = ms_strdup(".");
 	} else {
-		size_t n = (size_t)(base - target);
+		size_t n = (size_t)(base - *target);
 
-		while (n > 1 && target[n - 1] == '/')
+		while (n > 1 && (*target)[n - 1] == '/')
 			n--;
-		parent = ms_strndup(target, n);
+		parent = ms_strndup(*target, n);
 	}
 	if (!parent) {
 		rc = ms_err_nomem(err);
@@ -1947,111 +1984,109 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 				parent);
 		goto out;
 	}
-	exists = lstat(target, &st) == 0;
-	if (exists && !opts->force) {
-		/* an earlier run of this import may have left it, unregistered:
-		 * decided once the archive's manifest is read (adoptable) */
-		if (!S_ISDIR(st.st_mode) || !holds_manifest(target)) {
+	*exists = lstat(*target, &st) == 0;
+	if (*exists && !opts->force) {
+		if (!S_ISDIR(st.st_mode) || !holds_manifest(*target)) {
 			rc = ms_err_set(err, MS_EEXIST,
 					"'%s': exists (use --force to replace a previous import)", into_dir);
 			goto out;
 		}
-		adopt = 1;
+		*adopt = 1;
 	}
-	if (exists && !adopt && !replaceable(target)) {
+	if (*exists && !*adopt && !replaceable(*target)) {
 		rc = ms_err_set(err, MS_EEXIST,
 				"'%s': exists and is neither empty nor a previous import; not replacing it",
 				into_dir);
 		goto out;
 	}
-	label = opts->label;
-	if (label && !label_ok(label)) {
-		rc = ms_err_set(err, MS_EINVAL,
-				"label '%s': 1 to %d bytes of letters, digits and ._:@+/-, not only hex digits, not starting with sha256:",
-				label, MS_INV_MAX_LABEL);
-		goto out;
-	}
+	rc = MS_OK;
+out:
+	ms_free(parent);
+	return rc;
+}
 
-	if ((rc = importer_open(&x, archive_path, opts, err)) != MS_OK)
-		goto out;
+/* The label the state will have (label: the caller's, else the
+ * manifest's; NULL: none) must be valid and not name another state. */
+static int import_label_check(struct ms_inv *inv, struct importer *x, const char *label,
+			      struct ms_err *err)
+{
+	char other[MS_STATE_DIGEST_LEN];
+	struct ms_err e = {0};
+
 	if (!label)
-		label = x.plan->label;
-	if (label) {
-		char other[MS_STATE_DIGEST_LEN];
-		struct ms_err e = {0};
+		return MS_OK;
+	if (!label_ok(label))
+		return fail_member(x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
+				   "label is not a valid inventory label (give another with --label)");
+	if (ms_inv_resolve(inv, label, other, &e) == MS_OK && strcmp(other, x->plan->digest))
+		return ms_err_set(err, MS_EEXIST,
+				  "label '%s' already names state %s in the inventory (give another with --label)",
+				  label, other);
+	return MS_OK;
+}
 
-		if (!label_ok(label)) {
-			rc = fail_member(&x, err, MS_EINVAL, MS_BUNDLE_MANIFEST,
-					 "label is not a valid inventory label (give another with --label)");
-			goto out;
-		}
-		if (ms_inv_resolve(inv, label, other, &e) == MS_OK && strcmp(other, x.plan->digest)) {
-			rc = ms_err_set(err, MS_EEXIST,
-					"label '%s' already names state %s in the inventory (give another with --label)",
-					label, other);
-			goto out;
-		}
-	}
-	if (state_dirs(&x, &dirs, &ndirs)) {
-		rc = ms_err_nomem(err);
-		goto out;
-	}
-	if (adopt) {
-		struct ms_err e = {0};
+/* What an earlier run of this import left at target must be what the
+ * archive holds, every byte, to be registered as it is. */
+static int import_adopt(struct ms_inv *inv, struct importer *x, const char *target,
+			const char *into_dir, char *const *dirs, size_t ndirs, int nthreads,
+			struct ms_err *err)
+{
+	struct ms_err e = {0};
+	int rc;
 
-		if ((rc = adoptable(inv, &x, target, into_dir, err)) != MS_OK)
-			goto out;
-		rc = verify_extracted(&x, target, dirs, ndirs, opts->nthreads, &e);
-		if (rc == MS_ECHECK || rc == MS_EINVAL) {
-			rc = ms_err_set(err, MS_EEXIST,
-					"'%s': exists, and does not hold what the archive holds (%s); use --force to replace it",
-					into_dir, e.msg);
-			goto out;
-		}
-		if (rc != MS_OK) {
-			rc = ms_err_set(err, rc, "%s", e.msg);
-			goto out;
-		}
-		goto record;
-	}
+	if ((rc = adoptable(inv, x, target, into_dir, err)) != MS_OK)
+		return rc;
+	rc = verify_extracted(x, target, dirs, ndirs, nthreads, &e);
+	if (rc == MS_ECHECK || rc == MS_EINVAL)
+		return ms_err_set(err, MS_EEXIST,
+				  "'%s': exists, and does not hold what the archive holds (%s); use --force to replace it",
+				  into_dir, e.msg);
+	if (rc != MS_OK)
+		return ms_err_set(err, rc, "%s", e.msg);
+	return MS_OK;
+}
+
+/* Extract the archive into the staging directory stg (opened here, beside
+ * target; messages name into_dir, where the files are going), the
+ * manifest first, fsync every directory and verify every byte. */
+static int import_extract(struct ms_inv *inv, struct importer *x, struct ms_stage *stg,
+			  const char *target, const char *into_dir, char *const *dirs,
+			  size_t ndirs, int nthreads, struct ms_err *err)
+{
+	int rc, fd = -1, rootfd = -1;
+
 	/* from here the stream may hold the declared bytes and their framing,
 	 * or max_ratio times the archive, whichever is larger */
 	{
-		uint64_t lim = sat_add(sat_add(x.plan->total_bytes, x.manifest_len),
-				       sat_add(sat_mul(x.plan->nmembers + x.ndirs + 2, FRAME_PER_ENTRY),
+		uint64_t lim = sat_add(sat_add(x->plan->total_bytes, x->manifest_len),
+				       sat_add(sat_mul(x->plan->nmembers + x->ndirs + 2, FRAME_PER_ENTRY),
 					       FRAME_SLACK));
-		uint64_t byratio = sat_mul(x.max_ratio, x.plan->archive_bytes);
+		uint64_t byratio = sat_mul(x->max_ratio, x->plan->archive_bytes);
 
-		x.z.limit = lim > byratio ? lim : byratio;
+		x->z.limit = lim > byratio ? lim : byratio;
 	}
-	/* extract into a fresh directory beside the target; messages name the
-	 * target, where the files are going */
-	if ((rc = ms_stage_open(&stg, target, "import", MS_STAGE_DIR, err)) != MS_OK)
+	if ((rc = ms_stage_open(stg, target, "import", MS_STAGE_DIR, err)) != MS_OK)
 		goto out;
-	rootfd = open(ms_stage_path(&stg), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	rootfd = open(ms_stage_path(stg), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (rootfd < 0) {
 		rc = ms_err_set(err, MS_EIO, "'%s': %s", into_dir, strerror(errno));
 		goto out;
 	}
-	{
-		int fd = openat(rootfd, MS_BUNDLE_MANIFEST,
-				O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-
-		if (fd < 0 || ms_write_all(fd, x.manifest, x.manifest_len) || sync_fd(fd)) {
-			rc = ms_err_set(err, MS_EIO, "'%s': cannot write " MS_BUNDLE_MANIFEST ": %s",
-					into_dir, strerror(errno));
-			if (fd >= 0)
-				close(fd);
-			goto out;
-		}
-		close(fd);
-	}
-	x.pr = ms_inv_progress(inv);
-	if ((rc = extract_all(&x, rootfd, err)) != MS_OK)
+	fd = openat(rootfd, MS_BUNDLE_MANIFEST, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		    0644);
+	if (fd < 0 || ms_write_all(fd, x->manifest, x->manifest_len) || sync_fd(fd)) {
+		rc = ms_err_set(err, MS_EIO, "'%s': cannot write " MS_BUNDLE_MANIFEST ": %s",
+				into_dir, strerror(errno));
 		goto out;
-	for (size_t i = 0; i < x.ndirs; i++)
-		if (fsync_path(rootfd, x.dirs[i])) {
-			rc = ms_err_set(err, MS_EIO, "'%s/%s': fsync failed: %s", into_dir, x.dirs[i],
+	}
+	close(fd);
+	fd = -1;
+	x->pr = ms_inv_progress(inv);
+	if ((rc = extract_all(x, rootfd, err)) != MS_OK)
+		goto out;
+	for (size_t i = 0; i < x->ndirs; i++)
+		if (fsync_path(rootfd, x->dirs[i])) {
+			rc = ms_err_set(err, MS_EIO, "'%s/%s': fsync failed: %s", into_dir, x->dirs[i],
 					strerror(errno));
 			goto out;
 		}
@@ -2059,60 +2094,57 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 		rc = ms_err_set(err, MS_EIO, "'%s': fsync failed: %s", into_dir, strerror(errno));
 		goto out;
 	}
-	if ((rc = verify_extracted(&x, ms_stage_path(&stg), dirs, ndirs, opts->nthreads, err)) != MS_OK)
-		goto out;
+	rc = verify_extracted(x, ms_stage_path(stg), dirs, ndirs, nthreads, err);
+out:
+	if (fd >= 0)
+		close(fd);
+	if (rootfd >= 0)
+		close(rootfd);
+	return rc;
+}
 
-	/* every byte verified: move into place and register as one step (a
-	 * batch: a failure rolls the registration back and the files out) */
-	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
-		goto out;
-	batch = 1;
-	/* under --force the previous import waits beside it until the batch
-	 * is committed */
-	if ((rc = ms_stage_publish(&stg, exists ? MS_STAGE_REPLACE : MS_STAGE_NEW, err)) != MS_OK)
-		goto out;
-record:
-	if (!batch) {
-		if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
-			goto out;
-		batch = 1;
-	}
+/* Register the files now at target (in the caller's batch) as the state
+ * of the manifest, with the lineage the bundle carries; got: its digest. */
+static int import_register(struct ms_inv *inv, struct importer *x, const char *archive_path,
+			   const char *target, char *const *dirs, size_t ndirs,
+			   const char *label, int nthreads, struct ms_inv_add_stats *as,
+			   char got[MS_STATE_DIGEST_LEN], struct ms_err *err)
+{
+	struct ms_inv_add_opts ao;
+	struct ms_err e = {0};
+	char **final = NULL;
+	int rc;
+
 	if (!(final = join_all(target, dirs, ndirs))) {
 		rc = ms_err_nomem(err);
 		goto out;
 	}
 	ms_inv_add_opts_init(&ao);
-	if (x.plan->kind)
-		ms_inv_kind_parse(x.plan->kind, &ao.kind);
+	if (x->plan->kind)
+		ms_inv_kind_parse(x->plan->kind, &ao.kind);
 	ao.label = label;
-	ao.ep_size = x.plan->ep_size > 0 ? x.plan->ep_size : -1;
-	ao.ep_rank = x.plan->ep_size > 0 ? x.plan->ep_rank : -1;
-	ao.jobs = opts->nthreads;
-	ao.stats = &as;
-	{
-		struct ms_err e = {0};
-
-		rc = ms_inv_add_paths(inv, (const char *const *)final, ndirs, &ao, got, &e);
-		if (rc != MS_OK) {
-			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
-					     : ms_err_set(err, rc, "'%s': cannot register the state: %s",
-							  archive_path, e.msg);
-			goto out;
-		}
+	ao.ep_size = x->plan->ep_size > 0 ? x->plan->ep_size : -1;
+	ao.ep_rank = x->plan->ep_size > 0 ? x->plan->ep_rank : -1;
+	ao.jobs = nthreads;
+	ao.stats = as;
+	rc = ms_inv_add_paths(inv, (const char *const *)final, ndirs, &ao, got, &e);
+	if (rc != MS_OK) {
+		rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
+				     : ms_err_set(err, rc, "'%s': cannot register the state: %s",
+						  archive_path, e.msg);
+		goto out;
 	}
-	if (strcmp(got, x.plan->digest)) {
+	if (strcmp(got, x->plan->digest)) {
 		/* the files changed between the check and the registration:
-		 * the rollback below records nothing */
-		rc = fail_archive(&x, err, MS_ECHECK,
+		 * the caller's rollback records nothing */
+		rc = fail_archive(x, err, MS_ECHECK,
 				  "registered as %s, not the manifest's %s (files changed during the import)",
-				  got, x.plan->digest);
+				  got, x->plan->digest);
 		goto out;
 	}
 	/* the ancestors and edges the bundle carries, in the same batch */
-	if (x.plan->lineage) {
-		struct ms_err e = {0};
-
-		rc = ms_inv_lineage_record(inv, got, x.plan->lineage, strlen(x.plan->lineage),
+	if (x->plan->lineage) {
+		rc = ms_inv_lineage_record(inv, got, x->plan->lineage, strlen(x->plan->lineage),
 					   archive_path, &e);
 		if (rc != MS_OK) {
 			rc = rc == MS_ENOMEM ? ms_err_set(err, rc, "out of memory")
@@ -2121,6 +2153,75 @@ record:
 			goto out;
 		}
 	}
+	rc = MS_OK;
+out:
+	free_all(final, ndirs);
+	return rc;
+}
+
+int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *into_dir,
+		     const struct ms_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
+		     struct ms_err *err)
+{
+	struct ms_import_opts defaults;
+	struct importer x;
+	struct ms_inv_add_stats as;
+	char *target = NULL, **dirs = NULL, got[MS_STATE_DIGEST_LEN];
+	const char *label;
+	size_t ndirs = 0;
+	double t0 = ms_now();
+	struct ms_stage stg;
+	int rc, exists, adopt, batch = 0;
+
+	ms_stage_init(&stg);
+	importer_init(&x);
+	if (!opts) {
+		ms_import_opts_init(&defaults);
+		opts = &defaults;
+	}
+	if (opts->stats)
+		memset(opts->stats, 0, sizeof(*opts->stats));
+	if ((rc = import_target(into_dir, opts, &target, &exists, &adopt, err)) != MS_OK)
+		goto out;
+	label = opts->label;
+	if (label && !label_ok(label)) {
+		rc = ms_err_set(err, MS_EINVAL,
+				"label '%s': 1 to %d bytes of letters, digits and ._:@+/-, not only hex digits, not starting with sha256:",
+				label, MS_INV_MAX_LABEL);
+		goto out;
+	}
+	if ((rc = importer_open(&x, archive_path, opts, err)) != MS_OK)
+		goto out;
+	if (!label)
+		label = x.plan->label;
+	if ((rc = import_label_check(inv, &x, label, err)) != MS_OK)
+		goto out;
+	if (state_dirs(&x, &dirs, &ndirs)) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	if (adopt) {
+		if ((rc = import_adopt(inv, &x, target, into_dir, dirs, ndirs, opts->nthreads,
+				       err)) != MS_OK)
+			goto out;
+	} else {
+		if ((rc = import_extract(inv, &x, &stg, target, into_dir, dirs, ndirs,
+					 opts->nthreads, err)) != MS_OK)
+			goto out;
+	}
+	/* every byte verified: move into place and register as one step (a
+	 * batch: a failure rolls the registration back and the files out) */
+	if ((rc = ms_inv_batch_begin(inv, err)) != MS_OK)
+		goto out;
+	batch = 1;
+	/* under --force the previous import waits beside it until the batch
+	 * is committed */
+	if (!adopt &&
+	    (rc = ms_stage_publish(&stg, exists ? MS_STAGE_REPLACE : MS_STAGE_NEW, err)) != MS_OK)
+		goto out;
+	if ((rc = import_register(inv, &x, archive_path, target, dirs, ndirs, label,
+				  opts->nthreads, &as, got, err)) != MS_OK)
+		goto out;
 	batch = 0;
 	if ((rc = ms_inv_batch_end(inv, 1, err)) != MS_OK)
 		goto out;
@@ -2139,16 +2240,12 @@ record:
 out:
 	if (batch)
 		(void)ms_inv_batch_end(inv, 0, NULL);
-	if (rootfd >= 0)
-		close(rootfd);
 	if (rc != MS_OK)
 		ms_stage_fix_msg(&stg, err);
 	/* a failure takes the import away again and puts back what it replaced */
 	ms_stage_abort(&stg);
 	importer_release(&x);
 	free_all(dirs, ndirs);
-	free_all(final, ndirs);
 	ms_free(target);
-	ms_free(parent);
 	return rc;
 }

@@ -18,6 +18,8 @@
 
 #include <openssl/evp.h>
 
+#include "pool.h"
+
 struct ms_sha256_ctx {
 	EVP_MD_CTX *md;
 };
@@ -263,21 +265,19 @@ out:
 	return rc;
 }
 
-struct pool {
-	struct ms_hash_job **order;
-	size_t n;
-	size_t next;
-	int failed;   /* the first failure's code */
-	pthread_mutex_t lock;
-	uint64_t done;   /* bytes hashed (atomic) */
-	int running;     /* workers not finished (atomic) */
+/* What the pool's jobs share (ms_pool.ctx). */
+struct hashing {
+	struct ms_hash_job **order;   /* largest first */
+	uint64_t done;                /* bytes hashed (atomic) */
+	uint64_t total;
+	const struct ms_progress *progress;
 };
 
 /* A plain digest, in pieces, so that a multi-GB tensor shows progress
  * and an interrupted hash stops within one piece (MS_EINTR). */
 #define HASH_PIECE (64u << 20)
 
-static int hash_plain(struct pool *p, struct ms_hash_job *j)
+static int hash_plain(struct hashing *p, struct ms_hash_job *j)
 {
 	struct ms_sha256_ctx *c;
 	uint64_t off = 0;
@@ -303,7 +303,7 @@ static int hash_plain(struct pool *p, struct ms_hash_job *j)
 
 /* One job: plain and tree digests in the same pass, or the plain digest
  * and/or the chunk digests of a span. */
-static int hash_job(struct pool *p, struct ms_hash_job *j)
+static int hash_job(struct hashing *p, struct ms_hash_job *j)
 {
 	unsigned log2 = j->log2 ? j->log2 : MS_TREE_LOG2;
 	int rc = MS_OK;
@@ -324,29 +324,18 @@ static int hash_job(struct pool *p, struct ms_hash_job *j)
 	return rc;
 }
 
-static void *pool_worker(void *arg)
+static int pool_job(struct ms_pool *pool, size_t i, uint8_t *scratch, struct ms_err *err)
 {
-	struct pool *p = arg;
+	struct hashing *h = pool->ctx;
 
-	for (;;) {
-		struct ms_hash_job *j;
-		int rc;
+	return hash_job(h, h->order[i]);
+}
 
-		pthread_mutex_lock(&p->lock);
-		if (p->next >= p->n || p->failed) {
-			pthread_mutex_unlock(&p->lock);
-			return NULL;
-		}
-		j = p->order[p->next++];
-		pthread_mutex_unlock(&p->lock);
-		rc = hash_job(p, j);
-		if (rc != MS_OK) {
-			pthread_mutex_lock(&p->lock);
-			if (!p->failed)
-				p->failed = rc;
-			pthread_mutex_unlock(&p->lock);
-		}
-	}
+static void pool_report(struct ms_pool *pool)
+{
+	struct hashing *h = pool->ctx;
+
+	h->progress->fn(h->progress->arg, __atomic_load_n(&h->done, __ATOMIC_RELAXED), h->total);
 }
 
 static int by_size_desc(const void *a, const void *b)
@@ -357,15 +346,6 @@ static int by_size_desc(const void *a, const void *b)
 	return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
 }
 
-static void *pool_thread(void *arg)
-{
-	struct pool *p = arg;
-
-	pool_worker(p);
-	__atomic_sub_fetch(&p->running, 1, __ATOMIC_RELEASE);
-	return NULL;
-}
-
 int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err *err)
 {
 	return ms_hash_run_progress(jobs, n, nthreads, NULL, err);
@@ -374,62 +354,31 @@ int ms_hash_run(struct ms_hash_job *jobs, size_t n, int nthreads, struct ms_err 
 int ms_hash_run_progress(struct ms_hash_job *jobs, size_t n, int nthreads,
 			 const struct ms_progress *progress, struct ms_err *err)
 {
-	struct pool p = {0};
-	pthread_t *th = NULL;
-	int started = 0, rc = MS_OK, report = progress && progress->fn;
-	uint64_t total = 0;
+	struct hashing h = { .progress = progress };
+	struct ms_pool pool = { .njobs = n, .nthreads = nthreads, .run = pool_job, .ctx = &h };
+	int rc = MS_OK;
 
-	if (nthreads <= 0)
-		nthreads = ms_ncpus();
-	if ((size_t)nthreads > n)
-		nthreads = n ? (int)n : 1;
-	p.order = ms_malloc((n ? n : 1) * sizeof(*p.order));
-	th = ms_malloc((size_t)nthreads * sizeof(*th));
-	if (!p.order || !th) {
+	if (progress && progress->fn)
+		pool.report = pool_report;
+	h.order = ms_malloc((n ? n : 1) * sizeof(*h.order));
+	if (!h.order) {
 		rc = ms_err_nomem(err);
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
-		p.order[i] = &jobs[i];
-		total += jobs[i].n;
+		h.order[i] = &jobs[i];
+		h.total += jobs[i].n;
 	}
-	qsort(p.order, n, sizeof(*p.order), by_size_desc);
-	p.n = n;
-	pthread_mutex_init(&p.lock, NULL);
-	/* The calling thread is one of the workers, or, with progress, the one
-	 * that reports while nthreads others work. */
-	p.running = nthreads;
-	for (int i = report ? 0 : 1; i < nthreads; i++) {
-		if (pthread_create(&th[i], NULL, pool_thread, &p)) {
-			__atomic_sub_fetch(&p.running, nthreads - i, __ATOMIC_RELAXED);
-			break;
-		}
-		started = i + 1;
-	}
-	if (!report || started == 0) {
-		pool_worker(&p);
-	} else {
-		struct timespec ts = {0, 200 * 1000 * 1000};
-
-		while (__atomic_load_n(&p.running, __ATOMIC_ACQUIRE) > 0) {
-			progress->fn(progress->arg, __atomic_load_n(&p.done, __ATOMIC_RELAXED),
-				     total);
-			nanosleep(&ts, NULL);
-		}
-	}
-	for (int i = report ? 0 : 1; i < started; i++)
-		pthread_join(th[i], NULL);
-	if (report)
-		progress->fn(progress->arg, p.done, total);
-	pthread_mutex_destroy(&p.lock);
-	/* a context that could not be made is (in practice) memory */
-	if (p.failed == MS_EINTR)
+	qsort(h.order, n, sizeof(*h.order), by_size_desc);
+	rc = ms_pool_run(&pool, err);
+	/* the jobs set no message: a context that could not be made is (in
+	 * practice) memory */
+	if (rc == MS_EINTR)
 		rc = ms_interrupt_check(err);
-	else if (p.failed)
-		rc = ms_sha256_err(err, p.failed);
+	else if (rc != MS_OK)
+		rc = ms_sha256_err(err, rc);
 out:
-	ms_free(p.order);
-	ms_free(th);
+	ms_free(h.order);
 	return rc;
 }
 

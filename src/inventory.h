@@ -239,18 +239,6 @@ int ms_inv_states_list(struct ms_inv *inv, enum ms_inv_kind kind,
 		       struct ms_inv_state **out, size_t *n, struct ms_err *err);
 void ms_inv_states_free(struct ms_inv_state *s, size_t n);
 
-struct ms_inv_tensor {
-	char *name;
-	enum ms_dtype dtype;
-	uint32_t ndim;
-	uint64_t shape[MS_ST_MAX_RANK];
-	uint64_t offset;         /* absolute offset in the file */
-	uint64_t nbytes;
-	uint8_t digest[MS_SHA256_LEN];
-	int has_tree;            /* a tree digest (MS_TREE_LOG2) is recorded */
-	uint8_t tree[MS_SHA256_LEN];
-};
-
 struct ms_inv_file {
 	int64_t id;
 	uint32_t copy;           /* which copy of the state it belongs to */
@@ -262,7 +250,7 @@ struct ms_inv_file {
 	int has_file_digest;
 	uint8_t file_digest[MS_SHA256_LEN];
 	size_t ntensors;
-	struct ms_inv_tensor *tensors; /* offset order; NULL without tensors */
+	struct ms_vtensor *tensors;    /* offset order; NULL without tensors */
 };
 
 struct ms_inv_files {

@@ -89,52 +89,66 @@ struct suffix {
 	const char *s;
 	enum ms_name_role role;
 	uint8_t colwise, packed;
+	uint8_t writes; /* NVFP4 formats that write it: bit f for format f */
 };
 
-/* The last component of a non-LoRA name. */
+#define W_MO (1u << 0) /* ModelOpt (MS_QUANT_FORMAT_MODELOPT) */
+#define W_CT (1u << 1) /* compressed-tensors (MS_QUANT_FORMAT_COMPRESSED_TENSORS) */
+
+/* The last component of a non-LoRA name, with its dot. The NVFP4
+ * companions are also the names quant.c writes (ms_name_nvfp4_suffix), so
+ * that what the writer names is what this parser reads. */
 static const struct suffix role_suffixes[] = {
-	{ "weight", MS_NAME_ROLE_WEIGHT, 0, 0 },
-	{ "bias", MS_NAME_ROLE_BIAS, 0, 0 },
-	{ "weight_packed", MS_NAME_ROLE_WEIGHT, 0, 1 },
-	{ "weight_scale", MS_NAME_ROLE_SCALE, 0, 0 },
-	{ "weight_scale_2", MS_NAME_ROLE_SCALE2, 0, 0 },
-	{ "weight_global_scale", MS_NAME_ROLE_GLOBAL_SCALE, 0, 0 },
-	{ "input_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0 },
-	{ "input_global_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0 },
-	{ "weight_colwise", MS_NAME_ROLE_COLWISE, 1, 0 },
-	{ "weight_packed_colwise", MS_NAME_ROLE_COLWISE, 1, 1 },
-	{ "weight_colwise_packed", MS_NAME_ROLE_COLWISE, 1, 1 },
-	{ "weight_colwise_scale", MS_NAME_ROLE_COLWISE_SCALE, 1, 0 },
-	{ "weight_scale_colwise", MS_NAME_ROLE_COLWISE_SCALE, 1, 0 },
-	{ "weight_colwise_scale_2", MS_NAME_ROLE_SCALE2, 1, 0 },
-	{ "weight_scale_2_colwise", MS_NAME_ROLE_SCALE2, 1, 0 },
-	{ "e_score_correction_bias", MS_NAME_ROLE_BIAS, 0, 0 },
-	{ "expert_bias", MS_NAME_ROLE_BIAS, 0, 0 },
-	{ "layer_norm_weight", MS_NAME_ROLE_WEIGHT, 0, 0 },
-	{ "layer_norm_bias", MS_NAME_ROLE_BIAS, 0, 0 },
+	{ ".weight", MS_NAME_ROLE_WEIGHT, 0, 0, W_MO },
+	{ ".bias", MS_NAME_ROLE_BIAS, 0, 0, 0 },
+	{ ".weight_packed", MS_NAME_ROLE_WEIGHT, 0, 1, W_CT },
+	{ ".weight_scale", MS_NAME_ROLE_SCALE, 0, 0, W_MO | W_CT },
+	{ ".weight_scale_2", MS_NAME_ROLE_SCALE2, 0, 0, W_MO },
+	{ ".weight_global_scale", MS_NAME_ROLE_GLOBAL_SCALE, 0, 0, W_CT },
+	{ ".input_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0, W_MO },
+	{ ".input_global_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0, W_CT },
+	{ ".weight_colwise", MS_NAME_ROLE_COLWISE, 1, 0, W_MO },
+	{ ".weight_packed_colwise", MS_NAME_ROLE_COLWISE, 1, 1, W_CT },
+	{ ".weight_colwise_packed", MS_NAME_ROLE_COLWISE, 1, 1, 0 },
+	{ ".weight_colwise_scale", MS_NAME_ROLE_COLWISE_SCALE, 1, 0, W_MO },
+	{ ".weight_scale_colwise", MS_NAME_ROLE_COLWISE_SCALE, 1, 0, W_CT },
+	{ ".weight_colwise_scale_2", MS_NAME_ROLE_SCALE2, 1, 0, 0 },
+	{ ".weight_scale_2_colwise", MS_NAME_ROLE_SCALE2, 1, 0, 0 },
+	{ ".e_score_correction_bias", MS_NAME_ROLE_BIAS, 0, 0, 0 },
+	{ ".expert_bias", MS_NAME_ROLE_BIAS, 0, 0, 0 },
+	{ ".layer_norm_weight", MS_NAME_ROLE_WEIGHT, 0, 0, 0 },
+	{ ".layer_norm_bias", MS_NAME_ROLE_BIAS, 0, 0, 0 },
 };
+
+const char *ms_name_nvfp4_suffix(enum ms_name_role role, unsigned format)
+{
+	for (size_t k = 0; format < 8 && k < sizeof(role_suffixes) / sizeof(role_suffixes[0]); k++)
+		if (role_suffixes[k].role == role && (role_suffixes[k].writes & (1u << format)))
+			return role_suffixes[k].s;
+	return NULL;
+}
 
 /* Tails glued to a fused expert parameter ("gate_up_proj_bias",
  * "w13_weight_scale_2"); longest first so "_weight_scale_2" wins. */
 static const struct suffix fused_suffixes[] = {
-	{ "_weight_scale_2", MS_NAME_ROLE_SCALE2, 0, 0 },
-	{ "_weight_global_scale", MS_NAME_ROLE_GLOBAL_SCALE, 0, 0 },
-	{ "_input_global_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0 },
-	{ "_weight_packed", MS_NAME_ROLE_WEIGHT, 0, 1 },
-	{ "_weight_scale", MS_NAME_ROLE_SCALE, 0, 0 },
-	{ "_input_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0 },
-	{ "_scale_2", MS_NAME_ROLE_SCALE2, 0, 0 },
-	{ "_blocks", MS_NAME_ROLE_WEIGHT, 0, 1 },
-	{ "_scales", MS_NAME_ROLE_SCALE, 0, 0 },
-	{ "_weight", MS_NAME_ROLE_WEIGHT, 0, 0 },
-	{ "_scale", MS_NAME_ROLE_SCALE, 0, 0 },
-	{ "_bias", MS_NAME_ROLE_BIAS, 0, 0 },
+	{ "_weight_scale_2", MS_NAME_ROLE_SCALE2, 0, 0, 0 },
+	{ "_weight_global_scale", MS_NAME_ROLE_GLOBAL_SCALE, 0, 0, 0 },
+	{ "_input_global_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0, 0 },
+	{ "_weight_packed", MS_NAME_ROLE_WEIGHT, 0, 1, 0 },
+	{ "_weight_scale", MS_NAME_ROLE_SCALE, 0, 0, 0 },
+	{ "_input_scale", MS_NAME_ROLE_INPUT_SCALE, 0, 0, 0 },
+	{ "_scale_2", MS_NAME_ROLE_SCALE2, 0, 0, 0 },
+	{ "_blocks", MS_NAME_ROLE_WEIGHT, 0, 1, 0 },
+	{ "_scales", MS_NAME_ROLE_SCALE, 0, 0, 0 },
+	{ "_weight", MS_NAME_ROLE_WEIGHT, 0, 0, 0 },
+	{ "_scale", MS_NAME_ROLE_SCALE, 0, 0, 0 },
+	{ "_bias", MS_NAME_ROLE_BIAS, 0, 0, 0 },
 };
 
 static const struct suffix *find_suffix(const struct parse *p, size_t i)
 {
 	for (size_t k = 0; k < sizeof(role_suffixes) / sizeof(role_suffixes[0]); k++)
-		if (ceq(p, i, role_suffixes[k].s))
+		if (ceq(p, i, role_suffixes[k].s + 1))
 			return &role_suffixes[k];
 	return NULL;
 }

@@ -119,6 +119,15 @@ int ms_name_info_str(const struct ms_name_info *info, char *buf, size_t n);
 const char *ms_name_part_str(enum ms_name_part part);
 const char *ms_name_role_str(enum ms_name_role role);
 
+/* The tensor-name suffix (".weight_packed", ...) that NVFP4 format
+ * `format` (enum ms_quant_format's values: 0 ModelOpt, 1
+ * compressed-tensors) gives the companion of a quantized weight with this
+ * role: MS_NAME_ROLE_WEIGHT, _SCALE, _SCALE2 (ModelOpt) or _GLOBAL_SCALE
+ * (compressed-tensors), _INPUT_SCALE, _COLWISE, _COLWISE_SCALE. It comes
+ * from the table ms_name_parse reads names with, so a name written with it
+ * parses back to that role. NULL: the format writes no such tensor. */
+const char *ms_name_nvfp4_suffix(enum ms_name_role role, unsigned format);
+
 /* Does the tensor hold weights of routed experts (one or all of them)? */
 int ms_name_is_routed_expert(const struct ms_name_info *info);
 

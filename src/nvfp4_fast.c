@@ -23,8 +23,9 @@
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
+
+#include "pool.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define NVFP4_X86 1
@@ -591,12 +592,14 @@ struct range_job {
 	int rc;
 };
 
-static void *range_thread(void *arg)
+/* Range i on the pool; its status is kept for run_ranges to pick in
+ * worker order, so the pool never stops the other ranges. */
+static int range_job(struct ms_pool *pool, size_t i, uint8_t *scratch, struct ms_err *err)
 {
-	struct range_job *j = arg;
+	struct range_job *j = &((struct range_job *)pool->ctx)[i];
 
 	j->rc = j->fn(j->ctx, j->begin, j->end, j->worker);
-	return NULL;
+	return MS_OK;
 }
 
 /* Threads for n items when each item costs about item_bytes of input:
@@ -619,14 +622,14 @@ static int run_ranges(range_fn fn, void *ctx, uint64_t n, int nthreads,
 		      struct ms_err *err)
 {
 	struct range_job *jobs = NULL;
-	pthread_t *tids = NULL;
-	int started = 0, rc = MS_OK;
+	struct ms_pool pool = { .njobs = (size_t)nthreads, .nthreads = nthreads,
+				.run = range_job };
+	int rc = MS_OK;
 
 	if (nthreads <= 1 || n <= 1)
 		return fn(ctx, 0, n, 0);
 	jobs = ms_calloc((size_t)nthreads, sizeof(*jobs));
-	tids = ms_calloc((size_t)nthreads, sizeof(*tids));
-	if (!jobs || !tids) {
+	if (!jobs) {
 		rc = ms_err_nomem(err);
 		goto out;
 	}
@@ -637,24 +640,14 @@ static int run_ranges(range_fn fn, void *ctx, uint64_t n, int nthreads,
 		jobs[i].end = n * (uint64_t)(i + 1) / (uint64_t)nthreads;
 		jobs[i].worker = i;
 	}
-	/* worker 0 runs on this thread */
-	for (int i = 1; i < nthreads; i++) {
-		if (pthread_create(&tids[i], NULL, range_thread, &jobs[i])) {
-			/* do the rest here rather than fail */
-			for (int k = i; k < nthreads; k++)
-				jobs[k].rc = fn(ctx, jobs[k].begin, jobs[k].end, k);
-			break;
-		}
-		started = i;
-	}
-	jobs[0].rc = fn(ctx, jobs[0].begin, jobs[0].end, 0);
-	for (int i = 1; i <= started; i++)
-		pthread_join(tids[i], NULL);
+	/* one range per thread, the caller's among them */
+	pool.ctx = jobs;
+	if ((rc = ms_pool_run(&pool, err)) != MS_OK)
+		goto out;
 	for (int i = 0; i < nthreads && rc == MS_OK; i++)
 		rc = jobs[i].rc;
 out:
 	ms_free(jobs);
-	ms_free(tids);
 	return rc;
 }
 

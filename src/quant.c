@@ -34,17 +34,30 @@
 #define INDEX_NAME "model.safetensors.index.json"
 #define MAX_COPY_FILE (4ull << 30) /* other files of a checkpoint directory */
 
-/* Tensor name suffixes, [format][layout]. */
-static const char *const sfx_packed[2][2] = {
-	{".weight", ".weight_colwise"},
-	{".weight_packed", ".weight_packed_colwise"},
-};
-static const char *const sfx_scales[2][2] = {
-	{".weight_scale", ".weight_colwise_scale"},
-	{".weight_scale", ".weight_scale_colwise"},
-};
-static const char *const sfx_tscale[2] = {".weight_scale_2", ".weight_global_scale"};
-static const char *const sfx_input[] = {".input_scale", ".input_global_scale"};
+/* Tensor name suffixes by format f and layout l, from the table the name
+ * parser reads them with (names.h), so that what is written is what is
+ * recognized. */
+static const char *sfx_packed(int f, int l)
+{
+	return ms_name_nvfp4_suffix(l ? MS_NAME_ROLE_COLWISE : MS_NAME_ROLE_WEIGHT, (unsigned)f);
+}
+
+static const char *sfx_scales(int f, int l)
+{
+	return ms_name_nvfp4_suffix(l ? MS_NAME_ROLE_COLWISE_SCALE : MS_NAME_ROLE_SCALE,
+				    (unsigned)f);
+}
+
+static const char *sfx_tscale(int f)
+{
+	return ms_name_nvfp4_suffix(f ? MS_NAME_ROLE_GLOBAL_SCALE : MS_NAME_ROLE_SCALE2,
+				    (unsigned)f);
+}
+
+static const char *sfx_input(int f)
+{
+	return ms_name_nvfp4_suffix(MS_NAME_ROLE_INPUT_SCALE, (unsigned)f);
+}
 
 const char *ms_quant_format_name(enum ms_quant_format f)
 {
@@ -343,12 +356,12 @@ static int scan_weight(struct ms_ckpt *c, struct file_meta *fm, const char *pref
 	memset(w, 0, sizeof(*w));
 	if (!(w->prefix = ms_strdup(prefix)))
 		return ms_err_nomem(err);
-	f = find_sfx(c, prefix, sfx_packed[1][0]) || find_sfx(c, prefix, sfx_packed[1][1]) ||
-	    find_sfx(c, prefix, sfx_tscale[1]);
+	f = find_sfx(c, prefix, sfx_packed(1, 0)) || find_sfx(c, prefix, sfx_packed(1, 1)) ||
+	    find_sfx(c, prefix, sfx_tscale(1));
 	w->format = f ? MS_QUANT_FORMAT_COMPRESSED_TENSORS : MS_QUANT_FORMAT_MODELOPT;
 	for (int l = 0; l < 2; l++) {
-		w->packed[l] = find_sfx(c, prefix, sfx_packed[f][l]);
-		w->scales[l] = find_sfx(c, prefix, sfx_scales[f][l]);
+		w->packed[l] = find_sfx(c, prefix, sfx_packed(f, l));
+		w->scales[l] = find_sfx(c, prefix, sfx_scales(f, l));
 		if (!!w->packed[l] != !!w->scales[l]) {
 			const struct ms_tensor *t = w->packed[l] ? w->packed[l] : w->scales[l];
 
@@ -372,17 +385,17 @@ static int scan_weight(struct ms_ckpt *c, struct file_meta *fm, const char *pref
 					  w->scales[l]->name, w->scales[l]->file->path);
 	}
 	if (!any) {
-		const struct ms_tensor *s = find_sfx(c, prefix, sfx_scales[f][0]);
+		const struct ms_tensor *s = find_sfx(c, prefix, sfx_scales(f, 0));
 
-		s = s ? s : find_sfx(c, prefix, sfx_scales[f][1]);
+		s = s ? s : find_sfx(c, prefix, sfx_scales(f, 1));
 		return ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': block scales without packed values",
 				  s ? s->name : prefix, s ? s->file->path : "?");
 	}
 	path = any->file->path;
-	w->tscale = find_sfx(c, prefix, sfx_tscale[f]);
+	w->tscale = find_sfx(c, prefix, sfx_tscale(f));
 	if (!w->tscale)
 		return ms_err_set(err, MS_EINVAL, "tensor '%s' in '%s': nvfp4 weight without '%s%s'",
-				  any->name, path, prefix, sfx_tscale[f]);
+				  any->name, path, prefix, sfx_tscale(f));
 	if (w->tscale->dtype != MS_DTYPE_F32 || w->tscale->nelem != 1 || w->tscale->ndim > 1)
 		return ms_err_set(err, MS_EINVAL,
 				  "tensor '%s' in '%s': a tensor scale must be one F32 ([] or [1])",
@@ -671,7 +684,7 @@ int ms_qview_open(struct ms_ckpt *c, struct ms_qview *v, struct ms_err *err)
 		struct ms_qweight *w = &v->weights[i];
 		const struct ms_tensor *parts[8] = {
 			w->packed[0], w->packed[1], w->scales[0], w->scales[1], w->tscale,
-			find_sfx(c, w->prefix, sfx_input[0]), find_sfx(c, w->prefix, sfx_input[1]),
+			find_sfx(c, w->prefix, sfx_input(0)), find_sfx(c, w->prefix, sfx_input(1)),
 		};
 
 		for (size_t k = 0; k < 8; k++) {
@@ -819,18 +832,18 @@ static int add_weight_outs(struct ms_quant_plan *p, size_t *cap, const char *pre
 			continue;
 		if ((rc = ms_nvfp4_shapes(rows, cols, (enum ms_nvfp4_layout)l, ps, ss, err)) != MS_OK)
 			return rc;
-		snprintf(name, sizeof(name), "%s%s", prefix, sfx_packed[fmt][l]);
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_packed(fmt, l));
 		if ((rc = add_out(p, cap, name, MS_DTYPE_U8, 2, ps, MS_QOUT_PACKED,
 				  (enum ms_nvfp4_layout)l, item, file, err)) != MS_OK)
 			return rc;
-		snprintf(name, sizeof(name), "%s%s", prefix, sfx_scales[fmt][l]);
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_scales(fmt, l));
 		if ((rc = add_out(p, cap, name, MS_DTYPE_F8_E4M3, 2, ss, MS_QOUT_SCALES,
 				  (enum ms_nvfp4_layout)l, item, file, err)) != MS_OK)
 			return rc;
 		if (l == 0 && with_tscale) {
 			uint64_t one = 1;
 
-			snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale[fmt]);
+			snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale(fmt));
 			if ((rc = add_out(p, cap, name, MS_DTYPE_F32,
 					  fmt == MS_QUANT_FORMAT_MODELOPT ? 0 : 1, &one,
 					  MS_QOUT_TSCALE, MS_NVFP4_LAYOUT_ROWWISE, item, file,
@@ -842,7 +855,7 @@ static int add_weight_outs(struct ms_quant_plan *p, size_t *cap, const char *pre
 	if (with_tscale) {
 		uint64_t one = 1;
 
-		snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale[fmt]);
+		snprintf(name, sizeof(name), "%s%s", prefix, sfx_tscale(fmt));
 		return add_out(p, cap, name, MS_DTYPE_F32, fmt == MS_QUANT_FORMAT_MODELOPT ? 0 : 1,
 			       &one, MS_QOUT_TSCALE, MS_NVFP4_LAYOUT_ROWWISE, item, file, err);
 	}

@@ -98,6 +98,21 @@ struct ms_tensor {
 	int has_tree;                  /* hashed with trees */
 };
 
+/* A tensor as recorded away from its file, in a manifest (verify.h) or
+ * the inventory (inventory.h): the same fields whichever records it, the
+ * name owned by the record, no bytes. */
+struct ms_vtensor {
+	char *name;
+	enum ms_dtype dtype;
+	uint32_t ndim;
+	uint64_t shape[MS_ST_MAX_RANK];
+	uint64_t offset;     /* absolute offset in the file */
+	uint64_t nbytes;
+	uint8_t digest[MS_SHA256_LEN];
+	int has_tree;        /* tree digest (hash.h, MS_TREE_LOG2) recorded */
+	uint8_t tree[MS_SHA256_LEN];
+};
+
 struct ms_st_meta {
 	char *key;
 	char *value;

@@ -1058,19 +1058,14 @@ int ms_vstate_from_inv(struct ms_inv *inv, const char *digest, uint32_t copy,
 		if (!vf->path || !vf->tensors)
 			goto oom;
 		for (size_t t = 0; t < f->ntensors; t++) {
-			const struct ms_inv_tensor *it = &f->tensors[t];
+			const struct ms_vtensor *it = &f->tensors[t];
 			struct ms_vtensor *vt = &vf->tensors[vf->ntensors++];
 
+			/* the inventory's record is the manifest's type: copied
+			 * whole, the name duplicated */
+			*vt = *it;
 			if (!(vt->name = ms_strdup(it->name)))
 				goto oom;
-			vt->dtype = it->dtype;
-			vt->ndim = it->ndim;
-			memcpy(vt->shape, it->shape, sizeof(vt->shape));
-			vt->offset = it->offset;
-			vt->nbytes = it->nbytes;
-			memcpy(vt->digest, it->digest, 32);
-			vt->has_tree = it->has_tree;
-			memcpy(vt->tree, it->tree, 32);
 		}
 	}
 	for (size_t i = 0; i < ncfgs; i++) {

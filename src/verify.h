@@ -38,18 +38,6 @@
 #include "hash.h"
 #include "safetensors.h"
 
-struct ms_vtensor {
-	char *name;
-	enum ms_dtype dtype;
-	uint32_t ndim;
-	uint64_t shape[MS_ST_MAX_RANK];
-	uint64_t offset;     /* absolute offset in the file */
-	uint64_t nbytes;
-	uint8_t digest[MS_SHA256_LEN];
-	int has_tree;        /* tree digest (hash.h, MS_TREE_LOG2) recorded */
-	uint8_t tree[MS_SHA256_LEN];
-};
-
 struct ms_vfile {
 	char *path;          /* as stored: absolute, or relative to the root */
 	uint64_t size;

@@ -661,7 +661,7 @@ static int show_json(const struct show_data *d, int tensors)
 			cJSON *ta = cJSON_AddArrayToObject(fo, "tensors");
 
 			for (size_t t = 0; t < f->ntensors; t++) {
-				const struct ms_inv_tensor *te = &f->tensors[t];
+				const struct ms_vtensor *te = &f->tensors[t];
 				cJSON *to = cJSON_CreateObject(), *sh = cJSON_CreateArray();
 
 				cJSON_AddStringToObject(to, "name", te->name);
@@ -836,7 +836,7 @@ static int show_text(const struct show_data *d, int tensors)
 		if (f->copy != d->files.files[0].copy)
 			break;
 		for (size_t t = 0; t < f->ntensors; t++) {
-			const struct ms_inv_tensor *te = &f->tensors[t];
+			const struct ms_vtensor *te = &f->tensors[t];
 			char shape[24 * MS_ST_MAX_RANK + 4];
 
 			shape_text(te->ndim, te->shape, shape, sizeof(shape));
@@ -1495,7 +1495,7 @@ static int fp_add_state(struct ms_inv *inv, struct ms_fp_calc *calc, size_t entr
 	}
 	for (size_t i = 0; i < files.n; i++) {
 		for (size_t t = 0; t < files.files[i].ntensors; t++) {
-			const struct ms_inv_tensor *te = &files.files[i].tensors[t];
+			const struct ms_vtensor *te = &files.files[i].tensors[t];
 
 			list[k].name = te->name;
 			list[k].dtype = te->dtype;

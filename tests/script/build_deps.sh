@@ -5,14 +5,14 @@
 # PKG_CONFIG_LIBDIR pointing at a copy of the .pc files that lacks it, a
 # missing pkg-config with a PATH that does not have it.
 ROOT=${MS_ROOT:-$(pwd)}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/build-deps.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 MAKE=$(command -v make)
+# each make below stands for a user's plain `make`: under `make -j2 test`
+# the parent's jobserver is not passed down to this script, and a make that
+# inherits its MAKEFLAGS warns that it is unavailable
+unset MAKEFLAGS MFLAGS MAKELEVEL
 if [ -z "$MAKE" ] || ! command -v pkg-config >/dev/null 2>&1 ||
    ! pkg-config --exists sqlite3 libcrypto libcjson libarchive libzstd; then
 	echo "build_deps: skipped (needs make, pkg-config and the libraries)"

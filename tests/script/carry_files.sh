@@ -8,13 +8,9 @@
 # import into a fresh inventory shows where the state came from in
 # `msinv lineage` and `msinv show`. Hostile lineage in a bundle is refused
 # before anything is extracted.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 run() { # EXPECTED_RC NAME CMD...: stdout in $tmp/out, stderr in $tmp/err
 	want=$1; name=$2; shift 2
 	"$@" >"$tmp/out" 2>"$tmp/err"

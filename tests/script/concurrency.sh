@@ -3,7 +3,7 @@
 # loop over ls, show and `msverify files` (no busy error, nothing lost, the
 # log and the database sound), and two writers of one output at once (one
 # wins, the other refuses, the output is a single run's)
-# (tools/scripts/rel_concurrency.py has the details).
+# (tests/rel/rel_concurrency.py has the details).
 # make test: one round, 3 races per output kind;
 # MS_RELIABILITY_FULL=1: 5 rounds, 20 races.
 name=concurrency
@@ -20,4 +20,4 @@ if [ "$MS_RELIABILITY_FULL" = 1 ]; then
 else
 	set -- --rounds 1 --races 3
 fi
-exec python3 tools/scripts/rel_concurrency.py --name "$name" --build "$B" --writers 16 "$@"
+exec python3 tests/rel/rel_concurrency.py --name "$name" --build "$B" --writers 16 "$@"

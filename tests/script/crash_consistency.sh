@@ -6,7 +6,7 @@
 # torn, that `msinv gc` leaves no temporary, and that the command run again
 # gives the clean result; msconvert, msshard and msinv import must leave
 # their output whole or absent and registered wholly or not at all
-# (tools/scripts/rel_crash.py has the details).
+# (tests/rel/rel_crash.py has the details).
 # make test: 10 kills per command on a ~20 MB checkpoint;
 # MS_RELIABILITY_FULL=1: 50 kills per command on a ~100 MB one.
 name=crash_consistency
@@ -23,4 +23,4 @@ if [ "$MS_RELIABILITY_FULL" = 1 ]; then
 else
 	set -- --trials 10 --mb 16
 fi
-exec python3 tools/scripts/rel_crash.py --name "$name" --build "$B" "$@"
+exec python3 tests/rel/rel_crash.py --name "$name" --build "$B" "$@"

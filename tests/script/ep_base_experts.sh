@@ -6,22 +6,9 @@
 # msshard split refuses it (exit 2, nothing written or registered),
 # msverify ep fails the set it made (exit 1, a fault of kind experts). An
 # adapter whose attention LoRA pins r is caught without a base.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/ep-base.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 unset MSINV_DB
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
-one_line() { [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "stderr is not one line"; cat "$W/err"; }; }
 absent() { [ ! -e "$1" ] && ok || bad "$1 exists"; }
 
 F="$FX/peft/qwen3moe-E16-r3-fused"

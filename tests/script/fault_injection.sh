@@ -3,7 +3,7 @@
 # then ENOSPC), fsync or rename of a writing command, for every N until the
 # run no longer reaches an Nth call, and check that each trial ends with one
 # clear error, no leak, no partial output and a sound inventory
-# (tools/scripts/rel_fault.py says exactly what is checked).
+# (tests/rel/rel_fault.py says exactly what is checked).
 #
 # make test: the whole sweep of `msinv add` on the smallest fixture, of
 # `msconvert quantize` to one file (write, fsync, rename), of `msinv import`
@@ -57,7 +57,7 @@ if [ "$MS_RELIABILITY_FULL" = 1 ]; then
 		EXTRA_LDLIBS=-fsanitize=address all >"$log" 2>&1 ||
 		{ tail -n 20 "$log"; broken "building the AddressSanitizer fault tree failed"; }
 	is_fault_build "$FB" || broken "$FB is not a fault-injection build"
-	exec python3 tools/scripts/rel_fault.py --name "$name" --build "$FB" --persist \
+	exec python3 tests/rel/rel_fault.py --name "$name" --build "$FB" --persist \
 		--jobs "$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)" \
 		--scenario add-small --scenario add-sharded --scenario add-adapter \
 		--scenario quantize-file --scenario quantize-dir \
@@ -73,7 +73,7 @@ else
 	FB=$ROOT/build-fault
 	is_fault_build "$FB" || broken "make fault did not make a fault-injection build"
 fi
-exec python3 tools/scripts/rel_fault.py --name "$name" --build "$FB" --valgrind-every 16 \
+exec python3 tests/rel/rel_fault.py --name "$name" --build "$FB" --valgrind-every 16 \
 	--scenario add-small --scenario quantize-file:alloc/64,write,fsync,rename \
 	--scenario quantize-fused3d:alloc/32,write --scenario quantize-fused:alloc/256,rename \
 	--scenario import:alloc/64,read,write,fsync,rename --scenario launch:alloc/64,read \

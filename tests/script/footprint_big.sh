@@ -1,7 +1,7 @@
 #!/bin/sh
 # footprint_big.sh: plan a 700B-class MoE run from headers alone.
 #
-# tools/scripts/make_sparse_ckpt.py writes a 688B-parameter checkpoint (60
+# tests/gen/make_sparse_ckpt.py writes a 688B-parameter checkpoint (60
 # layers x 256 experts x 3 projections of 2048 x 7168, bf16, 61 shards and
 # an index) whose data are holes, so it costs a few MB of disk. The planner
 # (through a small C driver over libms, and through `msinv footprint` when
@@ -14,9 +14,8 @@
 MS_BUILD=${MS_BUILD:-build}
 MS_ROOT=${MS_ROOT:-.}
 name=footprint_big
-pass=0; fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $name: $*" >&2; }
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 finish() { echo "$name: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit $?; }
 
 CC=${CC:-cc}
@@ -35,8 +34,6 @@ if [ ! -f "$MS_BUILD/libms.a" ]; then
 	bad "missing $MS_BUILD/libms.a (run make)"
 	finish
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ms-fpbig-XXXXXX") || exit 3
-trap 'rm -rf "$tmp"' EXIT
 
 # ---- the driver: plan file in, report out, the tool's exit statuses -------------
 cat >"$tmp/fpdrv.c" <<'EOF'
@@ -95,7 +92,7 @@ t0=$(date +%s)
 for v in perexpert fused; do
 	flag=""
 	[ $v = fused ] && flag=--fused
-	if python3 "$MS_ROOT/tools/scripts/make_sparse_ckpt.py" --out "$tmp/$v" $flag \
+	if python3 "$MS_ROOT/tests/gen/make_sparse_ckpt.py" --out "$tmp/$v" $flag \
 		>"$tmp/$v.summary" 2>"$tmp/gen.err"; then
 		ok
 	else

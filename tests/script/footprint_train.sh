@@ -6,13 +6,9 @@
 # report says what it counts and what it does not; a budget that the
 # weights fit but the training state does not is exit 1; a bad "train"
 # section is one line and exit 2.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 run() { # EXPECTED_RC NAME CMD...: stdout in $tmp/out, stderr in $tmp/err
 	want=$1; name=$2; shift 2
 	"$@" >"$tmp/out" 2>"$tmp/err"

@@ -6,24 +6,20 @@
 # checkpoint gives; fused (--experts fused) it holds the same bytes
 # stacked, one tensor scale per expert. msverify quant checks both against
 # the fused source, and the footprint planner counts what is written.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/fused-experts.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 expect() {
 	want=$1; shift
 	"$@" >"$tmp/out" 2>"$tmp/err"
 	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else ko "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/out" "$tmp/err"; fi
+	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/out" "$tmp/err"; fi
 }
 has() { # FILE RE
-	if grep -qE "$2" "$1"; then ok; else ko "$1 lacks '$2':"; sed 's/^/  /' "$1"; fi
+	if grep -qE "$2" "$1"; then ok; else bad "$1 lacks '$2':"; sed 's/^/  /' "$1"; fi
 }
 one_line() { # RE: stderr is one line "msconvert: ..." matching RE
 	if [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -qE "^msconvert: .*$1" "$tmp/err"; then ok; else
-		ko "stderr is not one line matching '$1':"; sed 's/^/  /' "$tmp/err"; fi
+		bad "stderr is not one line matching '$1':"; sed 's/^/  /' "$tmp/err"; fi
 }
 py() { python3 - "$@"; }
 HDR='
@@ -48,8 +44,8 @@ expect 0 "$B/msconvert" quantize "$F" -o pe --db "$DB"
 pe=$(awk '{print $2}' "$tmp/out")
 expect 0 "$B/msconvert" quantize "$FX/hf/qwen3moe" -o ref --no-register
 ref=$(awk '{print $2}' "$tmp/out")
-if [ -n "$pe" ] && [ "$pe" = "$ref" ]; then ok; else ko "per-expert state $pe differs from quantized qwen3moe $ref"; fi
-py pe/model.safetensors <<EOF && ok || ko "per-expert names"
+if [ -n "$pe" ] && [ "$pe" = "$ref" ]; then ok; else bad "per-expert state $pe differs from quantized qwen3moe $ref"; fi
+py pe/model.safetensors <<EOF && ok || bad "per-expert names"
 $HDR
 h, meta, _, _ = header(sys.argv[1])
 assert not [k for k, v in h.items() if len(v["shape"]) == 3], "3-d tensors left"
@@ -61,7 +57,7 @@ EOF
 
 # ---- fused: the same bytes stacked, one tensor scale per expert
 expect 0 "$B/msconvert" quantize "$F" -o fu --experts fused --db "$DB"
-py fu/model.safetensors ref/model.safetensors <<EOF && ok || ko "fused layout against the per-expert bytes"
+py fu/model.safetensors ref/model.safetensors <<EOF && ok || bad "fused layout against the per-expert bytes"
 $HDR
 fu, meta = data(sys.argv[1])
 ref, _ = data(sys.argv[2])
@@ -95,7 +91,7 @@ has "$tmp/out" '^ok	56 weights	56 checks'
 expect 0 "$B/msverify" quant fu --db "$DB" --strict
 has "$tmp/out" '^ok	40 weights	40 checks'
 # one expert's block scales of the fused tensor set to 448 in place
-py fu/model.safetensors <<EOF && ok || ko "tamper"
+py fu/model.safetensors <<EOF && ok || bad "tamper"
 $HDR
 h, meta, blob, base = header(sys.argv[1])
 b, e = h["model.layers.0.mlp.experts.gate_up_proj_weight_scale"]["data_offsets"]
@@ -105,13 +101,13 @@ with open(sys.argv[1], "r+b") as f:
 EOF
 expect 1 "$B/msverify" quant fu --db "$DB"
 has "$tmp/out" '^FAIL	model\.layers\.0\.mlp\.experts\.3\.gate_up_proj	rowwise	relative error'
-if [ "$(grep -c '^FAIL	model' "$tmp/out")" -eq 1 ]; then ok; else ko "one failure expected"; cat "$tmp/out"; fi
+if [ "$(grep -c '^FAIL	model' "$tmp/out")" -eq 1 ]; then ok; else bad "one failure expected"; cat "$tmp/out"; fi
 expect 0 "$B/msconvert" stats pe --source "$F"
 has "$tmp/out" '^model\.layers\.1\.mlp\.experts\.7\.up_proj	rowwise	\[32,64\].*	0\.[0-9]'
 
 # ---- selection, other flavors and layouts, refusals
 expect 0 "$B/msconvert" quantize "$F" -o inc --include experts --exclude self_attn --no-register
-py inc/model.safetensors <<EOF && ok || ko "--include experts"
+py inc/model.safetensors <<EOF && ok || bad "--include experts"
 $HDR
 h, _, _, _ = header(sys.argv[1])
 assert h["model.layers.0.self_attn.q_proj.weight"]["dtype"] == "BF16"
@@ -135,7 +131,7 @@ expect 0 "$B/msconvert" quantize fsrc -o fu2 --experts fused --no-register
 expect 0 "$B/msconvert" dequantize pe -o dq --no-register
 expect 0 "$B/msconvert" dequantize fu2 -o fdq --dtype f32 --no-register
 expect 0 "$B/msconvert" dequantize pe -o dq32 --dtype f32 --no-register
-py fdq/model.safetensors dq32/model.safetensors <<EOF && ok || ko "fused dequantize against per-expert"
+py fdq/model.safetensors dq32/model.safetensors <<EOF && ok || bad "fused dequantize against per-expert"
 $HDR
 f, _ = data(sys.argv[1])
 p, _ = data(sys.argv[2])
@@ -156,12 +152,12 @@ expect 0 "$B/msconvert" transpose pe -o pe-col --source "$F" --no-register
 a=$(awk '{print $2}' "$tmp/out")
 expect 0 "$B/msconvert" transpose ref -o ref-col --source "$FX/hf/qwen3moe" --no-register
 b=$(awk '{print $2}' "$tmp/out")
-if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else ko "transposed with the fused source: $a, with the per-expert one: $b"; fi
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "transposed with the fused source: $a, with the per-expert one: $b"; fi
 expect 0 "$B/msverify" quant pe-col --source "$F" --strict
 has "$tmp/out" '^ok	56 weights	56 checks'
 # a NaN in expert 5's slice: refused before anything is written, naming it
 cp -r "$F" nan
-py nan/model.safetensors <<EOF && ok || ko "plant a NaN"
+py nan/model.safetensors <<EOF && ok || bad "plant a NaN"
 $HDR
 h, meta, blob, base = header(sys.argv[1])
 b, e = h["model.layers.0.mlp.experts.gate_up_proj"]["data_offsets"]
@@ -173,13 +169,13 @@ expect 2 "$B/msconvert" quantize nan -o x6 --experts fused --no-register
 one_line "tensor 'model\.layers\.0\.mlp\.experts\.gate_up_proj' in '.*', expert 5: .*2118"
 expect 2 "$B/msconvert" quantize nan -o x7 --no-register
 one_line "tensor 'model\.layers\.0\.mlp\.experts\.5\.up_proj\.weight' in '.*'.*70"
-for x in x1 x2 x3 x4 x5 x6 x7; do [ -e "$x" ] && ko "$x written"; done
+for x in x1 x2 x3 x4 x5 x6 x7; do [ -e "$x" ] && bad "$x written"; done
 
 # experts stored as [in, out] (down_proj [E, I, H], as some checkpoints
 # ship them): config.json's hidden_size tells, refused rather than
 # quantized along the output dimension
 cp -r "$F" tr
-py tr/model.safetensors <<EOF && ok || ko "rewrite a shape"
+py tr/model.safetensors <<EOF && ok || bad "rewrite a shape"
 $HDR
 f = sys.argv[1]
 blob = bytearray(open(f, "rb").read())
@@ -194,7 +190,7 @@ open(f, "wb").write(blob)
 EOF
 expect 2 "$B/msconvert" quantize tr -o x8 --no-register
 one_line "tensor 'model\.layers\.1\.mlp\.experts\.down_proj' in '.*': shape \[8, 32, 64\] is not \[E, H, I\] with hidden_size 64"
-[ -e x8 ] && ko "x8 written"
+[ -e x8 ] && bad "x8 written"
 
 # ---- the footprint planner counts what is written
 for m in per-expert fused; do
@@ -204,10 +200,10 @@ printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s"}]}\n' "$tmp/pe" >pl
 printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s"}]}\n' "$tmp/fu2" >plan-fu.json
 tot() { "$B/msinv" footprint --json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["total_bytes_per_gpu"])'; }
 a=$(tot plan-per-expert.json); b=$(tot plan-pe.json); c=$(tot plan-fused.json); d=$(tot plan-fu.json)
-if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else ko "planned per-expert $a, written $b"; fi
-if [ -n "$c" ] && [ "$c" = "$d" ]; then ok; else ko "planned fused $c, written $d"; fi
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "planned per-expert $a, written $b"; fi
+if [ -n "$c" ] && [ "$c" = "$d" ]; then ok; else bad "planned fused $c, written $d"; fi
 # the difference is the tensor scale gate and up no longer share: 4 B per expert, layer, over 2 ranks
-if [ -n "$a" ] && [ $((a - c)) -eq $((8 * 2 * 4 / 2)) ]; then ok; else ko "per-expert $a vs fused $c"; fi
+if [ -n "$a" ] && [ $((a - c)) -eq $((8 * 2 * 4 / 2)) ]; then ok; else bad "per-expert $a vs fused $c"; fi
 printf '{"ep_size": 2, "states": [{"role": "w", "path": "%s", "experts": "stacked"}]}\n' "$F" >plan-bad.json
 expect 2 "$B/msinv" footprint plan-bad.json
 has "$tmp/err" "states\[0\]\.experts.*unknown expert layout 'stacked'"

@@ -6,22 +6,9 @@
 # (plain and signed) with msverify files --manifest on a copy elsewhere,
 # msinv export / import (all or nothing; a rerun adopts what a killed import
 # left), and msverify policy.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/gate-cli.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
-one_line() { [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "stderr is not one line"; cat "$W/err"; }; }
 q() { sqlite3 "$MSINV_DB" "$1"; }
 
 cd "$W" || exit 3

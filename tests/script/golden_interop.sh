@@ -9,23 +9,19 @@
 # other config value unchanged). Then config.json fidelity (numbers keep
 # their text through quantize, dequantize and transpose) and ragged input
 # dimensions (left in their dtype and listed, or padded on request).
-B=${MS_BUILD:-build}
-ROOT=${MS_ROOT:-.}
-FX=${MS_FIXTURES:-tests/fixtures}
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY=$ROOT/.venv/bin/python
 CMP=$ROOT/tests/interop/compare_golden.py
 pass=0; fail=0; skip=0
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/golden.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
 
-ok() { pass=$((pass + 1)); }
-no() { fail=$((fail + 1)); echo "FAIL: $*"; }
 run() { # label, command...
 	label=$1; shift
 	if "$@" >"$tmp/log" 2>&1; then
 		ok
 	else
-		no "$label"; sed 's/^/  /' "$tmp/log" | head -n 25
+		bad "$label"; sed 's/^/  /' "$tmp/log" | head -n 25
 	fi
 }
 
@@ -70,8 +66,8 @@ t = open(sys.argv[1]).read()
 i = t.index(',\n  "quantization_config"')
 open(sys.argv[2], "w").write(t[:i] + "\n}\n")
 PYEOF
-if cmp -s "$tmp/cfg-want" "$tmp/cfg-d/config.json"; then ok; else no "dequantize keeps config.json byte for byte"; diff "$tmp/cfg-want" "$tmp/cfg-d/config.json" | head; fi
-if cmp -s "$tmp/cfg-q/config.json" "$tmp/cfg-t/config.json"; then ok; else no "transpose copies config.json"; fi
+if cmp -s "$tmp/cfg-want" "$tmp/cfg-d/config.json"; then ok; else bad "dequantize keeps config.json byte for byte"; diff "$tmp/cfg-want" "$tmp/cfg-d/config.json" | head; fi
+if cmp -s "$tmp/cfg-q/config.json" "$tmp/cfg-t/config.json"; then ok; else bad "transpose copies config.json"; fi
 # the quantized config: the source text up to the new block, which parses
 # and replaced the stale one
 "$PY" - "$tmp/cfg-want" "$tmp/cfg-q/config.json" >"$tmp/log" 2>&1 <<'PYEOF'
@@ -83,9 +79,9 @@ q = json.loads(got)["quantization_config"]
 assert q["quant_method"] == "compressed-tensors" and "x" not in q, q
 assert json.loads(got)["nested"]["b"]["c"] == 0.1
 PYEOF
-if [ $? -eq 0 ]; then ok; else no "quantize keeps config.json text"; cat "$tmp/log"; fi
+if [ $? -eq 0 ]; then ok; else bad "quantize keeps config.json text"; cat "$tmp/log"; fi
 for t in cfg-q cfg-d cfg-t; do
-	if cmp -s "$src/generation_config.json" "$tmp/$t/generation_config.json"; then ok; else no "$t: generation_config.json copied"; fi
+	if cmp -s "$src/generation_config.json" "$tmp/$t/generation_config.json"; then ok; else bad "$t: generation_config.json copied"; fi
 done
 
 # ---- ragged input dimensions ---------------------------------------------------
@@ -115,7 +111,7 @@ for r in compressed-tensors modelopt; do
 	"$B/msconvert" quantize "$rg" -o "$tmp/rg-$r" --recipe $r --no-register >"$tmp/out" 2>"$tmp/err"
 	rc=$?
 	if [ $rc -eq 0 ] && grep -q "tensor 'model.layers.0.self_attn.o_proj.weight': input dimension 24 is not a multiple of 16: left in BF16" "$tmp/err" &&
-	   [ "$(grep -c 'not a multiple of 16' "$tmp/err")" = 1 ]; then ok; else no "ragged $r: one line for o_proj (rc $rc)"; cat "$tmp/err"; fi
+	   [ "$(grep -c 'not a multiple of 16' "$tmp/err")" = 1 ]; then ok; else bad "ragged $r: one line for o_proj (rc $rc)"; cat "$tmp/err"; fi
 	"$PY" - "$rg" "$tmp/rg-$r" $r >"$tmp/log" 2>&1 <<'PYEOF'
 import json, os, struct, sys
 def hdr(p):
@@ -139,13 +135,13 @@ if sys.argv[3] == "modelopt":
     ex = json.load(open(os.path.join(sys.argv[2], "hf_quant_config.json")))["quantization"]["exclude_modules"]
     assert o in ex, ex
 PYEOF
-	if [ $? -eq 0 ]; then ok; else no "ragged $r: left in bf16 and listed"; cat "$tmp/log"; fi
+	if [ $? -eq 0 ]; then ok; else bad "ragged $r: left in bf16 and listed"; cat "$tmp/log"; fi
 done
 "$B/msconvert" quantize "$rg" -o "$tmp/rg-pad" --recipe compressed-tensors --pad-ragged --no-register >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "tensor 'model.layers.0.self_attn.o_proj.weight': input dimension 24 padded to 32: engines cannot load" "$tmp/err" &&
    grep -qF 'o_proj\":{\"shape\":[16,24],\"dtype\":\"BF16\",\"padded\":true}' "$tmp/rg-pad/model.safetensors" &&
-   ! grep -q '"model.layers.0.self_attn.o_proj"' "$tmp/rg-pad/config.json"; then ok; else no "--pad-ragged quantizes padded, marked (rc $rc)"; cat "$tmp/err"; fi
+   ! grep -q '"model.layers.0.self_attn.o_proj"' "$tmp/rg-pad/config.json"; then ok; else bad "--pad-ragged quantizes padded, marked (rc $rc)"; cat "$tmp/err"; fi
 
 # ---- an all-zero tensor: no NaN (Model Optimizer itself writes 0xFF scales) -----
 z=$tmp/zero
@@ -178,7 +174,7 @@ else:
     assert set(get(p + "weight_packed")) == {0}
     assert struct.unpack("<f", get(p + "weight_global_scale"))[0] == 1.0
 PYEOF
-	if [ $? -eq 0 ]; then ok; else no "all-zero tensor ($r): scales 0x38/0x20, codes 0"; cat "$tmp/log"; fi
+	if [ $? -eq 0 ]; then ok; else bad "all-zero tensor ($r): scales 0x38/0x20, codes 0"; cat "$tmp/log"; fi
 done
 
 [ $skip -gt 0 ] && echo "golden_interop: $skip golden comparisons skipped"

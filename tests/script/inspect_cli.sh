@@ -16,12 +16,9 @@ MS_BUILD=${MS_BUILD:-build}
 MS_FIXTURES=${MS_FIXTURES:-tests/fixtures}
 MS_ROOT=${MS_ROOT:-.}
 MSINV=$MS_BUILD/msinv
-pass=0; fail=0
-tmp=$(mktemp -d -t ms-inspect-XXXXXX) || exit 3
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL inspect_cli: $*" >&2; }
 check() { # description, command...
 	d=$1; shift
 	if "$@"; then ok; else bad "$d"; fi

@@ -1,6 +1,6 @@
 #!/bin/sh
 # malformed.sh: every file of the malformed-input corpus (tests/fixtures/bad,
-# made by tools/scripts/gen_bad_corpus.py) is refused by `msinv inspect`
+# made by tests/gen/gen_bad_corpus.py) is refused by `msinv inspect`
 # with exit 2, nothing on stdout, and exactly one line on stderr that names
 # the file and contains the fragment EXPECTED.tsv gives for it. The corpus
 # itself must be what the generator makes, and every file in it must have
@@ -9,12 +9,9 @@ MS_BUILD=${MS_BUILD:-build}
 MS_FIXTURES=${MS_FIXTURES:-tests/fixtures}
 BAD=$MS_FIXTURES/bad
 MSINV=$MS_BUILD/msinv
-pass=0; fail=0
-tmp=$(mktemp -d -t ms-malformed-XXXXXX) || exit 3
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL malformed: $*" >&2; }
 
 if [ ! -x "$MSINV" ] || [ ! -f "$BAD/EXPECTED.tsv" ]; then
 	echo "malformed: missing $MSINV or $BAD/EXPECTED.tsv" >&2
@@ -66,7 +63,7 @@ done
 
 # the committed corpus is exactly what the generator makes
 if command -v python3 >/dev/null 2>&1 && [ -n "$MS_ROOT" ]; then
-	if python3 "$MS_ROOT/tools/scripts/gen_bad_corpus.py" "$tmp/gen" >/dev/null &&
+	if python3 "$MS_ROOT/tests/gen/gen_bad_corpus.py" "$tmp/gen" >/dev/null &&
 	   diff -r "$tmp/gen" "$BAD" >"$tmp/diff" 2>&1; then
 		ok
 	else

@@ -6,9 +6,8 @@
 # missing.
 # The man page is rendered with groff -mdoc, so what is compared is what a
 # reader sees.
-B=${MS_BUILD:-build}
-pass=0; fail=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
 norm() { sed -e 's/[[:space:]][[:space:]]*/ /g' -e 's/ \.\.\./.../g' -e 's/^ //' -e 's/ $//'; }
 

@@ -7,21 +7,17 @@
 # --dry-run writes nothing; a command that fails after writing (its
 # registration refused) leaves the directory as it was and registers
 # nothing; --force replaces a whole output of its kind only. Checks use python3's standard library only.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 MSC="$B/msconvert"
-pass=0; fail=0
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/msconvert-cli.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
 
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # expect CODE CMD...: run, keep stdout/stderr in $tmp/out, $tmp/err
 expect() {
 	want=$1; shift
 	"$@" >"$tmp/out" 2>"$tmp/err"
 	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else ko "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/err"; fi
+	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/err"; fi
 }
 
 # one_line: stderr is exactly one line starting "msconvert: " and matching RE
@@ -29,7 +25,7 @@ one_line() {
 	if [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "^msconvert: " "$tmp/err" && grep -qE "$1" "$tmp/err"; then
 		ok
 	else
-		ko "stderr is not one line matching '$1':"; sed 's/^/  /' "$tmp/err"
+		bad "stderr is not one line matching '$1':"; sed 's/^/  /' "$tmp/err"
 	fi
 }
 
@@ -39,7 +35,7 @@ usage_err() {
 	   sed -n 2p "$tmp/err" | grep -q "^usage: msconvert "; then
 		ok
 	else
-		ko "usage error is not '$1' + usage:"; sed 's/^/  /' "$tmp/err"
+		bad "usage error is not '$1' + usage:"; sed 's/^/  /' "$tmp/err"
 	fi
 }
 
@@ -83,7 +79,7 @@ EOF
 )
 	case "$line" in
 	*" $d $1") ok ;;
-	*) ko "printed '$line', recomputed $d" ;;
+	*) bad "printed '$line', recomputed $d" ;;
 	esac
 }
 
@@ -115,7 +111,7 @@ m = json.loads(t[p + ts[0]][4]["msinv.nvfp4"])
 assert m["tensors"][p]["shape"] == [64, 32] and m["format"] == fmt, m
 assert t[p + ts[0]][4]["format"] == "pt"
 EOF
-	then ok; else ko "names of $*"; fi
+	then ok; else bad "names of $*"; fi
 }
 
 Q=$FX/hf/qwen3moe
@@ -161,7 +157,7 @@ assert c["quantization_config"]["quant_method"] == "compressed-tensors"
 assert not os.path.exists(os.path.join(d, "q-compressed-tensors-compressed-tensors-rowwise", "hf_quant_config.json"))
 assert os.path.exists(os.path.join(d, "q-te-modelopt-rowwise", "generation_config.json"))
 EOF
-then ok; else ko "configuration files"; fi
+then ok; else bad "configuration files"; fi
 
 # compressed-tensors' global scale is generate_gparam's 2688 / amax on a bf16
 # weight: amax.reciprocal() * 2688, each rounded to bf16; amax the group's
@@ -186,7 +182,7 @@ o = struct.unpack("<f", q[L + "o_proj.weight_global_scale"][2])[0]
 oa = max(abs(v) for v in bf16(src[L + "o_proj.weight"][2]))
 assert o == gparam(oa)
 EOF
-then ok; else ko "compressed-tensors global scales"; fi
+then ok; else bad "compressed-tensors global scales"; fi
 
 # Mixtral: w1/w3 of one expert share a tensor scale; --no-fuse-scales not
 expect 0 "$MSC" quantize "$MX" -o "$tmp/mx"
@@ -201,7 +197,7 @@ for e in range(8):
     diff += b[E % (e, "w1")][2] != b[E % (e, "w3")][2]
 assert diff > 0
 EOF
-then ok; else ko "mixtral fused w1/w3"; fi
+then ok; else bad "mixtral fused w1/w3"; fi
 
 # ---- sharded input: same tensors as unsharded, the shards mirrored -----------
 expect 0 "$MSC" quantize "$QS" -o "$tmp/qs"
@@ -211,7 +207,7 @@ if [ "$(cut -d' ' -f2 "$tmp/out")" = "$(py "$tmp/qs" <<EOF
 $PYLIB
 print(digest(sys.argv[1]))
 EOF
-)" ]; then ok; else ko "sharded and unsharded give different states"; fi
+)" ]; then ok; else bad "sharded and unsharded give different states"; fi
 if py "$tmp/qs" "$QS" "$tmp/qu" <<EOF
 $PYLIB
 out, src, un = sys.argv[1:4]
@@ -229,7 +225,7 @@ for k, v in s.items():
 assert sorted(set(f for f in idx["weight_map"].values())) == sorted(
     f for f in os.listdir(src) if f.endswith(".safetensors"))
 EOF
-then ok; else ko "sharded output index and bytes"; fi
+then ok; else bad "sharded output index and bytes"; fi
 
 # ---- dequantize: within bound of the source ----------------------------------
 expect 0 "$MSC" dequantize "$tmp/qu" -o "$tmp/dq"
@@ -258,7 +254,7 @@ cfg = json.load(open(os.path.join(sys.argv[1], "config.json")))
 assert "quantization_config" not in cfg
 assert not os.path.exists(os.path.join(sys.argv[1], "hf_quant_config.json"))
 EOF
-then ok; else ko "dequantize round trip"; fi
+then ok; else bad "dequantize round trip"; fi
 
 # ---- transpose ------------------------------------------------------------------
 for r in modelopt compressed-tensors te; do
@@ -267,17 +263,17 @@ for r in modelopt compressed-tensors te; do
 	direct=$(cut -d' ' -f2 "$tmp/out")
 	expect 0 "$MSC" transpose "$tmp/t2r-$r" -o "$tmp/t2rc-$r"
 	if [ "$(cut -d' ' -f2 "$tmp/out")" = "$direct" ] && cmp -s "$tmp/t2c-$r/model.safetensors" "$tmp/t2rc-$r/model.safetensors"; then
-		ok; else ko "2d transpose of $r differs from columnwise quantization"; fi
+		ok; else bad "2d transpose of $r differs from columnwise quantization"; fi
 	expect 0 "$MSC" transpose "$tmp/t2rc-$r" -o "$tmp/t2rcr-$r"
 	if cmp -s "$tmp/t2r-$r/model.safetensors" "$tmp/t2rcr-$r/model.safetensors"; then
-		ok; else ko "2d transpose back of $r differs"; fi
+		ok; else bad "2d transpose back of $r differs"; fi
 done
 expect 2 "$MSC" transpose "$tmp/qu" -o "$tmp/t1"
 one_line "1d blocks.*--source"
-[ -e "$tmp/t1" ] && ko "failed transpose left output" || ok
+[ -e "$tmp/t1" ] && bad "failed transpose left output" || ok
 expect 0 "$MSC" transpose "$tmp/qu" -o "$tmp/t1" --source "$Q"
 expect 0 "$MSC" quantize "$Q" -o "$tmp/t1-direct" --layout columnwise
-if cmp -s "$tmp/t1/model.safetensors" "$tmp/t1-direct/model.safetensors"; then ok; else ko "1d transpose with source"; fi
+if cmp -s "$tmp/t1/model.safetensors" "$tmp/t1-direct/model.safetensors"; then ok; else bad "1d transpose with source"; fi
 # a source that is not the original is refused
 expect 2 "$MSC" transpose "$tmp/qu" -o "$tmp/t1-bad" --source "$tmp/dq"
 one_line "not the source|does not reproduce"
@@ -297,7 +293,7 @@ expect 2 "$MSC" quantize "$Q" -o "$tmp/x" --include '['
 one_line "include pattern"
 expect 2 "$MSC" quantize "$Q" -o "$tmp/x" --include 'layernorm'
 one_line "tensor 'model.layers.0.input_layernorm.weight'"
-[ -e "$tmp/x" ] && ko "refused quantize left output" || ok
+[ -e "$tmp/x" ] && bad "refused quantize left output" || ok
 head -c 1000 "$Q/model.safetensors" >"$tmp/trunc.safetensors"
 expect 2 "$MSC" quantize "$tmp/trunc.safetensors" -o "$tmp/x.safetensors"
 one_line "trunc.safetensors"
@@ -314,7 +310,7 @@ open(sys.argv[2], "wb").write(blob)
 EOF
 expect 2 "$MSC" quantize "$tmp/nan.safetensors" -o "$tmp/x.safetensors"
 one_line "tensor 'model.layers.1.self_attn.o_proj.weight' in '.*nan.safetensors': non-finite value \(nan\) at element 77"
-[ -e "$tmp/x.safetensors" ] && ko "failed quantize left output" || ok
+[ -e "$tmp/x.safetensors" ] && bad "failed quantize left output" || ok
 expect 0 "$MSC" quantize "$tmp/nan.safetensors" -o "$tmp/x.safetensors" --allow-nonfinite
 # an input tensor named like a companion the plan would add
 py "$tmp/dup.safetensors" <<'EOF'
@@ -328,7 +324,7 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(j)) + j + w + struct.pack("<
 EOF
 expect 2 "$MSC" quantize "$tmp/dup.safetensors" -o "$tmp/dup-out.safetensors"
 one_line "two tensors named 'm.self_attn.o_proj.weight_scale_2'"
-[ -e "$tmp/dup-out.safetensors" ] && ko "refused quantize left output" || ok
+[ -e "$tmp/dup-out.safetensors" ] && bad "refused quantize left output" || ok
 expect 3 "$MSC" quantize "$Q" -o "$tmp/x2" --device cuda
 one_line "CUDA"
 expect 0 "$MSC" quantize "$Q" -o "$tmp/x2" --device cpu
@@ -344,13 +340,13 @@ assert t["lm_head.weight"][0] == "U8" and "lm_head.weight_scale" in t
 assert t["model.layers.0.self_attn.q_proj.weight"][0] == "BF16"
 assert t["model.layers.0.mlp.experts.0.up_proj.weight"][0] == "U8"
 EOF
-then ok; else ko "--include/--exclude"; fi
+then ok; else bad "--include/--exclude"; fi
 
 # ---- dry run --------------------------------------------------------------------
 expect 0 "$MSC" quantize "$QS" -o "$tmp/dry" --dry-run --layout both
-[ -e "$tmp/dry" ] && ko "--dry-run wrote $tmp/dry" || ok
-grep -q "^quantize	model.layers.0.mlp.experts.0.down_proj.weight	BF16	\[64,32\]	4096	->" "$tmp/out" && ok || ko "dry-run plan line"
-grep -q "^# 56 quantized, 13 copied, 18 fused groups, 2 files" "$tmp/out" && ok || ko "dry-run totals: $(tail -n 1 "$tmp/out")"
+[ -e "$tmp/dry" ] && bad "--dry-run wrote $tmp/dry" || ok
+grep -q "^quantize	model.layers.0.mlp.experts.0.down_proj.weight	BF16	\[64,32\]	4096	->" "$tmp/out" && ok || bad "dry-run plan line"
+grep -q "^# 56 quantized, 13 copied, 18 fused groups, 2 files" "$tmp/out" && ok || bad "dry-run totals: $(tail -n 1 "$tmp/out")"
 
 # ---- stats ----------------------------------------------------------------------
 expect 0 "$MSC" stats "$tmp/q-modelopt-modelopt-both" --source "$Q" --json
@@ -363,9 +359,9 @@ assert 0.05 < t["rel_err"] < 0.15 and 0 < t["saturated_share"] < 0.1, t
 assert sum(t["scale_exponents"]) == sum(sum(x["scale_exponents"]) for x in s["tensors"])
 assert {x["layout"] for x in s["tensors"]} == {"rowwise", "columnwise"}
 EOF
-then ok; else ko "stats --json"; fi
+then ok; else bad "stats --json"; fi
 expect 0 "$MSC" stats "$tmp/qs"
-grep -q "^total	56	" "$tmp/out" && ok || ko "stats total line"
+grep -q "^total	56	" "$tmp/out" && ok || bad "stats total line"
 
 # ---- registration in an inventory -----------------------------------------------
 MSI="$B/msinv"
@@ -373,7 +369,7 @@ expect 0 "$MSI" init --db "$tmp/inv.db"
 expect 0 "$MSC" quantize "$FX/hf/qwen3moe" -o "$tmp/qreg" --block 2d --layout both --db "$tmp/inv.db"
 qd=$(awk '{print $2}' "$tmp/out")
 expect 0 "$MSI" show --db "$tmp/inv.db" --json "$qd"
-python3 - "$tmp/out" <<'PY' && ok || ko "registered quantized state with its quantize edge"
+python3 - "$tmp/out" <<'PY' && ok || bad "registered quantized state with its quantize edge"
 import json, sys
 s = json.load(open(sys.argv[1]))
 text = json.dumps(s)
@@ -383,14 +379,14 @@ expect 0 "$MSI" log --db "$tmp/inv.db" --check
 # MSINV_DB selects the inventory; --no-register writes the files only
 expect 0 env MSINV_DB="$tmp/inv.db" "$MSC" dequantize "$tmp/qreg" -o "$tmp/dreg"
 expect 0 "$MSI" ls --db "$tmp/inv.db"
-[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || ko "dequantize output registered ($(wc -l <"$tmp/out") states)"
+[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || bad "dequantize output registered ($(wc -l <"$tmp/out") states)"
 expect 0 env MSINV_DB="$tmp/inv.db" "$MSC" dequantize --no-register "$tmp/qreg" -o "$tmp/dreg2"
 expect 0 "$MSI" ls --db "$tmp/inv.db"
-[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || ko "--no-register registered something"
+[ "$(wc -l <"$tmp/out")" -eq 3 ] && ok || bad "--no-register registered something"
 # a missing inventory fails before anything is written
 expect 2 "$MSC" quantize "$FX/hf/qwen3moe" -o "$tmp/qnodb" --db "$tmp/none.db"
 one_line "no inventory|none.db"
-[ ! -e "$tmp/qnodb" ] && ok || ko "output written although the inventory was missing"
+[ ! -e "$tmp/qnodb" ] && ok || bad "output written although the inventory was missing"
 
 # ---- all or nothing: a failed command leaves the directory as it was ----
 # a registration that fails (a trigger refuses quantized states): no output,
@@ -399,40 +395,40 @@ expect 0 "$MSI" init --db "$tmp/fail.db"
 sqlite3 "$tmp/fail.db" "CREATE TRIGGER no_quantized BEFORE INSERT ON states WHEN NEW.kind = 'quantized' BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END;"
 expect 3 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qfail.safetensors" --db "$tmp/fail.db"
 one_line "refused by a trigger"
-[ ! -e "$tmp/qfail.safetensors" ] && ok || ko "failed registration left the output"
-[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || ko "failed command registered its input"
+[ ! -e "$tmp/qfail.safetensors" ] && ok || bad "failed registration left the output"
+[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || bad "failed command registered its input"
 expect 3 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qfaild" --db "$tmp/fail.db"
-[ ! -e "$tmp/qfaild" ] && ok || ko "failed registration left the output directory"
+[ ! -e "$tmp/qfaild" ] && ok || bad "failed registration left the output directory"
 # with --force the output replaced comes back
 expect 0 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qkeep.safetensors" --no-register
 cp "$tmp/qkeep.safetensors" "$tmp/qkeep.orig"
 expect 3 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qkeep.safetensors" --block 2d --force --db "$tmp/fail.db"
-cmp -s "$tmp/qkeep.safetensors" "$tmp/qkeep.orig" && ok || ko "a failed --force did not put the old output back"
+cmp -s "$tmp/qkeep.safetensors" "$tmp/qkeep.orig" && ok || bad "a failed --force did not put the old output back"
 expect 0 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --no-register
 (cd "$tmp/qkeepd" && cksum ./*) >"$tmp/qkeepd.sums"
 expect 3 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --block 2d --force --db "$tmp/fail.db"
 (cd "$tmp/qkeepd" && cksum ./*) | cmp -s - "$tmp/qkeepd.sums" && ok ||
-	ko "a failed --force did not put the old directory back"
-[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || ko "failed --force registered something"
+	bad "a failed --force did not put the old directory back"
+[ "$(sqlite3 "$tmp/fail.db" "SELECT count(*) FROM states")" = 0 ] && ok || bad "failed --force registered something"
 # --force replaces a directory as a whole, and only one of files
 echo stale >"$tmp/qkeepd/stale.txt"
 expect 0 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qkeepd" --force --no-register
 [ ! -e "$tmp/qkeepd/stale.txt" ] && [ -e "$tmp/qkeepd/model.safetensors.index.json" ] && ok ||
-	ko "--force did not replace the directory as a whole"
+	bad "--force did not replace the directory as a whole"
 mkdir -p "$tmp/qsub/keep"
 expect 2 "$MSC" quantize "$FX/hf/qwen3moe-sharded" -o "$tmp/qsub" --force --no-register
 one_line "holds 'keep', which is not a file"
-[ -d "$tmp/qsub/keep" ] && ok || ko "--force took a directory holding a directory"
+[ -d "$tmp/qsub/keep" ] && ok || bad "--force took a directory holding a directory"
 expect 2 "$MSC" quantize "$Q/model.safetensors" -o "$tmp/qsub" --force --no-register
 one_line "is not a file"
 
 # ---- help -----------------------------------------------------------------------
 expect 0 "$MSC" --help
 expect 0 "$MSC" quantize --help
-grep -q "^usage: msconvert quantize IN -o OUT" "$tmp/out" && ok || ko "quantize --help"
+grep -q "^usage: msconvert quantize IN -o OUT" "$tmp/out" && ok || bad "quantize --help"
 
 # nothing left behind by the refused and failed runs
-if [ -z "$(find "$tmp" -name '*.tmp-*')" ]; then ok; else ko "temporary files left: $(find "$tmp" -name '*.tmp-*')"; fi
+if [ -z "$(find "$tmp" -name '*.tmp-*')" ]; then ok; else bad "temporary files left: $(find "$tmp" -name '*.tmp-*')"; fi
 
 echo "msconvert_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -4,13 +4,10 @@
 # idempotence, refusals (exit status and a one-line message), the audit
 # chain tampered with the sqlite3 shell, a database from a newer build, and
 # the EXAMPLES of msinv(1) and ms(5) run as written.
+. "$(dirname "$0")/lib.sh"
 B=${MS_BUILD:-build}/msinv
 BDIR=$(cd "$(dirname "$B")" && pwd)
-FX=${MS_FIXTURES:-tests/fixtures}
 ROOT=${MS_ROOT:-$(pwd)}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/msinv-cli.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
 export MSINV_DB="$W/inv.db"
 
 if ! command -v sqlite3 >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; then
@@ -19,8 +16,6 @@ if ! command -v sqlite3 >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1;
 	exit 0
 fi
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # expect RC DESCRIPTION COMMAND...: the exit status is RC; on success stderr
 # is empty, on failure its first line is "msinv: ..." and (usage errors

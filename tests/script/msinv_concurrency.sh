@@ -10,15 +10,10 @@
 #     state is whole (files, tensors, log entry), and every recorded state
 #     verifies: its tensor digests and state digest recomputed from the bytes
 #     on disk with python's hashlib.
+. "$(dirname "$0")/lib.sh"
 B=${MS_BUILD:-build}/msinv
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/msinv-conc.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 check() { # description, command...
 	d=$1; shift
 	if "$@" >"$W/out" 2>&1; then ok; else bad "$d"; sed 's/^/  /' "$W/out" | head -n 20; fi

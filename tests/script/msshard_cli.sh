@@ -5,15 +5,10 @@
 # and what it may replace; with a fault-injection build, a failure at every
 # write, fsync and rename and at a sample of allocations leaves nothing),
 # and the man page's EXAMPLES run as written.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-ROOT=${MS_ROOT:-.}
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 M="$B/msshard"
-pass=0; fail=0
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 # run EXPECTED_RC NAME CMD...: stdout in $tmp/out, stderr in $tmp/err
 run() {
@@ -179,8 +174,8 @@ fault_build() { # DIR: a fault build? (it logs the failures it injects)
 FB=""; why="no fault-injection build (make fault)"
 if fault_build "$B"; then FB=$B
 elif fault_build "$ROOT/build-fault"; then
-	newer=$(cd "$ROOT" && find src/shard.c src/shard.h src/fsutil.c src/safetensors.c \
-		src/inventory.c tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
+	newer=$(cd "$ROOT" && find src/shard*.c src/shard*.h src/pool.c src/fsutil.c src/safetensors.c \
+		src/inventory*.c src/inventory*.h tools/msshard.c -newer build-fault/msshard 2>/dev/null | head -n 1)
 	if [ -z "$newer" ]; then FB=$(cd "$ROOT/build-fault" && pwd); else
 		why="build-fault is older than $newer (make fault)"; fi
 fi

@@ -8,22 +8,9 @@
 # whose bytes changed, one left unverified, a plan or state other than the
 # launch verified, and an optimizer state that changed; under msinv launch
 # the checkpoints are the run's outputs and show in msinv lineage.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/mstrain-cli.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; tail -n 5 "$W/err" | sed 's/^/  /'; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; tail -n 5 "$2" | sed 's/^/  /'; }; }
-one_line() { [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "$1: stderr is not one line"; cat "$W/err"; }; }
 q() { sqlite3 "$MSINV_DB" "$1"; }
 # the metrics of steps FROM..TO without the timings
 curve() { python3 -c '
@@ -394,7 +381,6 @@ has "role 'quantized'.* was not verified by the launch" "$W/err" "role not verif
 # "$ cat FILE" followed by text is the file's content; every other "$ "
 # line (with its "\" continuations) runs, in order, in a directory holding
 # the fixture checkpoint as base/, with an inventory of its own
-ROOT=${MS_ROOT:-.}
 mkdir ex && cp -r "$FX/peft/qwen3moe-E8-r4/base" ex/base
 python3 - "$ROOT/man/mstrain.1" ex <<'PY' >ex/run.sh || bad "could not read the EXAMPLES"
 import re, sys

@@ -7,21 +7,9 @@
 # checkpoint; the same plan without the KL term raises the reward with no
 # event; msinv run shows a run's events with the collapse spelt out; bad
 # rl keys are one line and exit 2.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/mstrain-rl.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; tail -n 5 "$W/err" | sed 's/^/  /'; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; tail -n 5 "$2" | sed 's/^/  /'; }; }
 q() { sqlite3 "$MSINV_DB" "$1"; }
 # a plan: FILE STEPS KL STOP [EXTRA rl keys]
 plan() {

@@ -3,13 +3,10 @@
 # and moves (msinv label), --label on msconvert and msshard outputs, a path
 # wherever a STATE is, and the audit log recording the command line as it
 # was typed with its working directory.
-B=${MS_BUILD:-build}
+. "$(dirname "$0")/lib.sh"
 BDIR=$(cd "$B" && pwd)
 FX=$(cd "${MS_FIXTURES:-tests/fixtures}" && pwd)
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/names-cli.XXXXXX") || exit 3
 W=$(cd "$W" && pwd -P)
-trap 'rm -rf "$W"' EXIT
 export MSINV_DB="$W/inv.db"
 I="$BDIR/msinv"
 
@@ -19,8 +16,6 @@ if ! command -v python3 >/dev/null 2>&1; then
 	exit 0
 fi
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # expect RC DESCRIPTION COMMAND...: exit status RC; stdout in $W/out,
 # stderr in $W/err; a failure is one line on stderr

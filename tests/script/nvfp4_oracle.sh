@@ -8,18 +8,15 @@
 # left as they are, see golden_interop.sh); dequantize decoded by the
 # oracle; each output loaded with the
 # real safetensors package. Skipped (0 passed, 0 failed) without the venv.
-B=${MS_BUILD:-build}
-ROOT=${MS_ROOT:-.}
-FX=${MS_FIXTURES:-tests/fixtures}
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 PY=$ROOT/.venv/bin/python
 ORACLE=$ROOT/tests/oracle/nvfp4_oracle.py
-pass=0; fail=0
 if [ ! -x "$PY" ] || ! "$PY" -c "import numpy, ml_dtypes, safetensors" 2>/dev/null; then
 	echo "nvfp4_oracle: skipped: no python oracle environment (make venv)"
 	echo "nvfp4_oracle: 0 passed, 0 failed"
 	exit 0
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/nvfp4-oracle.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
 
 run() { # label, command...
 	label=$1; shift

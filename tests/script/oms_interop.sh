@@ -10,7 +10,8 @@ MS_ROOT=${MS_ROOT:-.}
 MSV=$MS_BUILD/msverify
 PY=$MS_ROOT/.venv/bin/python
 REF=$MS_ROOT/.venv/bin/model_signing
-pass=0; fail=0
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 
 if [ ! -x "$REF" ] || [ ! -x "$PY" ]; then
 	echo "oms_interop: skipped: no model_signing in .venv (run 'make venv')"
@@ -32,11 +33,7 @@ MSV=$(cd "$(dirname "$MSV")" && pwd)/msverify
 REF=$(cd "$(dirname "$REF")" && pwd)/model_signing
 PY=$(cd "$(dirname "$PY")" && pwd)/python
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ms-oms-XXXXXX") || exit 3
-trap 'rm -rf "$tmp"' EXIT
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL oms_interop: $*"; }
 
 # expect CODE WHAT CMD...: run CMD, want exit CODE ("nz" = any failure)
 expect() {

@@ -9,22 +9,9 @@
 # gate_up_proj), written from the fixtures' bytes, is matched slice by
 # slice against the inventoried tensors instead of showing as unknown; a
 # changed slice is named.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/policy-fused.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
-hasnt() { if grep -q -- "$1" "$2"; then bad "$3: '$1' in $2"; sed 's/^/  /' "$2"; else ok; fi; }
 flip() { python3 - "$1" "$2" "$3" <<'EOF'
 import json, struct, sys
 path, name, at = sys.argv[1], sys.argv[2], int(sys.argv[3])

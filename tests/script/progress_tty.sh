@@ -4,11 +4,8 @@
 # pseudo-terminal (python's pty) and once with stderr on a pipe. The
 # progress line is "msinv: WHAT DONE / TOTAL (PCT%), RATE/s" in binary
 # units, ending at 100%.
+. "$(dirname "$0")/lib.sh"
 B=${MS_BUILD:-build}/msinv
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/progress-tty.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
 export MSINV_DB="$W/inv.db"
 
 if ! command -v python3 >/dev/null 2>&1; then
@@ -17,8 +14,6 @@ if ! command -v python3 >/dev/null 2>&1; then
 	exit 0
 fi
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # ontty OUT COMMAND...: run with stderr on a pseudo-terminal, stdout to OUT;
 # what the terminal received goes to OUT.tty. Exit status of the command.

@@ -3,13 +3,8 @@
 # and line, exit 2, and no PNG; with matplotlib importable (the test venv,
 # python3, or MS_RL_PYTHON), a PNG of two runs with an event marker is
 # drawn from a small metrics file.
-ROOT=${MS_ROOT:-.}
+. "$(dirname "$0")/lib.sh"
 S=$ROOT/tools/scripts/rl_curves.py
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/rlcurves.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 PY=python3
 for p in "${MS_RL_PYTHON:-}" "$ROOT/.venv/bin/python" python3; do

@@ -3,7 +3,7 @@
 # database, audit log rows edited, deleted or reordered, signature files
 # and signed files changed: each caught by msverify files, msinv log
 # --check or msverify verify with exit 1, naming what changed
-# (tools/scripts/rel_tamper.py has the details).
+# (tests/rel/rel_tamper.py has the details).
 # make test: a seeded sample of each; MS_RELIABILITY_FULL=1: every tensor,
 # every header byte, every log entry, every byte of the signature file.
 name=tamper
@@ -16,4 +16,4 @@ if ! command -v python3 >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1;
 	exit 0
 fi
 [ "$MS_RELIABILITY_FULL" = 1 ] && set -- --all
-exec python3 tools/scripts/rel_tamper.py --name "$name" --build "$B" "$@"
+exec python3 tests/rel/rel_tamper.py --name "$name" --build "$B" "$@"

@@ -6,19 +6,16 @@
 # trees when msverify files verifies it; a tensor whose bytes changed gains
 # none (a tree of a corrupted copy never becomes the truth); msverify files
 # --device without a GPU is an environment error, not a silent CPU check.
-B=${MS_BUILD:-build}
+. "$(dirname "$0")/lib.sh"
 ROOT=${MS_ROOT:-$(pwd)}
 ORACLE=$ROOT/tests/oracle/tree_oracle.py
 PY=python3
 [ -x "$ROOT/.venv/bin/python" ] && PY=$ROOT/.venv/bin/python
-pass=0; fail=0
 if ! "$PY" -c "import hashlib, sqlite3" 2>/dev/null; then
 	echo "tree_oracle: skipped: no python3 with hashlib and sqlite3"
 	echo "tree_oracle: 0 passed, 0 failed"
 	exit 0
 fi
-W=$(mktemp -d "${TMPDIR:-/tmp}/tree-oracle.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
 export MSINV_DB="$W/inv.db"
 
 run() { # label, expected exit status, command...

@@ -2,15 +2,9 @@
 # Sizes in text output use one convention (ms_bytes_str): exact bytes below
 # 1 KiB, else binary units with two decimals; --json gives exact bytes. No
 # decimal GB/MB/kB anywhere in what msinv and msverify print.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/units.XXXXXX") || exit 3
-trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 export MSINV_DB="$W/inv.db"
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # sizes FILE WHAT: every size in FILE is "N B" or "N.NN XiB", none decimal
 sizes() {

@@ -3,23 +3,9 @@
 # layouts; the planted "every rank loaded the same block" fault is named in
 # those words on every slice it touched; a missing shard, a shard of another set, a replica that
 # differs, a lying manifest and a wrong EP size each fail with one line.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-ROOT=${MS_ROOT:-.}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/verify-ep.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 unset MSINV_DB
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
-one_line() { [ "$(wc -l <"$W/err")" -eq 1 ] && ok || { bad "stderr is not one line"; cat "$W/err"; }; }
 flip() { python3 - "$1" "$2" <<'EOF'
 import json, struct, sys
 path, name = sys.argv[1], sys.argv[2]

@@ -5,21 +5,9 @@
 # misplaced expert, bytes of no expert) are all reported, each with its own
 # description, one stderr line each and one entry each in --json (which
 # prints a document on failure too); a swap in a fused LoRA is a swap.
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-W=$(mktemp -d "${TMPDIR:-/tmp}/verify-ep-faults.XXXXXX"); trap 'rm -rf "$W"' EXIT
+. "$(dirname "$0")/lib.sh"
 unset MSINV_DB
 
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect() { # CODE CMD...
-	want=$1; shift
-	"$@" >"$W/out" 2>"$W/err"
-	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$W/err"; fi
-}
-has() { grep -q -- "$1" "$2" && ok || { bad "$3: no '$1' in $2"; sed 's/^/  /' "$2"; }; }
 lines() { [ "$(wc -l <"$2")" -eq "$1" ] && ok || { bad "$3: $(wc -l <"$2") lines, want $1"; cat "$2"; }; }
 
 # st.py FILE OP ARGS: rewrite one safetensors file (standard library only)
@@ -152,11 +140,10 @@ fault_build() { # DIR: a fault build? (it logs the failures it injects)
 	MS_FAULT_ALLOC=1 MS_FAULT_LOG="$W/probe.log" "$1/msshard" plan --experts 2 --ep-size 1 >/dev/null 2>&1
 	[ -s "$W/probe.log" ]
 }
-ROOT=${MS_ROOT:-.}
 FB=""
 if fault_build "$B"; then FB=$B
 elif fault_build "$ROOT/build-fault" &&
-	[ -z "$(cd "$ROOT" && find src/shard.c tools/msverify.c -newer build-fault/msverify 2>/dev/null)" ]; then
+	[ -z "$(cd "$ROOT" && find src/shard*.c src/shard*.h src/pool.c tools/msverify.c -newer build-fault/msverify 2>/dev/null)" ]; then
 	FB="$ROOT/build-fault"
 fi
 if [ -n "$FB" ]; then

@@ -3,24 +3,20 @@
 # (its quantize edge) when given a path or a state, checks every weight
 # against it, and says so loudly when there is none: never "ok" for a
 # check that compared nothing (exit 1 under --strict).
-B=${MS_BUILD:-build}
-FX=${MS_FIXTURES:-tests/fixtures}
-pass=0; fail=0
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/verify-quant.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
-ok() { pass=$((pass + 1)); }
-ko() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
+tmp=$W
 # expect CODE CMD...: stdout in $tmp/out, stderr in $tmp/err
 expect() {
 	want=$1; shift
 	"$@" >"$tmp/out" 2>"$tmp/err"
 	got=$?
-	if [ "$got" -eq "$want" ]; then ok; else ko "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/out" "$tmp/err"; fi
+	if [ "$got" -eq "$want" ]; then ok; else bad "exit $got (want $want): $*"; sed 's/^/  /' "$tmp/out" "$tmp/err"; fi
 }
 has() { # FILE RE
-	if grep -qE "$2" "$1"; then ok; else ko "$1 lacks '$2':"; sed 's/^/  /' "$1"; fi
+	if grep -qE "$2" "$1"; then ok; else bad "$1 lacks '$2':"; sed 's/^/  /' "$1"; fi
 }
 hasnt() { # FILE RE
-	if grep -qE "$2" "$1"; then ko "$1 has '$2':"; sed 's/^/  /' "$1"; else ok; fi
+	if grep -qE "$2" "$1"; then bad "$1 has '$2':"; sed 's/^/  /' "$1"; else ok; fi
 }
 # set_scales FILE TENSOR BYTE: overwrite every byte of TENSOR in place
 set_scales() {
@@ -56,7 +52,7 @@ has "$tmp/out" "^FAIL	$W	rowwise	relative error"
 hasnt "$tmp/out" '^ok'
 has "$tmp/err" "^msverify: 'q': 1 check failed"
 expect 1 "$B/msverify" quant q --db "$DB" --json
-python3 - "$tmp/out" "$W" <<'EOF' && ok || ko "json of a failed check"
+python3 - "$tmp/out" "$W" <<'EOF' && ok || bad "json of a failed check"
 import json, sys
 j = json.load(open(sys.argv[1]))
 bad = [t["weight"] for t in j["tensors"] if t["result"] == "fail"]
@@ -77,7 +73,7 @@ has "$tmp/err" "^msverify: 'lone': no source"
 expect 1 "$B/msverify" quant lone --db "$tmp/none" --strict
 has "$tmp/err" "no inventory at"
 expect 0 "$B/msverify" quant lone --db "$tmp/none" --json
-python3 - "$tmp/out" <<'EOF' && ok || ko "json without a source"
+python3 - "$tmp/out" <<'EOF' && ok || bad "json without a source"
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["source"] is None and j["no_source"], j
@@ -91,7 +87,7 @@ has "$tmp/out" "^FAIL	$W	rowwise"
 # the quantize edge's parameters must match what the files hold
 expect 0 "$B/msconvert" quantize src -o q2 --db "$DB" --block 2d --layout both
 expect 0 "$B/msverify" quant q2 --db "$DB" --strict
-python3 - q2/model.safetensors <<'EOF' && ok || ko "rewrite metadata"
+python3 - q2/model.safetensors <<'EOF' && ok || bad "rewrite metadata"
 import json, struct, sys
 f = sys.argv[1]
 blob = bytearray(open(f, "rb").read())

@@ -439,12 +439,57 @@ static int test_info_str_truncates(void)
 	return 0;
 }
 
+/* quant.c names the NVFP4 companions it writes with ms_name_nvfp4_suffix:
+ * each name it can write parses back to the role it was written for, and
+ * each format writes a full set (packed and scales in both layouts, the
+ * per-tensor and the input scale). */
+static int test_nvfp4_suffix_round_trip(void)
+{
+	static const enum ms_name_role roles[] = {
+		R(WEIGHT), R(SCALE), R(SCALE2), R(GLOBAL_SCALE), R(INPUT_SCALE), R(COLWISE),
+		R(COLWISE_SCALE),
+	};
+	static const char *const want[2][7] = {
+		{ ".weight", ".weight_scale", ".weight_scale_2", NULL, ".input_scale",
+		  ".weight_colwise", ".weight_colwise_scale" },
+		{ ".weight_packed", ".weight_scale", NULL, ".weight_global_scale",
+		  ".input_global_scale", ".weight_packed_colwise", ".weight_scale_colwise" },
+	};
+
+	for (unsigned f = 0; f < 2; f++)
+		for (size_t k = 0; k < sizeof(roles) / sizeof(roles[0]); k++) {
+			const char *sfx = ms_name_nvfp4_suffix(roles[k], f);
+			struct ms_name_info in;
+			char name[128];
+
+			if (!want[f][k]) {
+				T_ASSERT_MSG(sfx == NULL, "format %u role %s: '%s'", f,
+					     ms_name_role_str(roles[k]), sfx);
+				continue;
+			}
+			T_ASSERT_MSG(sfx != NULL, "format %u role %s: none", f,
+				     ms_name_role_str(roles[k]));
+			T_ASSERT_STR(sfx, want[f][k]);
+			snprintf(name, sizeof(name), "model.layers.2.mlp.experts.5.up_proj%s", sfx);
+			T_ASSERT_EQ_INT(ms_name_parse(name, &in), MS_OK);
+			T_ASSERT_MSG(in.role == roles[k], "'%s' parses as %s", name,
+				     ms_name_role_str(in.role));
+			T_ASSERT_EQ_INT(in.colwise,
+					roles[k] == R(COLWISE) || roles[k] == R(COLWISE_SCALE));
+			T_ASSERT_EQ_INT(in.expert, 5);
+		}
+	T_ASSERT(ms_name_nvfp4_suffix(R(BIAS), 0) == NULL);
+	T_ASSERT(ms_name_nvfp4_suffix(R(WEIGHT), 2) == NULL);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_families),
 	T_CASE(test_peft_flag),
 	T_CASE(test_bad_input),
 	T_CASE(test_every_fixture_name),
 	T_CASE(test_info_str_truncates),
+	T_CASE(test_nvfp4_suffix_round_trip),
 };
 
 T_MAIN(cases)

@@ -13,7 +13,7 @@ GB=${MS_BENCH_GB:-4}
 W=$(mktemp -d "${TMPDIR:-/tmp}/ms-bench-conv.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 # finite bf16 weights (random bytes would hold NaNs, which quantize refuses)
-python3 "$ROOT/tools/scripts/rel_gen.py" "$W/in" --mb "$(awk -v g="$GB" 'BEGIN { printf "%d", g * 1000 }')" --shard-mb 1000 >/dev/null
+python3 "$ROOT/tests/rel/rel_gen.py" "$W/in" --mb "$(awk -v g="$GB" 'BEGIN { printf "%d", g * 1000 }')" --shard-mb 1000 >/dev/null
 bytes=$(cat "$W"/in/*.safetensors | wc -c)
 s=$(date +%s.%N); cat "$W"/in/*.safetensors >/dev/null; e=$(date +%s.%N)
 t_read=$(awk -v a="$s" -v b="$e" 'BEGIN { print b - a }')
