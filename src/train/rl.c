@@ -277,8 +277,6 @@ int ms_rl_new(struct ms_model *m, const struct ms_rl_cfg *cfg,
 		rc = oom(err);
 		goto out;
 	}
-	if ((rc = ms_kv_cache_new(m, b->n, b->seq, &r->kv, err)) != MS_OK)
-		goto out;
 	*out = r;
 	r = NULL;
 out:
@@ -544,6 +542,11 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		rc = oom(err);
 		goto out;
 	}
+	/* the cache is made at the first rollout, so that a trainer over a
+	 * model without one (the GPU model) can still take batches made
+	 * elsewhere (ms_rl_backward) */
+	if (!r->kv && (rc = ms_kv_cache_new(r->m, b->n, b->seq, &r->kv, err)) != MS_OK)
+		goto out;
 	memset(b->ids, 0, N * S * sizeof *b->ids);
 	memset(b->mask, 0, N * S);
 	memset(b->logp_old, 0, N * S * sizeof(float));

@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/rl.h"
 
 #include "train_fixture.h"
 
@@ -470,6 +471,109 @@ static int test_train_follows_cpu(void)
 	return 0;
 }
 
+/* The GRPO step's backward (rl.h) on the GPU model against the CPU's on
+ * the same rollout batch (sampled on the CPU, copied over): the same loss
+ * and gradients with float32 GEMMs. The model has no NVFP4 state here, so
+ * the projections take the float path of the GPU model. */
+static int test_rl_backward(void)
+{
+	char p[512];
+	struct tset base, adapter;
+	struct ms_model_cfg cfg;
+	struct ms_lora_cfg lc = {.r = 4, .alpha = 8, .seed = 1,
+				 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V |
+					    MS_LORA_O};
+	struct ms_model_opts oc = {.nthreads = 2};
+	struct ms_model_opts og = {.device = MS_DEVICE_CUDA, .gpu_f32 = 1};
+	const struct ms_ckpt_config *cj;
+	struct ms_model *mc = NULL, *mg = NULL;
+	struct ms_rl *rc_ = NULL, *rg = NULL;
+	struct ms_rl_cfg c;
+	struct ms_adamw_cfg o;
+	struct ms_err err = {0};
+	const struct ms_param *pc, *pg;
+	size_t np;
+	double lc_, lg_, worst = 0;
+
+	snprintf(p, sizeof p, "%s/train/qwen3moe/base", T_FIXTURES);
+	T_ASSERT(tset_open(&base, p) == 0);
+	snprintf(p, sizeof p, "%s/train/qwen3moe/adapter", T_FIXTURES);
+	T_ASSERT(tset_open(&adapter, p) == 0);
+	cj = ms_ckpt_config(base.c, "config.json");
+	T_ASSERT(cj && ms_model_cfg_parse(cj->text, cj->len, &cfg, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&mc, &cfg, base.t, base.n, NULL, 0, &lc, adapter.t, adapter.n,
+				&oc, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&mg, &cfg, base.t, base.n, NULL, 0, &lc, adapter.t, adapter.n,
+				&og, &err) == MS_OK);
+	ms_rl_cfg_init(&c);
+	c.prompts = 2;
+	c.group = 3;
+	c.prompt_len = 2;
+	c.max_new = 3;
+	c.clip_eps = 10;
+	c.temperature = 0.7;
+	c.kl_coef = 0.5;
+	c.kl_est = MS_KL_K3;
+	c.ent_coef = 0.05;
+	c.seed = 3;
+	ms_adamw_cfg_init(&o);
+	o.total_steps = 10;
+	T_ASSERT(ms_rl_new(mc, &c, &o, NULL, &rc_, &err) == MS_OK);
+	T_ASSERT(ms_rl_new(mg, &c, &o, NULL, &rg, &err) == MS_OK);
+	T_ASSERT(ms_rl_rollout(rc_, 7, &err) == MS_OK);
+	/* the GPU model decodes no rollouts: one line saying so */
+	T_ASSERT(ms_rl_rollout(rg, 7, &err) == MS_EINVAL);
+	fprintf(stderr, "  GPU rollout refused: %s\n", err.msg);
+	{
+		const struct ms_rl_batch *a = &rc_->b;
+		struct ms_rl_batch *b = &rg->b;
+		size_t NS = (size_t)a->n * a->seq;
+		memcpy(b->ids, a->ids, NS * sizeof *a->ids);
+		memcpy(b->mask, a->mask, NS);
+		memcpy(b->logp_old, a->logp_old, NS * sizeof(float));
+		memcpy(b->logp_ref, a->logp_ref, NS * sizeof(float));
+		memcpy(b->reward, a->reward, a->n * sizeof(double));
+		memcpy(b->adv, a->adv, a->n * sizeof(double));
+		memcpy(b->len, a->len, a->n * sizeof(uint32_t));
+	}
+	/* off the behaviour policy, so the ratio and KL terms are live */
+	np = ms_model_params(mc, &pc);
+	T_ASSERT_EQ_INT(ms_model_params(mg, &pg), np);
+	for (size_t i = 0; i < np; i++)
+		for (uint64_t e = 0; e < pc[i].n; e++) {
+			pc[i].w[e] += (float)(0.02 * sin((double)(e * 31 + i * 7 + 1)));
+			pg[i].w[e] = pc[i].w[e];
+		}
+	T_ASSERT(ms_model_sync(mg, NULL, MS_MODEL_TO_DEVICE, &err) == MS_OK);
+	ms_model_zero_grad(mc);
+	ms_model_zero_grad(mg);
+	T_ASSERT(ms_rl_backward(rc_, &lc_, &err) == MS_OK);
+	T_ASSERT(ms_rl_backward(rg, &lg_, &err) == MS_OK);
+	T_ASSERT(ms_model_sync(mg, NULL, MS_MODEL_TO_HOST, &err) == MS_OK);
+	T_ASSERT_MSG(fabs(lc_ - lg_) <= 1e-5 * fabs(lc_) + 1e-7, "GRPO loss %.9g vs %.9g", lg_,
+		     lc_);
+	for (size_t i = 0; i < np; i++) {
+		double gmax = 0, dmax = 0;
+		for (uint64_t e = 0; e < pc[i].n; e++) {
+			gmax = fabs(pc[i].g[e]) > gmax ? fabs(pc[i].g[e]) : gmax;
+			dmax = fabs(pc[i].g[e] - pg[i].g[e]) > dmax ? fabs(pc[i].g[e] - pg[i].g[e]) : dmax;
+		}
+		T_ASSERT_MSG(gmax > 0, "%s: zero gradient", pc[i].name);
+		T_ASSERT_MSG(dmax <= 1e-4 * gmax, "%s: GRPO gradient differs by %g (max %g)",
+			     pc[i].name, dmax, gmax);
+		worst = dmax / gmax > worst ? dmax / gmax : worst;
+	}
+	fprintf(stderr, "  GRPO backward: loss %.9g (CPU %.9g), %zu gradient tensors, worst %.3g "
+		"of max\n", lg_, lc_, np, worst);
+	ms_rl_free(rc_);
+	ms_rl_free(rg);
+	ms_model_free(mc);
+	ms_model_free(mg);
+	tset_close(&base);
+	tset_close(&adapter);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_f32_qwen3moe),
 	T_CASE(test_f32_dropout),
@@ -491,10 +595,52 @@ static const struct t_case cases[] = {
 	T_CASE(test_optim_noclip),
 	T_CASE(test_optim_clip),
 	T_CASE(test_train_follows_cpu),
+	T_CASE(test_rl_backward),
 };
+
+/* --peft-logits ADAPTER OUT: the GPU model (float32 GEMMs) of the bundled
+ * Qwen3-MoE on its NVFP4 fixture, warm-started from a PEFT adapter
+ * directory (an mstrain checkpoint's adapter/), its logits for ids_fill's
+ * ids [2, 16] written to OUT as float32: the other side of
+ * tests/oracle/peft_logits.py (tests/script/train_peft_gpu.sh). */
+static int peft_logits(const char *adir, const char *outp)
+{
+	struct fam f;
+	struct tset ad;
+	struct ms_model_opts o = {.ep_size = 1, .device = MS_DEVICE_CUDA, .gpu_f32 = 1};
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	int32_t ids[2 * 16];
+	float *lg;
+	FILE *fo;
+	size_t n;
+
+	if (fam_open(&f, "qwen3moe") || tset_open(&ad, adir))
+		return 2;
+	n = (size_t)2 * 16 * f.cfg.vocab;
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	lg = calloc(n, sizeof *lg);
+	if (!lg || ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				  ad.t, ad.n, &o, &err) ||
+	    ms_model_forward(m, ids, 2, 16, lg, &err)) {
+		fprintf(stderr, "--peft-logits: %s\n", err.msg);
+		return 1;
+	}
+	if (!(fo = fopen(outp, "wb")) || fwrite(lg, sizeof *lg, n, fo) != n || fclose(fo)) {
+		fprintf(stderr, "--peft-logits: '%s': write failed\n", outp);
+		return 1;
+	}
+	ms_model_free(m);
+	free(lg);
+	tset_close(&ad);
+	fam_close(&f);
+	return 0;
+}
 
 int main(int argc, char **argv)
 {
+	if (argc == 4 && !strcmp(argv[1], "--peft-logits"))
+		return peft_logits(argv[2], argv[3]);
 	if (!ms_gpu_available()) {
 		struct ms_err err = {0};
 
