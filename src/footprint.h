@@ -144,8 +144,9 @@
  *   ms_fp_calc_new(plan, &calc, &err);
  *   for each entry i:
  *     path entry:  ms_fp_calc_add_path(calc, i, &err)   (headers only)
- *     state entry: ms_fp_calc_add_tensors(calc, i, list, n, &err)
- *                  (or ms_fp_calc_add_ckpt with the state's opened files)
+ *     state entry: ms_fp_calc_add_state(calc, i, inv, ref, &err)
+ *                  (or ms_fp_calc_add_tensors / ms_fp_calc_add_ckpt with
+ *                  the state's tensors)
  *   ms_fp_calc_finish(calc, &report, &err);
  *   ms_fp_report_text(report, &buf, &err) or ms_fp_report_json(...);
  *   exit status: report->over_budget ? 1 : 0
@@ -298,6 +299,12 @@ int ms_fp_calc_new(const struct ms_fp_plan *plan, struct ms_fp_calc **out,
 int ms_fp_calc_add_tensors(struct ms_fp_calc *c, size_t entry,
 			   const struct ms_fp_tensor *t, size_t n,
 			   struct ms_err *err);
+/* Add the tensors of an inventoried state (ref: a digest, prefix or label
+ * as ms_inv_resolve takes it), as its first copy's record holds them: no
+ * file is opened. MS_ENOTFOUND for an unknown state. */
+struct ms_inv;
+int ms_fp_calc_add_state(struct ms_fp_calc *c, size_t entry, struct ms_inv *inv,
+			 const char *ref, struct ms_err *err);
 /* Add every tensor of an opened checkpoint (headers only are used). */
 int ms_fp_calc_add_ckpt(struct ms_fp_calc *c, size_t entry,
 			const struct ms_ckpt *ck, struct ms_err *err);

@@ -105,6 +105,14 @@ int ms_policy_unfuse(struct ms_inv *inv, const struct ms_ckpt *c, struct ms_poli
  * other codes on failure. */
 int ms_policy_identify(struct ms_inv *inv, struct ms_policy_report *r,
 		       struct ms_err *err);
+/* Record the served files at paths as a policy state composed of r's parts
+ * (an identified report: ms_policy_identify returned MS_OK): its parents
+ * are the parts, and the "compose" edge lists each part's state, kind,
+ * layout and served tensors. label may be NULL; jobs hashing threads. The
+ * policy state's digest goes to digest. */
+int ms_policy_register(struct ms_inv *inv, const struct ms_policy_report *r,
+		       const char *const *paths, size_t npaths, const char *label, int jobs,
+		       char digest[MS_STATE_DIGEST_LEN], struct ms_err *err);
 void ms_policy_report_free(struct ms_policy_report *r);
 const char *ms_policy_status_str(enum ms_policy_status s);
 

@@ -371,4 +371,37 @@ int ms_qstats_run(const char *path, const char *source_path, int nthreads,
 		  struct ms_qstats **out, struct ms_err *err);
 void ms_qstats_free(struct ms_qstats *s);
 
+/* ---- checks without a source (qcheck.c) --------------------------------- */
+
+/* How far apart the two layouts of w are (w must have both): with 2D
+ * blocks the columnwise bytes must be the exact transpose of the rowwise
+ * ones, and *diff is 0 when they are, 1 otherwise; with 1D blocks *diff is
+ * the relative L2 distance of the two decodes (relative to the rowwise
+ * one). Returns MS_OK with *diff set, MS_EINVAL for a weight with one
+ * layout, MS_ENOMEM. */
+int ms_qweight_layouts_agree(const struct ms_qweight *w, int nthreads, double *diff,
+			     struct ms_err *err);
+/* Does w hold what a "quantize" edge says was made? params is the edge's
+ * parameters (JSON text, as ms_inv_edges gives it; "recipe", "block" and
+ * "layouts" are compared when present). MS_OK when it does, MS_ECHECK with
+ * the first difference in why (n bytes), MS_EINVAL when params is not
+ * JSON, MS_ENOMEM. */
+int ms_qweight_edge_check(const struct ms_qweight *w, const char *params, char *why,
+			  size_t n, struct ms_err *err);
+
+/* ---- the record (lineage.c) -------------------------------------------- */
+
+/* "quantize", "dequantize" or "transpose". */
+const char *ms_quant_op_name(enum ms_quant_op op);
+/* Record a published conversion in inv: the input in (idempotent), then
+ * the output out as a state derived from it by o->op, the edge's
+ * parameters naming tool ("<tool> <version>") and the options that decide
+ * the bytes (ms(5), "Edges"); label (may be NULL) is the output's. The
+ * output's digest goes to digest. Run it inside the batch that publishes
+ * the output (ms_inv_batch_begin), so that both are one step. */
+struct ms_inv;
+int ms_quant_register(struct ms_inv *inv, const char *in, const char *out,
+		      const struct ms_quant_opts *o, const char *tool, const char *label,
+		      char digest[MS_STATE_DIGEST_LEN], struct ms_err *err);
+
 #endif

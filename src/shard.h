@@ -368,4 +368,25 @@ int ms_ep_load_rank(const char *manifest_or_dir, uint32_t ep_size, uint32_t rank
 		    struct ms_ep_rank **out, struct ms_err *err);
 void ms_ep_rank_free(struct ms_ep_rank *r);
 
+/* ---- the record (lineage.c) -------------------------------------------- */
+
+enum ms_shard_op {
+	MS_SHARD_OP_SPLIT,
+	MS_SHARD_OP_MERGE,
+	MS_SHARD_OP_RESHARD,
+};
+/* "split", "merge" or "reshard". */
+const char *ms_shard_op_name(enum ms_shard_op op);
+/* Record what an operation wrote (r, its result) in inv: each shard as a
+ * state derived from the unsharded source by the operation (a split
+ * records its input first; a reshard derives from the source when the
+ * inventory knows it), with the EP size, placement, and the rank's experts
+ * on the edge; a shard of rank R gets the label "LABEL/rankR" when label
+ * is given. A merge writes the source's own state again: the output
+ * directory input is recorded as another copy of it, labelled label. Run
+ * it inside the batch that publishes the output. */
+struct ms_inv;
+int ms_shard_register(struct ms_inv *inv, enum ms_shard_op op, const char *input,
+		      const struct ms_shard_result *r, const char *label, struct ms_err *err);
+
 #endif

@@ -159,4 +159,38 @@ int ms_manifest_parse(const char *json, size_t len, const char *label,
 		      const char *root, struct ms_vstate **out,
 		      struct ms_err *err);
 
+/*
+ * Verify an inventoried state and record the verdict, the one sequence of
+ * every front end that checks states against the inventory (msverify
+ * files, the launch gate). s is the expectation of state digest (from
+ * ms_vstate_from_inv); r is filled as by ms_verify_state (release it with
+ * ms_vreport_release, whatever the return). The result recorded is ok,
+ * missing (the first problem is a missing file) or mismatch, with the
+ * first problem's detail. Flags:
+ *   MS_VERIFY_GPU        the tensors with a recorded tree digest checked on
+ *                        the GPU (ms_verify_state_gpu)
+ *   MS_VERIFY_TREES      tree digests computed in the same pass for tensors
+ *                        that had none are recorded (*trees_added counts
+ *                        them; trees_added may be NULL)
+ *   MS_VERIFY_NO_RECORD  check only (a dry run): nothing is recorded
+ * Returns MS_OK (verified and recorded), MS_ECHECK (r lists the problems,
+ * the mismatch is recorded), or the code of the check or of the record that
+ * failed. r lists problems only when the check gave a verdict of mismatch
+ * (then also when recording it failed); a check that could not be made
+ * leaves r empty.
+ */
+#define MS_VERIFY_GPU 1u
+#define MS_VERIFY_TREES 2u
+#define MS_VERIFY_NO_RECORD 4u
+int ms_verify_record(struct ms_inv *inv, const char *digest, const struct ms_vstate *s,
+		     unsigned flags, int nthreads, struct ms_vreport *r, size_t *trees_added,
+		     struct ms_err *err);
+
+/* The inventoried states with a copy at path or under it (a file, or a
+ * directory holding files of the state), in the inventory's listing
+ * order. *out (free with ms_free) gets *nout digests. MS_ENOTFOUND when
+ * path does not exist or no state has files there. */
+int ms_verify_states_under(struct ms_inv *inv, const char *path,
+			   char (**out)[MS_STATE_DIGEST_LEN], size_t *nout, struct ms_err *err);
+
 #endif

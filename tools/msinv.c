@@ -1471,44 +1471,6 @@ static int cmd_gc(int argc, char **argv)
 
 /* ---- footprint -------------------------------------------------------------------------- */
 
-/* The tensors of an inventoried state (its first copy) for the planner. */
-static int fp_add_state(struct ms_inv *inv, struct ms_fp_calc *calc, size_t entry,
-			const char *ref, struct ms_err *err)
-{
-	struct ms_inv_files files;
-	struct ms_fp_tensor *list = NULL;
-	char digest[MS_STATE_DIGEST_LEN];
-	size_t n = 0, k = 0;
-	int rc;
-
-	if ((rc = ms_inv_resolve(inv, ref, digest, err)) != MS_OK)
-		return rc;
-	if ((rc = ms_inv_state_files(inv, digest, 1, 1, &files, err)) != MS_OK)
-		return rc;
-	for (size_t i = 0; i < files.n; i++)
-		n += files.files[i].ntensors;
-	list = ms_calloc(n ? n : 1, sizeof(*list));
-	if (!list) {
-		ms_inv_files_release(&files);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < files.n; i++) {
-		for (size_t t = 0; t < files.files[i].ntensors; t++) {
-			const struct ms_inv_tensor *te = &files.files[i].tensors[t];
-
-			list[k].name = te->name;
-			list[k].dtype = te->dtype;
-			list[k].ndim = te->ndim;
-			memcpy(list[k].shape, te->shape, sizeof(list[k].shape));
-			k++;
-		}
-	}
-	rc = ms_fp_calc_add_tensors(calc, entry, list, n, err);
-	ms_free(list);
-	ms_inv_files_release(&files);
-	return rc;
-}
-
 static int cmd_footprint(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1552,7 +1514,7 @@ static int cmd_footprint(int argc, char **argv)
 		 * of paths runs without one */
 		if (!inv && (status = open_inv(db, 0, &inv)) != CLI_OK)
 			goto out;
-		if ((rc = fp_add_state(inv, calc, i, e->state, &err)) != MS_OK)
+		if ((rc = ms_fp_calc_add_state(calc, i, inv, e->state, &err)) != MS_OK)
 			ms_err_prefix(&err, "plan '%s': role '%s'", plan->label, e->role);
 	}
 	if (rc == MS_OK)
