@@ -284,6 +284,15 @@ struct ms_inv_config {
 	size_t len;
 	uint8_t digest[MS_SHA256_LEN];
 };
+/* The fields of a recorded config.json that change how tensors are read
+ * (its "quantization_config" member) as compact JSON text in *json
+ * (ms_free; NULL for another file, a config without the member, or text
+ * that is not JSON). MS_OK or MS_ENOMEM. */
+int ms_inv_config_quant(const struct ms_inv_config *c, char **json, struct ms_err *err);
+/* A recorded command line (the JSON array of its words, as in struct
+ * ms_inv_state's argv) as one line, the words separated by spaces, in
+ * *text (ms_free; NULL when argv_json is NULL). MS_OK or MS_ENOMEM. */
+int ms_inv_argv_text(const char *argv_json, char **text, struct ms_err *err);
 
 int ms_inv_state_configs(struct ms_inv *inv, const char *digest,
 			 struct ms_inv_config **out, size_t *n,

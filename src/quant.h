@@ -273,7 +273,8 @@ struct ms_quant_plan {
 	uint64_t hidden_size;               /* config.json's, else 0 */
 	/* writing (ms_quant_stage, ms_quant_publish, ms_quant_finish) */
 	char *dest;                         /* out_path without a trailing '/' */
-	struct ms_stage stage;              /* the staging name (stage.tmp)
+	struct ms_stage *stage;             /* the staging name (owned;
+					       opaque: ms_quant_staged_path)
 					       while the output is written,
 					       published or not, until
 					       ms_quant_finish */
@@ -328,6 +329,9 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		   void (*progress)(void *ctx, uint64_t done, uint64_t total),
 		   void *progress_ctx, struct ms_err *err);
 int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err);
+/* Where ms_quant_stage wrote the output (the staging name), until
+ * ms_quant_publish or ms_quant_finish; borrowed from p. */
+const char *ms_quant_staged_path(const struct ms_quant_plan *p);
 void ms_quant_finish(struct ms_quant_plan *p, int keep);
 int ms_quant_execute(struct ms_quant_plan *p,
 		     void (*progress)(void *ctx, uint64_t done, uint64_t total),

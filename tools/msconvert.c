@@ -174,7 +174,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	if (!inv) {
 		/* nothing to record: the digest of the staged files, then the
 		 * rename */
-		if ((rc = ms_quant_output_digest(ms_stage_path(&p->stage), o->jobs, digest, &err)) == MS_OK)
+		if ((rc = ms_quant_output_digest(ms_quant_staged_path(p), o->jobs, digest, &err)) == MS_OK)
 			rc = ms_quant_publish(p, &err);
 		goto out;
 	}

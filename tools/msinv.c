@@ -557,24 +557,6 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- show ---------------------------------------------------------------------------- */
 
-/* The fields of config.json that change how tensors are read, in *note
- * (NULL when it has none, or is not JSON). MS_OK or MS_ENOMEM. */
-static int config_note(const struct ms_inv_config *c, char **note)
-{
-	cJSON *root, *q;
-	int nomem;
-
-	*note = NULL;
-	if (strcmp(c->name, "config.json"))
-		return MS_OK;
-	root = ms_json_parse(c->text, c->len, &nomem);
-	q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-	if (q && !(*note = cJSON_PrintUnformatted(q)))
-		nomem = 1;
-	cJSON_Delete(root);
-	return nomem ? MS_ENOMEM : MS_OK;
-}
-
 struct show_data {
 	struct ms_inv_state *s;
 	struct ms_inv_files files;
@@ -682,7 +664,7 @@ static int show_json(const struct show_data *d, int tensors)
 		cJSON *co = cJSON_CreateObject();
 		char *note;
 
-		if (config_note(&d->cfg[i], &note) != MS_OK) {
+		if (ms_inv_config_quant(&d->cfg[i], &note, NULL) != MS_OK) {
 			cJSON_Delete(co);
 			cJSON_Delete(o);
 			cli_errorf("out of memory");
@@ -732,22 +714,13 @@ static int show_json(const struct show_data *d, int tensors)
  * MS_OK, or MS_ENOMEM with nothing printed. */
 static int print_argv(const char *json)
 {
-	cJSON *a, *it;
-	int first = 1, nomem;
+	char *text = NULL;
+	int rc = ms_inv_argv_text(json, &text, NULL);
 
-	if (!json)
-		return MS_OK;
-	a = ms_json_parse(json, strlen(json), &nomem);
-	if (nomem)
-		return MS_ENOMEM;
-	cJSON_ArrayForEach(it, a) {
-		if (cJSON_IsString(it)) {
-			printf("%s%s", first ? "" : " ", it->valuestring);
-			first = 0;
-		}
-	}
-	cJSON_Delete(a);
-	return MS_OK;
+	if (text)
+		fputs(text, stdout);
+	ms_free(text);
+	return rc;
 }
 
 static int show_text(const struct show_data *d, int tensors)
@@ -787,7 +760,7 @@ static int show_text(const struct show_data *d, int tensors)
 					continue;
 				ms_hex(d->cfg[k].digest, 32, hex);
 				printf("  config  %s  sha256 %s\n", d->cfg[k].path, hex);
-				if (config_note(&d->cfg[k], &note) != MS_OK)
+				if (ms_inv_config_quant(&d->cfg[k], &note, NULL) != MS_OK)
 					goto oom;
 				if (note)
 					printf("          quantization_config %s\n", note);
