@@ -494,7 +494,42 @@ static int test_fp_calc_add_state(void)
 	return 0;
 }
 
+static int test_inv_text(void)
+{
+	struct ms_inv_config c = {0};
+	struct ms_err err = {0};
+	char *t = NULL;
+	char cfg[] = "{\"hidden_size\": 8, \"quantization_config\": {\"quant_method\": \"modelopt\", "
+		     "\"group_size\": 16}}";
+
+	T_ASSERT_EQ_INT(ms_inv_argv_text("[\"msinv\", \"add\", \"--label\", \"a b\"]", &t, &err), MS_OK);
+	T_ASSERT_STR(t, "msinv add --label a b");
+	ms_free(t);
+	T_ASSERT_EQ_INT(ms_inv_argv_text(NULL, &t, &err), MS_OK);
+	T_ASSERT(t == NULL);
+	/* not an array: nothing to show, not an error */
+	T_ASSERT_EQ_INT(ms_inv_argv_text("{", &t, &err), MS_OK);
+	T_ASSERT_STR(t, "");
+	ms_free(t);
+	c.name = "config.json";
+	c.text = cfg;
+	c.len = strlen(cfg);
+	T_ASSERT_EQ_INT(ms_inv_config_quant(&c, &t, &err), MS_OK);
+	T_ASSERT_STR(t, "{\"quant_method\":\"modelopt\",\"group_size\":16}");
+	ms_free(t);
+	c.name = "generation_config.json";
+	T_ASSERT_EQ_INT(ms_inv_config_quant(&c, &t, &err), MS_OK);
+	T_ASSERT(t == NULL);
+	c.name = "config.json";
+	c.text = "{\"hidden_size\": 8}";
+	c.len = strlen(c.text);
+	T_ASSERT_EQ_INT(ms_inv_config_quant(&c, &t, &err), MS_OK);
+	T_ASSERT(t == NULL);
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_inv_text),
 	T_CASE(test_verify_record),
 	T_CASE(test_states_under),
 	T_CASE(test_layouts_agree),
