@@ -98,10 +98,27 @@ struct ms_tensor {
 	int has_tree;                  /* hashed with trees */
 };
 
+/* A file's metadata entry ("__metadata__", header order). */
 struct ms_st_meta {
 	char *key;
 	char *value;
 };
+
+/* What a front end may read of an open file (struct ms_st_file is
+ * opaque to it): pointers borrowed from f, valid until it closes. The
+ * digests are set once the file was hashed (ms_ckpt_hash; the whole-file
+ * digest on request), else all zero. */
+struct ms_st_file_info {
+	const char *path;               /* as given */
+	uint64_t size;
+	uint64_t header_len;            /* N: the header is 8 + N bytes */
+	size_t ntensors;
+	size_t nmeta;
+	const struct ms_st_meta *meta;
+	const uint8_t *header_digest;   /* MS_SHA256_LEN bytes */
+	const uint8_t *file_digest;     /* MS_SHA256_LEN bytes */
+};
+void ms_st_file_info(const struct ms_st_file *f, struct ms_st_file_info *out);
 
 struct ms_st_file {
 	char *path;           /* as given */

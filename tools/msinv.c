@@ -12,13 +12,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "attest.h"
-#include "bundle.h"
-#include "footprint.h"
-#include "gate.h"
-#include "inventory.h"
-#include "names.h"
-#include "verify.h"
 
 /* ---- inspect --------------------------------------------------------------- */
 
@@ -73,9 +66,10 @@ static int inspect_json(struct ms_ckpt *c, int digests, int file_digests,
 		goto oom;
 	files = cJSON_AddArrayToObject(root, "files");
 	for (size_t i = 0; i < c->nfiles; i++) {
-		struct ms_st_file *f = c->files[i];
+		struct ms_st_file_info fi, *f = &fi;
 		cJSON *o = cJSON_CreateObject(), *meta;
 
+		ms_st_file_info(c->files[i], &fi);
 		cJSON_AddItemToArray(files, o);
 		cJSON_AddStringToObject(o, "path", f->path);
 		cJSON_AddNumberToObject(o, "size", (double)f->size);
@@ -106,13 +100,15 @@ static int inspect_json(struct ms_ckpt *c, int digests, int file_digests,
 	for (size_t i = 0; i < c->ntensors; i++) {
 		const struct ms_tensor *t = c->tensors[i];
 		cJSON *o = cJSON_CreateObject();
+		struct ms_st_file_info fi;
 
+		ms_st_file_info(t->file, &fi);
 		cJSON_AddItemToArray(tensors, o);
 		cJSON_AddStringToObject(o, "name", t->name);
 		cJSON_AddStringToObject(o, "dtype", ms_dtype_name(t->dtype));
 		cJSON_AddItemToObject(o, "shape", shape_json(t));
 		cJSON_AddNumberToObject(o, "bytes", (double)t->nbytes);
-		cJSON_AddStringToObject(o, "file", ms_path_base(t->file->path));
+		cJSON_AddStringToObject(o, "file", ms_path_base(fi.path));
 		cJSON_AddNumberToObject(o, "offset", (double)t->offset);
 		cJSON_AddItemToObject(o, "structure", structure_json(t->name));
 		if (digests) {
@@ -185,9 +181,10 @@ static int cmd_inspect(int argc, char **argv)
 		return rc;
 	}
 	for (size_t i = 0; i < ck->nfiles; i++) {
-		struct ms_st_file *f = ck->files[i];
+		struct ms_st_file_info fi, *f = &fi;
 		char hex[65];
 
+		ms_st_file_info(ck->files[i], &fi);
 		printf("# file %s: %llu bytes, %zu tensors\n", f->path, (unsigned long long)f->size,
 		       f->ntensors);
 		if (digests) {
