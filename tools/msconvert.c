@@ -12,8 +12,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "inventory.h"
-#include "quant.h"
 
 /* ---- shared -------------------------------------------------------------- */
 

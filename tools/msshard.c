@@ -10,8 +10,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "inventory.h"
-#include "shard.h"
 
 /* "0-3" for a run, "0,2,4" otherwise; ids in local order. */
 static void print_ids(FILE *f, const uint32_t *ids, uint32_t n)

@@ -12,13 +12,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "attest.h"
 #include "cli.h"
-#include "inventory.h"
-#include "policy.h"
-#include "shard.h"
-#include "quant.h"
-#include "verify.h"
 
 /* ---- shared ------------------------------------------------------------ */
 
