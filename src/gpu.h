@@ -1,7 +1,7 @@
 /*
  * gpu.h: the NVFP4 codec on an NVIDIA GPU, behind a plain C interface.
  *
- * The kernels (kernels/nvfp4.cu) give the bytes of the CPU reference
+ * The kernels (kernels/nvfp4_cuda.cu) give the bytes of the CPU reference
  * (nvfp4.h: ms_nvfp4_quantize_ref, ms_nvfp4_amax_ref,
  * ms_nvfp4_dequantize_ref, ms_nvfp4_transpose) on every input, including
  * the error they report for bad input (same code; the same message where

@@ -118,5 +118,11 @@ if [ -n "${MS_BUILD:-}" ] && [ -f "$MS_BUILD/libms.a" ]; then
 	fi
 fi
 
+# File names are unique across the tree: no two sources (.c, .cu) share a
+# stem, so an object, a symbol in a profile or a stack trace names one file
+dups=$(cd "$ROOT" && find src tools kernels tests -name '*.c' -o -name '*.cu' |
+       sed 's|.*/||; s|\.[^.]*$||' | sort | uniq -d | tr '\n' ' ')
+if [ -z "$dups" ]; then ok; else bad "source files sharing a stem: $dups"; fi
+
 echo "build_deps: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
