@@ -484,7 +484,7 @@ oom:
 	return ms_err_nomem(err);
 }
 
-int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path, int force,
+int ms_bundle_export(struct ms_inv *inv, const char *digest, const char *out_path, int force,
 		    int nthreads, struct ms_err *err)
 {
 	struct ms_inv_state *st = NULL;
@@ -560,7 +560,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	for (i = 0; i < vs->nconfigs; i++) {
 		struct ms_err e = {0};
 		uint8_t d[MS_SHA256_LEN];
-		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
+		int crc = ms_file_read(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
 
 		if (crc == MS_ENOMEM)
 			goto oom;
@@ -768,7 +768,7 @@ struct importer {
 	struct zin z;
 	struct archive *a;
 	uint64_t max_total, max_ratio;
-	struct ms_import_plan *plan;
+	struct ms_bundle_import_plan *plan;
 	struct ms_vstate *vs;
 	char *manifest;
 	size_t manifest_len;
@@ -890,7 +890,7 @@ static size_t json_values(const char *s, size_t n)
 
 static int cmp_member(const void *a, const void *b, void *ctx)
 {
-	const struct ms_import_member *m = ctx;
+	const struct ms_bundle_import_member *m = ctx;
 
 	return strcmp(m[*(const size_t *)a].path, m[*(const size_t *)b].path);
 }
@@ -970,7 +970,7 @@ static int agree_int(struct importer *x, const cJSON *b, const char *key, int32_
  * recomputes the state digest), then the bundle object against it. */
 static int plan_build(struct importer *x, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	struct ms_err e = {0};
 	cJSON *o = NULL, *b, *members, *m, *ex;
 	const cJSON *v;
@@ -1075,7 +1075,7 @@ static int plan_build(struct importer *x, struct ms_err *err)
 	if (!p->members || !x->order || !x->vidx || !x->seen)
 		goto oom;
 	cJSON_ArrayForEach(m, members) {
-		struct ms_import_member *mm = &p->members[p->nmembers];
+		struct ms_bundle_import_member *mm = &p->members[p->nmembers];
 		const cJSON *path = cJSON_GetObjectItemCaseSensitive(m, "path");
 		const cJSON *sha = cJSON_GetObjectItemCaseSensitive(m, "sha256");
 		const char *rule;
@@ -1244,16 +1244,16 @@ static void importer_release(struct importer *x)
 	ms_free(x->seen);
 	ms_free(x->dir_seen);
 	ms_free(x->buf);
-	ms_import_plan_free(x->plan);
+	ms_bundle_import_plan_free(x->plan);
 	x->plan = NULL;
 }
 
-void ms_import_opts_init(struct ms_import_opts *o)
+void ms_bundle_import_opts_init(struct ms_bundle_import_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 }
 
-void ms_import_plan_free(struct ms_import_plan *p)
+void ms_bundle_import_plan_free(struct ms_bundle_import_plan *p)
 {
 	if (!p)
 		return;
@@ -1270,7 +1270,7 @@ void ms_import_plan_free(struct ms_import_plan *p)
 
 /* Open the archive and read, parse and check its manifest; the reader is
  * left at the first member after it. */
-static int importer_open(struct importer *x, const char *path, const struct ms_import_opts *o,
+static int importer_open(struct importer *x, const char *path, const struct ms_bundle_import_opts *o,
 			 struct ms_err *err)
 {
 	struct archive_entry *e;
@@ -1356,8 +1356,8 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	return plan_build(x, err);
 }
 
-int ms_import_plan_read(const char *archive_path, const struct ms_import_opts *opts,
-			struct ms_import_plan **out, struct ms_err *err)
+int ms_bundle_import_plan_read(const char *archive_path, const struct ms_bundle_import_opts *opts,
+			struct ms_bundle_import_plan **out, struct ms_err *err)
 {
 	struct importer x;
 	int rc;
@@ -1410,7 +1410,7 @@ static int open_parent(int rootfd, const char *rel, int *out, const char **leaf)
  * declared size; its bytes must give the manifest's sha256. */
 static int extract_member(struct importer *x, int rootfd, size_t j, struct ms_err *err)
 {
-	const struct ms_import_member *m = &x->plan->members[j];
+	const struct ms_bundle_import_member *m = &x->plan->members[j];
 	struct ms_sha256_ctx *h = NULL;
 	uint8_t d[MS_SHA256_LEN];
 	uint64_t got = 0;
@@ -1849,7 +1849,7 @@ static int adoptable(struct ms_inv *inv, struct importer *x, const char *target,
 
 	if (!m)
 		return ms_err_nomem(err);
-	rc = ms_read_file(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
+	rc = ms_file_read(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
 	ms_free(m);
 	if (rc == MS_ENOMEM || rc == MS_EIO) {
 		rc = ms_err_set(err, rc, "%s", e.msg);
@@ -1888,11 +1888,11 @@ out:
 	return rc;
 }
 
-int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *into_dir,
-		     const struct ms_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
+int ms_bundle_import(struct ms_inv *inv, const char *archive_path, const char *into_dir,
+		     const struct ms_bundle_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
 		     struct ms_err *err)
 {
-	struct ms_import_opts defaults;
+	struct ms_bundle_import_opts defaults;
 	struct importer x;
 	struct ms_inv_add_opts ao;
 	struct ms_inv_add_stats as;
@@ -1908,7 +1908,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	ms_stage_init(&stg);
 	importer_init(&x);
 	if (!opts) {
-		ms_import_opts_init(&defaults);
+		ms_bundle_import_opts_init(&defaults);
 		opts = &defaults;
 	}
 	if (opts->stats)

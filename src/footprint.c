@@ -575,7 +575,7 @@ int ms_fp_plan_load(const char *path, struct ms_fp_plan **out,
 	int rc;
 
 	*out = NULL;
-	if ((rc = ms_read_file(path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK) {
+	if ((rc = ms_file_read(path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK) {
 		ms_err_prefix(err, "plan '%s'", path);
 		if (rc == MS_ENOTFOUND)
 			rc = MS_EIO;

@@ -537,7 +537,7 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 		return ms_err_nomem(err);
 	snprintf(g->plan_path, sizeof(g->plan_path), "%s", plan_path);
 	/* one read: the digest recorded is that of the bytes parsed */
-	if ((rc = ms_read_file(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
 		goto fail;
 	if ((rc = ms_sha256(text, len, d)) != MS_OK) {
 		if (rc == MS_ENOMEM)

@@ -179,7 +179,7 @@ int ms_sha256_final(struct ms_sha256_ctx *c, uint8_t out[MS_SHA256_LEN]);
 void ms_sha256_free(struct ms_sha256_ctx *c);
 
 /* SHA-256 of a whole file, streamed. */
-int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN],
+int ms_sha256_file(const char *path, uint8_t out[MS_SHA256_LEN],
 		   struct ms_err *err);
 
 /* Start c over, as if new (one context hashes many chunks). */
@@ -571,12 +571,12 @@ int ms_name_quantizable(const char *name, const struct ms_name_info *info, enum 
 /* ---- fsutil (fsutil.c) -------------------------------------------------- */
 
 /* Write a whole buffer to path atomically. */
-int ms_write_file_atomic(const char *path, const void *p, size_t n, int force,
+int ms_file_write_atomic(const char *path, const void *p, size_t n, int force,
 			 struct ms_err *err);
 
 /* Read a whole regular file of at most max bytes; the buffer is
  * NUL-terminated (not counted in *len). Caller frees with ms_free. */
-int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
+int ms_file_read(const char *path, uint64_t max, char **out, size_t *len,
 		 struct ms_err *err);
 
 /* Join a directory and a name into a new string. */
@@ -662,8 +662,8 @@ void ms_inv_close(struct ms_inv *inv);
 int ms_inv_set_origin(struct ms_inv *inv, const char *tool, int argc,
 		      char *const *argv, struct ms_err *err);
 /* Progress of the long work done through this handle (hashing in
- * ms_inv_add_paths, packing in ms_export_state, extracting in
- * ms_import_bundle); progress is copied, NULL turns it off (the default).
+ * ms_inv_add_paths, packing in ms_bundle_export, extracting in
+ * ms_bundle_import); progress is copied, NULL turns it off (the default).
  * ms_inv_progress is the handle's, NULL when none. */
 void ms_inv_set_progress(struct ms_inv *inv, const struct ms_progress *progress);
 const struct ms_progress *ms_inv_progress(const struct ms_inv *inv);
@@ -2830,12 +2830,12 @@ int ms_dsse_verify(const char *envelope, size_t n, const char *label,
 		   size_t *payload_len, char **payload_type, struct ms_err *err);
 
 /* The same wrapped in a Sigstore bundle v0.3 with the public key hint, as
- * OMS writes it. ms_bundle_verify also checks the media type and, when the
+ * OMS writes it. ms_sigstore_verify also checks the media type and, when the
  * bundle has a hint, that it names pub (MS_ECHECK otherwise). */
-int ms_bundle_sign(const void *payload, size_t n, const char *payload_type,
+int ms_sigstore_sign(const void *payload, size_t n, const char *payload_type,
 		   const struct ms_key *key, char **bundle, size_t *len,
 		   struct ms_err *err);
-int ms_bundle_verify(const char *bundle, size_t n, const char *label,
+int ms_sigstore_verify(const char *bundle, size_t n, const char *label,
 		     const struct ms_key *pub, uint8_t **payload,
 		     size_t *payload_len, char **payload_type,
 		     struct ms_err *err);
@@ -3009,7 +3009,7 @@ void ms_oms_result_release(struct ms_oms_result *res);
 #define MS_BUNDLE_FORMAT "msinv-bundle-v1"
 #define MS_BUNDLE_MANIFEST "MANIFEST.json"
 
-/* Import limits (defaults of struct ms_import_opts). */
+/* Import limits (defaults of struct ms_bundle_import_opts). */
 #define MS_IMPORT_MAX_MANIFEST (64ull << 20)   /* bytes of MANIFEST.json */
 #define MS_IMPORT_MAX_TOTAL (1ull << 40)       /* declared bytes: 1 TiB */
 #define MS_IMPORT_MAX_RATIO 1000u              /* tar bytes per archive byte */
@@ -3035,11 +3035,11 @@ struct ms_inv;
  * they are packed, so a file changed meanwhile is refused too. The output
  * is written atomically; an existing out_path is MS_EEXIST unless force.
  */
-int ms_export_state(struct ms_inv *inv, const char *digest,
+int ms_bundle_export(struct ms_inv *inv, const char *digest,
 		    const char *out_path, int force, int nthreads,
 		    struct ms_err *err);
 
-struct ms_import_stats {
+struct ms_bundle_import_stats {
 	uint64_t members;        /* files extracted (MANIFEST.json excluded) */
 	uint64_t bytes;          /* their bytes */
 	uint64_t archive_bytes;  /* size of the archive file */
@@ -3050,20 +3050,20 @@ struct ms_import_stats {
 				  * run of this import, and was registered */
 };
 
-struct ms_import_opts {
+struct ms_bundle_import_opts {
 	const char *label;       /* NULL: the manifest's label, if any */
 	int force;               /* replace into_dir if it holds a previous
 				  * import (a MANIFEST.json) or is empty */
 	int nthreads;            /* hashing threads, 0: one per CPU */
 	uint64_t max_total;      /* 0: MS_IMPORT_MAX_TOTAL */
 	uint64_t max_ratio;      /* 0: MS_IMPORT_MAX_RATIO */
-	struct ms_import_stats *stats; /* filled when not NULL */
+	struct ms_bundle_import_stats *stats; /* filled when not NULL */
 };
 
 /* Defaults: the manifest's label, no force, every limit at its default. */
-void ms_import_opts_init(struct ms_import_opts *o);
+void ms_bundle_import_opts_init(struct ms_bundle_import_opts *o);
 
-struct ms_import_member {
+struct ms_bundle_import_member {
 	char *path;              /* relative, validated */
 	uint64_t size;
 	uint8_t sha256[MS_SHA256_LEN];
@@ -3071,7 +3071,7 @@ struct ms_import_member {
 };
 
 /* What a bundle holds, read and checked from its manifest alone. */
-struct ms_import_plan {
+struct ms_bundle_import_plan {
 	char digest[MS_STATE_DIGEST_LEN];
 	char *kind, *label, *layout;   /* NULL when the manifest has none */
 	char *experts;                 /* JSON array text, NULL when none */
@@ -3079,7 +3079,7 @@ struct ms_import_plan {
 					* checked; NULL when none */
 	int32_t ep_size, ep_rank;      /* -1 when not a shard */
 	size_t nmembers;
-	struct ms_import_member *members; /* in "bundle"."members" order */
+	struct ms_bundle_import_member *members; /* in "bundle"."members" order */
 	size_t nfiles, nconfigs, ntensors;
 	uint64_t total_bytes;          /* sum of member sizes */
 	uint64_t archive_bytes;
@@ -3090,13 +3090,13 @@ struct ms_import_plan {
  * Read and check MANIFEST.json of archive_path (the plan of an import, for
  * a dry run): the member rules, the limits of opts (may be NULL) and the
  * manifest's own consistency. Nothing is written. *out is released with
- * ms_import_plan_free. MS_EINVAL for a malformed or hostile archive,
+ * ms_bundle_import_plan_free. MS_EINVAL for a malformed or hostile archive,
  * MS_ECHECK for a manifest whose digests contradict each other, MS_EIO.
  */
-int ms_import_plan_read(const char *archive_path,
-			const struct ms_import_opts *opts,
-			struct ms_import_plan **out, struct ms_err *err);
-void ms_import_plan_free(struct ms_import_plan *p);
+int ms_bundle_import_plan_read(const char *archive_path,
+			const struct ms_bundle_import_opts *opts,
+			struct ms_bundle_import_plan **out, struct ms_err *err);
+void ms_bundle_import_plan_free(struct ms_bundle_import_plan *p);
 
 /*
  * Import the bundle archive_path into the new directory into_dir (its
@@ -3124,8 +3124,8 @@ void ms_import_plan_free(struct ms_import_plan *p);
  * MS_ECHECK (bytes that do not match the manifest), MS_EEXIST, MS_EIO,
  * MS_EDB, MS_ENOMEM.
  */
-int ms_import_bundle(struct ms_inv *inv, const char *archive_path,
-		     const char *into_dir, const struct ms_import_opts *opts,
+int ms_bundle_import(struct ms_inv *inv, const char *archive_path,
+		     const char *into_dir, const struct ms_bundle_import_opts *opts,
 		     char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err);
 
 /* ---- gpu (gpu.h) -------------------------------------------------------- */

@@ -1215,7 +1215,7 @@ static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_
 		return ms_err_nomem(err);
 	/* a missing or unreadable config is reported where it is copied */
 	if (file_exists(path)) {
-		rc = ms_read_file(path, MAX_COPY_FILE, &text, &len, &ignored);
+		rc = ms_file_read(path, MAX_COPY_FILE, &text, &len, &ignored);
 		if (rc == MS_OK)
 			j = ms_json_parse(text, len, &nomem);
 		else
@@ -2575,7 +2575,7 @@ static int write_json(const char *path, cJSON *j, uint64_t mark, int force, stru
 		cJSON_free(text);
 		return ms_err_nomem(err);
 	}
-	rc = ms_write_file_atomic(path, text, strlen(text), force, err);
+	rc = ms_file_write_atomic(path, text, strlen(text), force, err);
 	cJSON_free(text);
 	return rc;
 }
@@ -2612,7 +2612,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			rc = ms_err_nomem(err);
 			break;
 		}
-		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
+		if ((rc = ms_file_read(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
 			break;
 		if (is_cfg && p->opts.op != MS_QUANT_OP_TRANSPOSE) {
 			/* only quantization_config changes: the rest of the
@@ -2651,10 +2651,10 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			if (rc == MS_EINVAL)
 				rc = ms_err_prefix(err, "'%s'", src);
 			if (rc == MS_OK)
-				rc = ms_write_file_atomic(dst, edited, elen, 0, err);
+				rc = ms_file_write_atomic(dst, edited, elen, 0, err);
 			ms_free(edited);
 		} else {
-			rc = ms_write_file_atomic(dst, text, len, 0, err);
+			rc = ms_file_write_atomic(dst, text, len, 0, err);
 		}
 		ms_free(text);
 		ms_free(src);

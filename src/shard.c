@@ -258,7 +258,7 @@ int ms_ep_placement_new(const char *spec, uint32_t num_experts, uint32_t ep_size
 	if (!strcmp(spec, "round-robin") || !strcmp(spec, "round_robin"))
 		return placement_builtin(MS_EP_PLACEMENT_ROUND_ROBIN, num_experts, ep_size, out,
 					 err);
-	if ((rc = ms_read_file(spec, MAX_MAP_FILE, &text, &len, err)) != MS_OK) {
+	if ((rc = ms_file_read(spec, MAX_MAP_FILE, &text, &len, err)) != MS_OK) {
 		if (rc == MS_ENOTFOUND || rc == MS_EIO)
 			ms_err_prefix(err, "placement '%s' is neither contiguous, round-robin nor a "
 				      "readable map file", spec);
@@ -949,7 +949,7 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 		ms_free(dir);
 		if (!cfg)
 			return ms_err_nomem(err);
-		rc = ms_read_file(cfg, MAX_MAP_FILE, &text, &len, err);
+		rc = ms_file_read(cfg, MAX_MAP_FILE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s': no config.json beside the base: its "
 					"expert count is unknown", base);
@@ -1411,7 +1411,7 @@ static int read_index_meta(struct src *s, const char *path, struct ms_err *err)
 	cJSON *root = NULL, *meta;
 	int rc, nomem;
 
-	if ((rc = ms_read_file(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
 	root = ms_json_parse(text, len, &nomem);
 	ms_free(text);
@@ -2897,7 +2897,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 			rc = ms_err_nomem(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
+		rc = ms_file_write_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
 		ms_free(p);
 		p = NULL;
 		if (rc != MS_OK)
@@ -2910,7 +2910,7 @@ static int split_src(const struct src *s, const struct ms_ep_placement *pl, cons
 		rc = ms_err_nomem(err);
 		goto out;
 	}
-	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
+	if ((rc = ms_file_write_atomic(p, mtext, mlen, 0, err)) != MS_OK)
 		goto out;
 	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST))) {
 		rc = ms_err_nomem(err);
@@ -3245,7 +3245,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 			return bad(ss, err, "each of \"configs\" needs a plain \"name\" and a \"sha256\"");
 		if (!(path = ms_path_join(ss->dir, name)))
 			return ms_err_nomem(err);
-		rc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, err);
+		rc = ms_file_read(path, MS_CKPT_MAX_SIDE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)
@@ -4062,7 +4062,7 @@ static int sset_open(const char *path, int64_t only, uint32_t expect_n, int hash
 		return ms_err_nomem(err);
 	ss->s.label = ss->mpath;
 	ss->s.rank_code = MS_ECHECK;
-	rc = ms_read_file(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
+	rc = ms_file_read(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
 	if (rc == MS_ENOTFOUND)
 		return ms_err_set(err, MS_EINVAL, "'%s': no %s: not an EP shard set (or an unfinished "
 				  "one)", ss->dir, MS_EP_MANIFEST);
@@ -4478,7 +4478,7 @@ static int write_index(const struct src *s, const char *out_dir, struct ms_err *
 	else if (rc == MS_ENOMEM)
 		ms_err_nomem(err);
 	else if (rc == MS_OK)
-		rc = ms_write_file_atomic(path, b.data, b.len, 0, err);
+		rc = ms_file_write_atomic(path, b.data, b.len, 0, err);
 	ms_buf_release(&b);
 	cJSON_Delete(root);
 	ms_free(path);
@@ -4568,7 +4568,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 			rc = ms_err_nomem(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
+		rc = ms_file_write_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
 		ms_free(p);
 		p = NULL;
 		if (rc != MS_OK)

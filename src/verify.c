@@ -433,7 +433,7 @@ static int verify_state(const struct ms_vstate *s, int nthreads, int device,
 
 		if (!path)
 			goto oom;
-		crc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
+		crc = ms_file_read(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
 		if (crc == MS_ENOTFOUND || crc == MS_EINVAL) {
 			/* gone, or no longer a regular file of a sane size */
 			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,

@@ -1550,7 +1550,7 @@ static int cmd_export(int argc, char **argv)
 	cli_catch_interrupts();
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
-		rc = ms_export_state(inv, digest, out, force, jobs, &err);
+		rc = ms_bundle_export(inv, digest, out, force, jobs, &err);
 	cli_progress_end(&pr);
 	if (rc == MS_OK)
 		printf("exported\t%s\t%s\n", digest, out);
@@ -1576,12 +1576,12 @@ static int cmd_import(int argc, char **argv)
 	struct cli_progress pr = {.what = "importing"};
 	int dry = 0, json = 0, c, rc;
 	struct ms_err err = {0};
-	struct ms_import_opts o;
-	struct ms_import_stats stats;
+	struct ms_bundle_import_opts o;
+	struct ms_bundle_import_stats stats;
 	struct ms_inv *inv = NULL;
 	char digest[MS_STATE_DIGEST_LEN];
 
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'l': o.label = optarg; break;
@@ -1608,9 +1608,9 @@ static int cmd_import(int argc, char **argv)
 	if (optind + 2 != argc)
 		return cli_usage("need FILE.tar.zst and DIR");
 	if (dry) {
-		struct ms_import_plan *p = NULL;
+		struct ms_bundle_import_plan *p = NULL;
 
-		if ((rc = ms_import_plan_read(argv[optind], &o, &p, &err)) != MS_OK)
+		if ((rc = ms_bundle_import_plan_read(argv[optind], &o, &p, &err)) != MS_OK)
 			return cli_fail(rc, &err);
 		if (json) {
 			cJSON *j = cJSON_CreateObject(), *m;
@@ -1643,7 +1643,7 @@ static int cmd_import(int argc, char **argv)
 				       (unsigned long long)p->members[i].size);
 			rc = CLI_OK;
 		}
-		ms_import_plan_free(p);
+		ms_bundle_import_plan_free(p);
 		return rc;
 	}
 	o.stats = &stats;
@@ -1651,7 +1651,7 @@ static int cmd_import(int argc, char **argv)
 		return rc;
 	cli_progress_inv(inv, &pr);
 	cli_catch_interrupts();
-	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	rc = ms_bundle_import(inv, argv[optind], argv[optind + 1], &o, digest, &err);
 	cli_progress_end(&pr);
 	/* "adopted": DIR was already there, complete, from an earlier run of
 	 * this import that stopped before registering it */
@@ -1854,17 +1854,17 @@ static int cmd_export_manifest(int argc, char **argv)
 		goto out;
 	if (key) {
 		if ((rc = ms_key_load_private(key, &k, &err)) != MS_OK ||
-		    (rc = ms_bundle_sign(json, strlen(json), MANIFEST_PAYLOAD_TYPE, k, &sig, &siglen,
+		    (rc = ms_sigstore_sign(json, strlen(json), MANIFEST_PAYLOAD_TYPE, k, &sig, &siglen,
 					 &err)) != MS_OK)
 			goto out;
 		if (!(sigpath = ms_asprintf("%s.sig", out))) {
 			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
 			goto out;
 		}
-		if ((rc = ms_write_file_atomic(sigpath, sig, siglen, force, &err)) != MS_OK)
+		if ((rc = ms_file_write_atomic(sigpath, sig, siglen, force, &err)) != MS_OK)
 			goto out;
 	}
-	if ((rc = ms_write_file_atomic(out, json, strlen(json), force, &err)) != MS_OK)
+	if ((rc = ms_file_write_atomic(out, json, strlen(json), force, &err)) != MS_OK)
 		goto out;
 	printf("%s\t%s%s%s\n", digest, out, sigpath ? "\t" : "", sigpath ? sigpath : "");
 out:

@@ -264,8 +264,8 @@ static int check_manifest_sig(const char *manifest, const char *text, size_t len
 	int rc;
 
 	if ((rc = ms_key_load_public(pub, &k, err)) != MS_OK ||
-	    (rc = ms_read_file(sig, MS_OMS_MAX_SIG, &bundle, &blen, err)) != MS_OK ||
-	    (rc = ms_bundle_verify(bundle, blen, sig, k, &payload, &plen, &type, err)) != MS_OK)
+	    (rc = ms_file_read(sig, MS_OMS_MAX_SIG, &bundle, &blen, err)) != MS_OK ||
+	    (rc = ms_sigstore_verify(bundle, blen, sig, k, &payload, &plen, &type, err)) != MS_OK)
 		goto out;
 	if (strcmp(type, "application/vnd.msinv.manifest.v1+json") || plen != len ||
 	    memcmp(payload, text, len))
@@ -336,7 +336,7 @@ static int cmd_files(int argc, char **argv)
 			cJSON_Delete(root);
 			return cli_usage("--sig and --pub go together");
 		}
-		rc = ms_read_file(manifest, 256u << 20, &text, &len, &err);
+		rc = ms_file_read(manifest, 256u << 20, &text, &len, &err);
 		if (rc == MS_OK && sig)
 			rc = check_manifest_sig(manifest, text, len, sig, pub, &err);
 		if (rc == MS_OK) {
@@ -747,7 +747,7 @@ static int policy_report(struct ms_inv *inv, char **paths, size_t npaths, int ma
 		char *text = NULL;
 		size_t len;
 
-		rc = ms_read_file(paths[0], MS_POLICY_MAX_MAP, &text, &len, err);
+		rc = ms_file_read(paths[0], MS_POLICY_MAX_MAP, &text, &len, err);
 		if (rc == MS_OK)
 			rc = ms_policy_from_map(text, len, paths[0], r, err);
 		ms_free(text);
