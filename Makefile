@@ -77,7 +77,8 @@ LIB_HDR := $(wildcard src/*.h) $(wildcard src/train/*.h)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/src/%.o)
 LIB      = $(BUILD)/libms.a
 # The shared library: soname libms.so.MAJOR, the same objects as libms.a
-# (compiled -fPIC), exporting the ms_* API only (tools/scripts/libms.map).
+# (compiled -fPIC), exporting exactly the functions ms.h declares (the
+# version script is made from the header: tools/scripts/libms_map.sh).
 VERSION  := $(shell sed -n 's/^#define MS_VERSION "\(.*\)"/\1/p' src/ms.h)
 SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
 SONAME   = libms.so.$(SOMAJOR)
@@ -165,8 +166,10 @@ $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 
 # The kernels are linked in (with the static CUDA runtime), so the device
 # verified load is reachable through the shared library too.
-$(SHLIB): $(LIB_OBJ) $(KERN_OBJ) tools/scripts/libms.map
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/scripts/libms.map \
+$(BUILD)/libms.map: src/ms.h tools/scripts/libms_map.sh | $(BUILD)/src
+	sh tools/scripts/libms_map.sh $(CC) src/ms.h > $@.tmp && mv $@.tmp $@
+$(SHLIB): $(LIB_OBJ) $(KERN_OBJ) $(BUILD)/libms.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=$(BUILD)/libms.map \
 	  -o $@ $(LIB_OBJ) $(KERN_OBJ) $(LDLIBS) $(CUDA_LIBS)
 	ln -sf libms.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/libms.so
