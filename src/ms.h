@@ -748,15 +748,6 @@ int ms_inv_add_paths(struct ms_inv *inv, const char *const *paths, size_t n,
 		     const struct ms_inv_add_opts *opts,
 		     char digest_out[MS_STATE_DIGEST_LEN], struct ms_err *err);
 
-/* What the files of an opened, hashed checkpoint say about its kind and
- * layout (the rules add applies); kind is MS_INV_KIND_ANY when they say
- * nothing, ep_size/ep_rank -1 without shard metadata; *experts (caller
- * frees, NULL when none) is the JSON array of expert ids. layout holds at
- * least 32 bytes. */
-int ms_inv_classify(const struct ms_ckpt *c, enum ms_inv_kind *kind,
-		    char *layout, size_t layout_len, int32_t *ep_size,
-		    int32_t *ep_rank, char **experts, struct ms_err *err);
-
 /* ---- looking up ---------------------------------------------------------------- */
 
 /*
@@ -899,36 +890,6 @@ int ms_inv_edges(struct ms_inv *inv, const char *digest,
 		 enum ms_inv_edges_which which, struct ms_inv_edge **out,
 		 size_t *n, struct ms_err *err);
 void ms_inv_edges_free(struct ms_inv_edge *e, size_t n);
-
-/*
- * Lineage carried from one inventory to another (msinv export / import).
- * ms_inv_lineage_export writes, as JSON text (caller frees with ms_free),
- * the record of where digest came from:
- *
- *   {"states": [{"state", "kind", "layout", "label", "tensors", "bytes",
- *                "ep_size", "ep_rank", "experts", "argv", "tool", "user",
- *                "host", "created_at"}, ...],       every ancestor, once
- *    "edges":  [{"child", "parent", "operation", "params", "created_at"},
- *               ...]}                               every edge above digest
- *
- * ms_inv_lineage_check: is text such a record for digest (well formed, every
- * edge between digest and states it lists, digest not among them)?
- * MS_EINVAL naming the rule when not. ms_inv_lineage_record (digest must be
- * recorded) records, in one transaction (or the open batch), every listed
- * state this inventory lacks as a state with no copy (what it was and where
- * it came from, its bytes elsewhere), keeping its label unless another
- * state here has it, and every edge not yet recorded; states recorded here
- * already are kept as they are. An edge that would close a cycle with the
- * recorded ones is MS_EINVAL. The audit log gets one "lineage" entry
- * naming source (may be NULL). Claims of another inventory: no byte of an
- * ancestor is checked here.
- */
-int ms_inv_lineage_export(struct ms_inv *inv, const char *digest, char **json,
-			  struct ms_err *err);
-int ms_inv_lineage_check(const char *json, size_t len, const char *digest,
-			 struct ms_err *err);
-int ms_inv_lineage_record(struct ms_inv *inv, const char *digest, const char *json,
-			  size_t len, const char *source, struct ms_err *err);
 
 /* ---- verifications, runs, events ------------------------------------------------- */
 
@@ -1129,9 +1090,6 @@ int ms_inv_gc(struct ms_inv *inv, const char *const *dirs, size_t ndirs,
 	      int dry_run,
 	      void (*fn)(enum ms_inv_gc_what what, const char *path, void *ctx),
 	      void *ctx, uint64_t *nitems, struct ms_err *err);
-/* Is name (a plain file name) such a temporary? *pid gets its pid. */
-int ms_inv_is_temp_name(const char *name, long *pid);
-
 /* ---- tensor owners ------------------------------------------------------------ */
 
 /* A recorded tensor with given bytes: the state holding it and its name
@@ -2080,16 +2038,6 @@ enum ms_quant_format ms_quant_default_format(enum ms_nvfp4_recipe r);
  * routers/gates or lm_head. */
 int ms_quant_default_selected(const struct ms_tensor *t);
 
-
-/* The fused group a weight's tensor scale is shared with, as both
- * producers fuse: q/k/v of one attention block, gate/up of one MLP or
- * expert, Mixtral's w1/w3 of one expert, DeepSeek's multi-latent attention
- * pair. Writes the group key (the name with the projection replaced by
- * "{qkv}", "{gate_up}", "{w13}" or, for DeepSeek's q_a_proj and
- * kv_a_proj_with_mqa, "{mla_a}") into buf and returns 1, or returns 0
- * when the weight is in no group. */
-int ms_quant_fuse_key(const char *name, char *buf, size_t n);
-
 /* ---- reading quantized checkpoints -------------------------------------- */
 
 /* One quantized module found in a checkpoint. Tensor pointers borrow from
@@ -2811,10 +2759,6 @@ int ms_key_hint(const struct ms_key *k, char hint[MS_OMS_HEX_LEN],
 
 /* ---- DSSE and the Sigstore bundle ------------------------------------- */
 
-/* PAE(type, body) into a new buffer (*out, *outlen; caller frees). */
-int ms_dsse_pae(const char *type, const void *body, size_t n, uint8_t **out,
-		size_t *outlen);
-
 /* Sign payload (n bytes) as a bare DSSE envelope, compact JSON
  * {"payload":..,"payloadType":..,"signatures":[{"sig":..,"keyid":""}]}.
  * *envelope is NUL-terminated, owned by the caller. */
@@ -2840,40 +2784,6 @@ int ms_sigstore_verify(const char *bundle, size_t n, const char *label,
 		     size_t *payload_len, char **payload_type,
 		     struct ms_err *err);
 
-/* ---- the model manifest ----------------------------------------------- */
-
-struct ms_oms_file {
-	char *name;                 /* POSIX path relative to the model */
-	uint64_t size;              /* as scanned */
-	uint8_t digest[32];         /* SHA-256 of the bytes, once hashed */
-};
-
-struct ms_oms_manifest {
-	char *model_name;           /* the subject name */
-	size_t nfiles;
-	struct ms_oms_file *files;  /* sorted with ms_oms_path_cmp */
-	size_t nignore;
-	char **ignore;              /* the ignore_paths written when signing */
-	uint64_t total_bytes;
-	uint8_t root[32];           /* valid after ms_oms_manifest_hash */
-};
-
-/* PurePosixPath order of two relative paths: component by component,
- * bytewise within a component (UTF-8 bytes order as code points do). */
-int ms_oms_path_cmp(const char *a, const char *b);
-
-/* The subject name of a model path: its last component, or the last
- * component of its real path when that is "", "." or "..". Caller frees. */
-char *ms_oms_model_name(const char *model_dir);
-
-/* List the files of model_dir that the signature covers, skipping the
- * nignore relative paths in ignore (and what is below them); they are
- * recorded in the manifest's ignore list. Refuses links, special files,
- * names that are not UTF-8 and trees deeper than MS_OMS_MAX_DEPTH. */
-int ms_oms_manifest_scan(const char *model_dir, const char *const *ignore,
-			 size_t nignore, struct ms_oms_manifest **out,
-			 struct ms_err *err);
-
 struct ms_oms_opts {
 	int nthreads;   /* hashing threads; 0: one per CPU */
 	int force;      /* sign: replace an existing signature file */
@@ -2882,16 +2792,6 @@ struct ms_oms_opts {
 	void (*progress)(void *arg, uint64_t done, uint64_t total);
 	void *progress_arg;
 };
-
-/* Hash every file of m (in parallel, largest first) and the root digest.
- * A file whose size changed since the scan is MS_EIO. */
-int ms_oms_manifest_hash(struct ms_oms_manifest *m, const char *model_dir,
-			 const struct ms_oms_opts *opts, struct ms_err *err);
-/* The in-toto statement of a hashed manifest (the payload that is signed),
- * indented like the reference's. Caller frees *json. */
-int ms_oms_statement(const struct ms_oms_manifest *m, char **json, size_t *len,
-		     struct ms_err *err);
-void ms_oms_manifest_free(struct ms_oms_manifest *m);
 
 /* ---- sign and verify a model directory -------------------------------- */
 
