@@ -528,7 +528,62 @@ static int test_inv_text(void)
 	return 0;
 }
 
+static int test_st_file_info(void)
+{
+	struct ms_ckpt *c = NULL;
+	struct ms_st_file_info fi;
+	struct ms_err err = {0};
+	const struct ms_st_file *f;
+
+	T_ASSERT_EQ_INT(ms_ckpt_open(fx("hf/qwen3moe"), &c, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_ckpt_hash(c, 2, 0, &err), MS_OK);
+	T_ASSERT(c->nfiles == 1);
+	f = c->files[0];
+	ms_st_file_info(f, &fi);
+	T_ASSERT_STR(fi.path, f->path);
+	T_ASSERT_EQ_INT(fi.size, f->size);
+	T_ASSERT_EQ_INT(fi.header_len, f->header_len);
+	T_ASSERT(8 + fi.header_len < fi.size);
+	T_ASSERT_EQ_INT(fi.ntensors, c->ntensors);
+	T_ASSERT_EQ_INT(fi.nmeta, f->nmeta);
+	T_ASSERT(fi.meta == f->meta);
+	T_ASSERT(!memcmp(fi.header_digest, f->header_digest, MS_SHA256_LEN));
+	T_ASSERT(f->has_header_digest);
+	T_ASSERT(fi.file_digest == f->file_digest);
+	ms_ckpt_close(c);
+	return 0;
+}
+
+static int test_quant_staged_path(void)
+{
+	struct ms_quant_opts o = {.op = MS_QUANT_OP_QUANTIZE, .recipe = MS_NVFP4_RECIPE_MODELOPT,
+				  .block = MS_NVFP4_BLOCK_1D, .layouts = MS_QUANT_ROWWISE, .jobs = 2};
+	struct ms_quant_plan *p = NULL;
+	struct ms_err err = {0};
+	struct stat st;
+	const char *staged;
+	char *keep;
+
+	T_ASSERT_EQ_INT(sh("rm -rf '%s'", tmp("sp")), 0);
+	T_ASSERT_EQ_INT(ms_quant_plan_new(fx("hf/qwen3moe"), tmp("sp"), &o, &p, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_quant_stage(p, NULL, NULL, &err), MS_OK);
+	/* the staged output exists under its staging name, beside OUT */
+	staged = ms_quant_staged_path(p);
+	T_ASSERT(staged && strstr(staged, ".tmp-"));
+	T_ASSERT_EQ_INT(stat(staged, &st), 0);
+	T_ASSERT(stat(tmp("sp"), &st) != 0);
+	keep = ms_strdup(staged);
+	/* nothing kept: the staging is removed */
+	ms_quant_finish(p, 0);
+	T_ASSERT(stat(keep, &st) != 0);
+	ms_free(keep);
+	ms_quant_plan_free(p);
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_st_file_info),
+	T_CASE(test_quant_staged_path),
 	T_CASE(test_inv_text),
 	T_CASE(test_verify_record),
 	T_CASE(test_states_under),
