@@ -662,7 +662,7 @@ static int key_load(const char *path, int private, struct ms_key **out,
 	int rc;
 
 	*out = NULL;
-	if ((rc = ms_read_file(path, KEY_MAX_BYTES, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(path, KEY_MAX_BYTES, &text, &len, err)) != MS_OK)
 		goto out;
 	k = ms_calloc(1, sizeof(*k));
 	bio = BIO_new_mem_buf(text, (int)len);
@@ -949,7 +949,7 @@ int ms_dsse_verify(const char *envelope, size_t n, const char *label,
 	return rc;
 }
 
-int ms_bundle_sign(const void *payload, size_t n, const char *payload_type,
+int ms_sigstore_sign(const void *payload, size_t n, const char *payload_type,
 		   const struct ms_key *key, char **bundle, size_t *len,
 		   struct ms_err *err)
 {
@@ -1045,7 +1045,7 @@ out:
 	return rc;
 }
 
-int ms_bundle_verify(const char *bundle, size_t n, const char *label,
+int ms_sigstore_verify(const char *bundle, size_t n, const char *label,
 		     const struct ms_key *pub, uint8_t **payload,
 		     size_t *payload_len, char **payload_type, struct ms_err *err)
 {
@@ -1660,10 +1660,10 @@ int ms_oms_sign_opts(const char *model_dir, const char *key_pem_path,
 	}
 	if ((rc = ms_oms_statement(m, &stmt, &stmt_len, err)) != MS_OK)
 		goto out;
-	if ((rc = ms_bundle_sign(stmt, stmt_len, MS_OMS_PAYLOAD_TYPE, key, &bundle,
+	if ((rc = ms_sigstore_sign(stmt, stmt_len, MS_OMS_PAYLOAD_TYPE, key, &bundle,
 				 &bundle_len, err)) != MS_OK)
 		goto out;
-	rc = ms_write_file_atomic(sig_path, bundle, bundle_len, opts && opts->force, err);
+	rc = ms_file_write_atomic(sig_path, bundle, bundle_len, opts && opts->force, err);
 out:
 	ms_free(bundle);
 	ms_free(stmt);
@@ -1907,7 +1907,7 @@ int ms_oms_verify_opts(const char *model_dir, const char *sig_path,
 	memset(res, 0, sizeof(*res));
 	if ((rc = ms_key_load_public(pub_pem_path, &pub, err)) != MS_OK)
 		goto out;
-	if ((rc = ms_read_file(sig_path, MS_OMS_MAX_SIG, &text, &text_len, err)) != MS_OK)
+	if ((rc = ms_file_read(sig_path, MS_OMS_MAX_SIG, &text, &text_len, err)) != MS_OK)
 		goto out;
 	if ((rc = bundle_check(text, text_len, sig_path, pub, &payload, &payload_len,
 			       &ptype, &res->fail, res->key_hint, err)) != MS_OK)

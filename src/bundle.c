@@ -484,7 +484,7 @@ oom:
 	return ms_err_nomem(err);
 }
 
-int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path, int force,
+int ms_bundle_export(struct ms_inv *inv, const char *digest, const char *out_path, int force,
 		    int nthreads, struct ms_err *err)
 {
 	struct ms_inv_state *st = NULL;
@@ -560,7 +560,7 @@ int ms_export_state(struct ms_inv *inv, const char *digest, const char *out_path
 	for (i = 0; i < vs->nconfigs; i++) {
 		struct ms_err e = {0};
 		uint8_t d[MS_SHA256_LEN];
-		int crc = ms_read_file(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
+		int crc = ms_file_read(vs->configs[i].path, MS_CKPT_MAX_SIDE, &ctext[i], &clen[i], &e);
 
 		if (crc == MS_ENOMEM)
 			goto oom;
@@ -768,7 +768,7 @@ struct importer {
 	struct zin z;
 	struct archive *a;
 	uint64_t max_total, max_ratio;
-	struct ms_import_plan *plan;
+	struct ms_bundle_import_plan *plan;
 	struct ms_vstate *vs;
 	char *manifest;
 	size_t manifest_len;
@@ -890,7 +890,7 @@ static size_t json_values(const char *s, size_t n)
 
 static int cmp_member(const void *a, const void *b, void *ctx)
 {
-	const struct ms_import_member *m = ctx;
+	const struct ms_bundle_import_member *m = ctx;
 
 	return strcmp(m[*(const size_t *)a].path, m[*(const size_t *)b].path);
 }
@@ -970,7 +970,7 @@ static int agree_int(struct importer *x, const cJSON *b, const char *key, int32_
  * the state digest), copied into the plan. */
 static int plan_state(struct importer *x, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	struct ms_err e = {0};
 	int rc;
 
@@ -1006,7 +1006,7 @@ static int plan_state(struct importer *x, struct ms_err *err)
  * state (which must agree), its experts and its lineage. */
 static int plan_bundle_fields(struct importer *x, const cJSON *b, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	const cJSON *v, *ex, *m;
 	int rc;
 
@@ -1071,7 +1071,7 @@ out:
  * *sum: their sizes added up. */
 static int plan_members(struct importer *x, const cJSON *b, uint64_t *sum, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	const cJSON *members = cJSON_GetObjectItemCaseSensitive(b, "members"), *m;
 	size_t nm = cJSON_IsArray(members) ? (size_t)cJSON_GetArraySize(members) : 0;
 	int rc;
@@ -1092,7 +1092,7 @@ static int plan_members(struct importer *x, const cJSON *b, uint64_t *sum, struc
 		goto out;
 	}
 	cJSON_ArrayForEach(m, members) {
-		struct ms_import_member *mm = &p->members[p->nmembers];
+		struct ms_bundle_import_member *mm = &p->members[p->nmembers];
 		const cJSON *path = cJSON_GetObjectItemCaseSensitive(m, "path");
 		const cJSON *sha = cJSON_GetObjectItemCaseSensitive(m, "sha256");
 		const char *rule;
@@ -1142,7 +1142,7 @@ out:
  * the size and sha256 the state gives it. */
 static int plan_match_state(struct importer *x, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 
 	for (size_t i = 0; i < x->vs->nfiles + x->vs->nconfigs; i++) {
 		int is_cfg = i >= x->vs->nfiles;
@@ -1179,7 +1179,7 @@ static int plan_match_state(struct importer *x, struct ms_err *err)
  * paths even when a hostile manifest makes them many. */
 static int plan_dirs(struct importer *x, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	size_t cap = 0;
 	const char *prev = NULL;
 
@@ -1221,7 +1221,7 @@ static int plan_dirs(struct importer *x, struct ms_err *err)
  * against it: its fields, its members, their total and their directories. */
 static int plan_build(struct importer *x, struct ms_err *err)
 {
-	struct ms_import_plan *p = x->plan;
+	struct ms_bundle_import_plan *p = x->plan;
 	cJSON *o = NULL;
 	const cJSON *b;
 	uint64_t sum, total;
@@ -1293,16 +1293,16 @@ static void importer_release(struct importer *x)
 	ms_free(x->seen);
 	ms_free(x->dir_seen);
 	ms_free(x->buf);
-	ms_import_plan_free(x->plan);
+	ms_bundle_import_plan_free(x->plan);
 	x->plan = NULL;
 }
 
-void ms_import_opts_init(struct ms_import_opts *o)
+void ms_bundle_import_opts_init(struct ms_bundle_import_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 }
 
-void ms_import_plan_free(struct ms_import_plan *p)
+void ms_bundle_import_plan_free(struct ms_bundle_import_plan *p)
 {
 	if (!p)
 		return;
@@ -1319,7 +1319,7 @@ void ms_import_plan_free(struct ms_import_plan *p)
 
 /* Open the archive and read, parse and check its manifest; the reader is
  * left at the first member after it. */
-static int importer_open(struct importer *x, const char *path, const struct ms_import_opts *o,
+static int importer_open(struct importer *x, const char *path, const struct ms_bundle_import_opts *o,
 			 struct ms_err *err)
 {
 	struct archive_entry *e;
@@ -1405,8 +1405,8 @@ static int importer_open(struct importer *x, const char *path, const struct ms_i
 	return plan_build(x, err);
 }
 
-int ms_import_plan_read(const char *archive_path, const struct ms_import_opts *opts,
-			struct ms_import_plan **out, struct ms_err *err)
+int ms_bundle_import_plan_read(const char *archive_path, const struct ms_bundle_import_opts *opts,
+			struct ms_bundle_import_plan **out, struct ms_err *err)
 {
 	struct importer x;
 	int rc;
@@ -1459,7 +1459,7 @@ static int open_parent(int rootfd, const char *rel, int *out, const char **leaf)
  * declared size; its bytes must give the manifest's sha256. */
 static int extract_member(struct importer *x, int rootfd, size_t j, struct ms_err *err)
 {
-	const struct ms_import_member *m = &x->plan->members[j];
+	const struct ms_bundle_import_member *m = &x->plan->members[j];
 	struct ms_sha256_ctx *h = NULL;
 	uint8_t d[MS_SHA256_LEN];
 	uint64_t got = 0;
@@ -1898,7 +1898,7 @@ static int adoptable(struct ms_inv *inv, struct importer *x, const char *target,
 
 	if (!m)
 		return ms_err_nomem(err);
-	rc = ms_read_file(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
+	rc = ms_file_read(m, MS_IMPORT_MAX_MANIFEST, &text, &len, &e);
 	ms_free(m);
 	if (rc == MS_ENOMEM || rc == MS_EIO) {
 		rc = ms_err_set(err, rc, "%s", e.msg);
@@ -1942,7 +1942,7 @@ out:
  * what is there is an earlier run of this import, left unregistered (to be
  * decided once the archive's manifest is read); anything else there is
  * replaced only under --force, and only if it is empty or an import. */
-static int import_target(const char *into_dir, const struct ms_import_opts *opts,
+static int import_target(const char *into_dir, const struct ms_bundle_import_opts *opts,
 			 char **target, int *exists, int *adopt, struct ms_err *err)
 {
 	char *parent = NULL;
@@ -2159,11 +2159,11 @@ out:
 	return rc;
 }
 
-int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *into_dir,
-		     const struct ms_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
+int ms_bundle_import(struct ms_inv *inv, const char *archive_path, const char *into_dir,
+		     const struct ms_bundle_import_opts *opts, char digest_out[MS_STATE_DIGEST_LEN],
 		     struct ms_err *err)
 {
-	struct ms_import_opts defaults;
+	struct ms_bundle_import_opts defaults;
 	struct importer x;
 	struct ms_inv_add_stats as;
 	char *target = NULL, **dirs = NULL, got[MS_STATE_DIGEST_LEN];
@@ -2176,7 +2176,7 @@ int ms_import_bundle(struct ms_inv *inv, const char *archive_path, const char *i
 	ms_stage_init(&stg);
 	importer_init(&x);
 	if (!opts) {
-		ms_import_opts_init(&defaults);
+		ms_bundle_import_opts_init(&defaults);
 		opts = &defaults;
 	}
 	if (opts->stats)

@@ -66,7 +66,7 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int 
 
 			/* the same tokenizer beside two paths of one state */
 			if (side && c->configs[i].side &&
-			    ms_file_sha256(path, d, err) == MS_OK &&
+			    ms_sha256_file(path, d, err) == MS_OK &&
 			    !memcmp(d, c->configs[i].digest, MS_SHA256_LEN)) {
 				ms_free(path);
 				return MS_OK;
@@ -88,7 +88,7 @@ static int add_config(struct ms_ckpt *c, const char *dir, const char *name, int 
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->path = path;
 	cfg->side = side;
-	if ((rc = ms_read_file(path, side ? MS_CKPT_MAX_SIDE : MS_CKPT_MAX_CONFIG, &cfg->text,
+	if ((rc = ms_file_read(path, side ? MS_CKPT_MAX_SIDE : MS_CKPT_MAX_CONFIG, &cfg->text,
 			       &cfg->len, err)) != MS_OK) {
 		ms_free(path);
 		return rc;
@@ -180,7 +180,7 @@ static int open_index(struct ms_ckpt *c, const char *dir, const char *index,
 	size_t first = c->nfiles;
 	int rc, nomem;
 
-	if ((rc = ms_read_file(index, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(index, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
 	/* several sharded paths (ms_ckpt_open_many): the first index is named */
 	if (!c->index_path && !(c->index_path = ms_strdup(index))) {

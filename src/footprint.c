@@ -26,6 +26,7 @@
 #include <cjson/cJSON.h>
 
 #include "fsutil.h"
+#include "inventory.h"
 #include "names.h"
 
 /* Every contribution together stays below this, so any sum of them (and a
@@ -574,7 +575,7 @@ int ms_fp_plan_load(const char *path, struct ms_fp_plan **out,
 	int rc;
 
 	*out = NULL;
-	if ((rc = ms_read_file(path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK) {
+	if ((rc = ms_file_read(path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK) {
 		ms_err_prefix(err, "plan '%s'", path);
 		if (rc == MS_ENOTFOUND)
 			rc = MS_EIO;
@@ -1016,6 +1017,43 @@ int ms_fp_calc_add_ckpt(struct ms_fp_calc *c, size_t entry,
 	}
 	rc = ms_fp_calc_add_tensors(c, entry, list, ck->ntensors, err);
 	ms_free(list);
+	return rc;
+}
+
+int ms_fp_calc_add_state(struct ms_fp_calc *c, size_t entry, struct ms_inv *inv,
+			 const char *ref, struct ms_err *err)
+{
+	struct ms_inv_files files = {0};
+	struct ms_fp_tensor *list = NULL;
+	char digest[MS_STATE_DIGEST_LEN];
+	size_t n = 0, k = 0;
+	int rc;
+
+	if ((rc = ms_inv_resolve(inv, ref, digest, err)) != MS_OK)
+		return rc;
+	if ((rc = ms_inv_state_files(inv, digest, 1, 1, &files, err)) != MS_OK)
+		return rc;
+	for (size_t i = 0; i < files.n; i++)
+		n += files.files[i].ntensors;
+	if (!(list = ms_calloc(n ? n : 1, sizeof(*list)))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < files.n; i++) {
+		for (size_t t = 0; t < files.files[i].ntensors; t++) {
+			const struct ms_vtensor *te = &files.files[i].tensors[t];
+
+			list[k].name = te->name;
+			list[k].dtype = te->dtype;
+			list[k].ndim = te->ndim;
+			memcpy(list[k].shape, te->shape, sizeof(list[k].shape));
+			k++;
+		}
+	}
+	rc = ms_fp_calc_add_tensors(c, entry, list, n, err);
+out:
+	ms_free(list);
+	ms_inv_files_release(&files);
 	return rc;
 }
 

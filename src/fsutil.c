@@ -352,7 +352,7 @@ void ms_afile_abort(struct ms_afile *f)
 	f->tmp = f->path = NULL;
 }
 
-int ms_write_file_atomic(const char *path, const void *p, size_t n, int force,
+int ms_file_write_atomic(const char *path, const void *p, size_t n, int force,
 			 struct ms_err *err)
 {
 	struct ms_afile f;
@@ -368,7 +368,7 @@ out:
 	return rc;
 }
 
-int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
+int ms_file_read(const char *path, uint64_t max, char **out, size_t *len,
 		 struct ms_err *err)
 {
 	struct stat st;

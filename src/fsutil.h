@@ -11,6 +11,7 @@
 #ifndef MS_FSUTIL_H
 #define MS_FSUTIL_H
 
+#include "ms.h"
 #include <stdint.h>
 #include <stdio.h>
 
@@ -52,15 +53,6 @@ int ms_afile_commit(struct ms_afile *f, int force, struct ms_err *err);
 /* Remove the temporary file (no-op after commit). Always safe to call. */
 void ms_afile_abort(struct ms_afile *f);
 
-/* Write a whole buffer to path atomically. */
-int ms_write_file_atomic(const char *path, const void *p, size_t n, int force,
-			 struct ms_err *err);
-
-/* Read a whole regular file of at most max bytes; the buffer is
- * NUL-terminated (not counted in *len). Caller frees with ms_free. */
-int ms_read_file(const char *path, uint64_t max, char **out, size_t *len,
-		 struct ms_err *err);
-
 /* Write all bytes to fd (retrying short writes; fault-injectable). */
 int ms_write_all(int fd, const void *p, size_t n);
 
@@ -85,10 +77,6 @@ int ms_rmtree(const char *path);
 /* mkdir -p (mode 0755). */
 int ms_mkdir_p(const char *path, struct ms_err *err);
 
-/* Join a directory and a name into a new string. */
-char *ms_path_join(const char *dir, const char *name);
-/* Basename without copying (pointer into s). */
-const char *ms_path_base(const char *s);
 /* Is name a plain file name (no '/', not "." or "..", not empty, no NUL)? */
 int ms_name_is_plain(const char *name);
 

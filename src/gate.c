@@ -365,27 +365,22 @@ static int check_entry(struct ms_inv *inv, struct ms_gate *g, size_t i, unsigned
 	{
 		struct ms_vreport r;
 
-		rc = ms_verify_state(vs, nthreads, &r, err);
+		/* a mismatch refuses the run even when recording it failed: the
+		 * verdict is what matters, the record is best effort */
+		rc = ms_verify_record(inv, in->digest, vs,
+				      (flags & MS_GATE_DRY_RUN) ? MS_VERIFY_NO_RECORD : 0u, nthreads,
+				      &r, NULL, err);
 		in->bytes = r.bytes;
 		in->seconds = r.seconds;
-		if (rc == MS_ECHECK) {
+		if (r.nproblems) {
 			const struct ms_vproblem *p = &r.problems[0];
-			enum ms_inv_result res = p->kind == MS_VPROBLEM_FILE_MISSING
-							 ? MS_INV_RESULT_MISSING
-							 : MS_INV_RESULT_MISMATCH;
 
-			if (!(flags & MS_GATE_DRY_RUN))
-				ms_inv_record_verification(inv, in->digest, res, r.bytes, r.seconds,
-							   p->detail, &lerr);
 			if (p->tensor)
-				refuse(g, "role '%s': state %.23s...: tensor '%s' in '%s': %s", e->role,
-				       in->digest, p->tensor, p->file, p->detail);
+				rc = refuse(g, "role '%s': state %.23s...: tensor '%s' in '%s': %s", e->role,
+					    in->digest, p->tensor, p->file, p->detail);
 			else
-				refuse(g, "role '%s': state %.23s...: '%s': %s", e->role, in->digest,
-				       p->file ? p->file : "-", p->detail);
-		} else if (rc == MS_OK && !(flags & MS_GATE_DRY_RUN)) {
-			rc = ms_inv_record_verification(inv, in->digest, MS_INV_RESULT_OK, r.bytes,
-							r.seconds, NULL, err);
+				rc = refuse(g, "role '%s': state %.23s...: '%s': %s", e->role, in->digest,
+					    p->file ? p->file : "-", p->detail);
 		} else if (rc != MS_OK && rc != MS_ENOMEM) {
 			/* the check itself failed (a read, a map): no verdict */
 			ms_err_prefix(err, "role '%s': state %.23s...", e->role, in->digest);
@@ -542,7 +537,7 @@ int ms_gate_check(struct ms_inv *inv, const char *plan_path, unsigned flags, int
 		return ms_err_nomem(err);
 	snprintf(g->plan_path, sizeof(g->plan_path), "%s", plan_path);
 	/* one read: the digest recorded is that of the bytes parsed */
-	if ((rc = ms_read_file(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
 		goto fail;
 	if ((rc = ms_sha256(text, len, d)) != MS_OK) {
 		if (rc == MS_ENOMEM)

@@ -1,7 +1,7 @@
 /*
  * gpu.h: the NVFP4 codec on an NVIDIA GPU, behind a plain C interface.
  *
- * The kernels (kernels/nvfp4.cu) give the bytes of the CPU reference
+ * The kernels (kernels/nvfp4_cuda.cu) give the bytes of the CPU reference
  * (nvfp4.h: ms_nvfp4_quantize_ref, ms_nvfp4_amax_ref,
  * ms_nvfp4_dequantize_ref, ms_nvfp4_transpose) on every input, including
  * the error they report for bad input (same code; the same message where
@@ -27,6 +27,7 @@
 #ifndef MS_GPU_H
 #define MS_GPU_H
 
+#include "ms.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,9 +40,6 @@ extern "C" {
 
 /* ---- the device ---------------------------------------------------------- */
 
-/* 1 when this build has CUDA and a device answers (cached after the first
- * call), else 0. Never fails. */
-int ms_gpu_available(void);
 /* One line about the device in use, e.g. "NVIDIA H200 (sm_90, 132 SMs,
  * 139.8 GiB)", into buf. MS_ENODEV without one. */
 int ms_gpu_describe(char *buf, size_t n, struct ms_err *err);

@@ -99,7 +99,7 @@ int ms_sha256_err(struct ms_err *err, int rc)
 	return ms_err_set(err, rc, rc == MS_ENOMEM ? "out of memory" : "sha256 failed");
 }
 
-int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *err)
+int ms_sha256_file(const char *path, uint8_t out[MS_SHA256_LEN], struct ms_err *err)
 {
 	struct ms_sha256_ctx *c = NULL;
 	size_t bufsz = 1 << 20;

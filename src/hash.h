@@ -11,58 +11,10 @@
 #ifndef MS_HASH_H
 #define MS_HASH_H
 
+#include "ms.h"
 #include <stdint.h>
 
 #include "common.h"
-
-#define MS_SHA256_LEN 32
-
-/* One-shot SHA-256. Returns MS_OK or MS_ENOMEM/MS_EIO (OpenSSL failure). */
-int ms_sha256(const void *p, size_t n, uint8_t out[MS_SHA256_LEN]);
-
-/* Streaming SHA-256 (wraps an EVP_MD_CTX). */
-struct ms_sha256_ctx;
-struct ms_sha256_ctx *ms_sha256_new(void);
-int ms_sha256_update(struct ms_sha256_ctx *c, const void *p, size_t n);
-int ms_sha256_final(struct ms_sha256_ctx *c, uint8_t out[MS_SHA256_LEN]);
-void ms_sha256_free(struct ms_sha256_ctx *c);
-
-/* SHA-256 of a whole file, streamed. */
-int ms_file_sha256(const char *path, uint8_t out[MS_SHA256_LEN],
-		   struct ms_err *err);
-
-/* Start c over, as if new (one context hashes many chunks). */
-int ms_sha256_reset(struct ms_sha256_ctx *c);
-
-/*
- * Chunk-tree digests (ms(5), "Tree digests"). A tensor's plain SHA-256 is
- * one sequential stream; its tree digest hashes fixed-size chunks
- * independently, so one tensor can be checked by many cores or by a GPU:
- *
- *   tree = SHA-256( "msinv-tree-v1\n"            14 bytes
- *                   || k                         1 byte, chunk size 2^k
- *                   || n                         8 bytes, little-endian
- *                   || SHA-256(chunk 0) || ... || SHA-256(chunk m-1) )
- *
- * with m = ceil(n / 2^k) chunks of 2^k bytes, the last one short (none
- * when n is 0). The library records trees with k = MS_TREE_LOG2 (64 KiB:
- * a GPU hashes such chunks at over 700 GB/s, the CPU's per-chunk cost is
- * noise, and the chunk digests are 1/2048 of the bytes).
- */
-#define MS_TREE_LOG2 16
-#define MS_TREE_LOG2_MIN 10
-#define MS_TREE_LOG2_MAX 30
-#define MS_TREE_TAG "msinv-tree-v1\n"
-#define MS_TREE_TAG_LEN 14
-#define MS_TREE_PREFIX_LEN (MS_TREE_TAG_LEN + 1 + 8)
-
-/* A tree digest as recorded: of the bytes whose plain SHA-256 is digest. */
-struct ms_tree_rec {
-	uint8_t digest[MS_SHA256_LEN];   /* the plain SHA-256 of the bytes */
-	uint64_t nbytes;
-	unsigned log2;                   /* chunk size 2^log2 */
-	uint8_t tree[MS_SHA256_LEN];
-};
 
 /* Number of chunks of n bytes (0 for n == 0). */
 uint64_t ms_tree_nchunks(uint64_t n, unsigned log2);

@@ -40,6 +40,7 @@
 #ifndef MS_NVFP4_H
 #define MS_NVFP4_H
 
+#include "ms.h"
 #include <stdint.h>
 
 #include "common.h"
@@ -49,40 +50,12 @@
 #define MS_NVFP4_E4M3_MAX 448.0f
 #define MS_NVFP4_E2M1_MAX 6.0f
 
-/* Whose float arithmetic to reproduce (NVFP4.md, "Flavors"). */
-enum ms_nvfp4_recipe {
-	MS_NVFP4_RECIPE_MODELOPT,
-	MS_NVFP4_RECIPE_COMPRESSED_TENSORS,
-	MS_NVFP4_RECIPE_TE,
-	MS_NVFP4_RECIPE_COUNT
-};
-
-/* 1x16 blocks along a row, or 16x16 tiles (transposable without loss). */
-enum ms_nvfp4_block {
-	MS_NVFP4_BLOCK_1D,
-	MS_NVFP4_BLOCK_2D,
-};
-
-/* Rowwise: the quantized W [out, in]. Columnwise: the quantized W^T
- * [in, out], blocks along the original out dimension. */
-enum ms_nvfp4_layout {
-	MS_NVFP4_LAYOUT_ROWWISE,
-	MS_NVFP4_LAYOUT_COLUMNWISE,
-};
-
 /* Instruction set of the fast path; AUTO picks the best the CPU has. */
 enum ms_nvfp4_isa {
 	MS_NVFP4_ISA_AUTO,
 	MS_NVFP4_ISA_SCALAR,
 	MS_NVFP4_ISA_AVX2,
 	MS_NVFP4_ISA_AVX512,
-};
-
-/* How the stored tensor scale decodes: multiply (weight_scale_2) or divide
- * (compressed-tensors' weight_global_scale). */
-enum ms_nvfp4_tscale_kind {
-	MS_NVFP4_TSCALE_MUL,
-	MS_NVFP4_TSCALE_DIV,
 };
 
 /* Flags. */
@@ -127,15 +100,6 @@ struct ms_nvfp4_tscale {
 	 * (ms_nvfp4_round_src) */
 	enum ms_dtype src_dtype;
 };
-
-/* Names: "modelopt", "compressed-tensors", "te"; "1d", "2d"; "rowwise",
- * "columnwise". Parsers return MS_OK or MS_EINVAL. */
-const char *ms_nvfp4_recipe_name(enum ms_nvfp4_recipe r);
-int ms_nvfp4_recipe_parse(const char *s, enum ms_nvfp4_recipe *out);
-const char *ms_nvfp4_block_name(enum ms_nvfp4_block b);
-int ms_nvfp4_block_parse(const char *s, enum ms_nvfp4_block *out);
-const char *ms_nvfp4_layout_name(enum ms_nvfp4_layout l);
-int ms_nvfp4_layout_parse(const char *s, enum ms_nvfp4_layout *out);
 
 /* ---- scalar codec steps (the reference's building blocks) ---------------- */
 

@@ -587,3 +587,48 @@ out:
 	ms_free(idx);
 	return rc;
 }
+
+int ms_policy_register(struct ms_inv *inv, const struct ms_policy_report *r,
+		       const char *const *paths, size_t npaths, const char *label, int jobs,
+		       char digest[MS_STATE_DIGEST_LEN], struct ms_err *err)
+{
+	struct ms_inv_add_opts o;
+	const char **parents = ms_calloc(r->nparts + 1, sizeof(*parents));
+	uint64_t mark = ms_json_mark();
+	cJSON *params = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+	char *ptext = NULL;
+	int rc;
+
+	for (size_t i = 0; parents && arr && i < r->nparts; i++) {
+		cJSON *p = cJSON_CreateObject();
+
+		parents[i] = r->parts[i].state;
+		ms_json_put(p, "state", cJSON_CreateString(r->parts[i].state));
+		ms_json_put(p, "kind", cJSON_CreateString(ms_inv_kind_name(r->parts[i].kind)));
+		if (r->parts[i].layout)
+			ms_json_put(p, "layout", cJSON_CreateString(r->parts[i].layout));
+		ms_json_put(p, "tensors", cJSON_CreateNumber((double)r->parts[i].served));
+		ms_json_put(arr, NULL, p);
+	}
+	ms_json_put(params, "parts", arr);
+	if (params)
+		ptext = cJSON_PrintUnformatted(params);
+	if (!parents || !ptext || ms_json_failed(mark)) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	ms_inv_add_opts_init(&o);
+	o.kind = MS_INV_KIND_POLICY;
+	o.label = label;
+	o.parents = parents;
+	o.nparents = r->nparts;
+	o.operation = "compose";
+	o.params_json = ptext;
+	o.jobs = jobs;
+	rc = ms_inv_add_paths(inv, paths, npaths, &o, digest, err);
+out:
+	cJSON_Delete(params);
+	cJSON_free(ptext);
+	ms_free(parents);
+	return rc;
+}

@@ -296,7 +296,7 @@ int ms_py_set_from_manifest(const char *path, struct ms_py_set **out,
 	int rc;
 
 	*out = NULL;
-	if ((rc = ms_read_file(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
 	if (!(root = ms_strdup(path))) {
 		rc = ms_err_nomem(err);

@@ -1228,7 +1228,7 @@ static int read_hidden_size(struct ms_quant_plan *p, const char *dir, struct ms_
 		return ms_err_nomem(err);
 	/* a missing or unreadable config is reported where it is copied */
 	if (file_exists(path)) {
-		rc = ms_read_file(path, MAX_COPY_FILE, &text, &len, &ignored);
+		rc = ms_file_read(path, MAX_COPY_FILE, &text, &len, &ignored);
 		if (rc == MS_OK)
 			j = ms_json_parse(text, len, &nomem);
 		else
@@ -1608,9 +1608,11 @@ int ms_quant_plan_new(const char *in_path, const char *out_path,
 	int rc;
 
 	*out = NULL;
-	if (!p)
+	if (!p || !(p->stage = ms_malloc(sizeof(*p->stage)))) {
+		ms_free(p);
 		return ms_err_nomem(err);
-	ms_stage_init(&p->stage);
+	}
+	ms_stage_init(p->stage);
 	p->opts = *opts;
 	/* the strings are the plan's own, so opts may go away */
 	p->opts.include = p->opts.exclude = p->opts.source = NULL;
@@ -1731,7 +1733,8 @@ void ms_quant_plan_free(struct ms_quant_plan *p)
 {
 	if (!p)
 		return;
-	ms_stage_abort(&p->stage);
+	ms_stage_abort(p->stage);
+	ms_free(p->stage);
 	ms_free(p->dest);
 	ms_qview_release(&p->view);
 	ms_ckpt_close(p->in);
@@ -2384,7 +2387,7 @@ static int write_file(struct ms_quant_plan *p, size_t fi, const char *dir,
 	const struct ms_st_file *in = p->in->files[fi];
 	struct ms_st_writer *w = NULL;
 	struct item_bufs *b = NULL; /* the item being written, NULL between items */
-	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(ms_stage_path(&p->stage));
+	char *path = dir ? ms_path_join(dir, p->file_names[fi]) : ms_strdup(ms_stage_path(p->stage));
 	int rc;
 
 	if (!path) {
@@ -2585,7 +2588,7 @@ static int write_json(const char *path, cJSON *j, uint64_t mark, int force, stru
 		cJSON_free(text);
 		return ms_err_nomem(err);
 	}
-	rc = ms_write_file_atomic(path, text, strlen(text), force, err);
+	rc = ms_file_write_atomic(path, text, strlen(text), force, err);
 	cJSON_free(text);
 	return rc;
 }
@@ -2622,7 +2625,7 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			rc = ms_err_nomem(err);
 			break;
 		}
-		if ((rc = ms_read_file(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
+		if ((rc = ms_file_read(src, MAX_COPY_FILE, &text, &len, err)) != MS_OK)
 			break;
 		if (is_cfg && p->opts.op != MS_QUANT_OP_TRANSPOSE) {
 			/* only quantization_config changes: the rest of the
@@ -2661,10 +2664,10 @@ static int write_side_files(struct ms_quant_plan *p, const char *out_dir,
 			if (rc == MS_EINVAL)
 				rc = ms_err_prefix(err, "'%s'", src);
 			if (rc == MS_OK)
-				rc = ms_write_file_atomic(dst, edited, elen, 0, err);
+				rc = ms_file_write_atomic(dst, edited, elen, 0, err);
 			ms_free(edited);
 		} else {
-			rc = ms_write_file_atomic(dst, text, len, 0, err);
+			rc = ms_file_write_atomic(dst, text, len, 0, err);
 		}
 		ms_free(text);
 		ms_free(src);
@@ -2774,7 +2777,7 @@ int ms_quant_stage(struct ms_quant_plan *p,
 
 	memset(&b, 0, sizeof(b));
 	memset(&q, 0, sizeof(q));
-	if (p->stage.tmp)
+	if (p->stage->tmp)
 		return ms_err_set(err, MS_EINVAL, "'%s': the output is already written", p->dest);
 	if (p->opts.op == MS_QUANT_OP_QUANTIZE)
 		rc = prepass_quantize(p, err);
@@ -2786,24 +2789,29 @@ int ms_quant_stage(struct ms_quant_plan *p,
 		return rc;
 	/* the missing parents of a directory output are created, and removed
 	 * again when it is not kept */
-	if ((rc = ms_stage_open(&p->stage, p->dest, "output",
+	if ((rc = ms_stage_open(p->stage, p->dest, "output",
 				p->out_is_dir ? MS_STAGE_DIR | MS_STAGE_PARENTS : 0, err)) != MS_OK)
 		return rc;
 	rc = producer_start(&q, p, err);
 	for (size_t fi = 0; fi < p->nfiles && rc == MS_OK; fi++)
-		rc = write_file(p, fi, p->out_is_dir ? ms_stage_path(&p->stage) : NULL, &q, &b, &done, progress,
+		rc = write_file(p, fi, p->out_is_dir ? ms_stage_path(p->stage) : NULL, &q, &b, &done, progress,
 				progress_ctx, err);
 	producer_stop(&q);
 	bufs_release(&b);
 	if (rc == MS_OK && p->out_is_dir && p->in->index_path)
-		rc = write_index(p, ms_stage_path(&p->stage), err);
+		rc = write_index(p, ms_stage_path(p->stage), err);
 	if (rc == MS_OK && p->out_is_dir)
-		rc = write_side_files(p, ms_stage_path(&p->stage), err);
+		rc = write_side_files(p, ms_stage_path(p->stage), err);
 	if (rc != MS_OK) {
-		ms_stage_fix_msg(&p->stage, err);
+		ms_stage_fix_msg(p->stage, err);
 		ms_quant_finish(p, 0);
 	}
 	return rc;
+}
+
+const char *ms_quant_staged_path(const struct ms_quant_plan *p)
+{
+	return ms_stage_path(p->stage);
 }
 
 int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
@@ -2811,22 +2819,22 @@ int ms_quant_publish(struct ms_quant_plan *p, struct ms_err *err)
 	struct stat st;
 	int rc;
 
-	if (!p->stage.tmp || p->stage.published)
+	if (!p->stage->tmp || p->stage->published)
 		return ms_err_set(err, MS_EINVAL, "'%s': nothing staged to publish", p->dest);
 	if (!p->opts.force || lstat(p->dest, &st))
-		return ms_stage_publish(&p->stage, MS_STAGE_NEW, err);
+		return ms_stage_publish(p->stage, MS_STAGE_NEW, err);
 	if ((rc = replaceable(p, &st, err)) != MS_OK)
 		return rc;
 	/* the old output waits until finish */
-	return ms_stage_publish(&p->stage, MS_STAGE_REPLACE, err);
+	return ms_stage_publish(p->stage, MS_STAGE_REPLACE, err);
 }
 
 void ms_quant_finish(struct ms_quant_plan *p, int keep)
 {
-	if (keep && p->stage.published)
-		ms_stage_commit(&p->stage);
+	if (keep && p->stage->published)
+		ms_stage_commit(p->stage);
 	else
-		ms_stage_abort(&p->stage);
+		ms_stage_abort(p->stage);
 }
 
 int ms_quant_execute(struct ms_quant_plan *p,

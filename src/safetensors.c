@@ -1487,3 +1487,15 @@ void ms_st_writer_free(struct ms_st_writer *w)
 	ms_sha256_free(w->sha);
 	ms_free(w);
 }
+
+void ms_st_file_info(const struct ms_st_file *f, struct ms_st_file_info *out)
+{
+	out->path = f->path;
+	out->size = f->size;
+	out->header_len = f->header_len;
+	out->ntensors = f->ntensors;
+	out->nmeta = f->nmeta;
+	out->meta = f->meta;
+	out->header_digest = f->header_digest;
+	out->file_digest = f->file_digest;
+}

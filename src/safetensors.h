@@ -25,98 +25,12 @@
 #ifndef MS_SAFETENSORS_H
 #define MS_SAFETENSORS_H
 
+#include "ms.h"
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "common.h"
 #include "hash.h"
-
-#define MS_ST_MAX_HEADER (100u * 1000u * 1000u) /* 100 MB, as the Rust crate */
-#define MS_ST_MAX_RANK 8
-#define MS_ST_MAX_TENSORS 1000000u
-#define MS_ST_MAX_NAME 1024
-#define MS_ST_MAX_DEPTH 16
-
-enum ms_dtype {
-	MS_DTYPE_BOOL,
-	MS_DTYPE_F4,
-	MS_DTYPE_F6_E2M3,
-	MS_DTYPE_F6_E3M2,
-	MS_DTYPE_U8,
-	MS_DTYPE_I8,
-	MS_DTYPE_F8_E5M2,
-	MS_DTYPE_F8_E4M3,
-	MS_DTYPE_F8_E8M0,
-	MS_DTYPE_F8_E4M3FNUZ,
-	MS_DTYPE_F8_E5M2FNUZ,
-	MS_DTYPE_I16,
-	MS_DTYPE_U16,
-	MS_DTYPE_F16,
-	MS_DTYPE_BF16,
-	MS_DTYPE_I32,
-	MS_DTYPE_U32,
-	MS_DTYPE_F32,
-	MS_DTYPE_C64,
-	MS_DTYPE_F64,
-	MS_DTYPE_I64,
-	MS_DTYPE_U64,
-	MS_DTYPE_COUNT
-};
-
-/* The format's dtype string ("BF16"), or NULL for an invalid value. */
-const char *ms_dtype_name(enum ms_dtype dt);
-/* Parse a dtype string of n bytes; MS_OK or MS_EINVAL. */
-int ms_dtype_parse(const char *s, size_t n, enum ms_dtype *out);
-/* Bits per element: 4 (F4), 6 (F6_*), 1 byte = 8 for BOOL, ... 64 (C64). */
-unsigned ms_dtype_bits(enum ms_dtype dt);
-/* Bytes for nelem elements; MS_EINVAL on overflow or a partial byte. */
-int ms_dtype_nbytes(enum ms_dtype dt, uint64_t nelem, uint64_t *out);
-/* Decode element i of a tensor's bytes to double (every dtype but C64,
- * which is MS_EINVAL; F4 is E2M1, F6 and F8 per OCP MX / fnuz rules). */
-int ms_dtype_get_f64(enum ms_dtype dt, const uint8_t *data, uint64_t i,
-		     double *out);
-
-/* Scalar conversions used across the library (bit patterns as integers). */
-float ms_bf16_to_f32(uint16_t h);
-uint16_t ms_f32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
-float ms_f16_to_f32(uint16_t h);
-uint16_t ms_f32_to_f16(float f);
-
-struct ms_tensor {
-	const char *name;     /* NUL-terminated; owned by the file */
-	enum ms_dtype dtype;
-	uint32_t ndim;
-	uint64_t shape[MS_ST_MAX_RANK];
-	uint64_t nelem;
-	uint64_t offset;      /* absolute offset of the first byte in the file */
-	uint64_t nbytes;
-	const uint8_t *data;  /* into the mapping; valid until the file closes */
-	struct ms_st_file *file;
-	uint8_t digest[MS_SHA256_LEN]; /* SHA-256 of the bytes, once hashed */
-	int has_digest;
-	uint8_t tree[MS_SHA256_LEN];   /* their tree digest (hash.h), when */
-	int has_tree;                  /* hashed with trees */
-};
-
-/* A tensor as recorded away from its file, in a manifest (verify.h) or
- * the inventory (inventory.h): the same fields whichever records it, the
- * name owned by the record, no bytes. */
-struct ms_vtensor {
-	char *name;
-	enum ms_dtype dtype;
-	uint32_t ndim;
-	uint64_t shape[MS_ST_MAX_RANK];
-	uint64_t offset;     /* absolute offset in the file */
-	uint64_t nbytes;
-	uint8_t digest[MS_SHA256_LEN];
-	int has_tree;        /* tree digest (hash.h, MS_TREE_LOG2) recorded */
-	uint8_t tree[MS_SHA256_LEN];
-};
-
-struct ms_st_meta {
-	char *key;
-	char *value;
-};
 
 struct ms_st_file {
 	char *path;           /* as given */

@@ -374,7 +374,7 @@ static int split_write_manifest(const struct src *s, const struct ms_ep_placemen
 			rc = ms_err_nomem(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
+		rc = ms_file_write_atomic(p, s->configs[c].text, s->configs[c].len, 0, err);
 		ms_free(p);
 		p = NULL;
 		if (rc != MS_OK)
@@ -386,7 +386,7 @@ static int split_write_manifest(const struct src *s, const struct ms_ep_placemen
 		rc = ms_err_nomem(err);
 		goto out;
 	}
-	if ((rc = ms_write_file_atomic(p, mtext, mlen, 0, err)) != MS_OK)
+	if ((rc = ms_file_write_atomic(p, mtext, mlen, 0, err)) != MS_OK)
 		goto out;
 	if (!(res->manifest_path = ms_path_join(fdir, MS_EP_MANIFEST)))
 		rc = ms_err_nomem(err);
@@ -742,7 +742,7 @@ static int write_index(const struct src *s, const char *out_dir, struct ms_err *
 	else if (rc == MS_ENOMEM)
 		ms_err_nomem(err);
 	else if (rc == MS_OK)
-		rc = ms_write_file_atomic(path, b.data, b.len, 0, err);
+		rc = ms_file_write_atomic(path, b.data, b.len, 0, err);
 	ms_buf_release(&b);
 	cJSON_Delete(root);
 	ms_free(path);
@@ -832,7 +832,7 @@ int ms_shard_merge(const char *dir, const char *out_dir, const struct ms_shard_o
 			rc = ms_err_nomem(err);
 			goto out;
 		}
-		rc = ms_write_file_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
+		rc = ms_file_write_atomic(p, ss.s.configs[c].text, ss.s.configs[c].len, 0, err);
 		ms_free(p);
 		p = NULL;
 		if (rc != MS_OK)

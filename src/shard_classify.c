@@ -529,7 +529,7 @@ int ms_ep_base_experts(struct ms_inv *inv, const char *base, const char *source_
 		ms_free(dir);
 		if (!cfg)
 			return ms_err_nomem(err);
-		rc = ms_read_file(cfg, MAX_MAP_FILE, &text, &len, err);
+		rc = ms_file_read(cfg, MAX_MAP_FILE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s': no config.json beside the base: its "
 					"expert count is unknown", base);

@@ -239,7 +239,7 @@ int ms_ep_placement_new(const char *spec, uint32_t num_experts, uint32_t ep_size
 	if (!strcmp(spec, "round-robin") || !strcmp(spec, "round_robin"))
 		return shard_placement_builtin(MS_EP_PLACEMENT_ROUND_ROBIN, num_experts, ep_size, out,
 					       err);
-	if ((rc = ms_read_file(spec, MAX_MAP_FILE, &text, &len, err)) != MS_OK) {
+	if ((rc = ms_file_read(spec, MAX_MAP_FILE, &text, &len, err)) != MS_OK) {
 		if (rc == MS_ENOTFOUND || rc == MS_EIO)
 			ms_err_prefix(err, "placement '%s' is neither contiguous, round-robin nor a "
 				      "readable map file", spec);

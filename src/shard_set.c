@@ -210,7 +210,7 @@ static int sset_read_source(struct sset *ss, struct ms_err *err)
 			return bad(ss, err, "each of \"configs\" needs a plain \"name\" and a \"sha256\"");
 		if (!(path = ms_path_join(ss->dir, name)))
 			return ms_err_nomem(err);
-		rc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, err);
+		rc = ms_file_read(path, MS_CKPT_MAX_SIDE, &text, &len, err);
 		if (rc == MS_ENOTFOUND)
 			rc = ms_err_set(err, MS_EINVAL, "'%s' is missing (the manifest lists it)", path);
 		if (rc == MS_OK && (rc = ms_sha256(text, len, got)) != MS_OK)
@@ -1013,7 +1013,7 @@ static int sset_read_manifest(struct sset *ss, const char *path, struct ms_err *
 		return ms_err_nomem(err);
 	ss->s.label = ss->mpath;
 	ss->s.rank_code = MS_ECHECK;
-	rc = ms_read_file(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
+	rc = ms_file_read(ss->mpath, MS_EP_MAX_MANIFEST, &text, &len, err);
 	if (rc == MS_ENOTFOUND)
 		return ms_err_set(err, MS_EINVAL, "'%s': no %s: not an EP shard set (or an unfinished "
 				  "one)", ss->dir, MS_EP_MANIFEST);

@@ -174,7 +174,7 @@ static int read_index_meta(struct src *s, const char *path, struct ms_err *err)
 	cJSON *root = NULL, *meta;
 	int rc, nomem;
 
-	if ((rc = ms_read_file(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(path, MS_CKPT_MAX_INDEX, &text, &len, err)) != MS_OK)
 		return rc;
 	root = ms_json_parse(text, len, &nomem);
 	ms_free(text);

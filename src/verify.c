@@ -433,7 +433,7 @@ static int verify_state(const struct ms_vstate *s, int nthreads, int device,
 
 		if (!path)
 			goto oom;
-		crc = ms_read_file(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
+		crc = ms_file_read(path, MS_CKPT_MAX_SIDE, &text, &len, &cerr);
 		if (crc == MS_ENOTFOUND || crc == MS_EINVAL) {
 			/* gone, or no longer a regular file of a sane size */
 			rc = add_problem(r, MS_VPROBLEM_CONFIG, s->configs[i].path, NULL,
@@ -1089,5 +1089,89 @@ out:
 	ms_inv_configs_free(cfgs, ncfgs);
 	ms_inv_files_release(&files);
 	ms_inv_state_free(st);
+	return rc;
+}
+
+/* ---- verify and record ------------------------------------------------------ */
+
+int ms_verify_record(struct ms_inv *inv, const char *digest, const struct ms_vstate *s,
+		     unsigned flags, int nthreads, struct ms_vreport *r, size_t *trees_added,
+		     struct ms_err *err)
+{
+	enum ms_inv_result res;
+	int rc, vrc;
+
+	if (trees_added)
+		*trees_added = 0;
+	vrc = (flags & MS_VERIFY_GPU) ? ms_verify_state_gpu(s, nthreads, r, err)
+				      : ms_verify_state(s, nthreads, r, err);
+	if (vrc != MS_OK && vrc != MS_ECHECK) {
+		/* no verdict: nothing half-listed may pass for one */
+		ms_vreport_release(r);
+		return vrc;
+	}
+	if (flags & MS_VERIFY_NO_RECORD)
+		return vrc;
+	/* tensors whose plain digest matched gain the tree digest of the same
+	 * pass (ms(5), "Tree digests") */
+	if ((flags & MS_VERIFY_TREES) &&
+	    (rc = ms_inv_record_trees(inv, digest, r->trees, r->ntrees, "verify", trees_added,
+				      err)) != MS_OK)
+		return rc;
+	res = vrc == MS_OK ? MS_INV_RESULT_OK
+	      : r->problems[0].kind == MS_VPROBLEM_FILE_MISSING ? MS_INV_RESULT_MISSING
+							       : MS_INV_RESULT_MISMATCH;
+	if ((rc = ms_inv_record_verification(inv, digest, res, r->bytes, r->seconds,
+					     r->nproblems ? r->problems[0].detail : NULL,
+					     err)) != MS_OK)
+		return rc;
+	return vrc;
+}
+
+int ms_verify_states_under(struct ms_inv *inv, const char *path,
+			   char (**out)[MS_STATE_DIGEST_LEN], size_t *nout, struct ms_err *err)
+{
+	struct ms_inv_state *all = NULL;
+	char (*list)[MS_STATE_DIGEST_LEN] = NULL;
+	size_t n = 0, k = 0, len;
+	char *real = realpath(path, NULL);
+	int rc;
+
+	*out = NULL;
+	*nout = 0;
+	if (!real)
+		return ms_err_set(err, MS_ENOTFOUND, "'%s': no such file or directory", path);
+	len = strlen(real);
+	if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, err)) != MS_OK)
+		goto out;
+	if (!(list = ms_calloc(n ? n : 1, sizeof(*list)))) {
+		rc = ms_err_nomem(err);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct ms_inv_files f = {0};
+		int hit = 0;
+
+		if ((rc = ms_inv_state_files(inv, all[i].digest, 0, 0, &f, err)) != MS_OK)
+			goto out;
+		/* the path itself, or a file below it (not "/a/bc" for "/a/b") */
+		for (size_t j = 0; j < f.n && !hit; j++)
+			hit = !strcmp(f.files[j].path, real) ||
+			      (!strncmp(f.files[j].path, real, len) && f.files[j].path[len] == '/');
+		ms_inv_files_release(&f);
+		if (hit)
+			memcpy(list[k++], all[i].digest, MS_STATE_DIGEST_LEN);
+	}
+	if (k == 0) {
+		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': no inventoried state has files there", path);
+		goto out;
+	}
+	*out = list;
+	*nout = k;
+	list = NULL;
+out:
+	ms_free(list);
+	ms_inv_states_free(all, n);
+	free(real);
 	return rc;
 }

@@ -109,7 +109,7 @@ int ms_load_verified_gpu(struct ms_vload_item *items, size_t n, int nthreads,
 			 void **arena, struct ms_err *err);
 
 /*
- * The engine both variants share (the GPU one lives in kernels/vload.cu).
+ * The engine both variants share (the GPU one lives in kernels/vload_cuda.cu).
  * Workers take items largest first; for each chunk of an item they ask
  * ops->buffer for memory to read into, read the chunk there, hash it, and
  * give it to ops->done; after an item's last chunk its digest is compared.

@@ -12,8 +12,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "inventory.h"
-#include "quant.h"
 
 /* ---- shared -------------------------------------------------------------- */
 
@@ -106,74 +104,6 @@ static int reg_wanted(void)
 	return !reg_off && (reg_db || (e && *e));
 }
 
-/* The parameters of the derivation edge, as JSON (NULL: out of memory;
- * every addition is checked, so a record never lacks a field silently). */
-static char *reg_params(const struct ms_quant_opts *o)
-{
-	cJSON *j = cJSON_CreateObject();
-	char *t = NULL;
-	int ok = j && cJSON_AddStringToObject(j, "tool", "msconvert " MS_VERSION);
-
-	if (ok && o->op == MS_QUANT_OP_QUANTIZE) {
-		cJSON *l = cJSON_AddArrayToObject(j, "layouts");
-
-		ok = l && cJSON_AddStringToObject(j, "recipe", ms_nvfp4_recipe_name(o->recipe)) &&
-		     cJSON_AddStringToObject(j, "block", ms_nvfp4_block_name(o->block));
-		if (ok && (o->layouts & MS_QUANT_ROWWISE))
-			ok = cJSON_AddItemToArray(l, cJSON_CreateString("rowwise"));
-		if (ok && (o->layouts & MS_QUANT_COLUMNWISE))
-			ok = cJSON_AddItemToArray(l, cJSON_CreateString("columnwise"));
-		ok = ok && cJSON_AddStringToObject(
-				   j, "format",
-				   ms_quant_format_name(o->format_set ? o->format
-								      : ms_quant_default_format(o->recipe))) &&
-		     cJSON_AddBoolToObject(j, "fuse_scales", !o->no_fuse) &&
-		     (!o->pad_ragged || cJSON_AddTrueToObject(j, "pad_ragged")) &&
-		     cJSON_AddStringToObject(j, "experts", ms_quant_experts_name(o->experts)) &&
-		     (!o->include || cJSON_AddStringToObject(j, "include", o->include)) &&
-		     (!o->exclude || cJSON_AddStringToObject(j, "exclude", o->exclude));
-	} else if (ok && o->op == MS_QUANT_OP_DEQUANTIZE) {
-		ok = cJSON_AddStringToObject(j, "dtype", ms_dtype_name(o->dtype)) != NULL;
-	} else if (ok && o->source) {
-		ok = cJSON_AddStringToObject(j, "source", o->source) != NULL;
-	}
-	if (ok)
-		t = cJSON_PrintUnformatted(j);
-	cJSON_Delete(j);
-	return t;
-}
-
-/* Record the input (idempotent: unchanged files are not hashed again) and
- * the output derived from it. */
-static int reg_outputs(struct ms_inv *inv, const char *in, const char *out,
-		       const struct ms_quant_opts *o, const char *op, char *digest,
-		       struct ms_err *err)
-{
-	struct ms_inv_add_opts a;
-	char parent[MS_STATE_DIGEST_LEN];
-	const char *parents[1] = {parent};
-	char *params = reg_params(o);
-	int rc;
-
-	if (!params)
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	ms_inv_add_opts_init(&a);
-	a.jobs = o->jobs;
-	rc = ms_inv_add_paths(inv, &in, 1, &a, parent, err);
-	if (rc == MS_OK) {
-		ms_inv_add_opts_init(&a);
-		a.jobs = o->jobs;
-		a.parents = parents;
-		a.nparents = 1;
-		a.operation = op;
-		a.params_json = params;
-		a.label = reg_label;
-		rc = ms_inv_add_paths(inv, &out, 1, &a, digest, err);
-	}
-	cJSON_free(params);
-	return rc;
-}
-
 /* One line per weight left in its dtype for a ragged input dimension, and
  * per weight quantized padded (--pad-ragged). */
 static void print_ragged(const struct ms_quant_plan *p)
@@ -242,7 +172,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 	if (!inv) {
 		/* nothing to record: the digest of the staged files, then the
 		 * rename */
-		if ((rc = ms_quant_output_digest(ms_stage_path(&p->stage), o->jobs, digest, &err)) == MS_OK)
+		if ((rc = ms_quant_output_digest(ms_quant_staged_path(p), o->jobs, digest, &err)) == MS_OK)
 			rc = ms_quant_publish(p, &err);
 		goto out;
 	}
@@ -250,11 +180,7 @@ static int convert(const char *in, const char *out, const struct ms_quant_opts *
 		goto out;
 	batch = 1;
 	if ((rc = ms_quant_publish(p, &err)) != MS_OK ||
-	    (rc = reg_outputs(inv, in, out, o,
-			      o->op == MS_QUANT_OP_QUANTIZE     ? "quantize"
-			      : o->op == MS_QUANT_OP_DEQUANTIZE ? "dequantize"
-								: "transpose",
-			      digest, &err)) != MS_OK)
+	    (rc = ms_quant_register(inv, in, out, o, "msconvert", reg_label, digest, &err)) != MS_OK)
 		goto out;
 	batch = 0;
 	rc = ms_inv_batch_end(inv, 1, &err);

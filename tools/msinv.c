@@ -12,14 +12,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "attest.h"
-#include "bundle.h"
-#include "footprint.h"
-#include "gate.h"
-#include "inventory.h"
-#include "names.h"
-#include "train/run.h"
-#include "verify.h"
 
 /* ---- inspect --------------------------------------------------------------- */
 
@@ -74,9 +66,10 @@ static int inspect_json(struct ms_ckpt *c, int digests, int file_digests,
 		goto oom;
 	files = cJSON_AddArrayToObject(root, "files");
 	for (size_t i = 0; i < c->nfiles; i++) {
-		struct ms_st_file *f = c->files[i];
+		struct ms_st_file_info fi, *f = &fi;
 		cJSON *o = cJSON_CreateObject(), *meta;
 
+		ms_st_file_info(c->files[i], &fi);
 		cJSON_AddItemToArray(files, o);
 		cJSON_AddStringToObject(o, "path", f->path);
 		cJSON_AddNumberToObject(o, "size", (double)f->size);
@@ -107,13 +100,15 @@ static int inspect_json(struct ms_ckpt *c, int digests, int file_digests,
 	for (size_t i = 0; i < c->ntensors; i++) {
 		const struct ms_tensor *t = c->tensors[i];
 		cJSON *o = cJSON_CreateObject();
+		struct ms_st_file_info fi;
 
+		ms_st_file_info(t->file, &fi);
 		cJSON_AddItemToArray(tensors, o);
 		cJSON_AddStringToObject(o, "name", t->name);
 		cJSON_AddStringToObject(o, "dtype", ms_dtype_name(t->dtype));
 		cJSON_AddItemToObject(o, "shape", shape_json(t));
 		cJSON_AddNumberToObject(o, "bytes", (double)t->nbytes);
-		cJSON_AddStringToObject(o, "file", ms_path_base(t->file->path));
+		cJSON_AddStringToObject(o, "file", ms_path_base(fi.path));
 		cJSON_AddNumberToObject(o, "offset", (double)t->offset);
 		cJSON_AddItemToObject(o, "structure", structure_json(t->name));
 		if (digests) {
@@ -186,9 +181,10 @@ static int cmd_inspect(int argc, char **argv)
 		return rc;
 	}
 	for (size_t i = 0; i < ck->nfiles; i++) {
-		struct ms_st_file *f = ck->files[i];
+		struct ms_st_file_info fi, *f = &fi;
 		char hex[65];
 
+		ms_st_file_info(ck->files[i], &fi);
 		printf("# file %s: %llu bytes, %zu tensors\n", f->path, (unsigned long long)f->size,
 		       f->ntensors);
 		if (digests) {
@@ -558,24 +554,6 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- show ---------------------------------------------------------------------------- */
 
-/* The fields of config.json that change how tensors are read, in *note
- * (NULL when it has none, or is not JSON). MS_OK or MS_ENOMEM. */
-static int config_note(const struct ms_inv_config *c, char **note)
-{
-	cJSON *root, *q;
-	int nomem;
-
-	*note = NULL;
-	if (strcmp(c->name, "config.json"))
-		return MS_OK;
-	root = ms_json_parse(c->text, c->len, &nomem);
-	q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-	if (q && !(*note = cJSON_PrintUnformatted(q)))
-		nomem = 1;
-	cJSON_Delete(root);
-	return nomem ? MS_ENOMEM : MS_OK;
-}
-
 struct show_data {
 	struct ms_inv_state *s;
 	struct ms_inv_files files;
@@ -683,7 +661,7 @@ static int show_json(const struct show_data *d, int tensors)
 		cJSON *co = cJSON_CreateObject();
 		char *note;
 
-		if (config_note(&d->cfg[i], &note) != MS_OK) {
+		if (ms_inv_config_quant(&d->cfg[i], &note, NULL) != MS_OK) {
 			cJSON_Delete(co);
 			cJSON_Delete(o);
 			cli_errorf("out of memory");
@@ -733,22 +711,13 @@ static int show_json(const struct show_data *d, int tensors)
  * MS_OK, or MS_ENOMEM with nothing printed. */
 static int print_argv(const char *json)
 {
-	cJSON *a, *it;
-	int first = 1, nomem;
+	char *text = NULL;
+	int rc = ms_inv_argv_text(json, &text, NULL);
 
-	if (!json)
-		return MS_OK;
-	a = ms_json_parse(json, strlen(json), &nomem);
-	if (nomem)
-		return MS_ENOMEM;
-	cJSON_ArrayForEach(it, a) {
-		if (cJSON_IsString(it)) {
-			printf("%s%s", first ? "" : " ", it->valuestring);
-			first = 0;
-		}
-	}
-	cJSON_Delete(a);
-	return MS_OK;
+	if (text)
+		fputs(text, stdout);
+	ms_free(text);
+	return rc;
 }
 
 static int show_text(const struct show_data *d, int tensors)
@@ -788,7 +757,7 @@ static int show_text(const struct show_data *d, int tensors)
 					continue;
 				ms_hex(d->cfg[k].digest, 32, hex);
 				printf("  config  %s  sha256 %s\n", d->cfg[k].path, hex);
-				if (config_note(&d->cfg[k], &note) != MS_OK)
+				if (ms_inv_config_quant(&d->cfg[k], &note, NULL) != MS_OK)
 					goto oom;
 				if (note)
 					printf("          quantization_config %s\n", note);
@@ -1472,61 +1441,6 @@ static int cmd_gc(int argc, char **argv)
 
 /* ---- footprint -------------------------------------------------------------------------- */
 
-/* The tensors of an inventoried state (its first copy) for the planner. */
-static int fp_add_state(struct ms_inv *inv, struct ms_fp_calc *calc, size_t entry,
-			const char *ref, struct ms_err *err)
-{
-	struct ms_inv_files files;
-	struct ms_fp_tensor *list = NULL;
-	char digest[MS_STATE_DIGEST_LEN];
-	size_t n = 0, k = 0;
-	int rc;
-
-	if ((rc = ms_inv_resolve(inv, ref, digest, err)) != MS_OK)
-		return rc;
-	if ((rc = ms_inv_state_files(inv, digest, 1, 1, &files, err)) != MS_OK)
-		return rc;
-	for (size_t i = 0; i < files.n; i++)
-		n += files.files[i].ntensors;
-	list = ms_calloc(n ? n : 1, sizeof(*list));
-	if (!list) {
-		ms_inv_files_release(&files);
-		return ms_err_set(err, MS_ENOMEM, "out of memory");
-	}
-	for (size_t i = 0; i < files.n; i++) {
-		for (size_t t = 0; t < files.files[i].ntensors; t++) {
-			const struct ms_vtensor *te = &files.files[i].tensors[t];
-
-			list[k].name = te->name;
-			list[k].dtype = te->dtype;
-			list[k].ndim = te->ndim;
-			memcpy(list[k].shape, te->shape, sizeof(list[k].shape));
-			k++;
-		}
-	}
-	rc = ms_fp_calc_add_tensors(calc, entry, list, n, err);
-	ms_free(list);
-	ms_inv_files_release(&files);
-	return rc;
-}
-
-/* The GPU trainer's prediction for a plan with a train section; a plan or
- * base the trainer cannot take is said in the report, not an error of the
- * count (which stands on its own). */
-static void fp_trainer(struct ms_inv *inv, const struct ms_fp_plan *plan, const char *path,
-		       struct ms_fp_trainer *t)
-{
-	struct ms_err e = {0};
-	char *text = NULL;
-	size_t len = 0;
-
-	if (ms_read_file(path, MS_FP_MAX_PLAN, &text, &len, &e) == MS_OK)
-		ms_train_footprint(inv, plan, text, len, t, &e);
-	if (!t->present)
-		snprintf(t->why, sizeof(t->why), "%s", e.msg[0] ? e.msg : "unknown");
-	ms_free(text);
-}
-
 static int cmd_footprint(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -1570,13 +1484,13 @@ static int cmd_footprint(int argc, char **argv)
 		 * of paths runs without one */
 		if (!inv && (status = open_inv(db, 0, &inv)) != CLI_OK)
 			goto out;
-		if ((rc = fp_add_state(inv, calc, i, e->state, &err)) != MS_OK)
+		if ((rc = ms_fp_calc_add_state(calc, i, inv, e->state, &err)) != MS_OK)
 			ms_err_prefix(&err, "plan '%s': role '%s'", plan->label, e->role);
 	}
 	if (rc == MS_OK)
 		rc = ms_fp_calc_finish(calc, &report, &err);
 	if (rc == MS_OK && plan->train.present)
-		fp_trainer(inv, plan, argv[optind], &report->trainer);
+		rc = ms_fp_report_add_trainer(inv, report, argv[optind], &err);
 	if (rc == MS_OK)
 		rc = json ? ms_fp_report_json(report, &out, &err) : ms_fp_report_text(report, &out, &err);
 	if (rc != MS_OK) {
@@ -1638,7 +1552,7 @@ static int cmd_export(int argc, char **argv)
 	cli_catch_interrupts();
 	rc = ms_inv_resolve(inv, argv[optind], digest, &err);
 	if (rc == MS_OK)
-		rc = ms_export_state(inv, digest, out, force, jobs, &err);
+		rc = ms_bundle_export(inv, digest, out, force, jobs, &err);
 	cli_progress_end(&pr);
 	if (rc == MS_OK)
 		printf("exported\t%s\t%s\n", digest, out);
@@ -1664,12 +1578,12 @@ static int cmd_import(int argc, char **argv)
 	struct cli_progress pr = {.what = "importing"};
 	int dry = 0, json = 0, c, rc;
 	struct ms_err err = {0};
-	struct ms_import_opts o;
-	struct ms_import_stats stats;
+	struct ms_bundle_import_opts o;
+	struct ms_bundle_import_stats stats;
 	struct ms_inv *inv = NULL;
 	char digest[MS_STATE_DIGEST_LEN];
 
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'l': o.label = optarg; break;
@@ -1696,9 +1610,9 @@ static int cmd_import(int argc, char **argv)
 	if (optind + 2 != argc)
 		return cli_usage("need FILE.tar.zst and DIR");
 	if (dry) {
-		struct ms_import_plan *p = NULL;
+		struct ms_bundle_import_plan *p = NULL;
 
-		if ((rc = ms_import_plan_read(argv[optind], &o, &p, &err)) != MS_OK)
+		if ((rc = ms_bundle_import_plan_read(argv[optind], &o, &p, &err)) != MS_OK)
 			return cli_fail(rc, &err);
 		if (json) {
 			cJSON *j = cJSON_CreateObject(), *m;
@@ -1731,7 +1645,7 @@ static int cmd_import(int argc, char **argv)
 				       (unsigned long long)p->members[i].size);
 			rc = CLI_OK;
 		}
-		ms_import_plan_free(p);
+		ms_bundle_import_plan_free(p);
 		return rc;
 	}
 	o.stats = &stats;
@@ -1739,7 +1653,7 @@ static int cmd_import(int argc, char **argv)
 		return rc;
 	cli_progress_inv(inv, &pr);
 	cli_catch_interrupts();
-	rc = ms_import_bundle(inv, argv[optind], argv[optind + 1], &o, digest, &err);
+	rc = ms_bundle_import(inv, argv[optind], argv[optind + 1], &o, digest, &err);
 	cli_progress_end(&pr);
 	/* "adopted": DIR was already there, complete, from an earlier run of
 	 * this import that stopped before registering it */
@@ -1942,17 +1856,17 @@ static int cmd_export_manifest(int argc, char **argv)
 		goto out;
 	if (key) {
 		if ((rc = ms_key_load_private(key, &k, &err)) != MS_OK ||
-		    (rc = ms_bundle_sign(json, strlen(json), MANIFEST_PAYLOAD_TYPE, k, &sig, &siglen,
+		    (rc = ms_sigstore_sign(json, strlen(json), MANIFEST_PAYLOAD_TYPE, k, &sig, &siglen,
 					 &err)) != MS_OK)
 			goto out;
 		if (!(sigpath = ms_asprintf("%s.sig", out))) {
 			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
 			goto out;
 		}
-		if ((rc = ms_write_file_atomic(sigpath, sig, siglen, force, &err)) != MS_OK)
+		if ((rc = ms_file_write_atomic(sigpath, sig, siglen, force, &err)) != MS_OK)
 			goto out;
 	}
-	if ((rc = ms_write_file_atomic(out, json, strlen(json), force, &err)) != MS_OK)
+	if ((rc = ms_file_write_atomic(out, json, strlen(json), force, &err)) != MS_OK)
 		goto out;
 	printf("%s\t%s%s%s\n", digest, out, sigpath ? "\t" : "", sigpath ? sigpath : "");
 out:

@@ -10,8 +10,6 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "inventory.h"
-#include "shard.h"
 
 /* "0-3" for a run, "0,2,4" otherwise; ids in local order. */
 static void print_ids(FILE *f, const uint32_t *ids, uint32_t n)
@@ -243,84 +241,10 @@ static int reg_wanted(void)
 	return !reg_off && (reg_db || (e && *e));
 }
 
-/* Record what an operation wrote: each shard as a state derived from the
- * unsharded source (when the inventory knows it) by the operation, with
- * the placement and the rank's experts in the edge's parameters. A merge
- * writes the source's own state again: it is recorded as another copy. */
-static int reg_outputs(struct ms_inv *inv, int op, const char *input,
-		       const struct ms_shard_result *r, struct ms_err *err)
-{
-	static const char *const ops[] = {"split", "merge", "reshard"};
-	char parent[MS_STATE_DIGEST_LEN] = "", digest[MS_STATE_DIGEST_LEN];
-	const char *parents[1] = {parent};
-	int rc;
-
-	if (op == 0 || op == 1) {
-		/* split: the input; merge: the output directory, the source's
-		 * state again (another copy of it) */
-		struct ms_inv_add_opts a;
-
-		ms_inv_add_opts_init(&a);
-		if (op == 1)
-			a.label = reg_label;
-		if ((rc = ms_inv_add_paths(inv, &input, 1, &a, parent, err)) != MS_OK || op == 1)
-			return rc;
-	} else if (op == 2) {
-		struct ms_inv_state *st = NULL;
-		struct ms_err lerr = {0};
-
-		if (ms_inv_state_get(inv, r->source_digest, &st, &lerr) == MS_OK)
-			memcpy(parent, r->source_digest, MS_STATE_DIGEST_LEN);
-		ms_inv_state_free(st);
-	}
-	for (size_t i = 0; i < r->nfiles; i++) {
-		const struct ms_shard_out_file *f = &r->files[i];
-		struct ms_inv_add_opts a;
-		uint64_t mark = ms_json_mark(); /* an addition below may fail silently */
-		cJSON *pj = cJSON_CreateObject(), *ids;
-		char *params, label[MS_INV_MAX_LABEL + 32];
-		const char *path = f->path;
-
-		if (!pj)
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
-		cJSON_AddNumberToObject(pj, "ep_size", r->ep_size);
-		cJSON_AddStringToObject(pj, "placement", ms_ep_placement_name(r->placement->kind));
-		if (f->rank != UINT32_MAX) {
-			cJSON_AddNumberToObject(pj, "rank", f->rank);
-			ids = cJSON_AddArrayToObject(pj, "experts");
-			for (uint32_t k = 0; ids && k < f->nexperts; k++)
-				cJSON_AddItemToArray(ids, cJSON_CreateNumber(f->experts[k]));
-		}
-		params = cJSON_PrintUnformatted(pj);
-		cJSON_Delete(pj);
-		if (!params || ms_json_failed(mark)) {
-			cJSON_free(params);
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
-		}
-		ms_inv_add_opts_init(&a);
-		if (parent[0]) {
-			a.parents = parents;
-			a.nparents = 1;
-			a.operation = ops[op];
-			a.params_json = params;
-		}
-		if (reg_label && f->rank != UINT32_MAX) {
-			snprintf(label, sizeof(label), "%s/rank%u", reg_label, f->rank);
-			a.label = label;
-		}
-		rc = ms_inv_add_paths(inv, &path, 1, &a, digest, err);
-		cJSON_free(params);
-		if (rc != MS_OK)
-			return rc;
-	}
-	return MS_OK;
-}
-
-enum { OP_SPLIT, OP_MERGE, OP_RESHARD };
 
 struct reg_ctx {
 	struct ms_inv *inv;
-	int op;
+	enum ms_shard_op op;
 	const char *input;
 	int check_base;  /* split without --base: the source's ancestors */
 };
@@ -354,14 +278,14 @@ static int reg_publish(void *ctx, const struct ms_shard_result *r, struct ms_err
 		ms_free(bl);
 	}
 	if (rc == MS_OK)
-		rc = reg_outputs(c->inv, c->op, c->input, r, err);
+		rc = ms_shard_register(c->inv, c->op, c->input, r, reg_label, err);
 	if (rc == MS_OK)
 		return ms_inv_batch_end(c->inv, 1, err);
 	(void)ms_inv_batch_end(c->inv, 0, NULL);
 	return rc;
 }
 
-static int run_op(int op, int argc, char **argv)
+static int run_op(enum ms_shard_op op, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "output", required_argument, NULL, 'o' },
@@ -397,31 +321,31 @@ static int run_op(int op, int argc, char **argv)
 			outdir = optarg;
 			break;
 		case 'n':
-			if (op == OP_MERGE)
+			if (op == MS_SHARD_OP_MERGE)
 				return cli_usage("unknown option '%s'", argv[optind - 1]);
 			if (cli_u64("--ep-size", optarg, MS_EP_MAX_RANKS, &v))
 				return CLI_USAGE;
 			o.ep_size = (uint32_t)v;
 			break;
 		case 'p':
-			if (op == OP_MERGE)
+			if (op == MS_SHARD_OP_MERGE)
 				return cli_usage("unknown option '%s'", argv[optind - 1]);
 			o.placement = optarg;
 			break;
 		case 'e':
-			if (op != OP_SPLIT)
+			if (op != MS_SHARD_OP_SPLIT)
 				return cli_usage("unknown option '%s'", argv[optind - 1]);
 			if (cli_u64("--experts", optarg, MS_EP_MAX_EXPERTS, &v))
 				return CLI_USAGE;
 			o.num_experts = (uint32_t)v;
 			break;
 		case 'B':
-			if (op != OP_SPLIT)
+			if (op != MS_SHARD_OP_SPLIT)
 				return cli_usage("unknown option '%s'", argv[optind - 1]);
 			base = optarg;
 			break;
 		case 'd':
-			if (op == OP_MERGE)
+			if (op == MS_SHARD_OP_MERGE)
 				return cli_usage("unknown option '%s'", argv[optind - 1]);
 			o.dry_run = 1;
 			break;
@@ -451,7 +375,7 @@ static int run_op(int op, int argc, char **argv)
 				 optind >= argc ? "" : argv[optind + 1]);
 	if (!outdir)
 		return cli_usage("-o is required");
-	if (op != OP_MERGE && o.ep_size == 0)
+	if (op != MS_SHARD_OP_MERGE && o.ep_size == 0)
 		return cli_usage("--ep-size is required and must be at least 1");
 	if (reg_label && !o.dry_run && !reg_wanted())
 		return cli_usage("--label names the registered output: it needs an inventory (--db or MSINV_DB)");
@@ -462,7 +386,7 @@ static int run_op(int op, int argc, char **argv)
 		snprintf(longest, sizeof(longest), "%s/rank%u", reg_label,
 			 o.ep_size ? o.ep_size - 1 : MS_EP_MAX_RANKS - 1);
 		if ((rc = ms_inv_label_check(reg_label, &err)) != MS_OK ||
-		    (op != OP_MERGE && (rc = ms_inv_label_check(longest, &err)) != MS_OK))
+		    (op != MS_SHARD_OP_MERGE && (rc = ms_inv_label_check(longest, &err)) != MS_OK))
 			return cli_fail(rc, &err);
 	}
 	if (cli_progress_enabled() && !o.dry_run)
@@ -496,14 +420,14 @@ static int run_op(int op, int argc, char **argv)
 		o.base_label = blabel;
 	}
 	if (inv) {
-		reg = (struct reg_ctx){ inv, op, op == OP_MERGE ? outdir : argv[optind],
-					op == OP_SPLIT && !base };
+		reg = (struct reg_ctx){ inv, op, op == MS_SHARD_OP_MERGE ? outdir : argv[optind],
+					op == MS_SHARD_OP_SPLIT && !base };
 		o.publish = reg_publish;
 		o.publish_ctx = &reg;
 	}
-	if (op == OP_SPLIT)
+	if (op == MS_SHARD_OP_SPLIT)
 		rc = ms_shard_split(argv[optind], outdir, &o, &res, &err);
-	else if (op == OP_MERGE)
+	else if (op == MS_SHARD_OP_MERGE)
 		rc = ms_shard_merge(argv[optind], outdir, &o, &res, &err);
 	else
 		rc = ms_shard_reshard(argv[optind], outdir, &o, &res, &err);
@@ -523,17 +447,17 @@ static int run_op(int op, int argc, char **argv)
 
 static int cmd_split(int argc, char **argv)
 {
-	return run_op(OP_SPLIT, argc, argv);
+	return run_op(MS_SHARD_OP_SPLIT, argc, argv);
 }
 
 static int cmd_merge(int argc, char **argv)
 {
-	return run_op(OP_MERGE, argc, argv);
+	return run_op(MS_SHARD_OP_MERGE, argc, argv);
 }
 
 static int cmd_reshard(int argc, char **argv)
 {
-	return run_op(OP_RESHARD, argc, argv);
+	return run_op(MS_SHARD_OP_RESHARD, argc, argv);
 }
 
 static const struct cli_cmd cmds[] = {

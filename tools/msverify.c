@@ -12,13 +12,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "attest.h"
 #include "cli.h"
-#include "inventory.h"
-#include "policy.h"
-#include "shard.h"
-#include "quant.h"
-#include "verify.h"
 
 /* ---- shared ------------------------------------------------------------ */
 
@@ -258,53 +252,6 @@ static int report_state(const struct ms_vstate *s, int rc, const struct ms_vrepo
 	return CLI_CHECK;
 }
 
-/* A path argument: the inventoried states that have a copy under it. */
-static int states_under(struct ms_inv *inv, const char *path, char ***out, size_t *nout,
-			struct ms_err *err)
-{
-	struct ms_inv_state *all = NULL;
-	size_t n = 0;
-	char *real = realpath(path, NULL);
-	int rc;
-
-	*out = NULL;
-	*nout = 0;
-	if (!real)
-		return ms_err_set(err, MS_ENOTFOUND, "'%s': no such file or directory", path);
-	if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, err)) != MS_OK)
-		goto out;
-	for (size_t i = 0; i < n; i++) {
-		struct ms_inv_files f = {0};
-		size_t len = strlen(real);
-		int hit = 0;
-
-		if ((rc = ms_inv_state_files(inv, all[i].digest, 0, 0, &f, err)) != MS_OK)
-			goto out;
-		for (size_t k = 0; k < f.n && !hit; k++)
-			hit = !strcmp(f.files[k].path, real) ||
-			      (!strncmp(f.files[k].path, real, len) && f.files[k].path[len] == '/');
-		ms_inv_files_release(&f);
-		if (hit) {
-			char **nd = realloc(*out, (*nout + 1) * sizeof(*nd));
-
-			if (!nd || !(nd[*nout] = strdup(all[i].digest))) {
-				free(nd ? nd : *out);
-				*out = NULL;
-				rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-				goto out;
-			}
-			*out = nd;
-			(*nout)++;
-		}
-	}
-	if (*nout == 0)
-		rc = ms_err_set(err, MS_ENOTFOUND, "'%s': no inventoried state has files there", path);
-out:
-	ms_inv_states_free(all, n);
-	free(real);
-	return rc;
-}
-
 /* The manifest's bytes must be exactly the payload a trusted key signed
  * (msinv export-manifest --sign): the manifest is the record it checks. */
 static int check_manifest_sig(const char *manifest, const char *text, size_t len,
@@ -317,8 +264,8 @@ static int check_manifest_sig(const char *manifest, const char *text, size_t len
 	int rc;
 
 	if ((rc = ms_key_load_public(pub, &k, err)) != MS_OK ||
-	    (rc = ms_read_file(sig, MS_OMS_MAX_SIG, &bundle, &blen, err)) != MS_OK ||
-	    (rc = ms_bundle_verify(bundle, blen, sig, k, &payload, &plen, &type, err)) != MS_OK)
+	    (rc = ms_file_read(sig, MS_OMS_MAX_SIG, &bundle, &blen, err)) != MS_OK ||
+	    (rc = ms_sigstore_verify(bundle, blen, sig, k, &payload, &plen, &type, err)) != MS_OK)
 		goto out;
 	if (strcmp(type, "application/vnd.msinv.manifest.v1+json") || plen != len ||
 	    memcmp(payload, text, len))
@@ -349,7 +296,7 @@ static int cmd_files(int argc, char **argv)
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	cJSON *root = NULL, *states = NULL;
-	char **digests = NULL;
+	char (*digests)[MS_STATE_DIGEST_LEN] = NULL;
 	size_t ndigests = 0;
 
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -389,7 +336,7 @@ static int cmd_files(int argc, char **argv)
 			cJSON_Delete(root);
 			return cli_usage("--sig and --pub go together");
 		}
-		rc = ms_read_file(manifest, 256u << 20, &text, &len, &err);
+		rc = ms_file_read(manifest, 256u << 20, &text, &len, &err);
 		if (rc == MS_OK && sig)
 			rc = check_manifest_sig(manifest, text, len, sig, pub, &err);
 		if (rc == MS_OK) {
@@ -427,91 +374,70 @@ static int cmd_files(int argc, char **argv)
 
 		if ((rc = ms_inv_states_list(inv, MS_INV_KIND_ANY, &all, &n, &err)) != MS_OK)
 			goto fail;
-		digests = calloc(n + 1, sizeof(*digests));
+		digests = ms_calloc(n + 1, sizeof(*digests));
 		/* every state with a copy here (an ancestor known only from an
 		 * imported bundle's lineage has none to check) */
 		for (size_t i = 0; digests && i < n; i++)
 			if (all[i].ncopies > 0)
-				digests[ndigests++] = strdup(all[i].digest);
+				memcpy(digests[ndigests++], all[i].digest, MS_STATE_DIGEST_LEN);
 		ms_inv_states_free(all, n);
 		if (!digests) {
-			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			rc = ms_err_nomem(&err);
 			goto fail;
 		}
 	}
 	for (int a = optind; a < argc; a++) {
-		char d[MS_STATE_DIGEST_LEN], **more = NULL;
+		char (*more)[MS_STATE_DIGEST_LEN] = NULL, (*nd)[MS_STATE_DIGEST_LEN];
 		size_t nmore = 0;
 		struct stat st;
 
 		if (stat(argv[a], &st) == 0) {
-			if ((rc = states_under(inv, argv[a], &more, &nmore, &err)) != MS_OK)
+			if ((rc = ms_verify_states_under(inv, argv[a], &more, &nmore, &err)) != MS_OK)
 				goto fail;
 		} else {
-			if ((rc = ms_inv_resolve(inv, argv[a], d, &err)) != MS_OK)
-				goto fail;
-			more = calloc(1, sizeof(*more));
-			if (!more || !(more[0] = strdup(d))) {
-				free(more);
-				rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			if (!(more = ms_malloc(sizeof(*more)))) {
+				rc = ms_err_nomem(&err);
 				goto fail;
 			}
 			nmore = 1;
-		}
-		{
-			char **nd = realloc(digests, (ndigests + nmore + 1) * sizeof(*nd));
-
-			if (!nd) {
-				rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
+			if ((rc = ms_inv_resolve(inv, argv[a], more[0], &err)) != MS_OK) {
+				ms_free(more);
 				goto fail;
 			}
-			digests = nd;
-			memcpy(digests + ndigests, more, nmore * sizeof(*more));
-			ndigests += nmore;
-			free(more);
 		}
+		if (!(nd = ms_realloc(digests, (ndigests + nmore + 1) * sizeof(*nd)))) {
+			ms_free(more);
+			rc = ms_err_nomem(&err);
+			goto fail;
+		}
+		digests = nd;
+		memcpy(digests + ndigests, more, nmore * sizeof(*more));
+		ndigests += nmore;
+		ms_free(more);
 	}
 	for (size_t i = 0; i < ndigests; i++) {
 		struct ms_vstate *s = NULL;
 		struct ms_vreport r;
-		enum ms_inv_result res;
-
 		size_t added = 0;
-		int trc;
 
 		if ((rc = ms_vstate_from_inv(inv, digests[i], 0, &s, &err)) != MS_OK)
 			goto fail;
-		rc = device ? ms_verify_state_gpu(s, jobs, &r, &err) : ms_verify_state(s, jobs, &r, &err);
-		if (rc != MS_OK && rc != MS_ECHECK) {
-			ms_vstate_free(s);
-			goto fail;
-		}
-		/* tensors whose plain digest matched gain the tree digest of the
-		 * same pass (ms(5), "Tree digests") */
-		if ((trc = ms_inv_record_trees(inv, digests[i], r.trees, r.ntrees, "verify", &added,
-					       &err)) != MS_OK) {
-			ms_vreport_release(&r);
-			ms_vstate_free(s);
-			rc = trc;
-			goto fail;
-		}
+		rc = ms_verify_record(inv, digests[i], s,
+				      MS_VERIFY_TREES | (device ? MS_VERIFY_GPU : 0u), jobs, &r,
+				      &added, &err);
+		if (rc == MS_OK || rc == MS_ECHECK) {
+			if (report_state(s, rc, &r, states) != CLI_OK)
+				status = CLI_CHECK;
+			if (states) {
+				cJSON *o = cJSON_GetArrayItem(states, cJSON_GetArraySize(states) - 1);
 
-		res = rc == MS_OK ? MS_INV_RESULT_OK
-		      : r.problems[0].kind == MS_VPROBLEM_FILE_MISSING ? MS_INV_RESULT_MISSING
-								       : MS_INV_RESULT_MISMATCH;
-		if (report_state(s, rc, &r, states) != CLI_OK)
-			status = CLI_CHECK;
-		if (states) {
-			cJSON *o = cJSON_GetArrayItem(states, cJSON_GetArraySize(states) - 1);
-
-			cJSON_AddNumberToObject(o, "device_bytes", (double)r.device_bytes);
-			cJSON_AddNumberToObject(o, "trees_recorded", (double)added);
+				cJSON_AddNumberToObject(o, "device_bytes", (double)r.device_bytes);
+				cJSON_AddNumberToObject(o, "trees_recorded", (double)added);
+			}
 		}
-		rc = ms_inv_record_verification(inv, digests[i], res, r.bytes, r.seconds,
-						r.nproblems ? r.problems[0].detail : NULL, &err);
 		ms_vreport_release(&r);
 		ms_vstate_free(s);
-		if (rc != MS_OK)
+		if (rc != MS_OK && rc != MS_ECHECK)
 			goto fail;
 	}
 done:
@@ -524,16 +450,12 @@ done:
 	}
 	if (status == CLI_CHECK)
 		cli_errorf("verification failed");
-	for (size_t i = 0; i < ndigests; i++)
-		free(digests[i]);
-	free(digests);
+	ms_free(digests);
 	cJSON_Delete(root);
 	ms_inv_close(inv);
 	return status;
 fail:
-	for (size_t i = 0; i < ndigests; i++)
-		free(digests[i]);
-	free(digests);
+	ms_free(digests);
 	cJSON_Delete(root);
 	ms_inv_close(inv);
 	return cli_fail(rc, &err);
@@ -599,95 +521,6 @@ static int quant_parent(struct ms_inv *inv, const char *digest, char **path,
 	return rc;
 }
 
-/* Does w hold what the quantize edge says was made (recipe, block and
- * layouts)? Writes the first difference into why. */
-static int edge_agrees(const struct ms_qweight *w, const cJSON *params, char *why, size_t n)
-{
-	const cJSON *r = cJSON_GetObjectItemCaseSensitive(params, "recipe");
-	const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "block");
-	const cJSON *l = cJSON_GetObjectItemCaseSensitive(params, "layouts"), *it;
-
-	if (cJSON_IsString(r) && strcmp(r->valuestring, ms_nvfp4_recipe_name(w->recipe))) {
-		snprintf(why, n, "recipe %s, the quantize edge records %s",
-			 ms_nvfp4_recipe_name(w->recipe), r->valuestring);
-		return 0;
-	}
-	if (cJSON_IsString(b) && strcmp(b->valuestring, ms_nvfp4_block_name(w->block))) {
-		snprintf(why, n, "%s blocks, the quantize edge records %s",
-			 ms_nvfp4_block_name(w->block), b->valuestring);
-		return 0;
-	}
-	cJSON_ArrayForEach(it, l) {
-		enum ms_nvfp4_layout lay;
-
-		if (!cJSON_IsString(it))
-			continue;
-		lay = !strcmp(it->valuestring, "columnwise") ? MS_NVFP4_LAYOUT_COLUMNWISE
-							      : MS_NVFP4_LAYOUT_ROWWISE;
-		if (!w->packed[lay]) {
-			snprintf(why, n, "no %s copy, the quantize edge records one", it->valuestring);
-			return 0;
-		}
-	}
-	return 1;
-}
-
-/* Do the two layouts of w agree? 2D blocks: the columnwise bytes are the
- * exact transpose of the rowwise ones. 1D blocks: both decode within
- * bound of each other (relative to the rowwise decode). */
-static int layouts_agree(const struct ms_qweight *w, double bound, int jobs, double *diff,
-			 struct ms_err *err)
-{
-	uint64_t R = w->rows, C = w->cols;
-	int rc = MS_OK;
-
-	*diff = 0;
-	if (w->block == MS_NVFP4_BLOCK_2D) {
-		const struct ms_tensor *p = w->packed[MS_NVFP4_LAYOUT_ROWWISE];
-		const struct ms_tensor *sc = w->scales[MS_NVFP4_LAYOUT_ROWWISE];
-		const struct ms_tensor *pc = w->packed[MS_NVFP4_LAYOUT_COLUMNWISE];
-		const struct ms_tensor *sct = w->scales[MS_NVFP4_LAYOUT_COLUMNWISE];
-		uint8_t *pt = malloc(pc->nbytes ? pc->nbytes : 1), *st = malloc(sct->nbytes ? sct->nbytes : 1);
-
-		if (!pt || !st) {
-			free(pt);
-			free(st);
-			return ms_err_set(err, MS_ENOMEM, "out of memory");
-		}
-		rc = ms_nvfp4_transpose(MS_NVFP4_BLOCK_2D, R, C, p->data, sc->data, pt, st, err);
-		if (rc == MS_OK)
-			*diff = memcmp(pt, pc->data, pc->nbytes) || memcmp(st, sct->data, sct->nbytes);
-		free(pt);
-		free(st);
-		return rc;
-	}
-	{
-		float *a = malloc(R * C * sizeof(float)), *b = malloc(R * C * sizeof(float));
-		double num = 0, den = 0;
-
-		if (!a || !b) {
-			rc = ms_err_set(err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		if ((rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_ROWWISE, jobs, a, err)) != MS_OK ||
-		    (rc = ms_qweight_decode(w, MS_NVFP4_LAYOUT_COLUMNWISE, jobs, b, err)) != MS_OK)
-			goto out;
-		for (uint64_t r = 0; r < R; r++)
-			for (uint64_t c = 0; c < C; c++) {
-				double x = a[r * C + c], y = b[c * R + r];
-
-				num += (x - y) * (x - y);
-				den += x * x;
-			}
-		*diff = den > 0 ? sqrt(num / den) : sqrt(num);
-		(void)bound;
-out:
-		free(a);
-		free(b);
-	}
-	return rc;
-}
-
 static int cmd_quant(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -708,7 +541,7 @@ static int cmd_quant(int argc, char **argv)
 	struct ms_qstats *qs = NULL;
 	char *qpath = NULL, *spath = NULL, *params = NULL, digest[MS_STATE_DIGEST_LEN];
 	char why_none[512] = "";
-	cJSON *root = NULL, *arr = NULL, *pj = NULL;
+	cJSON *root = NULL, *arr = NULL;
 	size_t nfail = 0;
 
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -764,15 +597,6 @@ static int cmd_quant(int argc, char **argv)
 	}
 	if (rc != MS_OK)
 		goto fail;
-	if (params) {
-		int nomem;
-
-		pj = ms_json_parse(params, strlen(params), &nomem);
-		if (nomem) {
-			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
-			goto fail;
-		}
-	}
 	if ((rc = ms_qstats_run(qpath, spath, jobs, &qs, &err)) != MS_OK)
 		goto fail;
 	if (qs->view.nweights == 0) {
@@ -812,11 +636,16 @@ static int cmd_quant(int argc, char **argv)
 		}
 	}
 	/* what the quantize edge says was made is what the files hold */
-	for (size_t i = 0; pj && i < qs->view.nweights; i++) {
+	for (size_t i = 0; params && i < qs->view.nweights; i++) {
 		const struct ms_qweight *w = &qs->view.weights[i];
 		char why[256];
 
-		if (edge_agrees(w, pj, why, sizeof(why)))
+		rc = ms_qweight_edge_check(w, params, why, sizeof(why), &err);
+		if (rc == MS_EINVAL)
+			break; /* parameters that are not JSON record nothing to compare */
+		if (rc != MS_OK && rc != MS_ECHECK)
+			goto fail;
+		if (rc == MS_OK)
 			continue;
 		nfail++;
 		if (arr) {
@@ -831,6 +660,7 @@ static int cmd_quant(int argc, char **argv)
 			printf("FAIL\t%s\t%s\n", w->prefix, why);
 		}
 	}
+	rc = MS_OK;
 	/* both layouts of one weight must agree */
 	for (size_t i = 0; i < qs->view.nweights; i++) {
 		const struct ms_qweight *w = &qs->view.weights[i];
@@ -838,7 +668,7 @@ static int cmd_quant(int argc, char **argv)
 
 		if (!w->packed[0] || !w->packed[1])
 			continue;
-		if ((rc = layouts_agree(w, bound, jobs, &diff, &err)) != MS_OK)
+		if ((rc = ms_qweight_layouts_agree(w, jobs, &diff, &err)) != MS_OK)
 			goto fail;
 		if ((w->block == MS_NVFP4_BLOCK_2D && diff != 0) ||
 		    (w->block == MS_NVFP4_BLOCK_1D && !(diff <= bound))) {
@@ -887,7 +717,6 @@ static int cmd_quant(int argc, char **argv)
 			status = CLI_CHECK;
 	}
 	cJSON_Delete(root);
-	cJSON_Delete(pj);
 	free(params);
 	ms_qstats_free(qs);
 	free(qpath);
@@ -896,7 +725,6 @@ static int cmd_quant(int argc, char **argv)
 	return status;
 fail:
 	cJSON_Delete(root);
-	cJSON_Delete(pj);
 	free(params);
 	ms_qstats_free(qs);
 	free(qpath);
@@ -906,6 +734,134 @@ fail:
 }
 
 /* ---- policy ------------------------------------------------------------- */
+
+/* The served tensors' report: from a tensor map (one .json file), or from
+ * the served files hashed, an engine's fused parameters sliced into what
+ * checkpoints hold. */
+static int policy_report(struct ms_inv *inv, char **paths, size_t npaths, int map, int jobs,
+			 struct ms_ckpt **ck, struct ms_policy_report **r, struct ms_err *err)
+{
+	int rc;
+
+	if (map) {
+		char *text = NULL;
+		size_t len;
+
+		rc = ms_file_read(paths[0], MS_POLICY_MAX_MAP, &text, &len, err);
+		if (rc == MS_OK)
+			rc = ms_policy_from_map(text, len, paths[0], r, err);
+		ms_free(text);
+		return rc;
+	}
+	rc = ms_ckpt_open_many((const char *const *)paths, npaths, ck, err);
+	if (rc == MS_OK)
+		rc = ms_ckpt_hash(*ck, jobs, 0, err);
+	if (rc == MS_OK)
+		rc = ms_policy_from_ckpt(*ck, r, err);
+	if (rc == MS_OK)
+		rc = ms_policy_unfuse(inv, *ck, *r, err);
+	return rc;
+}
+
+/* One part (or resembled policy) of the report as a JSON object. */
+static cJSON *policy_part_json(const struct ms_policy_part *pp, int layout)
+{
+	cJSON *p = cJSON_CreateObject();
+
+	cJSON_AddStringToObject(p, "state", pp->state);
+	if (pp->label)
+		cJSON_AddStringToObject(p, "label", pp->label);
+	cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(pp->kind));
+	if (layout && pp->layout)
+		cJSON_AddStringToObject(p, "layout", pp->layout);
+	cJSON_AddNumberToObject(p, "served", (double)pp->served);
+	cJSON_AddNumberToObject(p, "state_tensors", (double)pp->state_tensors);
+	return p;
+}
+
+static void policy_print_json(const struct ms_policy_report *r, int identified)
+{
+	cJSON *o = cJSON_CreateObject(), *parts, *bad;
+	char *text, hex[65];
+
+	cJSON_AddStringToObject(o, "result", identified ? "identified" : "not identified");
+	cJSON_AddNumberToObject(o, "tensors", (double)r->ntensors);
+	cJSON_AddNumberToObject(o, "matched", (double)r->nmatched);
+	parts = cJSON_AddArrayToObject(o, "parts");
+	for (size_t i = 0; i < r->nparts; i++)
+		cJSON_AddItemToArray(parts, policy_part_json(&r->parts[i], 1));
+	parts = cJSON_AddArrayToObject(o, "resembles");
+	for (size_t i = 0; i < r->npolicies; i++)
+		cJSON_AddItemToArray(parts, policy_part_json(&r->policies[i], 0));
+	parts = cJSON_AddArrayToObject(o, "unfused");
+	for (size_t i = 0; i < r->nsources; i++)
+		cJSON_AddItemToArray(parts, cJSON_CreateString(r->sources[i]));
+	bad = cJSON_AddArrayToObject(o, "unaccounted");
+	for (size_t i = 0; i < r->ntensors; i++) {
+		const struct ms_policy_tensor *t = &r->tensors[i];
+		cJSON *p;
+
+		if (t->status == MS_POLICY_MATCHED)
+			continue;
+		p = cJSON_CreateObject();
+		cJSON_AddItemToArray(bad, p);
+		cJSON_AddStringToObject(p, "tensor", t->name);
+		cJSON_AddStringToObject(p, "status", ms_policy_status_str(t->status));
+		ms_hex(t->digest, 32, hex);
+		cJSON_AddStringToObject(p, "sha256", hex);
+		if (t->other)
+			cJSON_AddStringToObject(p, "recorded_as", t->other);
+		if (t->src >= 0)
+			cJSON_AddStringToObject(p, "slice_of", r->sources[t->src]);
+	}
+	text = cJSON_Print(o);
+	if (text)
+		puts(text);
+	cJSON_free(text);
+	cJSON_Delete(o);
+}
+
+static void policy_print_text(const struct ms_policy_report *r, int identified)
+{
+	for (size_t i = 0; i < r->nparts; i++) {
+		const struct ms_policy_part *p = &r->parts[i];
+
+		printf("part\t%s\t%s\t%s\t%s\t%llu of %llu tensors%s\n", p->state,
+		       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
+		       p->layout ? p->layout : "-", (unsigned long long)p->served,
+		       (unsigned long long)p->state_tensors,
+		       p->served < p->state_tensors ? " (partial)" : "");
+	}
+	for (size_t i = 0; i < r->npolicies; i++) {
+		const struct ms_policy_part *p = &r->policies[i];
+
+		printf("resembles\t%s\t%s\t%s\t%s\t%llu of %llu tensors\n", p->state,
+		       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
+		       p->layout ? p->layout : "-", (unsigned long long)p->served,
+		       (unsigned long long)p->state_tensors);
+	}
+	for (size_t i = 0; i < r->nsources; i++)
+		printf("unfused\t%s\tsliced into the tensors checkpoints hold\n", r->sources[i]);
+	for (size_t i = 0; i < r->ntensors; i++) {
+		const struct ms_policy_tensor *t = &r->tensors[i];
+		char from[600] = "";
+
+		if (t->src >= 0)
+			snprintf(from, sizeof(from), " (slice of '%s')", r->sources[t->src]);
+		if (t->status == MS_POLICY_MISMATCH)
+			printf("mismatch\t%s\tpart %s records other bytes under this name%s\n", t->name,
+			       r->parts[t->part].label ? r->parts[t->part].label
+						       : r->parts[t->part].state, from);
+		else if (t->status == MS_POLICY_RENAMED)
+			printf("renamed\t%s\tthe bytes of '%s' in %.23s...%s\n", t->name, t->other,
+			       t->other_state, from);
+		else if (t->status == MS_POLICY_UNKNOWN)
+			printf("unknown\t%s\tno recorded state holds these bytes%s\n", t->name, from);
+	}
+	printf("%s\t%zu tensors\t%zu parts\t%zu matched, %zu mismatch, %zu renamed, %zu unknown\n",
+	       identified ? "identified" : "NOT IDENTIFIED", r->ntensors, r->nparts,
+	       r->nmatched, r->nmismatch, r->nrenamed, r->nunknown);
+}
 
 static int cmd_policy(int argc, char **argv)
 {
@@ -919,7 +875,7 @@ static int cmd_policy(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *db = NULL, *label = NULL;
-	int jobs = 0, json = 0, reg = 0, c, rc, map = 0;
+	int jobs = 0, json = 0, reg = 0, c, rc, map = 0, status = CLI_OK;
 	struct ms_err err = {0};
 	struct ms_inv *inv = NULL;
 	struct ms_ckpt *ck = NULL;
@@ -945,199 +901,46 @@ static int cmd_policy(int argc, char **argv)
 	if (label && !reg)
 		return cli_usage("--label goes with --register");
 	/* one .json file that is no safetensors index: a tensor map */
-	if (optind + 1 == argc && stat(argv[optind], &st) == 0 && S_ISREG(st.st_mode)) {
-		size_t n = strlen(argv[optind]);
-
-		map = n > 5 && !strcmp(argv[optind] + n - 5, ".json") && !strstr(argv[optind], "index");
-	}
+	if (optind + 1 == argc && stat(argv[optind], &st) == 0 && S_ISREG(st.st_mode))
+		map = ms_str_ends_with(argv[optind], ".json") && strlen(argv[optind]) > 5 &&
+		      !strstr(argv[optind], "index");
 	if (map && reg)
 		return cli_usage("--register needs the served files, not a tensor map");
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK ||
-	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK)
-		goto out;
-	if (map) {
-		char *text = NULL;
-		size_t len;
-
-		rc = ms_read_file(argv[optind], MS_POLICY_MAX_MAP, &text, &len, &err);
-		if (rc == MS_OK)
-			rc = ms_policy_from_map(text, len, argv[optind], &r, &err);
-		ms_free(text);
-	} else {
-		rc = ms_ckpt_open_many((const char *const *)argv + optind, (size_t)(argc - optind), &ck,
-				       &err);
-		if (rc == MS_OK)
-			rc = ms_ckpt_hash(ck, jobs, 0, &err);
-		if (rc == MS_OK)
-			rc = ms_policy_from_ckpt(ck, &r, &err);
-		/* an engine's fused parameters, sliced into what checkpoints hold */
-		if (rc == MS_OK)
-			rc = ms_policy_unfuse(inv, ck, r, &err);
-	}
-	if (rc != MS_OK)
+	    (rc = ms_inv_set_origin(inv, "msverify", cli_argc, cli_argv, &err)) != MS_OK ||
+	    (rc = policy_report(inv, argv + optind, (size_t)(argc - optind), map, jobs, &ck, &r,
+				&err)) != MS_OK)
 		goto out;
 	rc = ms_policy_identify(inv, r, &err);
 	if (rc != MS_OK && rc != MS_ECHECK)
 		goto out;
-	if (json) {
-		cJSON *o = cJSON_CreateObject(), *parts, *bad;
-		char *text, hex[65];
-
-		cJSON_AddStringToObject(o, "result", rc == MS_OK ? "identified" : "not identified");
-		cJSON_AddNumberToObject(o, "tensors", (double)r->ntensors);
-		cJSON_AddNumberToObject(o, "matched", (double)r->nmatched);
-		parts = cJSON_AddArrayToObject(o, "parts");
-		for (size_t i = 0; i < r->nparts; i++) {
-			cJSON *p = cJSON_CreateObject();
-
-			cJSON_AddItemToArray(parts, p);
-			cJSON_AddStringToObject(p, "state", r->parts[i].state);
-			if (r->parts[i].label)
-				cJSON_AddStringToObject(p, "label", r->parts[i].label);
-			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->parts[i].kind));
-			if (r->parts[i].layout)
-				cJSON_AddStringToObject(p, "layout", r->parts[i].layout);
-			cJSON_AddNumberToObject(p, "served", (double)r->parts[i].served);
-			cJSON_AddNumberToObject(p, "state_tensors", (double)r->parts[i].state_tensors);
-		}
-		parts = cJSON_AddArrayToObject(o, "resembles");
-		for (size_t i = 0; i < r->npolicies; i++) {
-			cJSON *p = cJSON_CreateObject();
-
-			cJSON_AddItemToArray(parts, p);
-			cJSON_AddStringToObject(p, "state", r->policies[i].state);
-			if (r->policies[i].label)
-				cJSON_AddStringToObject(p, "label", r->policies[i].label);
-			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->policies[i].kind));
-			cJSON_AddNumberToObject(p, "served", (double)r->policies[i].served);
-			cJSON_AddNumberToObject(p, "state_tensors", (double)r->policies[i].state_tensors);
-		}
-		parts = cJSON_AddArrayToObject(o, "unfused");
-		for (size_t i = 0; i < r->nsources; i++)
-			cJSON_AddItemToArray(parts, cJSON_CreateString(r->sources[i]));
-		bad = cJSON_AddArrayToObject(o, "unaccounted");
-		for (size_t i = 0; i < r->ntensors; i++) {
-			const struct ms_policy_tensor *t = &r->tensors[i];
-			cJSON *p;
-
-			if (t->status == MS_POLICY_MATCHED)
-				continue;
-			p = cJSON_CreateObject();
-			cJSON_AddItemToArray(bad, p);
-			cJSON_AddStringToObject(p, "tensor", t->name);
-			cJSON_AddStringToObject(p, "status", ms_policy_status_str(t->status));
-			ms_hex(t->digest, 32, hex);
-			cJSON_AddStringToObject(p, "sha256", hex);
-			if (t->other)
-				cJSON_AddStringToObject(p, "recorded_as", t->other);
-			if (t->src >= 0)
-				cJSON_AddStringToObject(p, "slice_of", r->sources[t->src]);
-		}
-		text = cJSON_Print(o);
-		if (text)
-			puts(text);
-		cJSON_free(text);
-		cJSON_Delete(o);
-	} else {
-		for (size_t i = 0; i < r->nparts; i++) {
-			const struct ms_policy_part *p = &r->parts[i];
-
-			printf("part\t%s\t%s\t%s\t%s\t%llu of %llu tensors%s\n", p->state,
-			       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
-			       p->layout ? p->layout : "-", (unsigned long long)p->served,
-			       (unsigned long long)p->state_tensors,
-			       p->served < p->state_tensors ? " (partial)" : "");
-		}
-		for (size_t i = 0; i < r->npolicies; i++) {
-			const struct ms_policy_part *p = &r->policies[i];
-
-			printf("resembles\t%s\t%s\t%s\t%s\t%llu of %llu tensors\n", p->state,
-			       p->label ? p->label : "-", ms_inv_kind_name(p->kind),
-			       p->layout ? p->layout : "-", (unsigned long long)p->served,
-			       (unsigned long long)p->state_tensors);
-		}
-		for (size_t i = 0; i < r->nsources; i++)
-			printf("unfused\t%s\tsliced into the tensors checkpoints hold\n", r->sources[i]);
-		for (size_t i = 0; i < r->ntensors; i++) {
-			const struct ms_policy_tensor *t = &r->tensors[i];
-			char from[600] = "";
-
-			if (t->src >= 0)
-				snprintf(from, sizeof(from), " (slice of '%s')", r->sources[t->src]);
-			if (t->status == MS_POLICY_MISMATCH)
-				printf("mismatch\t%s\tpart %s records other bytes under this name%s\n", t->name,
-				       r->parts[t->part].label ? r->parts[t->part].label
-							       : r->parts[t->part].state, from);
-			else if (t->status == MS_POLICY_RENAMED)
-				printf("renamed\t%s\tthe bytes of '%s' in %.23s...%s\n", t->name, t->other,
-				       t->other_state, from);
-			else if (t->status == MS_POLICY_UNKNOWN)
-				printf("unknown\t%s\tno recorded state holds these bytes%s\n", t->name, from);
-		}
-		printf("%s\t%zu tensors\t%zu parts\t%zu matched, %zu mismatch, %zu renamed, %zu unknown\n",
-		       rc == MS_OK ? "identified" : "NOT IDENTIFIED", r->ntensors, r->nparts,
-		       r->nmatched, r->nmismatch, r->nrenamed, r->nunknown);
-	}
+	if (json)
+		policy_print_json(r, rc == MS_OK);
+	else
+		policy_print_text(r, rc == MS_OK);
 	if (rc == MS_ECHECK) {
 		cli_errorf("%zu of %zu served tensors are not accounted for by inventoried states",
 			   r->ntensors - r->nmatched, r->ntensors);
-		goto done;
+		status = CLI_CHECK;
+		rc = MS_OK;
+		goto out;
 	}
 	if (reg) {
-		/* the composition is recorded: a policy state whose parents are
-		 * its parts, with the parts in the edge parameters */
-		struct ms_inv_add_opts o;
-		const char **parents = calloc(r->nparts + 1, sizeof(*parents));
 		char digest[MS_STATE_DIGEST_LEN];
-		cJSON *params = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(params, "parts");
-		char *ptext;
 
-		for (size_t i = 0; parents && i < r->nparts; i++) {
-			cJSON *p = cJSON_CreateObject();
-
-			parents[i] = r->parts[i].state;
-			cJSON_AddItemToArray(arr, p);
-			cJSON_AddStringToObject(p, "state", r->parts[i].state);
-			cJSON_AddStringToObject(p, "kind", ms_inv_kind_name(r->parts[i].kind));
-			if (r->parts[i].layout)
-				cJSON_AddStringToObject(p, "layout", r->parts[i].layout);
-			cJSON_AddNumberToObject(p, "tensors", (double)r->parts[i].served);
-		}
-		ptext = cJSON_PrintUnformatted(params);
-		cJSON_Delete(params);
-		if (!parents || !ptext) {
-			free(parents);
-			cJSON_free(ptext);
-			rc = ms_err_set(&err, MS_ENOMEM, "out of memory");
-			goto out;
-		}
-		ms_inv_add_opts_init(&o);
-		o.kind = MS_INV_KIND_POLICY;
-		o.label = label;
-		o.parents = parents;
-		o.nparents = r->nparts;
-		o.operation = "compose";
-		o.params_json = ptext;
-		o.jobs = jobs;
-		rc = ms_inv_add_paths(inv, (const char *const *)argv + optind, (size_t)(argc - optind),
-				      &o, digest, &err);
-		free(parents);
-		cJSON_free(ptext);
-		if (rc != MS_OK)
+		/* the composition is recorded: a policy state whose parents
+		 * are its parts */
+		if ((rc = ms_policy_register(inv, r, (const char *const *)argv + optind,
+					     (size_t)(argc - optind), label, jobs, digest,
+					     &err)) != MS_OK)
 			goto out;
 		printf("policy\t%s\n", digest);
 	}
-	rc = MS_OK;
-done:
-	ms_policy_report_free(r);
-	ms_ckpt_close(ck);
-	ms_inv_close(inv);
-	return rc == MS_OK ? CLI_OK : CLI_CHECK;
 out:
 	ms_policy_report_free(r);
 	ms_ckpt_close(ck);
 	ms_inv_close(inv);
-	return cli_fail(rc, &err);
+	return rc == MS_OK ? status : cli_fail(rc, &err);
 }
 
 /* ---- ep ----------------------------------------------------------------- */

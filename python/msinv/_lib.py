@@ -22,7 +22,7 @@ HOST, CUDA = 0, 1
 
 
 class Err(ctypes.Structure):
-    """struct ms_err (common.h)."""
+    """struct ms_err (ms.h)."""
     _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 1024)]
 
 

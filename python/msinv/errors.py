@@ -1,4 +1,4 @@
-"""Exceptions mirroring the library's return codes (common.h). Each carries
+"""Exceptions mirroring the library's return codes (ms.h). Each carries
 the library's one-line message and its code; exit_code is the status the
 command-line tools would exit with (0 ok, 1 check failed, 2 bad input,
 3 I/O or environment)."""

@@ -40,7 +40,7 @@ static int write_adapter(const struct ms_train_ckpt_save *s, const char *dir, st
 
 	if (!p)
 		return ms_err_nomem(err);
-	rc = ms_write_file_atomic(p, s->adapter_config, strlen(s->adapter_config), 0, err);
+	rc = ms_file_write_atomic(p, s->adapter_config, strlen(s->adapter_config), 0, err);
 	ms_free(p);
 	if (rc != MS_OK)
 		return rc;
@@ -179,7 +179,7 @@ int ms_train_ckpt_write(struct ms_inv *inv, const struct ms_train_ckpt_save *s, 
 	}
 	if ((rc = write_adapter(s, adir, err)) != MS_OK || (rc = write_optim(s, opath, err)) != MS_OK)
 		goto out;
-	if ((rc = ms_file_sha256(opath, sha, err)) != MS_OK)
+	if ((rc = ms_sha256_file(opath, sha, err)) != MS_OK)
 		goto out;
 	if (ms_fsync_dir_of(adir) || ms_fsync_dir_of(ms_stage_path(&stg))) {
 		rc = ms_err_set(err, MS_EIO, "'%s': fsync of directory failed: %s", final,
@@ -273,7 +273,7 @@ int ms_train_ckpt_read_optim(const char *dir, const uint8_t expected[32], struct
 	memset(meta, 0, sizeof(*meta));
 	if (!path)
 		return ms_err_nomem(err);
-	if ((rc = ms_read_file(path, UINT64_C(1) << 40, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(path, UINT64_C(1) << 40, &text, &len, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_sha256(text, len, got)) != MS_OK) {
 		rc = ms_sha256_err(err, rc);

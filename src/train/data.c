@@ -204,7 +204,7 @@ static int jsonl_load(struct ms_data *d, struct ms_err *err)
 	uint64_t lineno = 0;
 	int rc;
 
-	if ((rc = ms_read_file(d->path, MS_DATA_MAX_FILE, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(d->path, MS_DATA_MAX_FILE, &text, &len, err)) != MS_OK)
 		goto out;
 	for (size_t i = 0; i < len; i++)
 		lines += text[i] == '\n';

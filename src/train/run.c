@@ -108,7 +108,7 @@ static int load_configs(const struct ms_vstate *vs, struct ms_train_state *s, co
 
 		if (!p)
 			return oom(err);
-		rc = ms_read_file(p, MS_CKPT_MAX_CONFIG, &text, &len, err);
+		rc = ms_file_read(p, MS_CKPT_MAX_CONFIG, &text, &len, err);
 		if (rc != MS_OK && rc != MS_ENOMEM && access(p, F_OK) != 0 && errno == ENOENT) {
 			rc = ms_err_set(err, MS_ECHECK, "role '%s': state %s: '%s': missing", s->role,
 					who, p);
@@ -881,7 +881,7 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	memset(&L, 0, sizeof(L));
 	/* one read: the digest compared with the launch's is that of the
 	 * bytes parsed */
-	if ((rc = ms_read_file(o->plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
+	if ((rc = ms_file_read(o->plan_path, MS_FP_MAX_PLAN, &text, &len, err)) != MS_OK)
 		goto out;
 	if ((rc = ms_sha256(text, len, d)) != MS_OK) {
 		rc = ms_sha256_err(err, rc);

@@ -144,14 +144,6 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label,
 			struct ms_err *err);
 void ms_train_plan_release(struct ms_train_plan *p);
 
-/* What `mstrain --device cuda` will hold on its GPU for plan fp (its JSON
- * text plan_text): the train section's adapter and batch shape over the
- * 'base' state's config.json (recorded in inv, or beside a path entry),
- * in both colwise modes (ms_gmodel_predict). MS_EINVAL for a plan or
- * config the trainer refuses; MS_EDB, MS_EIO, MS_ENOMEM. */
-int ms_train_footprint(struct ms_inv *inv, const struct ms_fp_plan *fp,
-		       const char *plan_text, size_t plan_len, struct ms_fp_trainer *out,
-		       struct ms_err *err);
 
 /* What `msinv launch` verified (gate.h's environment), when it started us. */
 struct ms_train_launch {

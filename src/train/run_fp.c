@@ -31,7 +31,7 @@ static int base_config(struct ms_inv *inv, const struct ms_fp_plan *fp, char **t
 		char *p = ms_path_join(e->resolved, "config.json");
 		if (!p)
 			return ms_err_nomem(err);
-		rc = ms_read_file(p, 1u << 20, text, len, err);
+		rc = ms_file_read(p, 1u << 20, text, len, err);
 		ms_free(p);
 		return rc;
 	}
@@ -55,7 +55,7 @@ static int base_config(struct ms_inv *inv, const struct ms_fp_plan *fp, char **t
 	return rc;
 }
 
-int ms_train_footprint(struct ms_inv *inv, const struct ms_fp_plan *fp,
+static int train_footprint(struct ms_inv *inv, const struct ms_fp_plan *fp,
 		       const char *plan_text, size_t plan_len, struct ms_fp_trainer *out,
 		       struct ms_err *err)
 {
@@ -95,4 +95,26 @@ out:
 	ms_free(text);
 	ms_train_plan_release(&tp);
 	return rc;
+}
+
+int ms_fp_report_add_trainer(struct ms_inv *inv, struct ms_fp_report *r,
+			     const char *plan_path, struct ms_err *err)
+{
+	struct ms_err e = {0};
+	char *text = NULL;
+	size_t len = 0;
+	int rc = MS_OK;
+
+	memset(&r->trainer, 0, sizeof r->trainer);
+	if (!r->plan->train.present)
+		return MS_OK;
+	if ((rc = ms_file_read(plan_path, MS_FP_MAX_PLAN, &text, &len, &e)) == MS_OK)
+		rc = train_footprint(inv, r->plan, text, len, &r->trainer, &e);
+	ms_free(text);
+	if (rc == MS_ENOMEM)
+		return ms_err_nomem(err);
+	if (!r->trainer.present)
+		snprintf(r->trainer.why, sizeof r->trainer.why, "%s",
+			 e.msg[0] ? e.msg : "unknown");
+	return MS_OK;
 }

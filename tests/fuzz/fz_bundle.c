@@ -121,7 +121,7 @@ static size_t nstates(void)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct ms_import_opts o;
+	struct ms_bundle_import_opts o;
 	struct ms_err err = {0};
 	char digest[MS_STATE_DIGEST_LEN];
 	struct stat st;
@@ -145,10 +145,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		free(z);
 	}
 	assert(fclose(f) == 0);
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	o.nthreads = 1;
 	o.max_total = 64u << 20;
-	rc = ms_import_bundle(inv, input, target, &o, digest, &err);
+	rc = ms_bundle_import(inv, input, target, &o, digest, &err);
 	/* triage: what the import said */
 	if (getenv("FZ_BUNDLE_VERBOSE"))
 		fprintf(stderr, "fz_bundle: rc %d: %s\n", rc, rc ? err.msg : digest);

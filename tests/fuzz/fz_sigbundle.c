@@ -1,6 +1,6 @@
 /*
  * fz_sigbundle.c: fuzz target for the signature files of attest.h: the
- * Sigstore bundle (ms_bundle_verify), the bare DSSE envelope
+ * Sigstore bundle (ms_sigstore_verify), the bare DSSE envelope
  * (ms_dsse_verify) and the in-toto statement an OMS signature carries
  * (read by ms_oms_verify). The first byte picks what the rest is:
  *   'D'   a DSSE envelope, checked with the test key;
@@ -213,7 +213,7 @@ static void envelope(const uint8_t *data, size_t size, int bundle)
 	size_t plen = 0;
 	int rc;
 
-	rc = bundle ? ms_bundle_verify((const char *)data, size, LABEL, pub, &payload, &plen,
+	rc = bundle ? ms_sigstore_verify((const char *)data, size, LABEL, pub, &payload, &plen,
 				       &ptype, &err)
 		    : ms_dsse_verify((const char *)data, size, LABEL, pub, &payload, &plen, &ptype,
 				     &err);
@@ -268,7 +268,7 @@ static int sign_and_check(const uint8_t *p, size_t n, struct ms_err *err)
 	char *b = NULL;
 	size_t blen = 0;
 
-	assert(ms_bundle_sign(p, n, MS_OMS_PAYLOAD_TYPE, priv, &b, &blen, err) == MS_OK);
+	assert(ms_sigstore_sign(p, n, MS_OMS_PAYLOAD_TYPE, priv, &b, &blen, err) == MS_OK);
 	write_sig(b, blen);
 	ms_free(b);
 	return check_model(err);

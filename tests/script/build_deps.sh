@@ -59,16 +59,70 @@ if "$MAKE" -C "$ROOT" --no-print-directory BUILD="$W/b4" pkgcheck >"$W/out" 2>"$
 	bad "all libraries present: the check failed or printed"; sed 's/^/  /' "$W/err" | head -n 8
 fi
 
-# hash.c is a leaf: hash.h needs common.h alone (the safetensors digests
-# live beside the safetensors code), so hashing builds without file formats
+# hash.c is a leaf: hash.h needs common.h and the public header alone (the
+# safetensors digests live beside the safetensors code), so hashing builds
+# without file formats
 CC=${CC:-cc}
 if command -v "$CC" >/dev/null 2>&1; then
 	deps=$(printf '#include "hash.h"\n' | "$CC" -MM -I"$ROOT/src" -x c - 2>"$W/err" |
 	       tr ' \\' '\n\n' | sed -n 's|.*/src/||p' | sort | tr '\n' ' ')
-	if [ "$deps" = "common.h hash.h " ]; then ok; else
-		bad "hash.h includes more than common.h: $deps"; sed 's/^/  /' "$W/err" | head -n 4
+	if [ "$deps" = "common.h hash.h ms.h " ]; then ok; else
+		bad "hash.h includes more than common.h and ms.h: $deps"; sed 's/^/  /' "$W/err" | head -n 4
 	fi
 fi
+
+# The wall: ms.h is the public interface and stands alone (no header of
+# its own tree, no cJSON type); every tool but mstrain compiles with
+# nothing but a copy of it (and cli.h) on the include path, and a tool
+# that reaches for an internal header does not
+if command -v "$CC" >/dev/null 2>&1; then
+	mkdir -p "$W/pub"
+	cp "$ROOT/src/ms.h" "$ROOT/tools/cli.h" "$W/pub/"
+	CJ=$(pkg-config --cflags libcjson)
+	if grep -q '^#include "' "$ROOT/src/ms.h" || grep -Eq 'struct cJSON|cJSON \*' "$ROOT/src/ms.h"; then
+		bad "ms.h includes a header of the tree or names a cJSON type"
+	else ok; fi
+	if printf '#include "ms.h"\n' | "$CC" -std=c11 -fsyntax-only -Wall -Werror -I"$W/pub" -x c - 2>"$W/err"
+	then ok; else bad "ms.h does not compile alone"; sed 's/^/  /' "$W/err" | head -n 4; fi
+	for t in "$ROOT"/tools/*.c; do
+		case $(basename "$t") in mstrain.c) continue ;; esac
+		# shellcheck disable=SC2086
+		if "$CC" -std=c11 -D_GNU_SOURCE -fsyntax-only -I"$W/pub" $CJ "$t" 2>"$W/err"; then ok; else
+			bad "$(basename "$t") does not build against ms.h alone"
+			sed 's/^/  /' "$W/err" | head -n 4
+		fi
+	done
+	# the check can fail: the same tool with an internal header added
+	{ printf '#include "inventory.h"\n'; cat "$ROOT/tools/msverify.c"; } >"$W/pub/wall.c"
+	# shellcheck disable=SC2086
+	if "$CC" -std=c11 -D_GNU_SOURCE -fsyntax-only -I"$W/pub" $CJ "$W/pub/wall.c" 2>"$W/err"; then
+		bad "a tool including inventory.h built against the public header"
+	elif grep -q 'inventory.h' "$W/err"; then ok; else
+		bad "a tool including inventory.h failed for another reason"; sed 's/^/  /' "$W/err" | head -n 4
+	fi
+	rm -f "$W/pub/wall.c"
+fi
+
+# make install ships the public header alone, and libms.pc points at it
+if [ -n "${MS_BUILD:-}" ] && [ -f "$MS_BUILD/libms.a" ]; then
+	if "$MAKE" -C "$ROOT" --no-print-directory BUILD="$MS_BUILD" DESTDIR="$W/inst" PREFIX=/usr \
+		install >"$W/out" 2>"$W/err"; then
+		hdrs=$(cd "$W/inst/usr/include/ms" && ls | tr '\n' ' ')
+		pc=$(PKG_CONFIG_LIBDIR="$W/inst/usr/lib/pkgconfig" \
+		     pkg-config --variable=includedir libms 2>&1)
+		if [ "$hdrs" = "ms.h " ] && [ "$pc" = "/usr/include/ms" ]; then ok; else
+			bad "make install: include/ms holds '$hdrs', libms.pc gives '$pc'"
+		fi
+	else
+		bad "make install failed"; sed 's/^/  /' "$W/err" | tail -n 4
+	fi
+fi
+
+# File names are unique across the tree: no two sources (.c, .cu) share a
+# stem, so an object, a symbol in a profile or a stack trace names one file
+dups=$(cd "$ROOT" && find src tools kernels tests -name '*.c' -o -name '*.cu' |
+       sed 's|.*/||; s|\.[^.]*$||' | sort | uniq -d | tr '\n' ' ')
+if [ -z "$dups" ]; then ok; else bad "source files sharing a stem: $dups"; fi
 
 echo "build_deps: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -116,7 +116,7 @@ static char *slurp(const char *path, size_t *n)
 	char *s = NULL;
 	struct ms_err err = {0};
 
-	if (ms_read_file(path, 1u << 26, &s, n, &err) != MS_OK)
+	if (ms_file_read(path, 1u << 26, &s, n, &err) != MS_OK)
 		return NULL;
 	return s;
 }
@@ -284,7 +284,7 @@ static int test_root_digest(void)
 		T_ASSERT(!strncmp(text, head, sizeof(head) - 1));
 	}
 	T_ASSERT_EQ_INT(ms_key_load_public(pub, &k, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_bundle_verify(text, n, "root.sig", k, &payload, &pn, &pt, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_sigstore_verify(text, n, "root.sig", k, &payload, &pn, &pt, &err), MS_OK);
 	T_ASSERT_STR(pt, "application/vnd.in-toto+json");
 	T_ASSERT(strstr((char *)payload, root));
 	T_ASSERT(strstr((char *)payload, "\"predicateType\": \"https://model_signing/signature/v1.0\""));
@@ -541,7 +541,7 @@ static int test_malformed_bundles(void)
 
 	T_ASSERT_EQ_INT(ms_key_load_public(pub, &k, &err), MS_OK);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		int rc = ms_bundle_verify(bad[i], strlen(bad[i]), "bad.sig", k, &payload, &pn,
+		int rc = ms_sigstore_verify(bad[i], strlen(bad[i]), "bad.sig", k, &payload, &pn,
 					  &pt, &err);
 
 		T_ASSERT_MSG(rc == MS_EINVAL, "case %zu: rc %d (%s)", i, rc, err.msg);
@@ -549,7 +549,7 @@ static int test_malformed_bundles(void)
 	}
 	memset(deep, '[', 100);
 	memset(deep + 100, ']', 100);
-	T_ASSERT_EQ_INT(ms_bundle_verify(deep, sizeof(deep), "deep.sig", k, &payload, &pn, &pt,
+	T_ASSERT_EQ_INT(ms_sigstore_verify(deep, sizeof(deep), "deep.sig", k, &payload, &pn, &pt,
 					 &err),
 			MS_EINVAL);
 	T_ASSERT(strstr(err.msg, "deep"));
@@ -592,10 +592,10 @@ static int verify_statement(const char *dir, const char *stmt, struct ms_err *er
 
 	rc = ms_key_load_private(priv, &k, err);
 	if (rc == MS_OK)
-		rc = ms_bundle_sign(stmt, strlen(stmt), MS_OMS_PAYLOAD_TYPE, k, &bundle, &n, err);
+		rc = ms_sigstore_sign(stmt, strlen(stmt), MS_OMS_PAYLOAD_TYPE, k, &bundle, &n, err);
 	unlink(sig);
 	if (rc == MS_OK)
-		rc = ms_write_file_atomic(sig, bundle, n, 0, err);
+		rc = ms_file_write_atomic(sig, bundle, n, 0, err);
 	if (rc == MS_OK)
 		rc = verify_model(dir, "k256", sig, &res, err);
 	ms_oms_result_release(&res);

@@ -220,7 +220,7 @@ static int env_setup(struct env *v, const char *name)
 	p = v->src;
 	if (ms_inv_add_paths(v->inv, &p, 1, &o, v->digest, &err) != MS_OK)
 		goto fail;
-	if (ms_export_state(v->inv, v->digest, v->bundle, 0, 2, &err) != MS_OK)
+	if (ms_bundle_export(v->inv, v->digest, v->bundle, 0, 2, &err) != MS_OK)
 		goto fail;
 	if (read_members(v->bundle, v) || v->n != 1 + NMEMBERS)
 		return -1;
@@ -383,14 +383,14 @@ static void set_num(cJSON *o, const char *key, double val)
 /* Import path into the sandbox; it must fail with code and an error line
  * holding the archive's name and every needle, leave the sentinel tree as
  * it was, and register nothing. */
-static int refused_as(struct env *v, const char *path, const struct ms_import_opts *o, int code,
+static int refused_as(struct env *v, const char *path, const struct ms_bundle_import_opts *o, int code,
 		      int named, const char *n1, const char *n2)
 {
 	char *before = listing(v->box), *after;
 	char digest[MS_STATE_DIGEST_LEN] = "";
 	struct ms_err err = {0};
 	size_t states = nstates(v->dst);
-	int rc = ms_import_bundle(v->dst, path, v->into, o, digest, &err);
+	int rc = ms_bundle_import(v->dst, path, v->into, o, digest, &err);
 
 	after = listing(v->box);
 	if (getenv("T_VERBOSE"))
@@ -410,7 +410,7 @@ static int refused_as(struct env *v, const char *path, const struct ms_import_op
 }
 
 /* A refusal of the archive itself: the line names it. */
-static int refused(struct env *v, const char *path, const struct ms_import_opts *o, int code,
+static int refused(struct env *v, const char *path, const struct ms_bundle_import_opts *o, int code,
 		   const char *n1, const char *n2)
 {
 	return refused_as(v, path, o, code, 1, n1, n2);
@@ -509,17 +509,17 @@ static int test_export_deterministic(void)
 	T_ASSERT(env_setup(&v, "determ") == 0);
 	a = ms_asprintf("%s/a.tar.zst", v.dir);
 	b = ms_asprintf("%s/b.tar.zst", v.dir);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, a, 0, 1, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, b, 0, 2, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, a, 0, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, b, 0, 2, &err), MS_OK);
 	x = slurp(a, &nx);
 	y = slurp(b, &ny);
 	T_ASSERT(x && y);
 	T_ASSERT_EQ_INT(nx, ny);
 	T_ASSERT(memcmp(x, y, nx) == 0);
 	free(y);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, a, 0, 2, &err), MS_EEXIST);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, a, 0, 2, &err), MS_EEXIST);
 	T_ASSERT(strstr(err.msg, a) != NULL);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, a, 1, 3, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, a, 1, 3, &err), MS_OK);
 	y = slurp(a, &ny);
 	T_ASSERT(y && ny == nx && memcmp(x, y, nx) == 0);
 	free(x);
@@ -553,14 +553,14 @@ static int test_export_refuses_changed_files(void)
 	byte ^= 0x10;
 	T_ASSERT(pwrite(fd, &byte, 1, (off_t)v.len[gm(&v, MEMBERS[1])] - 1) == 1);
 	close(fd);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, out, 0, 2, &err), MS_ECHECK);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, out, 0, 2, &err), MS_ECHECK);
 	T_ASSERT_MSG(strstr(err.msg, MEMBERS[1]) && strstr(err.msg, "tensor '") &&
 		     strstr(err.msg, "digest mismatch"), "%s", err.msg);
 	after = listing(outdir);
 	T_ASSERT_STR(after, before);
 	free(after);
 	T_ASSERT(unlink(f2) == 0);
-	T_ASSERT_EQ_INT(ms_export_state(v.inv, v.digest, out, 0, 2, &err), MS_ECHECK);
+	T_ASSERT_EQ_INT(ms_bundle_export(v.inv, v.digest, out, 0, 2, &err), MS_ECHECK);
 	T_ASSERT_MSG(strstr(err.msg, MEMBERS[1]) && strstr(err.msg, "missing"), "%s", err.msg);
 	after = listing(outdir);
 	T_ASSERT_STR(after, before);
@@ -580,8 +580,8 @@ static int test_export_refuses_changed_files(void)
 static int test_round_trip(void)
 {
 	struct env v;
-	struct ms_import_opts o;
-	struct ms_import_stats st;
+	struct ms_bundle_import_opts o;
+	struct ms_bundle_import_stats st;
 	struct ms_inv_state *s1 = NULL, *s2 = NULL;
 	struct ms_vstate *vs = NULL;
 	struct ms_vreport r;
@@ -589,10 +589,10 @@ static int test_round_trip(void)
 	char digest[MS_STATE_DIGEST_LEN];
 
 	T_ASSERT(env_setup(&v, "round") == 0);
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	o.nthreads = 2;
 	o.stats = &st;
-	T_ASSERT_MSG(ms_import_bundle(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
+	T_ASSERT_MSG(ms_bundle_import(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
 		     err.msg);
 	T_ASSERT_STR(digest, v.digest);
 	T_ASSERT_EQ_INT(st.members, NMEMBERS);
@@ -666,8 +666,8 @@ static int test_non_ascii_name(void)
 	T_ASSERT(sh("cp '%s/hf/mixtral/model.safetensors' '%s'", T_FIXTURES, file) == 0);
 	p = dir;
 	T_ASSERT_EQ_INT(ms_inv_add_paths(v.inv, &p, 1, NULL, digest, &err), MS_OK);
-	T_ASSERT_MSG(ms_export_state(v.inv, digest, bundle, 0, 2, &err) == MS_OK, "%s", err.msg);
-	T_ASSERT_MSG(ms_import_bundle(v.dst, bundle, into, NULL, d2, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_bundle_export(v.inv, digest, bundle, 0, 2, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_bundle_import(v.dst, bundle, into, NULL, d2, &err) == MS_OK, "%s", err.msg);
 	T_ASSERT_STR(d2, digest);
 	ms_free(file);
 	file = ms_asprintf("%s/mod\xc3\xa8le.safetensors", into);
@@ -684,12 +684,12 @@ static int test_non_ascii_name(void)
 static int test_plan(void)
 {
 	struct env v;
-	struct ms_import_plan *p = NULL;
+	struct ms_bundle_import_plan *p = NULL;
 	struct ms_err err = {0};
 	uint64_t total = 0;
 
 	T_ASSERT(env_setup(&v, "plan") == 0);
-	T_ASSERT_EQ_INT(ms_import_plan_read(v.bundle, NULL, &p, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_bundle_import_plan_read(v.bundle, NULL, &p, &err), MS_OK);
 	T_ASSERT_STR(p->digest, v.digest);
 	T_ASSERT_STR(p->kind, "base");
 	T_ASSERT_STR(p->label, "qwen-base");
@@ -702,7 +702,7 @@ static int test_plan(void)
 	T_ASSERT_EQ_INT(p->total_bytes, total);
 	T_ASSERT_EQ_INT(p->manifest_bytes, v.len[0]);
 	T_ASSERT(p->ntensors > 10);
-	ms_import_plan_free(p);
+	ms_bundle_import_plan_free(p);
 	env_free(&v);
 	return 0;
 }
@@ -713,7 +713,7 @@ static int test_plan(void)
 static int test_target_and_label(void)
 {
 	struct env v;
-	struct ms_import_opts o;
+	struct ms_bundle_import_opts o;
 	struct ms_inv_add_opts ao;
 	struct ms_inv_state *s = NULL;
 	struct ms_err err = {0};
@@ -721,11 +721,11 @@ static int test_target_and_label(void)
 	const char *p;
 
 	T_ASSERT(env_setup(&v, "target") == 0);
-	ms_import_opts_init(&o);
-	T_ASSERT_EQ_INT(ms_import_bundle(v.dst, v.bundle, v.into, &o, digest, &err), MS_OK);
+	ms_bundle_import_opts_init(&o);
+	T_ASSERT_EQ_INT(ms_bundle_import(v.dst, v.bundle, v.into, &o, digest, &err), MS_OK);
 	T_ASSERT(refused_as(&v, v.bundle, &o, MS_EEXIST, 0, v.into, "exists") == 0);
 	o.force = 1;
-	T_ASSERT_MSG(ms_import_bundle(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
+	T_ASSERT_MSG(ms_bundle_import(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
 		     err.msg);
 	l = listing(v.box);
 	T_ASSERT_MSG(!strstr(l, ".replaced-") && !strstr(l, ".import-") && !strstr(l, ".tmp-") &&
@@ -739,7 +739,7 @@ static int test_target_and_label(void)
 	{
 		char *before = listing(v.box);
 
-		T_ASSERT_EQ_INT(ms_import_bundle(v.dst, v.bundle, plain, &o, digest, &err), MS_EEXIST);
+		T_ASSERT_EQ_INT(ms_bundle_import(v.dst, v.bundle, plain, &o, digest, &err), MS_EEXIST);
 		T_ASSERT(strstr(err.msg, "not replacing") != NULL);
 		l = listing(v.box);
 		T_ASSERT_STR(l, before);
@@ -763,12 +763,12 @@ static int test_target_and_label(void)
 		v.dst = fresh;
 		ms_free(db);
 	}
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	snprintf(v.into, sizeof(v.into), "%s/sandbox/second", v.box);
 	T_ASSERT(refused_as(&v, v.bundle, &o, MS_EEXIST, 0, "label 'qwen-base' already names state",
 			    other) == 0);
 	o.label = "qwen-imported";
-	T_ASSERT_MSG(ms_import_bundle(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
+	T_ASSERT_MSG(ms_bundle_import(v.dst, v.bundle, v.into, &o, digest, &err) == MS_OK, "%s",
 		     err.msg);
 	T_ASSERT_EQ_INT(ms_inv_state_get(v.dst, digest, &s, &err), MS_OK);
 	T_ASSERT_STR(s->label, "qwen-imported");
@@ -818,7 +818,7 @@ static int test_hostile_paths(void)
 		struct ms_err err = {0};
 		char d[MS_STATE_DIGEST_LEN];
 
-		T_ASSERT(ms_import_bundle(v.dst, path, v.into, NULL, d, &err) == MS_EINVAL);
+		T_ASSERT(ms_bundle_import(v.dst, path, v.into, NULL, d, &err) == MS_EINVAL);
 		snprintf(msg, sizeof(msg), "'%s': member '../evil': path escapes the target directory",
 			 path);
 		T_ASSERT_STR(err.msg, msg);
@@ -1061,7 +1061,7 @@ static void set_ep(cJSON *o, void *ctx)
 }
 
 static int lying(struct env *v, const char *tag, struct lie *l, const struct hent *replace,
-		 const struct ms_import_opts *o, int code, const char *n1, const char *n2)
+		 const struct ms_bundle_import_opts *o, int code, const char *n1, const char *n2)
 {
 	char *man = edit_manifest(v, apply_lie, l), *path = arch_path(v, tag);
 	int rc;
@@ -1170,7 +1170,7 @@ static int test_hostile_bombs(void)
 	struct env v;
 	struct lie l;
 	struct hent e;
-	struct ms_import_opts o;
+	struct ms_bundle_import_opts o;
 	char *path;
 	double t0;
 
@@ -1182,7 +1182,7 @@ static int test_hostile_bombs(void)
 	for (size_t i = 2; i < v.n; i++)
 		l.total += (double)v.len[i];
 	e = (struct hent){MEMBERS[0], 'f', NULL, 0, NULL, 200000000};
-	ms_import_opts_init(&o);
+	ms_bundle_import_opts_init(&o);
 	o.max_total = 16u << 20;
 	t0 = ms_now();
 	T_ASSERT(lying(&v, "zeros", &l, &e, &o, MS_EINVAL, "member 'MANIFEST.json'",
@@ -1190,12 +1190,12 @@ static int test_hostile_bombs(void)
 	/* the default cap (1 TiB) takes it; the declared size still binds */
 	{
 		char *p = arch_path(&v, "zeros");
-		struct ms_import_plan *plan = NULL;
+		struct ms_bundle_import_plan *plan = NULL;
 		struct ms_err err = {0};
 
-		T_ASSERT_EQ_INT(ms_import_plan_read(p, NULL, &plan, &err), MS_OK);
+		T_ASSERT_EQ_INT(ms_bundle_import_plan_read(p, NULL, &plan, &err), MS_OK);
 		T_ASSERT_EQ_INT(plan->total_bytes, (uint64_t)l.total);
-		ms_import_plan_free(plan);
+		ms_bundle_import_plan_free(plan);
 		ms_free(p);
 	}
 
@@ -1293,7 +1293,7 @@ static int test_hostile_manifest_paths(void)
 static int test_many_members_plan(void)
 {
 	struct env v;
-	struct ms_import_plan *p = NULL;
+	struct ms_bundle_import_plan *p = NULL;
 	struct ms_err err = {0};
 	struct ms_buf b;
 	struct hent h;
@@ -1320,11 +1320,11 @@ static int test_many_members_plan(void)
 	path = arch_path(&v, "many");
 	T_ASSERT(write_archive(path, &h, 1, 1) == 0);
 	t0 = ms_now();
-	T_ASSERT_MSG(ms_import_plan_read(path, NULL, &p, &err) == MS_OK, "%s", err.msg);
+	T_ASSERT_MSG(ms_bundle_import_plan_read(path, NULL, &p, &err) == MS_OK, "%s", err.msg);
 	T_ASSERT_MSG(ms_now() - t0 < 5, "%.1f s", ms_now() - t0);
 	T_ASSERT_EQ_INT(p->nmembers, n);
 	T_ASSERT_EQ_INT(p->total_bytes, 0);
-	ms_import_plan_free(p);
+	ms_bundle_import_plan_free(p);
 	ms_buf_release(&b);
 	ms_free(path);
 	env_free(&v);

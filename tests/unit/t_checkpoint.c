@@ -207,8 +207,8 @@ static int copy_file(const char *from, const char *to)
 	size_t len;
 	struct ms_err err = {0};
 
-	T_ASSERT_EQ_INT(ms_read_file(from, 64u << 20, &text, &len, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(to, text, len, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_read(from, 64u << 20, &text, &len, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(to, text, len, 1, &err), MS_OK);
 	ms_free(text);
 	return 0;
 }
@@ -239,7 +239,7 @@ static char *make_hf_cache(const char *name, int wrong_blob)
 
 		snprintf(src_rel, sizeof(src_rel), "hf/qwen3moe-sharded/%s", files[i]);
 		src = fx(src_rel);
-		if (ms_file_sha256(src, d, &err))
+		if (ms_sha256_file(src, d, &err))
 			return NULL;
 		ms_hex(d, MS_SHA256_LEN, hex);
 		if (i == 0)
@@ -343,7 +343,7 @@ static int test_configs_recorded(void)
 	T_ASSERT_EQ_INT(c->nconfigs, 2); /* and generation_config.json */
 	cfg = ms_ckpt_config(c, "config.json");
 	T_ASSERT(cfg);
-	T_ASSERT_EQ_INT(ms_read_file(p, 1 << 20, &text, &len, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_read(p, 1 << 20, &text, &len, &err), MS_OK);
 	T_ASSERT_EQ_INT(cfg->len, len);
 	T_ASSERT(!memcmp(cfg->text, text, len));
 	T_ASSERT_EQ_INT(ms_sha256(text, len, d), MS_OK);
@@ -369,7 +369,7 @@ static int write_index(const char *dir, const char *text)
 	char *p = ms_path_join(dir, "model.safetensors.index.json");
 	struct ms_err err = {0};
 
-	T_ASSERT_EQ_INT(ms_write_file_atomic(p, text, strlen(text), 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(p, text, strlen(text), 1, &err), MS_OK);
 	ms_free(p);
 	return 0;
 }
@@ -555,13 +555,13 @@ static int test_side_files(void)
 	for (size_t i = 0; i < sizeof(side) / sizeof(side[0]); i++) {
 		p = ms_path_join(dir, side[i]);
 		/* tokenizer.model is binary (sentencepiece): bytes with NULs */
-		T_ASSERT_EQ_INT(ms_write_file_atomic(p, i == 4 ? "\x00\x01\x02bin" : side[i],
+		T_ASSERT_EQ_INT(ms_file_write_atomic(p, i == 4 ? "\x00\x01\x02bin" : side[i],
 						     i == 4 ? 6 : strlen(side[i]), 1, &err), MS_OK);
 		ms_free(p);
 	}
 	for (size_t i = 0; i < sizeof(not_side) / sizeof(not_side[0]); i++) {
 		p = ms_path_join(dir, not_side[i]);
-		T_ASSERT_EQ_INT(ms_write_file_atomic(p, "zz", 2, 1, &err), MS_OK);
+		T_ASSERT_EQ_INT(ms_file_write_atomic(p, "zz", 2, 1, &err), MS_OK);
 		ms_free(p);
 	}
 	T_ASSERT_MSG(ms_ckpt_open(dir, &c, &err) == MS_OK, "%s", err.msg);

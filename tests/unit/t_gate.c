@@ -24,7 +24,7 @@ static int write_text(const char *path, const char *text)
 {
 	struct ms_err err = {0};
 
-	return ms_write_file_atomic(path, text, strlen(text), 1, &err);
+	return ms_file_write_atomic(path, text, strlen(text), 1, &err);
 }
 
 static const char *env_get(const struct ms_gate *g, const char *name)

@@ -119,7 +119,7 @@ static int test_file_sha256_fixtures(void)
 		char *path = ms_path_join(T_FIXTURES, want[i].rel);
 
 		T_ASSERT(path);
-		T_ASSERT_EQ_INT(ms_file_sha256(path, d, &err), MS_OK);
+		T_ASSERT_EQ_INT(ms_sha256_file(path, d, &err), MS_OK);
 		T_ASSERT(hex_is(d, want[i].hex));
 		ms_free(path);
 	}
@@ -132,13 +132,13 @@ static int test_file_sha256_errors(void)
 	struct ms_err err = {0};
 	char *path = ms_path_join(T_TMP, "does-not-exist");
 
-	T_ASSERT_EQ_INT(ms_file_sha256(path, d, &err), MS_ENOTFOUND);
+	T_ASSERT_EQ_INT(ms_sha256_file(path, d, &err), MS_ENOTFOUND);
 	T_ASSERT(strstr(err.msg, "does-not-exist"));
 	ms_free(path);
 	/* an empty file hashes to the empty digest */
 	path = ms_path_join(T_TMP, "empty");
-	T_ASSERT_EQ_INT(ms_write_file_atomic(path, "", 0, 0, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_file_sha256(path, d, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(path, "", 0, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_sha256_file(path, d, &err), MS_OK);
 	T_ASSERT(hex_is(d, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"));
 	ms_free(path);
 	return 0;
@@ -155,8 +155,8 @@ static int test_file_sha256_large(void)
 
 	T_ASSERT(buf && path);
 	fill(buf, n);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(path, buf, n, 0, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_file_sha256(path, a, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(path, buf, n, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_sha256_file(path, a, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_sha256(buf, n, b), MS_OK);
 	T_ASSERT(!memcmp(a, b, MS_SHA256_LEN));
 	free(buf);

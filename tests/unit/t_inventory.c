@@ -290,7 +290,7 @@ static int test_open_create_and_refusals(void)
 	T_ASSERT(inv == NULL && strstr(err.msg, "newer"));
 
 	/* not a database, and someone else's database */
-	T_ASSERT_EQ_INT(ms_write_file_atomic(junk, "hello, world: not sqlite at all\n", 32, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(junk, "hello, world: not sqlite at all\n", 32, 1, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_inv_open(junk, 0, &inv, &err), MS_EDB);
 	T_ASSERT(strstr(err.msg, "not an inventory"));
 	T_ASSERT_EQ_INT(raw_sql("other.db", "CREATE TABLE t (x)"), SQLITE_OK);
@@ -738,7 +738,7 @@ static int test_migrate_from_v1(void)
 	size_t len;
 	int64_t n;
 
-	T_ASSERT_EQ_INT(ms_read_file(schema, 1 << 20, &sql, &len, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_read(schema, 1 << 20, &sql, &len, &err), MS_OK);
 	unlink(p);
 	T_ASSERT_EQ_INT(raw_sql("v1.db", sql), SQLITE_OK);
 	e.seq = 1;
@@ -1264,7 +1264,7 @@ static int copy_file(const char *from, const char *to)
 
 	if (read_all(from, &buf, &n))
 		return -1;
-	rc = ms_write_file_atomic(to, buf, n, 1, &err);
+	rc = ms_file_write_atomic(to, buf, n, 1, &err);
 	free(buf);
 	return rc;
 }
@@ -1440,9 +1440,9 @@ static int test_gc_removes_dead_temporaries_and_unused_rows(void)
 	dead = ms_asprintf("%s/.g.safetensors.tmp-%ld-deadbeef", dir, (long)child);
 	live = ms_asprintf("%s/.g.safetensors.tmp-%ld-0000beef", dir, (long)getpid());
 	other = ms_asprintf("%s/.hidden-but-not-ours", dir);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(dead, "x", 1, 1, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(live, "x", 1, 1, &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(other, "x", 1, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(dead, "x", 1, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(live, "x", 1, 1, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(other, "x", 1, 1, &err), MS_OK);
 
 	T_ASSERT_EQ_INT(ms_inv_gc(inv, NULL, 0, 1, count_gc, counts, &n, &err), MS_OK);
 	T_ASSERT_EQ_INT(counts[0], 1);

@@ -456,7 +456,7 @@ static int test_fixtures_match_truth(void)
 	cJSON *truth;
 	int checked = 0, ntruth;
 
-	T_ASSERT_EQ_INT(ms_read_file(path, 1 << 20, &text, &len, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_read(path, 1 << 20, &text, &len, &err), MS_OK);
 	truth = cJSON_Parse(text);
 	T_ASSERT(truth);
 	ntruth = cJSON_GetArraySize(truth);
@@ -911,7 +911,7 @@ static int test_open_paths(void)
 	T_ASSERT_EQ_INT(ms_st_open(T_TMP, &f, &err), MS_EINVAL);
 	T_ASSERT(strstr(err.msg, "not a regular file"));
 	/* an empty file is bad input, not a crash in mmap */
-	T_ASSERT_EQ_INT(ms_write_file_atomic(p, "", 0, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(p, "", 0, 0, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_st_open(p, &f, &err), MS_EINVAL);
 	T_ASSERT(strstr(err.msg, "file is 0 bytes"));
 	ms_free(p);
@@ -1130,7 +1130,7 @@ static int test_writer_header_is_plain_json(void)
 	T_ASSERT_EQ_INT(ms_st_writer_add(w, "w2", MS_DTYPE_F4, 1, shape + 1, data, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_st_writer_commit(w, &err), MS_OK);
 	ms_st_writer_free(w);
-	T_ASSERT_EQ_INT(ms_read_file(path, 4096, &text, &len, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_read(path, 4096, &text, &len, &err), MS_OK);
 	for (int k = 7; k >= 0; k--)
 		n = n << 8 | (uint8_t)text[k];
 	T_ASSERT_EQ_INT(len, 8 + n + 24 + 1);
@@ -1213,7 +1213,7 @@ static int test_writer_no_overwrite(void)
 	struct ms_err err = {0};
 	uint64_t shape[1] = {4};
 
-	T_ASSERT_EQ_INT(ms_write_file_atomic(path, "keep", 4, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(path, "keep", 4, 0, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_st_writer_new(path, 0, &w, &err), MS_EEXIST);
 	T_ASSERT(strstr(err.msg, "exists.safetensors"));
 	T_ASSERT_EQ_INT(ms_st_writer_new(path, 1, &w, &err), MS_OK);
@@ -1227,14 +1227,14 @@ static int test_writer_no_overwrite(void)
 	unlink(path);
 	T_ASSERT_EQ_INT(ms_st_writer_new(path, 0, &w, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_st_writer_add(w, "x", MS_DTYPE_U8, 1, shape, "abcd", &err), MS_OK);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(path, "won", 3, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(path, "won", 3, 0, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_st_writer_commit(w, &err), MS_EEXIST);
 	ms_st_writer_free(w);
 	{
 		char *text;
 		size_t len;
 
-		T_ASSERT_EQ_INT(ms_read_file(path, 16, &text, &len, &err), MS_OK);
+		T_ASSERT_EQ_INT(ms_file_read(path, 16, &text, &len, &err), MS_OK);
 		T_ASSERT_STR(text, "won");
 		ms_free(text);
 	}

@@ -122,7 +122,7 @@ static double json_num(const char *path, const char *key)
 	cJSON *root;
 	double v = NAN;
 
-	if (ms_read_file(path, 1 << 20, &text, &len, &err) != MS_OK)
+	if (ms_file_read(path, 1 << 20, &text, &len, &err) != MS_OK)
 		return NAN;
 	root = cJSON_Parse(text);
 	if (cJSON_IsNumber(cJSON_GetObjectItem(root, key)))
@@ -150,7 +150,7 @@ static int manifest_param(const char *dir, const char *name, char *out, size_t n
 	int found = 0;
 
 	bprintf(path, sizeof(path), "%s/ep_manifest.json", dir);
-	if (ms_read_file(path, 64 << 20, &text, &len, &err) != MS_OK)
+	if (ms_file_read(path, 64 << 20, &text, &len, &err) != MS_OK)
 		return 0;
 	root = cJSON_Parse(text);
 	cJSON_ArrayForEach(t, cJSON_GetObjectItem(root, "tensors")) {
@@ -679,7 +679,7 @@ static int test_placement(void)
 	T_ASSERT_EQ_INT(ms_ep_placement_from_json(map, sizeof(map) - 1, "m", 0, 2, &p, &err),
 			MS_EINVAL);
 	bprintf(path, sizeof(path), "%s/map.json", T_TMP);
-	T_ASSERT(ms_write_file_atomic(path, map, sizeof(map) - 1, 1, &err) == MS_OK);
+	T_ASSERT(ms_file_write_atomic(path, map, sizeof(map) - 1, 1, &err) == MS_OK);
 	T_ASSERT(ms_ep_placement_new(path, 6, 4, &p, &err) == MS_OK);
 	ms_ep_placement_free(p);
 	return 0;
@@ -698,7 +698,7 @@ static int test_uneven_map(void)
 	bprintf(path, sizeof(path), "%s/uneven.json", T_TMP);
 	bprintf(dir, sizeof(dir), "%s/uneven", T_TMP);
 	bprintf(mdir, sizeof(mdir), "%s/uneven.merged", T_TMP);
-	T_ASSERT(ms_write_file_atomic(path, map, sizeof(map) - 1, 1, &err) == MS_OK);
+	T_ASSERT(ms_file_write_atomic(path, map, sizeof(map) - 1, 1, &err) == MS_OK);
 	T_ASSERT_EQ_INT(split(fx(FX_E6 "/adapter"), dir, 4, "contiguous", &err), MS_EINVAL);
 	T_ASSERT_EQ_INT(split(fx(FX_E6 "/adapter"), dir, 4, "round-robin", &err), MS_EINVAL);
 	T_ASSERT_MSG(split(fx(FX_E6 "/adapter"), dir, 4, path, &err) == MS_OK, "%s", err.msg);
@@ -750,14 +750,14 @@ static int replace_in_file(const char *path, const char *from, const char *to)
 	struct ms_err err = { 0 };
 	struct ms_buf b;
 
-	T_ASSERT(ms_read_file(path, 64 << 20, &text, &len, &err) == MS_OK);
+	T_ASSERT(ms_file_read(path, 64 << 20, &text, &len, &err) == MS_OK);
 	p = strstr(text, from);
 	T_ASSERT_MSG(p, "'%s' not in %s", from, path);
 	ms_buf_init(&b);
 	ms_buf_append(&b, text, (size_t)(p - text));
 	ms_buf_puts(&b, to);
 	ms_buf_puts(&b, p + strlen(from));
-	T_ASSERT(ms_write_file_atomic(path, b.data, b.len, 1, &err) == MS_OK);
+	T_ASSERT(ms_file_write_atomic(path, b.data, b.len, 1, &err) == MS_OK);
 	ms_buf_release(&b);
 	ms_free(text);
 	return 0;
@@ -873,12 +873,12 @@ static int test_hostile_sets(void)
 		char *text = NULL, *p;
 		size_t len;
 
-		T_ASSERT(ms_read_file(a, 64 << 20, &text, &len, &err) == MS_OK);
+		T_ASSERT(ms_file_read(a, 64 << 20, &text, &len, &err) == MS_OK);
 		p = strstr(text, "\"experts\":\t[{");
 		T_ASSERT(p && (p = strstr(p, "\"part\":\t\"lora_B\"")) && (p = strstr(p, "\"sha256\":\t\"")));
 		p += strlen("\"sha256\":\t\"");
 		*p = *p == '0' ? '1' : '0';
-		T_ASSERT(ms_write_file_atomic(a, text, len, 1, &err) == MS_OK);
+		T_ASSERT(ms_file_write_atomic(a, text, len, 1, &err) == MS_OK);
 		ms_free(text);
 	}
 	if (expect_fail(d, MS_ECHECK, "expert", "does not match the manifest"))
@@ -890,12 +890,12 @@ static int test_hostile_sets(void)
 		char *text = NULL, *p;
 		size_t len;
 
-		T_ASSERT(ms_read_file(a, 64 << 20, &text, &len, &err) == MS_OK);
+		T_ASSERT(ms_file_read(a, 64 << 20, &text, &len, &err) == MS_OK);
 		p = strstr(text, "\"tensors\":\t[{");
 		T_ASSERT(p && (p = strstr(p, "\"sha256\":\t\"")));
 		p += strlen("\"sha256\":\t\"");
 		*p = *p == '0' ? '1' : '0';
-		T_ASSERT(ms_write_file_atomic(a, text, len, 1, &err) == MS_OK);
+		T_ASSERT(ms_file_write_atomic(a, text, len, 1, &err) == MS_OK);
 		ms_free(text);
 	}
 	if (expect_fail(d, MS_ECHECK, "source", NULL))
@@ -1120,8 +1120,8 @@ static int test_expert_digests_layout_free(void)
 	T_ASSERT(split(fx(FX_E6 "/adapter"), b, 3, "round-robin", &err) == MS_OK);
 	strcat(a, "/ep_manifest.json");
 	strcat(b, "/ep_manifest.json");
-	T_ASSERT(ms_read_file(a, 64 << 20, &t1, &l1, &err) == MS_OK);
-	T_ASSERT(ms_read_file(b, 64 << 20, &t2, &l2, &err) == MS_OK);
+	T_ASSERT(ms_file_read(a, 64 << 20, &t1, &l1, &err) == MS_OK);
+	T_ASSERT(ms_file_read(b, 64 << 20, &t2, &l2, &err) == MS_OK);
 	m1 = cJSON_Parse(t1);
 	m2 = cJSON_Parse(t2);
 	T_ASSERT(cJSON_Compare(cJSON_GetObjectItem(m1, "experts"), cJSON_GetObjectItem(m2, "experts"),
@@ -1174,7 +1174,7 @@ static int test_index_roundtrip(void)
 	T_ASSERT(ms_st_writer_commit(w, &err) == MS_OK);
 	ms_st_writer_free(w);
 	bprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-	T_ASSERT(ms_write_file_atomic(path, index, sizeof(index) - 1, 1, &err) == MS_OK);
+	T_ASSERT(ms_file_write_atomic(path, index, sizeof(index) - 1, 1, &err) == MS_OK);
 
 	bprintf(sd, sizeof(sd), "%s.ep", dir);
 	bprintf(md, sizeof(md), "%s.merged", dir);
@@ -1399,7 +1399,7 @@ static int fused_case(const char *name, uint32_t E, uint32_t r, uint32_t in, uin
 	bprintf(y, sizeof(y), "{\"peft_type\": \"LORA\", \"r\": %u, \"lora_alpha\": %u, "
 		"\"target_modules\": [], \"target_parameters\": [\"mlp.experts.down_proj\"]}\n",
 		r, 2 * r);
-	T_ASSERT(ms_write_file_atomic(x, y, strlen(y), 1, &err) == MS_OK);
+	T_ASSERT(ms_file_write_atomic(x, y, strlen(y), 1, &err) == MS_OK);
 	bprintf(x, sizeof(x), "%s/adapter_model.safetensors", src);
 	T_ASSERT(ms_st_writer_new(x, 1, &w, &err) == MS_OK);
 	T_ASSERT(ms_st_writer_add(w, "base_model.model.model.layers.0.mlp.experts.lora_A.weight",
@@ -1429,7 +1429,7 @@ static int fused_case(const char *name, uint32_t E, uint32_t r, uint32_t in, uin
 
 	/* every expert's digests, regrouped here */
 	bprintf(x, sizeof(x), "%s/ep_manifest.json", d4);
-	T_ASSERT(ms_read_file(x, 1u << 30, &text, &len, &err) == MS_OK);
+	T_ASSERT(ms_file_read(x, 1u << 30, &text, &len, &err) == MS_OK);
 	root = cJSON_Parse(text);
 	free(text);
 	T_ASSERT(root);

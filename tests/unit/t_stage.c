@@ -153,7 +153,7 @@ static int test_file_and_lock(void)
 	/* a second writer beside it is refused at once */
 	T_ASSERT_EQ_INT(ms_stage_open(&other, dest, "output", MS_STAGE_LOCK, &err), MS_EEXIST);
 	T_ASSERT_MSG(strstr(err.msg, "another writer won"), "%s", err.msg);
-	T_ASSERT_EQ_INT(ms_write_file_atomic(ms_stage_path(&st), "abc", 3, 0, &err), MS_OK);
+	T_ASSERT_EQ_INT(ms_file_write_atomic(ms_stage_path(&st), "abc", 3, 0, &err), MS_OK);
 	T_ASSERT_EQ_INT(ms_stage_publish(&st, MS_STAGE_NEW, &err), MS_OK);
 	ms_stage_commit(&st);
 	T_ASSERT_EQ_INT(hidden_entries(top), 0);

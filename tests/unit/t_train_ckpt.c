@@ -164,7 +164,7 @@ static int test_write_register_read(void)
 		char hex[65], *h = strstr(e[0].params, "\"optimizer_sha256\":\"");
 
 		snprintf(p, sizeof(p), "%s/optimizer.safetensors", dir);
-		T_ASSERT(ms_file_sha256(p, sha, &err) == MS_OK);
+		T_ASSERT(ms_sha256_file(p, sha, &err) == MS_OK);
 		ms_hex(sha, 32, hex);
 		T_ASSERT(h && !strncmp(h + 20, hex, 64));
 	}

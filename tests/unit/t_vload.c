@@ -202,7 +202,7 @@ static int test_memory_image(void)
 	size_t len = 0;
 
 	T_ASSERT(fixture_make(&fx, "image.safetensors") == 0);
-	T_ASSERT(ms_read_file(fx.path, 1u << 26, &img, &len, &err) == MS_OK);
+	T_ASSERT(ms_file_read(fx.path, 1u << 26, &img, &len, &err) == MS_OK);
 	T_ASSERT(ms_st_parse((const uint8_t *)img, len, "image", &mf, &err) == MS_OK);
 	T_ASSERT(items_make(&fx, it) == 0);
 	for (int i = 0; i < NT; i++) {

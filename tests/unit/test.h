@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ms.h"
+#include "msint.h"
 
 #define T_ASSERT(cond)                                                         \
 	do {                                                                   \

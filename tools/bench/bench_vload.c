@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ms.h"
+#include "msint.h"
 
 static double cpu_now(void)
 {

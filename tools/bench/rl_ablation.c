@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ms.h"
+#include "msint.h"
 #include "checkpoint.h"
 #include "train/rl.h"
 

@@ -1,5 +1,5 @@
 /*
- * vload.cu: ms_load_verified_gpu (vload.h): the verified-load engine of
+ * vload_cuda.cu: ms_load_verified_gpu (vload.h): the verified-load engine of
  * vload.c with a sink that stages chunks through pinned memory to the GPU.
  *
  * Each worker owns a copy stream, a hash stream, two pinned chunk buffers

@@ -1,5 +1,5 @@
 /*
- * nvfp4.cu: the NVFP4 codec on the GPU (gpu.h), byte for byte the CPU
+ * nvfp4_cuda.cu: the NVFP4 codec on the GPU (gpu.h), byte for byte the CPU
  * reference's (src/nvfp4.c). Byte layouts: nvfp4.h.
  *
  * How the bytes stay the reference's:
