@@ -41,6 +41,10 @@ run() { # name, command...
 
 if [ "$tier" = gpu ]; then
 	for t in "$BUILD"/tests/t_*gpu*; do [ -x "$t" ] && run "$(basename "$t")" "$t"; done
+	# the script tests that need the device (mstrain --device cuda with PEFT)
+	for s in tests/script/*_gpu.sh; do
+		[ -f "$s" ] && run "$(basename "$s" .sh)" sh "$s"
+	done
 	# the Python package's device load (DLPack into torch) and PEFT helper
 	run python_gpu sh tests/script/python.sh gpu
 else
@@ -55,8 +59,9 @@ else
 	done
 	[ -f tests/cli/run.sh ] && run cli sh tests/cli/run.sh
 	for s in tests/script/*.sh; do
-		# lib.sh is what the tests share, not a test
-		[ "$s" = tests/script/lib.sh ] && continue
+		# lib.sh is what the tests share, not a test; *_gpu.sh are the
+		# GPU tier's
+		case "$s" in tests/script/lib.sh|*_gpu.sh) continue;; esac
 		[ -f "$s" ] && run "$(basename "$s" .sh)" sh "$s"
 	done
 fi
