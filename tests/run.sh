@@ -4,6 +4,7 @@
 # the last line is the total. Exit 1 when anything failed.
 #   sh tests/run.sh        all CPU tiers
 #   sh tests/run.sh gpu    the GPU tier (unit tests whose name has "gpu",
+#                          the script tests tests/script/*_gpu.sh,
 #                          the Python package's CUDA and PEFT tests)
 # BUILD names the build directory (default build).
 BUILD=${BUILD:-build}
