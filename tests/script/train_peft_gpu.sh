@@ -36,7 +36,9 @@ expect 0 msinv launch --plan plan.json -- mstrain train --plan plan.json --devic
 ad=runs/peft/step-000004/adapter
 [ -f "$ad/adapter_model.safetensors" ] && [ -f "$ad/adapter_config.json" ] && ok ||
 	bad "no PEFT adapter in $ad"
-MS_FIXTURES=$FXA expect 0 "$BA/tests/t_train_gpu" --peft-logits "$ad" ours.f32
+MS_FIXTURES=$FXA
+export MS_FIXTURES
+expect 0 "$BA/tests/t_train_gpu" --peft-logits "$ad" ours.f32
 expect 0 "$PY" "$ROOTA/tests/oracle/peft_logits.py" base quant "$ad" ours.f32 2 16
 cat "$W/out"
 echo "$t_name: $pass passed, $fail failed"
