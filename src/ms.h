@@ -3224,6 +3224,192 @@ int ms_py_inv_states_json(struct ms_inv *inv, const char *kind, char **json,
 int ms_py_inv_state_json(struct ms_inv *inv, const char *ref, char **json,
 			 struct ms_err *err);
 
+/* ---- the trainer (mstrain): what a front end runs it with ------------------------ */
+
+#define MS_TRAIN_MAX_STEPS 100000000ull
+#define MS_TRAIN_MAX_BATCH 65536u
+
+enum ms_colwise_mode {
+	MS_COLWISE_RESIDENT,         /* every layer's W^T built at build time */
+	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
+};
+
+/* Where the model computes. */
+enum ms_device {
+	MS_DEVICE_CPU,
+	MS_DEVICE_CUDA,              /* kernels/train.cu: one GPU, EP 1 */
+};
+
+/* "cpu", "cuda" -> enum; MS_EINVAL. */
+int ms_device_parse(const char *s, enum ms_device *out);
+
+/*
+ * What a CUDA model holds on its device, in bytes (0 on the CPU): the NVFP4 base
+ * (rowwise codes and scales; the columnwise copy: resident for every layer,
+ * or the on-demand scratch at its peak), the float weights (embedding,
+ * lm_head, norms, routers, projections not quantized), the LoRA parameters
+ * with gradients and moments, the activations kept for the backward at the
+ * last step's shape, and the working scratch; peak is the largest total
+ * held at once. The _measured fields are what cudaMemGetInfo reported
+ * around each allocation.
+ */
+struct ms_model_mem {
+	/* bytes allocated, by what they hold */
+	uint64_t nvfp4_rowwise, nvfp4_colwise, nvfp4_colwise_peak;
+	uint64_t dense, lora, acts, scratch, peak;
+	/* what cudaMemGetInfo saw the device lose to those allocations (the
+	 * driver's rounding included; 0 for allocations it sub-allocated) */
+	uint64_t nvfp4_rowwise_measured, nvfp4_colwise_measured, measured;
+	uint64_t total;              /* the device's memory */
+};
+
+/* One step's numbers (the JSONL metrics line). */
+struct ms_rl_metrics {
+	uint64_t step;
+	double reward_mean, reward_std;   /* over every completion */
+	double group_std;                 /* mean within-group std */
+	double zero_var_share;            /* groups with zero variance */
+	double kl, entropy;               /* token means, first update */
+	double clip_frac;                 /* tokens clipped, last update */
+	double grad_norm;                 /* before clipping, last update */
+	double pg_norm, reg_norm;         /* ||dL/dlogits|| of each part */
+	double reg_share;                 /* reg_norm / pg_norm */
+	double resp_len;                  /* mean completion tokens */
+	double tokens_per_s;              /* rollout + update tokens / s */
+	double seconds;
+};
+
+/* The step's JSONL metrics line (no newline), ms_free'd by the caller:
+ * {"step", "reward_mean", "reward_std", "group_std", "zero_var_share",
+ *  "kl", "entropy", "clip_frac", "grad_norm", "pg_norm", "reg_norm",
+ *  "reg_share", "resp_len", "tokens_per_s", "seconds"}. MS_ENOMEM. */
+int ms_rl_metrics_json(const struct ms_rl_metrics *s, char **json, struct ms_err *err);
+
+#define MS_RL_NRULES 4
+enum ms_rl_rule { MS_RL_ZERO_VAR, MS_RL_REWARD_STD, MS_RL_ENTROPY, MS_RL_REG_SHARE };
+const char *ms_rl_rule_name(enum ms_rl_rule r);
+
+struct ms_rl_event {
+	enum ms_rl_rule rule;
+	uint64_t step;                    /* step the window filled */
+	uint32_t window;
+	double value, threshold;          /* the step's number and the rule's */
+};
+
+/* The event's JSON ({"rule", "step", "window", "value", "threshold"}),
+ * ms_free'd by the caller. MS_ENOMEM. */
+int ms_rl_event_json(const struct ms_rl_event *e, char **json, struct ms_err *err);
+
+/* What `msinv launch` verified (gate.h's environment), when it started us. */
+struct ms_train_launch {
+	int active;            /* MSINV_RUN was set */
+	int64_t run_id;
+	char plan_digest[MS_STATE_DIGEST_LEN];
+	size_t nroles;
+	char **roles;          /* upper-cased as in the environment */
+	char **digests;
+};
+
+/* Read MSINV_RUN, MSINV_PLAN_DIGEST and MSINV_STATE_* from envp (a
+ * NULL-terminated "NAME=value" array, e.g. environ). MS_EINVAL for a
+ * malformed value. */
+int ms_train_launch_parse(char *const *envp, struct ms_train_launch *out,
+			  struct ms_err *err);
+void ms_train_launch_release(struct ms_train_launch *l);
+
+/* One state of the run, loaded through the verified load. */
+struct ms_train_state {
+	char *role;
+	char digest[MS_STATE_DIGEST_LEN];
+	char *label;           /* NULL when none */
+	enum ms_inv_kind kind;
+	int32_t ep_size, ep_rank; /* -1 unless an adapter shard */
+	char *where;           /* the directory or file it was loaded from */
+	size_t n;
+	struct ms_wtensor *t;  /* names and bytes owned here (the model's
+				* input records; internal) */
+	char *config;          /* config.json (base) text, NUL-terminated */
+	size_t config_len;
+	char *adapter_config;  /* adapter_config.json (adapter), or NULL */
+	uint64_t bytes;        /* tensor bytes loaded (and hashed) */
+};
+
+void ms_train_state_release(struct ms_train_state *s);
+
+/* One optimizer step, as reported to the caller. */
+struct ms_train_step {
+	uint64_t step;         /* 1-based optimizer step just taken */
+	uint64_t total;        /* the plan's steps */
+	double loss;           /* mean over the step's target tokens */
+	double lr;
+	double grad_norm;      /* before clipping */
+	uint64_t tokens;       /* target tokens of the step */
+	double seconds;
+	double tokens_per_s;   /* input tokens (batch * seq_len * accum) / s */
+};
+
+struct ms_train_ckpt {
+	uint64_t step;
+	char *path;            /* the checkpoint directory */
+	char digest[MS_STATE_DIGEST_LEN]; /* its adapter state */
+	char *label;
+};
+
+struct ms_train_opts {
+	const char *plan_path;
+	int colwise;           /* -1: the plan's; else enum ms_colwise_mode */
+	uint32_t ep_size;      /* 0: the plan's ep_size */
+	uint64_t stop_step;    /* 0: the plan's steps; else stop after this step
+				* (the schedule still spans the plan's steps) */
+	const char *resume;    /* a checkpoint directory, or NULL */
+	int nthreads;          /* 0: one per CPU */
+	enum ms_device device; /* where the model computes */
+	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
+	const struct ms_train_launch *launch; /* NULL: not launched */
+	/* Told of every step and every checkpoint (may be NULL). on_step
+	 * returning other than MS_OK (err filled) stops the run with that
+	 * code after the step (a metrics file that cannot be written). */
+	int (*on_step)(void *ctx, const struct ms_train_step *s, struct ms_err *err);
+	void (*on_ckpt)(void *ctx, const struct ms_train_ckpt *c);
+	/* GRPO runs (train.rl): told of every step's metrics and the monitor's
+	 * events of that step; an error stops the run as on_step's does. */
+	int (*on_rl_step)(void *ctx, const struct ms_rl_metrics *s,
+			  const struct ms_rl_event *ev, size_t nev, struct ms_err *err);
+	void *ctx;
+};
+
+struct ms_train_result {
+	char plan_digest[MS_STATE_DIGEST_LEN];
+	int64_t run_id;        /* the launch's run, 0 when none */
+	uint64_t first_step;   /* first step taken (resume: checkpoint + 1) */
+	uint64_t last_step;
+	double first_loss, last_loss;
+	uint64_t tokens;       /* target tokens trained on */
+	double seconds;
+	uint64_t nparams;      /* trainable elements */
+	int rl;                /* a GRPO run: first_loss/last_loss hold the
+				* mean reward of the first and last steps */
+	uint64_t rl_events;    /* GRPO: monitor events recorded */
+	int rl_stopped;        /* GRPO: a rule fired with monitor.stop; the
+				* run ended after that step's checkpoint */
+	size_t nckpts;
+	struct ms_train_ckpt *ckpts;
+	size_t nstates;
+	struct ms_train_state *states; /* the loaded states (tensors freed) */
+	struct ms_model_mem mem;       /* cuda: what the device held */
+	char *profile;                 /* cuda: ms_model_profile's JSON */
+};
+
+void ms_train_result_release(struct ms_train_result *r);
+
+/* Run the plan. inv is the inventory every state is resolved in and every
+ * checkpoint registered in. MS_OK; MS_ECHECK when the gate refused;
+ * MS_EINVAL for a bad plan, config or data; MS_EEXIST when a checkpoint
+ * directory exists; MS_EIO, MS_EDB, MS_ENOMEM. */
+int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *opts,
+		 struct ms_train_result *res, struct ms_err *err);
+
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "train/run.h"
 
 extern char **environ;
 

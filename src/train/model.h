@@ -152,19 +152,7 @@ struct ms_wtensor {
 	uint64_t nbytes;
 };
 
-enum ms_colwise_mode {
-	MS_COLWISE_RESIDENT,         /* every layer's W^T built at build time */
-	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
-};
 
-/* Where the model computes. */
-enum ms_device {
-	MS_DEVICE_CPU,
-	MS_DEVICE_CUDA,              /* kernels/train.cu: one GPU, EP 1 */
-};
-
-/* "cpu", "cuda" -> enum; MS_EINVAL. */
-int ms_device_parse(const char *s, enum ms_device *out);
 
 struct ms_model_opts {
 	enum ms_colwise_mode colwise;
@@ -316,25 +304,6 @@ int ms_model_sync(struct ms_model *m, struct ms_adamw *o, int dir,
 int ms_model_optim_step(struct ms_model *m, struct ms_adamw *o, double lr,
 			double *grad_norm, struct ms_err *err);
 
-/*
- * What a CUDA model holds on its device, in bytes (0 on the CPU): the NVFP4 base
- * (rowwise codes and scales; the columnwise copy: resident for every layer,
- * or the on-demand scratch at its peak), the float weights (embedding,
- * lm_head, norms, routers, projections not quantized), the LoRA parameters
- * with gradients and moments, the activations kept for the backward at the
- * last step's shape, and the working scratch; peak is the largest total
- * held at once. The _measured fields are what cudaMemGetInfo reported
- * around each allocation.
- */
-struct ms_model_mem {
-	/* bytes allocated, by what they hold */
-	uint64_t nvfp4_rowwise, nvfp4_colwise, nvfp4_colwise_peak;
-	uint64_t dense, lora, acts, scratch, peak;
-	/* what cudaMemGetInfo saw the device lose to those allocations (the
-	 * driver's rounding included; 0 for allocations it sub-allocated) */
-	uint64_t nvfp4_rowwise_measured, nvfp4_colwise_measured, measured;
-	uint64_t total;              /* the device's memory */
-};
 int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 
 /* What ms_model_mem will report for a CUDA model of cfg with adapter lora

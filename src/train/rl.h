@@ -91,38 +91,7 @@ struct ms_rl_cfg {
 void ms_rl_cfg_init(struct ms_rl_cfg *c);
 int ms_rl_cfg_check(const struct ms_rl_cfg *c, struct ms_err *err);
 
-/* One step's numbers (the JSONL metrics line). */
-struct ms_rl_metrics {
-	uint64_t step;
-	double reward_mean, reward_std;   /* over every completion */
-	double group_std;                 /* mean within-group std */
-	double zero_var_share;            /* groups with zero variance */
-	double kl, entropy;               /* token means, first update */
-	double clip_frac;                 /* tokens clipped, last update */
-	double grad_norm;                 /* before clipping, last update */
-	double pg_norm, reg_norm;         /* ||dL/dlogits|| of each part */
-	double reg_share;                 /* reg_norm / pg_norm */
-	double resp_len;                  /* mean completion tokens */
-	double tokens_per_s;              /* rollout + update tokens / s */
-	double seconds;
-};
 
-/* The step's JSONL metrics line (no newline), ms_free'd by the caller:
- * {"step", "reward_mean", "reward_std", "group_std", "zero_var_share",
- *  "kl", "entropy", "clip_frac", "grad_norm", "pg_norm", "reg_norm",
- *  "reg_share", "resp_len", "tokens_per_s", "seconds"}. MS_ENOMEM. */
-int ms_rl_metrics_json(const struct ms_rl_metrics *s, char **json, struct ms_err *err);
-
-#define MS_RL_NRULES 4
-enum ms_rl_rule { MS_RL_ZERO_VAR, MS_RL_REWARD_STD, MS_RL_ENTROPY, MS_RL_REG_SHARE };
-const char *ms_rl_rule_name(enum ms_rl_rule r);
-
-struct ms_rl_event {
-	enum ms_rl_rule rule;
-	uint64_t step;                    /* step the window filled */
-	uint32_t window;
-	double value, threshold;          /* the step's number and the rule's */
-};
 
 struct ms_rl_monitor {
 	uint32_t run[MS_RL_NRULES];       /* consecutive steps over the line */
@@ -134,10 +103,8 @@ void ms_rl_monitor_feed(struct ms_rl_monitor *mon, const struct ms_rl_cfg *c,
 			const struct ms_rl_metrics *s, struct ms_rl_event *ev,
 			size_t *nev);
 
-/* The event's JSON ({"rule", "step", "window", "value", "threshold"}),
- * ms_free'd by the caller; and its record on an inventory run, an event of
- * kind "rl_collapse". MS_ENOMEM; the inventory's errors. */
-int ms_rl_event_json(const struct ms_rl_event *e, char **json, struct ms_err *err);
+/* The record of an event (ms_rl_event_json, ms.h) on an inventory run, an
+ * event of kind "rl_collapse". The inventory's errors. */
 int ms_rl_event_record(struct ms_inv *inv, int64_t run_id,
 		       const struct ms_rl_event *e, struct ms_err *err);
 

@@ -117,8 +117,6 @@
 #include "train/optim.h"
 #include "train/rl.h"
 
-#define MS_TRAIN_MAX_STEPS 100000000ull
-#define MS_TRAIN_MAX_BATCH 65536u
 
 /* The parsed "train" section (strings owned). */
 struct ms_train_plan {
@@ -145,40 +143,7 @@ int ms_train_plan_parse(const char *json, size_t len, const char *label,
 void ms_train_plan_release(struct ms_train_plan *p);
 
 
-/* What `msinv launch` verified (gate.h's environment), when it started us. */
-struct ms_train_launch {
-	int active;            /* MSINV_RUN was set */
-	int64_t run_id;
-	char plan_digest[MS_STATE_DIGEST_LEN];
-	size_t nroles;
-	char **roles;          /* upper-cased as in the environment */
-	char **digests;
-};
 
-/* Read MSINV_RUN, MSINV_PLAN_DIGEST and MSINV_STATE_* from envp (a
- * NULL-terminated "NAME=value" array, e.g. environ). MS_EINVAL for a
- * malformed value. */
-int ms_train_launch_parse(char *const *envp, struct ms_train_launch *out,
-			  struct ms_err *err);
-void ms_train_launch_release(struct ms_train_launch *l);
-
-/* One state of the run, loaded through the verified load. */
-struct ms_train_state {
-	char *role;
-	char digest[MS_STATE_DIGEST_LEN];
-	char *label;           /* NULL when none */
-	enum ms_inv_kind kind;
-	int32_t ep_size, ep_rank; /* -1 unless an adapter shard */
-	char *where;           /* the directory or file it was loaded from */
-	size_t n;
-	struct ms_wtensor *t;  /* names and bytes owned here */
-	char *config;          /* config.json (base) text, NUL-terminated */
-	size_t config_len;
-	char *adapter_config;  /* adapter_config.json (adapter), or NULL */
-	uint64_t bytes;        /* tensor bytes loaded (and hashed) */
-};
-
-void ms_train_state_release(struct ms_train_state *s);
 
 /*
  * Resolve and load one state: ref (a digest, prefix or label) or path
@@ -193,77 +158,5 @@ int ms_train_state_load(struct ms_inv *inv, const char *role, const char *ref,
 			int nthreads, struct ms_train_state *out,
 			struct ms_err *err);
 
-/* One optimizer step, as reported to the caller. */
-struct ms_train_step {
-	uint64_t step;         /* 1-based optimizer step just taken */
-	uint64_t total;        /* the plan's steps */
-	double loss;           /* mean over the step's target tokens */
-	double lr;
-	double grad_norm;      /* before clipping */
-	uint64_t tokens;       /* target tokens of the step */
-	double seconds;
-	double tokens_per_s;   /* input tokens (batch * seq_len * accum) / s */
-};
-
-struct ms_train_ckpt {
-	uint64_t step;
-	char *path;            /* the checkpoint directory */
-	char digest[MS_STATE_DIGEST_LEN]; /* its adapter state */
-	char *label;
-};
-
-struct ms_train_opts {
-	const char *plan_path;
-	int colwise;           /* -1: the plan's; else enum ms_colwise_mode */
-	uint32_t ep_size;      /* 0: the plan's ep_size */
-	uint64_t stop_step;    /* 0: the plan's steps; else stop after this step
-				* (the schedule still spans the plan's steps) */
-	const char *resume;    /* a checkpoint directory, or NULL */
-	int nthreads;          /* 0: one per CPU */
-	enum ms_device device; /* where the model computes */
-	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
-	const struct ms_train_launch *launch; /* NULL: not launched */
-	/* Told of every step and every checkpoint (may be NULL). on_step
-	 * returning other than MS_OK (err filled) stops the run with that
-	 * code after the step (a metrics file that cannot be written). */
-	int (*on_step)(void *ctx, const struct ms_train_step *s, struct ms_err *err);
-	void (*on_ckpt)(void *ctx, const struct ms_train_ckpt *c);
-	/* GRPO runs (train.rl): told of every step's metrics and the monitor's
-	 * events of that step; an error stops the run as on_step's does. */
-	int (*on_rl_step)(void *ctx, const struct ms_rl_metrics *s,
-			  const struct ms_rl_event *ev, size_t nev, struct ms_err *err);
-	void *ctx;
-};
-
-struct ms_train_result {
-	char plan_digest[MS_STATE_DIGEST_LEN];
-	int64_t run_id;        /* the launch's run, 0 when none */
-	uint64_t first_step;   /* first step taken (resume: checkpoint + 1) */
-	uint64_t last_step;
-	double first_loss, last_loss;
-	uint64_t tokens;       /* target tokens trained on */
-	double seconds;
-	uint64_t nparams;      /* trainable elements */
-	int rl;                /* a GRPO run: first_loss/last_loss hold the
-				* mean reward of the first and last steps */
-	uint64_t rl_events;    /* GRPO: monitor events recorded */
-	int rl_stopped;        /* GRPO: a rule fired with monitor.stop; the
-				* run ended after that step's checkpoint */
-	size_t nckpts;
-	struct ms_train_ckpt *ckpts;
-	size_t nstates;
-	struct ms_train_state *states; /* the loaded states (tensors freed) */
-	struct ms_model_mem mem;       /* cuda: what the device held */
-	char *profile;                 /* cuda: ms_model_profile's JSON */
-};
-
-void ms_train_result_release(struct ms_train_result *r);
-
-/* Run the plan. inv is the inventory every state is resolved in and every
- * checkpoint registered in. MS_OK; MS_ECHECK when the gate refused;
- * MS_EINVAL for a bad plan, config or data; MS_EEXIST when a checkpoint
- * directory exists; MS_EIO, MS_EDB, MS_ENOMEM. */
-int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *opts,
-		 struct ms_train_result *res, struct ms_err *err);
 
 #endif
