@@ -148,6 +148,34 @@ has "$tmp/out" "counted line" "counted: the weights each gpu holds (rows above),
 has "$tmp/out" "not counted line" "not counted: activations (batch 4 x seq_len 64)"
 has "$tmp/out" "budget says what it covers" "the counted bytes fit"
 if grep -q "to spare" "$tmp/out"; then bad "text still says 'to spare'"; else ok; fi
+has "$tmp/out" "the trainer's part" "trainer on one gpu (mstrain --device cuda, bf16 GEMMs, batch 4 x seq_len 64)"
+
+# the GPU trainer's part (gpu_plan.c; the GPU tier checks it against the
+# trainer's allocations byte for byte): its parts add up, on-demand holds a
+# fraction of the columnwise bytes and the same rowwise ones, activations
+# grow with the sequence; a base without config.json says why in the
+# report and the count still stands
+run 0 "trainer json" "$B/msinv" footprint --json "$tmp/plans/train-lora.json"
+cp "$tmp/out" "$tmp/fp64.json"
+sed 's/"seq_len": 64/"seq_len": 128/' "$tmp/plans/train-lora.json" >"$tmp/plans/long.json"
+run 0 "trainer json, longer sequences" "$B/msinv" footprint --json "$tmp/plans/long.json"
+if python3 - "$tmp/fp64.json" "$tmp/out" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["trainer"] for p in sys.argv[1:3])
+r, d = a["resident"], a["on-demand"]
+parts = ("nvfp4_rowwise", "nvfp4_colwise", "dense", "lora", "acts", "scratch")
+assert a["colwise"] == "resident" and a["total"] == r["total"], a
+for m in (r, d):
+    assert m["total"] == sum(m[k] for k in parts), m
+assert r["nvfp4_rowwise"] == d["nvfp4_rowwise"] > 0
+assert 0 < d["nvfp4_colwise"] < r["nvfp4_colwise"] / 2, (d, r)
+assert b["resident"]["acts"] > r["acts"] > 0 and b["resident"]["lora"] == r["lora"]
+PY
+then ok; else bad "the trainer part does not add up"; fi
+mkdir "$tmp/noconfig" && cp "$FX"/peft/qwen3moe-E8-r4/base/*.safetensors "$tmp/noconfig/"
+sed "s|\"path\": \"[^\"]*\"|\"path\": \"$tmp/noconfig\"|" "$tmp/plans/train-lora.json" >"$tmp/plans/noconfig.json"
+run 0 "no config.json" "$B/msinv" footprint "$tmp/plans/noconfig.json"
+has "$tmp/out" "no config.json: said" "trainer on one gpu: no prediction: "
 
 # 2. round-robin, EP 2, attention only
 python3 - "$tmp/plans/train-lora.json" "$tmp/plans/rr.json" <<'EOF'
