@@ -66,14 +66,11 @@ NVFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
 ifeq ($(HAVE_CUDA),1)
 ALL_CFLAGS += -DMS_HAVE_CUDA=1 -DMS_QUANT_GPU=1
 KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
-# cuBLAS (the trainer's GEMMs) is linked as a shared library, found by the
-# loader as CUDA's installation registers it (ld.so.conf, or
-# LD_LIBRARY_PATH): its static archive would make every binary hundreds of
-# megabytes, and an rpath would put the loader's own string reads under
-# valgrind's eye in the fault sweep; --as-needed keeps it out of every
-# program that never trains (msinv, msconvert, msshard, msverify).
+# cuBLAS (the trainer's GEMMs) is not linked: kernels/train.cu opens it
+# with dlopen when the first GPU model is built (found as CUDA's
+# installation registers it, ld.so.conf, or through LD_LIBRARY_PATH).
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
-            -lcudart_static -lcublas -ldl -lrt -lstdc++
+            -lcudart_static -ldl -lrt -lstdc++
 else
 KERN_OBJ :=
 CUDA_LIBS =

@@ -38,7 +38,9 @@
 #include <cjson/cJSON.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,87 @@ extern "C" {
 }
 
 #define NTH 256
+
+/* ---- cuBLAS, opened when a GPU model is first built ------------------------------ */
+
+/*
+ * cuBLAS is opened with dlopen at the first GPU model, not linked: a
+ * program that trains on the CPU, or never trains, neither needs it
+ * installed nor pays for loading it (about a hundred megabytes, and a
+ * start the interrupt tests time), and the loader's handling of its rpath
+ * stays out of the valgrind runs of the fault sweep. The pointers have the
+ * types of the functions in cublas_v2.h (decltype), so a call is checked
+ * as a direct one would be; the library is the major version of those
+ * headers.
+ */
+#define MS_STR2(x) #x
+#define MS_STR(x) MS_STR2(x)
+static const char blas_lib[] = "libcublas.so." MS_STR(CUBLAS_VER_MAJOR);
+
+static struct {
+	decltype(&cublasCreate_v2) create;
+	decltype(&cublasDestroy_v2) destroy;
+	decltype(&cublasSetStream_v2) set_stream;
+	/* (C++ sees a second, cudaDataType-compute overload of these two:
+	 * the ones with cublasComputeType_t, which the calls use) */
+	cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+			       int, const void *, const void *, cudaDataType, int, const void *,
+			       cudaDataType, int, const void *, void *, cudaDataType, int,
+			       cublasComputeType_t, cublasGemmAlgo_t);
+	cublasStatus_t (*gemm_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+				       int, int, const void *, const void *const[], cudaDataType,
+				       int, const void *const[], cudaDataType, int, const void *,
+				       void *const[], cudaDataType, int, int, cublasComputeType_t,
+				       cublasGemmAlgo_t);
+	decltype(&cublasGemmGroupedBatchedEx) gemm_grouped;
+	int state;                   /* 0 not tried, 1 loaded, -1 failed */
+	char why[200];
+} blas;
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+/* the two spelled-out types are exactly those of the headers' functions:
+ * initialising them from the overloaded names picks the overload of that
+ * type, and fails to compile when none has it */
+static_assert(sizeof(static_cast<decltype(blas.gemm)>(&cublasGemmEx)) > 0,
+	      "blas.gemm is not cublasGemmEx's type");
+static_assert(sizeof(static_cast<decltype(blas.gemm_batched)>(&cublasGemmBatchedEx)) > 0,
+	      "blas.gemm_batched is not cublasGemmBatchedEx's type");
+
+#define BLAS_SYM(field, name)                                                 \
+	do {                                                                   \
+		if (!(blas.field = (decltype(blas.field))dlsym(h, name))) {    \
+			snprintf(blas.why, sizeof blas.why, "%s: no symbol %s",  \
+				 blas_lib, name);                              \
+			goto done;                                             \
+		}                                                              \
+	} while (0)
+
+extern "C" int ms_gmodel_blas_load(struct ms_err *err)
+{
+	void *h;
+	pthread_mutex_lock(&blas_mu);
+	if (blas.state) {
+		pthread_mutex_unlock(&blas_mu);
+		goto out;
+	}
+	blas.state = -1;
+	if (!(h = dlopen(blas_lib, RTLD_NOW | RTLD_LOCAL))) {
+		snprintf(blas.why, sizeof blas.why, "%s", dlerror());
+		goto done;
+	}
+	BLAS_SYM(create, "cublasCreate_v2");
+	BLAS_SYM(destroy, "cublasDestroy_v2");
+	BLAS_SYM(set_stream, "cublasSetStream_v2");
+	BLAS_SYM(gemm, "cublasGemmEx");
+	BLAS_SYM(gemm_batched, "cublasGemmBatchedEx");
+	BLAS_SYM(gemm_grouped, "cublasGemmGroupedBatchedEx");
+	blas.state = 1;
+done:
+	pthread_mutex_unlock(&blas_mu);
+out:
+	if (blas.state == 1)
+		return MS_OK;
+	return ms_err_set(err, MS_ENODEV, "--device cuda needs cuBLAS: %s", blas.why);
+}
 
 /* ---- errors ------------------------------------------------------------------ */
 
@@ -1148,7 +1231,7 @@ static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uin
 				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), g->st));
 		return MS_OK;
 	}
-	CB(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+	CB(blas.gemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
 			CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
 out:
@@ -1320,7 +1403,7 @@ static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
 	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
 	CK(cudaEventRecord(g->pev[g->pslot], g->st));
 	g->pslot = (g->pslot + 1) % PSLOTS;
-	CB(cublasGemmGroupedBatchedEx(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr,
+	CB(blas.gemm_grouped(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr,
 				      CUDA_R_32F, lda, (const void *const *)(g->parr + MAXE),
 				      CUDA_R_32F, ldb, be, g->parr + 2 * MAXE, CUDA_R_32F, ldc, cnt,
 				      gs, g->ct_lora));
@@ -1775,12 +1858,14 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	g->pdrop = m->lora.dropout;
 	g->seed = m->lora.seed;
 	CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
-	if (cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) {
+	if ((rc = ms_gmodel_blas_load(err)))
+		goto out;
+	if (blas.create(&g->blas) != CUBLAS_STATUS_SUCCESS) {
 		g->blas = NULL;
 		rc = ms_err_set(err, MS_EIO, "cuBLAS: cublasCreate failed");
 		goto out;
 	}
-	CB(cublasSetStream(g->blas, g->st));
+	CB(blas.set_stream(g->blas, g->st));
 	CK(cudaEventCreate(&g->st0));
 	CK(cudaEventCreate(&g->st1));
 	for (int i = 0; i < PSLOTS; i++)
@@ -2246,7 +2331,7 @@ static int gemm_ptrs(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N
 	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
 	CK(cudaEventRecord(g->pev[g->pslot], g->st));
 	g->pslot = (g->pslot + 1) % PSLOTS;
-	CB(cublasGemmBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+	CB(blas.gemm_batched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			       (int)N, (int)M, (int)K, &alpha, (const void *const *)g->parr, ty,
 			       (int)ldb, (const void *const *)(g->parr + MAXE), ty, (int)lda, &beta,
 			       g->parr + 2 * MAXE, CUDA_R_32F, (int)ldc, batch, g->ct_base,
@@ -3154,7 +3239,7 @@ static void gfree(struct ms_gmodel *g)
 	if (g->st1)
 		cudaEventDestroy(g->st1);
 	if (g->blas)
-		cublasDestroy(g->blas);
+		blas.destroy(g->blas);
 	if (g->st)
 		cudaStreamDestroy(g->st);
 	free(g->loras);

@@ -152,6 +152,9 @@ int ms_model_rope(struct ms_model *m, uint32_t S, struct ms_err *err);
 /* Upload the host model built for the device (quantized projections kept
  * as bytes, not decoded) and set m->gpu. */
 int ms_gmodel_build(struct ms_model *m, struct ms_err *err);
+/* Open cuBLAS and find every function the GPU model calls (no GPU needed:
+ * the library and its symbols only). MS_ENODEV saying what is missing. */
+int ms_gmodel_blas_load(struct ms_err *err);
 void ms_gmodel_free(struct ms_gmodel *g);
 int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_mask,
 		   uint32_t batch, uint32_t seq, double grad_scale, uint64_t step,

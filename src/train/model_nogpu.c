@@ -20,6 +20,11 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	return nodev(err);
 }
 
+int ms_gmodel_blas_load(struct ms_err *err)
+{
+	return nodev(err);
+}
+
 void ms_gmodel_free(struct ms_gmodel *g)
 {
 	(void)g;

@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "nvfp4.h"
 #include "train/model.h"
+#include "train/model_int.h"
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
@@ -1149,7 +1150,26 @@ static int test_kv_decode(void)
 	return kv_decode("qwen3moe", 2);
 }
 
+/* cuBLAS, which the GPU model opens at its first build (no GPU needed to
+ * open it): every function it calls is found, in a build with nvcc (whose
+ * toolkit has the library); without nvcc the call says there is no GPU
+ * support */
+static int test_blas_symbols(void)
+{
+	struct ms_err err = {0};
+	int rc = ms_gmodel_blas_load(&err);
+#ifdef MS_HAVE_CUDA
+	T_ASSERT_MSG(rc == MS_OK, "%s", err.msg);
+	fprintf(stderr, "  cuBLAS opened, every function the GPU model calls found\n");
+#else
+	T_ASSERT_EQ_INT(rc, MS_ENODEV);
+	fprintf(stderr, "  no GPU support in this build: %s\n", err.msg);
+#endif
+	return 0;
+}
+
 static const struct t_case cases[] = {
+	T_CASE(test_blas_symbols),
 	T_CASE(test_golden_qwen3moe),
 	T_CASE(test_golden_mixtral),
 	T_CASE(test_golden_glm4moe),
