@@ -316,6 +316,7 @@ struct ms_gmodel {
 	cudaEvent_t ev[2 * PH_N + 8];
 	int ph_cur;
 	int nev;
+	int noprof;                  /* a decode: not a step of the profile */
 	cudaEvent_t evs[4096];
 	int evph[4096];
 	double evt[4096];            /* host clock at each event */
@@ -430,7 +431,7 @@ static void dfree(struct ms_gmodel *g, void *p, int c)
 
 static void ph(struct ms_gmodel *g, int p)
 {
-	if (g->nev >= 4096)
+	if (g->noprof || g->nev >= 4096)
 		return;
 	if (!g->evs[g->nev] && cudaEventCreate(&g->evs[g->nev]) != cudaSuccess)
 		return;
@@ -2467,6 +2468,92 @@ out:
 	return rc;
 }
 
+/* ---- KV-cache decode ------------------------------------------------------------ */
+
+/* A KV-cache decode's place in layer_fwd: one new token per sequence at
+ * position pos of the cache (this layer's rows) */
+struct kvdec {
+	float *k, *v;                /* [B, cap, dkv], after norm + RoPE */
+	float *sc;                   /* scores / probabilities [B, nh, cap] */
+	uint32_t pos, cap;
+};
+
+/* this step's keys and values [B, dkv] into the cache rows at pos */
+__global__ void k_kv_put(const float *k, const float *v, float *K, float *V, uint32_t B,
+			 uint32_t dkv, uint32_t cap, uint32_t pos)
+{
+	uint64_t n = (uint64_t)B * dkv;
+	for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+	     idx += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t b = idx / dkv, i = idx % dkv, at = (b * cap + pos) * dkv + i;
+		K[at] = k[idx];
+		V[at] = v[idx];
+	}
+}
+
+/*
+ * One (sequence, head) a block: the new query against the cache's n
+ * positions, model.c's att_decode_pairs in the same precision (dot
+ * products and the normaliser in double, the scaled score and the
+ * probability rounded to float), only the sums' order differs (a tree
+ * over the block instead of a loop). Every mode decodes in float32: the
+ * rollouts' behaviour log-probs are as close to the CPU's as the model
+ * allows, and the attention of one position is a matrix-vector product,
+ * which tensor cores would not speed up.
+ */
+__global__ void k_dec_att(const float *q, const float *K, const float *V, float *sc,
+			  float *ctx, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t cap,
+			  uint32_t n, float scale)
+{
+	__shared__ double shd[33];
+	__shared__ float shf[33];
+	uint32_t b = blockIdx.x / nh, h = blockIdx.x % nh, kh = h / (nh / nkv);
+	uint32_t dq = nh * hd, dkv = nkv * hd;
+	const float *qr = q + (uint64_t)b * dq + (uint64_t)h * hd;
+	const float *Kb = K + (uint64_t)b * cap * dkv + (uint64_t)kh * hd;
+	const float *Vb = V + (uint64_t)b * cap * dkv + (uint64_t)kh * hd;
+	float *s = sc + (uint64_t)blockIdx.x * cap;
+	float mx = -INFINITY;
+	for (uint32_t t = threadIdx.x; t < n; t += blockDim.x) {
+		double d = 0;
+		for (uint32_t x = 0; x < hd; x++)
+			d += (double)qr[x] * Kb[(uint64_t)t * dkv + x];
+		s[t] = (float)d * scale;
+		mx = fmaxf(mx, s[t]);
+	}
+	mx = block_max(mx, shf);
+	double sum = 0;
+	for (uint32_t t = threadIdx.x; t < n; t += blockDim.x)
+		sum += exp((double)s[t] - mx);
+	sum = block_sum(sum, shd);
+	for (uint32_t t = threadIdx.x; t < n; t += blockDim.x)
+		s[t] = (float)(exp((double)s[t] - mx) / sum);
+	/* the block's own global writes are visible to it after the barrier */
+	__syncthreads();
+	for (uint32_t x = threadIdx.x; x < hd; x += blockDim.x) {
+		double acc = 0;
+		for (uint32_t t = 0; t < n; t++)
+			acc += (double)s[t] * Vb[(uint64_t)t * dkv + x];
+		ctx[(uint64_t)b * dq + (uint64_t)h * hd + x] = (float)acc;
+	}
+}
+
+static int att_decode(struct ms_gmodel *g, struct dacts *a, const struct kvdec *dc,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	float scale = (float)(1.0 / sqrt((double)g->hd));
+	k_kv_put<<<nblk((uint64_t)g->B * g->dkv), NTH, 0, g->st>>>(a->k, a->v, dc->k, dc->v,
+								    g->B, g->dkv, dc->cap,
+								    dc->pos);
+	LK();
+	k_dec_att<<<g->B * g->nh, 128, 0, g->st>>>(a->q, dc->k, dc->v, dc->sc, a->ctx, g->nh,
+						   g->nkv, g->hd, dc->cap, dc->pos + 1, scale);
+	LK();
+out:
+	return rc;
+}
+
 /* rows per expert to the host, offsets back, then the stable sort */
 static int moe_sort(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
 {
@@ -2490,7 +2577,7 @@ out:
 }
 
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
-		     struct ms_err *err)
+		     const struct kvdec *dc, struct ms_err *err)
 {
 	struct dlayer *d = &g->ly[l];
 	struct dacts *a = &g->a[l];
@@ -2536,15 +2623,18 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			qs = g->dqv;
 			ks = g->dkk;
 		}
+		/* a decode (S = 1) reads the tables' row of its position */
+		const float *rcs = g->rope_c + (dc ? (uint64_t)dc->pos * half : 0);
+		const float *rsn = g->rope_s + (dc ? (uint64_t)dc->pos * half : 0);
 		k_rope<<<nblk(T * g->dq), NTH, 0, g->st>>>(qs, a->q, (uint32_t)T, g->nh, g->hd, half,
-							   g->S, g->rope_c, g->rope_s, 0);
+							   g->S, rcs, rsn, 0);
 		LK();
 		k_rope<<<nblk(T * g->dkv), NTH, 0, g->st>>>(ks, a->k, (uint32_t)T, g->nkv, g->hd,
-							    half, g->S, g->rope_c, g->rope_s, 0);
+							    half, g->S, rcs, rsn, 0);
 		LK();
 	}
 	ph(g, PH_ATT_CORE);
-	if ((rc = att_core(g, a, 0, err)))
+	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, err)))
 		return rc;
 	ph(g, PH_ATT_PROJ);
 	if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)) ||
@@ -2824,6 +2914,26 @@ out:
 
 /* ---- the step ------------------------------------------------------------------- */
 
+/* the RoPE tables on the device for n positions (model.c's, grown first) */
+static int rope_ensure(struct ms_gmodel *g, struct ms_model *m, uint32_t n, struct ms_err *err)
+{
+	uint64_t k = (uint64_t)n * (m->cfg.rotary_dim / 2);
+	int rc;
+	if (m->rope_len >= n && g->rope_len >= n)
+		return MS_OK;
+	if ((rc = ms_model_rope(m, n, err)))
+		return rc;
+	dfree(g, g->rope_c, MC_DENSE);
+	dfree(g, g->rope_s, MC_DENSE);
+	g->rope_c = g->rope_s = NULL;
+	g->rope_len = 0;
+	if ((rc = up_f(g, m->rope_cos, k ? k : 1, &g->rope_c, MC_DENSE, err)) ||
+	    (rc = up_f(g, m->rope_sin, k ? k : 1, &g->rope_s, MC_DENSE, err)))
+		return rc;
+	g->rope_len = n;
+	return MS_OK;
+}
+
 int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_mask,
 		   uint32_t batch, uint32_t seq, double grad_scale, uint64_t step,
 		   ms_model_dlogits_fn fn, void *ctx, float *logits_out,
@@ -2839,19 +2949,8 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	if ((rc = ms_model_check_ids(m, ids, batch, seq, err)) ||
 	    (rc = acts_alloc(g, m, batch, seq, err)))
 		return rc;
-	if (m->rope_len < seq || g->rope_len < seq) {
-		uint64_t n = (uint64_t)seq * (m->cfg.rotary_dim / 2);
-		if ((rc = ms_model_rope(m, seq, err)))
-			return rc;
-		dfree(g, g->rope_c, MC_DENSE);
-		dfree(g, g->rope_s, MC_DENSE);
-		g->rope_c = g->rope_s = NULL;
-		g->rope_len = 0;
-		if ((rc = up_f(g, m->rope_cos, n ? n : 1, &g->rope_c, MC_DENSE, err)) ||
-		    (rc = up_f(g, m->rope_sin, n ? n : 1, &g->rope_s, MC_DENSE, err)))
-			return rc;
-		g->rope_len = seq;
-	}
+	if ((rc = rope_ensure(g, m, seq, err)))
+		return rc;
 	T = g->T;
 	g->train = backward;
 	g->step = step;
@@ -2866,7 +2965,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 						(uint32_t)H);
 	LK();
 	for (uint32_t l = 0; l < g->L; l++)
-		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, err)))
+		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, NULL, err)))
 			goto out;
 	ph(g, PH_NORM);
 	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->hf, g->rf, (uint32_t)H,
@@ -2955,6 +3054,74 @@ out:
 		g->nev = 0;
 	}
 	g->train = 0;
+	return rc;
+}
+
+/* ---- KV-cache decode: the cache and one step ------------------------------------ */
+
+int ms_gmodel_kv_alloc(struct ms_model *m, struct ms_kv_cache *kv, struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	uint64_t n = (uint64_t)kv->nl * kv->B * kv->cap * kv->dkv;
+	int rc = MS_OK;
+	/* outside the model's registry: ms_model_mem reports what training
+	 * holds, which the footprint predicts; the cache lives with the run's
+	 * rollouts */
+	CK(cudaMalloc(&kv->k, n * 4));
+	CK(cudaMalloc(&kv->v, n * 4));
+	CK(cudaMalloc(&kv->sc, (uint64_t)kv->B * g->nh * kv->cap * 4));
+	kv->gpu = 1;
+out:
+	if (rc)
+		ms_gmodel_kv_free(kv);
+	return rc;
+}
+
+void ms_gmodel_kv_free(struct ms_kv_cache *kv)
+{
+	cudaFree(kv->k);
+	cudaFree(kv->v);
+	cudaFree(kv->sc);
+	kv->k = kv->v = kv->sc = NULL;
+}
+
+int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
+		     float *logits, struct ms_err *err)
+{
+	struct ms_gmodel *g = m->gpu;
+	uint64_t T, H = g->H, V = g->V, per = (uint64_t)kv->B * kv->cap * kv->dkv;
+	const void *X = NULL;
+	int rc;
+
+	if ((rc = ms_model_check_ids(m, ids, kv->B, 1, err)) ||
+	    (rc = acts_alloc(g, m, kv->B, 1, err)) || (rc = rope_ensure(g, m, kv->cap, err)))
+		return rc;
+	T = g->T;
+	g->train = 0;
+	g->noprof = 1;
+	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
+	k_embed<<<nblk(T * H), NTH, 0, g->st>>>(g->dids, g->embed, g->a[0].x, (uint32_t)T,
+						(uint32_t)H);
+	LK();
+	for (uint32_t l = 0; l < g->L; l++) {
+		struct kvdec dc = {kv->k + l * per, kv->v + l * per, kv->sc, kv->len, kv->cap};
+		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, &dc, err)))
+			goto out;
+	}
+	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->hf, g->rf, (uint32_t)H,
+					      (float)m->cfg.rms_eps);
+	LK();
+	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
+	    (rc = gemm(g, 0, 1, (uint32_t)T, (uint32_t)V, (uint32_t)H, 1.0f, X, (uint32_t)H, g->lm,
+		       (uint32_t)H, 0.0f, g->logits, (uint32_t)V, g->gt, g->ct_base, err)))
+		goto out;
+	if (logits)
+		CK(cudaMemcpyAsync(logits, g->logits, T * V * 4, cudaMemcpyDeviceToHost, g->st));
+	CK(cudaStreamSynchronize(g->st));
+out:
+	if (rc)
+		cudaStreamSynchronize(g->st);
+	g->noprof = 0;
 	return rc;
 }
 

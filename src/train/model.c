@@ -2545,11 +2545,9 @@ int ms_kv_cache_new(const struct ms_model *m, uint32_t batch, uint32_t cap,
 	const struct ms_model_cfg *c = &m->cfg;
 	struct ms_kv_cache *kv;
 	size_t n;
+	int rc;
 
 	*out = NULL;
-	if (m->gpu)
-		return ms_err_set(err, MS_EINVAL,
-				  "KV-cache decoding runs on the CPU model only");
 	if (!batch || !cap)
 		return ms_err_set(err, MS_EINVAL, "KV cache: batch and length must be > 0");
 	if (!(kv = ms_calloc(1, sizeof(*kv))))
@@ -2559,7 +2557,14 @@ int ms_kv_cache_new(const struct ms_model *m, uint32_t batch, uint32_t cap,
 	kv->nl = c->n_layers;
 	kv->dkv = c->n_kv_heads * c->head_dim;
 	n = (size_t)kv->nl * batch * cap * kv->dkv;
-	if (!(kv->k = alloc_f(n)) || !(kv->v = alloc_f(n))) {
+	if (m->gpu) {
+		/* the model is const to its readers; the device copy's
+		 * registry and stream are not part of that */
+		if ((rc = ms_gmodel_kv_alloc((struct ms_model *)m, kv, err)) != MS_OK) {
+			ms_free(kv);
+			return rc;
+		}
+	} else if (!(kv->k = alloc_f(n)) || !(kv->v = alloc_f(n))) {
 		ms_kv_cache_free(kv);
 		return ms_err_set(err, MS_ENOMEM, "out of memory");
 	}
@@ -2571,8 +2576,12 @@ void ms_kv_cache_free(struct ms_kv_cache *kv)
 {
 	if (!kv)
 		return;
-	ms_free(kv->k);
-	ms_free(kv->v);
+	if (kv->gpu) {
+		ms_gmodel_kv_free(kv);
+	} else {
+		ms_free(kv->k);
+		ms_free(kv->v);
+	}
 	ms_free(kv);
 }
 
@@ -2591,10 +2600,17 @@ int ms_model_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *i
 {
 	int rc;
 
-	if (kv->nl != m->cfg.n_layers || kv->dkv != m->cfg.n_kv_heads * m->cfg.head_dim)
+	if (kv->nl != m->cfg.n_layers || kv->dkv != m->cfg.n_kv_heads * m->cfg.head_dim ||
+	    kv->gpu != (m->gpu != NULL))
 		return ms_err_set(err, MS_EINVAL, "KV cache: made for another model");
 	if (kv->len >= kv->cap)
 		return ms_err_set(err, MS_EINVAL, "KV cache: full (%u positions)", kv->cap);
+	if (m->gpu) {
+		if ((rc = ms_gmodel_decode(m, kv, ids, logits, err)) != MS_OK)
+			return rc;
+		kv->len++;
+		return MS_OK;
+	}
 	if ((rc = ms_model_rope(m, kv->len + 1, err)))
 		return rc;
 	m->train = 0;

@@ -139,6 +139,8 @@ struct ms_kv_cache {
 	uint32_t B, cap, len;        /* sequences, positions held, filled */
 	uint32_t nl, dkv;
 	float *k, *v;                /* [L, B, cap, dkv], after norm + RoPE */
+	int gpu;                     /* k, v (and sc) in device memory */
+	float *sc;                   /* the GPU decode's scores [B, nh, cap] */
 };
 
 /* The CUDA path (kernels/train.cu; src/train/model_nogpu.c without nvcc):
@@ -167,6 +169,15 @@ int ms_gmodel_zero_grad(struct ms_model *m, struct ms_err *err);
 int ms_gmodel_optim(struct ms_model *m, struct ms_adamw *o, double lr,
 		    double *grad_norm, struct ms_err *err);
 int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out);
+/* A cache for the GPU model: k, v and sc in device memory (kv's sizes set
+ * by the caller), kv->gpu set; freed by ms_gmodel_kv_free. */
+int ms_gmodel_kv_alloc(struct ms_model *m, struct ms_kv_cache *kv, struct ms_err *err);
+void ms_gmodel_kv_free(struct ms_kv_cache *kv);
+/* ms_model_decode on the device (the caller checked the cache and moves
+ * its length): the same layers as a step's forward at S = 1, RoPE at the
+ * cache's length, attention over the cache (float32 in every mode). */
+int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
+		     float *logits, struct ms_err *err);
 int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err);
 
 #endif

@@ -61,6 +61,24 @@ int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out)
 	return MS_ENODEV;
 }
 
+int ms_gmodel_kv_alloc(struct ms_model *m, struct ms_kv_cache *kv, struct ms_err *err)
+{
+	(void)m;
+	(void)kv;
+	return nodev(err);
+}
+
+void ms_gmodel_kv_free(struct ms_kv_cache *kv)
+{
+	(void)kv;
+}
+
+int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
+		     float *logits, struct ms_err *err)
+{
+	return nodev(err);
+}
+
 int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 {
 	return nodev(err);

@@ -593,15 +593,24 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		int got = cur != NULL;
 		for (size_t i = 0; got && i < r->np; i++)
 			got = (cur[i] = ms_malloc(r->ps[i].n * sizeof(float))) != NULL;
+		/* a GPU model's parameters come to the host first and go back
+		 * after each swap (a no-op on the CPU) */
+		if (got && (rc = ms_model_sync(r->m, NULL, MS_MODEL_TO_HOST, err)) != MS_OK)
+			got = 0;
 		if (got) {
+			int rc2;
 			for (size_t i = 0; i < r->np; i++) {
 				memcpy(cur[i], r->ps[i].w, r->ps[i].n * sizeof(float));
 				memcpy(r->ps[i].w, r->ref[i], r->ps[i].n * sizeof(float));
 			}
-			rc = batch_logp(r, b->logp_ref, err);
+			if ((rc = ms_model_sync(r->m, NULL, MS_MODEL_TO_DEVICE, err)) == MS_OK)
+				rc = batch_logp(r, b->logp_ref, err);
 			for (size_t i = 0; i < r->np; i++)
 				memcpy(r->ps[i].w, cur[i], r->ps[i].n * sizeof(float));
-		} else {
+			rc2 = ms_model_sync(r->m, NULL, MS_MODEL_TO_DEVICE, err);
+			if (rc == MS_OK)
+				rc = rc2;
+		} else if (rc == MS_OK) {
 			rc = oom(err);
 		}
 		for (size_t i = 0; cur && i < r->np; i++)

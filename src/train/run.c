@@ -990,12 +990,6 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	mo.nthreads = o->nthreads;
 	mo.device = o->device;
 	mo.gpu_f32 = o->gpu_f32;
-	if (tp.rl && o->device != MS_DEVICE_CPU) {
-		/* rollouts decode with the KV cache, which the GPU model has not */
-		rc = ms_err_set(err, MS_EINVAL, "plan '%s': key 'train.rl': GRPO runs on the CPU "
-				"model only (--device cpu)", o->plan_path);
-		goto out;
-	}
 	/* a warm start keeps its own delta: the model rescales B from the
 	 * adapter's alpha to the run's */
 	if (adapter.adapter_config && (rc = warm_alpha(&adapter, &mo.warm_alpha, err)) != MS_OK)

@@ -11,7 +11,9 @@
 # the package on PYTHONPATH; the GPU tier falls back to python3 when the
 # venv has no torch and python3 has. Skipped (0 passed, 0 failed) without
 # a usable interpreter, and under the sanitizers (a sanitized library
-# cannot be loaded into an interpreter built without them).
+# cannot be loaded into an interpreter built without them). MS_PREBUILT=1:
+# the build directory's libms.so as it is, not rebuilt (binaries made on
+# another machine).
 B=${MS_BUILD:-build}
 ROOT=${MS_ROOT:-.}
 PY=$ROOT/.venv/bin/python
@@ -36,7 +38,13 @@ fi
 W=$(mktemp -d "${TMPDIR:-/tmp}/python.XXXXXX"); trap 'rm -rf "$W"' EXIT
 fail_setup() { echo "python: $1"; sed 's/^/  /' "$W/log" | tail -n 20; echo "python: 0 passed, 1 failed"; exit 1; }
 
-make -C "$ROOT" --no-print-directory -s BUILD="$B" shlib >"$W/log" 2>&1 || fail_setup "make shlib failed"
+# MS_PREBUILT: the build directory holds binaries made on another machine
+# (a GPU host without the -dev packages): use its libms.so as it is
+if [ -n "${MS_PREBUILT:-}" ]; then
+	[ -e "$B/libms.so.0" ] || { echo "no $B/libms.so.0" >"$W/log"; fail_setup "MS_PREBUILT: no library"; }
+else
+	make -C "$ROOT" --no-print-directory -s BUILD="$B" shlib >"$W/log" 2>&1 || fail_setup "make shlib failed"
+fi
 cp -r "$ROOT/python" "$W/pkg" && rm -rf "$W/pkg/build" "$W/pkg"/*.egg-info "$W/pkg"/msinv/libms.so*
 if [ -n "$other" ]; then
 	PYTHONPATH="$W/pkg${PYTHONPATH:+:$PYTHONPATH}"; export PYTHONPATH

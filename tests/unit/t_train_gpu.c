@@ -472,7 +472,8 @@ static int test_train_follows_cpu(void)
 }
 
 /* The GRPO step's backward (rl.h) on the GPU model against the CPU's on
- * the same rollout batch (sampled on the CPU, copied over): the same loss
+ * the same rollout batch (sampled on the CPU, copied over: the backward
+ * alone, whatever the rollouts do): the same loss
  * and gradients with float32 GEMMs. The model has no NVFP4 state here, so
  * the projections take the float path of the GPU model. */
 static int test_rl_backward(void)
@@ -523,9 +524,6 @@ static int test_rl_backward(void)
 	T_ASSERT(ms_rl_new(mc, &c, &o, NULL, &rc_, &err) == MS_OK);
 	T_ASSERT(ms_rl_new(mg, &c, &o, NULL, &rg, &err) == MS_OK);
 	T_ASSERT(ms_rl_rollout(rc_, 7, &err) == MS_OK);
-	/* the GPU model decodes no rollouts: one line saying so */
-	T_ASSERT(ms_rl_rollout(rg, 7, &err) == MS_EINVAL);
-	fprintf(stderr, "  GPU rollout refused: %s\n", err.msg);
 	{
 		const struct ms_rl_batch *a = &rc_->b;
 		struct ms_rl_batch *b = &rg->b;
@@ -576,6 +574,204 @@ static int test_rl_backward(void)
 	return 0;
 }
 
+/*
+ * KV-cache decoding on the GPU model (NVFP4 base, the golden adapter):
+ * two sequences a token at a time, each step's logits against the CPU
+ * model's decode of the same tokens (float32 GEMMs: 1e-4 as the forward;
+ * bf16: 5e-2) and, at the last position, against the GPU's own full
+ * forward of the prefix (float32: 1e-4; bf16: the full forward's attention
+ * takes bf16 operands where the decode's is float32, so 5e-2). A cache
+ * made for the CPU model is refused by the GPU one.
+ */
+static int decode(const char *name, int f32)
+{
+	struct fam f;
+	struct ms_model_opts oc = {.ep_size = 1};
+	struct ms_model_opts og = {.ep_size = 1, .device = MS_DEVICE_CUDA, .gpu_f32 = f32};
+	struct ms_model *mc = NULL, *mg = NULL;
+	struct ms_kv_cache *kc = NULL, *kg = NULL;
+	struct ms_err err = {0};
+	enum { B = 2, N = 9 };
+	int32_t ids[B * N], tok[B];
+	uint32_t V;
+	float *lc, *lg, *full;
+	double tl = f32 ? 1e-4 : 5e-2, wc = 0, wf = 0;
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	V = f.cfg.vocab;
+	ids_fill(ids, B, N, V);
+	T_ASSERT(ms_model_build(&mc, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				f.adapter.t, f.adapter.n, &oc, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&mg, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				f.adapter.t, f.adapter.n, &og, &err) == MS_OK);
+	T_ASSERT(ms_kv_cache_new(mc, B, N, &kc, &err) == MS_OK);
+	T_ASSERT(ms_kv_cache_new(mg, B, N, &kg, &err) == MS_OK);
+	lc = calloc((size_t)B * V, sizeof(float));
+	lg = calloc((size_t)B * V, sizeof(float));
+	full = calloc((size_t)B * N * V, sizeof(float));
+	T_ASSERT(lc && lg && full);
+	T_ASSERT(ms_model_decode(mg, kc, ids, lg, &err) == MS_EINVAL);
+	fprintf(stderr, "  %s: CPU cache on the GPU model: %s\n", name, err.msg);
+	for (uint32_t t = 0; t < N; t++) {
+		for (uint32_t b = 0; b < B; b++)
+			tok[b] = ids[b * N + t];
+		T_ASSERT(ms_model_decode(mc, kc, tok, lc, &err) == MS_OK);
+		T_ASSERT_MSG(ms_model_decode(mg, kg, tok, lg, &err) == MS_OK, "%s", err.msg);
+		for (size_t i = 0; i < (size_t)B * V; i++) {
+			double d = fabs((double)lg[i] - lc[i]);
+			wc = d > wc ? d : wc;
+		}
+	}
+	T_ASSERT_EQ_INT(ms_kv_cache_len(kg), N);
+	T_ASSERT(ms_model_decode(mg, kg, tok, lg, &err) == MS_EINVAL);
+	T_ASSERT(ms_model_forward(mg, ids, B, N, full, &err) == MS_OK);
+	for (uint32_t b = 0; b < B; b++)
+		for (uint32_t v = 0; v < V; v++) {
+			double d = fabs((double)lc[(size_t)b * V + v] -
+					full[((size_t)b * N + N - 1) * V + v]);
+			wf = d > wf ? d : wf;
+		}
+	/* the full forward after the decodes, then decoding again from an
+	 * emptied cache: the activations' shapes move both ways */
+	ms_kv_cache_reset(kg);
+	T_ASSERT(ms_model_decode(mg, kg, ids, lg, &err) == MS_OK);
+	fprintf(stderr, "  %s %s decode: %u steps x %u sequences, max |gpu-cpu| %.3g, "
+		"|decode-forward| %.3g\n", name, f32 ? "f32" : "bf16", N, B, wc, wf);
+	T_ASSERT_MSG(wc < tl, "decode logits differ from the CPU's by %g", wc);
+	T_ASSERT_MSG(wf < tl, "decode logits differ from the forward's by %g", wf);
+	free(lc);
+	free(lg);
+	free(full);
+	ms_kv_cache_free(kc);
+	ms_kv_cache_free(kg);
+	ms_model_free(mc);
+	ms_model_free(mg);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_decode_f32_qwen3moe(void) { return decode("qwen3moe", 1); }
+static int test_decode_f32_glm4moe(void) { return decode("glm4moe", 1); }
+static int test_decode_bf16_qwen3moe(void) { return decode("qwen3moe", 0); }
+static int test_decode_bf16_mixtral(void) { return decode("mixtral", 0); }
+
+/*
+ * GRPO on the GPU model end to end: the rollouts (KV-cache decode on the
+ * device), the reference's log-probs (its weights swapped in on the
+ * device) and the update, against the CPU's from the same start. With
+ * float32 GEMMs the first step samples the same completions (the same
+ * draws from logits within 1e-4; a draw landing within that of a bucket
+ * edge would tell otherwise, and the ids are compared), the behaviour and
+ * reference log-probs agree within 1e-4, and the rewards are equal; then a
+ * few steps run on each (the policies drift apart by rounding, so only
+ * finite metrics and a moved adapter are required of the GPU's).
+ */
+static int test_rl_rollout(void)
+{
+	char p[512];
+	struct tset base;
+	struct ms_model_cfg cfg;
+	struct ms_lora_cfg lc = {.r = 4, .alpha = 8, .seed = 1,
+				 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_V};
+	struct ms_model_opts oc = {.nthreads = 2};
+	struct ms_model_opts og = {.device = MS_DEVICE_CUDA, .gpu_f32 = 1};
+	const struct ms_ckpt_config *cj;
+	struct ms_model *mc = NULL, *mg = NULL;
+	struct ms_rl *rc_ = NULL, *rg = NULL;
+	struct ms_rl_cfg c;
+	struct ms_adamw_cfg o;
+	struct ms_err err = {0};
+	const struct ms_param *pg;
+	double dold = 0, dref = 0, moved = 0;
+	size_t np, NS;
+	float *w0;
+
+	snprintf(p, sizeof p, "%s/hf/qwen3moe", T_FIXTURES);
+	T_ASSERT(tset_open(&base, p) == 0);
+	cj = ms_ckpt_config(base.c, "config.json");
+	T_ASSERT(cj && ms_model_cfg_parse(cj->text, cj->len, &cfg, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&mc, &cfg, base.t, base.n, NULL, 0, &lc, NULL, 0, &oc, &err) ==
+		 MS_OK);
+	T_ASSERT(ms_model_build(&mg, &cfg, base.t, base.n, NULL, 0, &lc, NULL, 0, &og, &err) ==
+		 MS_OK);
+	ms_rl_cfg_init(&c);
+	c.prompts = 3;
+	c.group = 4;
+	c.prompt_len = 2;
+	c.max_new = 3;
+	c.temperature = 1.0;
+	c.kl_coef = 0.1;
+	c.kl_est = MS_KL_K3;
+	c.seed = 5;
+	ms_adamw_cfg_init(&o);
+	o.lr = 1e-2;
+	o.total_steps = 10;
+	T_ASSERT(ms_rl_new(mc, &c, &o, NULL, &rc_, &err) == MS_OK);
+	T_ASSERT(ms_rl_new(mg, &c, &o, NULL, &rg, &err) == MS_OK);
+	/* a moved policy, so the reference's log-probs differ from the
+	 * behaviour's and the swap is seen */
+	np = ms_model_params(mg, &pg);
+	{
+		const struct ms_param *pc;
+		T_ASSERT_EQ_INT(ms_model_params(mc, &pc), np);
+		for (size_t i = 0; i < np; i++)
+			for (uint64_t e = 0; e < pc[i].n; e++) {
+				pc[i].w[e] += (float)(0.05 * sin((double)(e * 13 + i * 5 + 2)));
+				pg[i].w[e] = pc[i].w[e];
+			}
+	}
+	T_ASSERT(ms_model_sync(mg, NULL, MS_MODEL_TO_DEVICE, &err) == MS_OK);
+	T_ASSERT(ms_rl_rollout(rc_, 0, &err) == MS_OK);
+	T_ASSERT_MSG(ms_rl_rollout(rg, 0, &err) == MS_OK, "%s", err.msg);
+	NS = (size_t)rc_->b.n * rc_->b.seq;
+	T_ASSERT(memcmp(rc_->b.ids, rg->b.ids, NS * sizeof *rg->b.ids) == 0);
+	T_ASSERT(memcmp(rc_->b.mask, rg->b.mask, NS) == 0);
+	for (size_t i = 0; i < NS; i++) {
+		double a = fabs((double)rc_->b.logp_old[i] - rg->b.logp_old[i]);
+		double r = fabs((double)rc_->b.logp_ref[i] - rg->b.logp_ref[i]);
+		dold = a > dold ? a : dold;
+		dref = r > dref ? r : dref;
+	}
+	for (uint32_t i = 0; i < rc_->b.n; i++)
+		T_ASSERT(rc_->b.reward[i] == rg->b.reward[i]);
+	{
+		double dd = 0;
+		for (size_t i = 0; i < NS; i++)
+			if (rg->b.mask[i])
+				dd += fabs((double)rg->b.logp_old[i] - rg->b.logp_ref[i]);
+		T_ASSERT_MSG(dd > 0, "reference log-probs equal the policy's");
+	}
+	fprintf(stderr, "  GPU rollout: %u completions as the CPU's, log-probs within %.3g "
+		"(behaviour) and %.3g (reference)\n", rg->b.n, dold, dref);
+	T_ASSERT_MSG(dold < 1e-4 && dref < 1e-4, "log-probs differ by %g / %g", dold, dref);
+	/* the host copy now, to see the steps move it */
+	T_ASSERT(ms_model_sync(mg, NULL, MS_MODEL_TO_HOST, &err) == MS_OK);
+	T_ASSERT((w0 = malloc(pg[0].n * sizeof(float))));
+	memcpy(w0, pg[0].w, pg[0].n * sizeof(float));
+	for (int k = 0; k < 3; k++) {
+		struct ms_rl_metrics s;
+		struct ms_rl_event ev[MS_RL_NRULES];
+		size_t nev;
+		T_ASSERT_MSG(ms_rl_step(rg, &s, ev, &nev, &err) == MS_OK, "%s", err.msg);
+		T_ASSERT(isfinite(s.reward_mean) && isfinite(s.kl) && isfinite(s.grad_norm) &&
+			 s.grad_norm > 0);
+		fprintf(stderr, "  GPU GRPO step %d: reward %.4f kl %.3g entropy %.4f grad %.3g "
+			"%.0f tokens/s\n", k + 1, s.reward_mean, s.kl, s.entropy, s.grad_norm,
+			s.tokens_per_s);
+	}
+	T_ASSERT(ms_model_sync(mg, NULL, MS_MODEL_TO_HOST, &err) == MS_OK);
+	for (uint64_t e = 0; e < pg[0].n; e++)
+		moved += fabs((double)pg[0].w[e] - w0[e]);
+	T_ASSERT_MSG(moved > 0, "%s did not move", pg[0].name);
+	free(w0);
+	ms_rl_free(rc_);
+	ms_rl_free(rg);
+	ms_model_free(mc);
+	ms_model_free(mg);
+	tset_close(&base);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_f32_qwen3moe),
 	T_CASE(test_f32_dropout),
@@ -598,6 +794,11 @@ static const struct t_case cases[] = {
 	T_CASE(test_optim_clip),
 	T_CASE(test_train_follows_cpu),
 	T_CASE(test_rl_backward),
+	T_CASE(test_decode_f32_qwen3moe),
+	T_CASE(test_decode_f32_glm4moe),
+	T_CASE(test_decode_bf16_qwen3moe),
+	T_CASE(test_decode_bf16_mixtral),
+	T_CASE(test_rl_rollout),
 };
 
 /* --peft-logits ADAPTER OUT: the GPU model (float32 GEMMs) of the bundled

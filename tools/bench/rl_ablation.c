@@ -8,7 +8,13 @@
  *               [prompts=N] [group=N] [n=N] [max_new=N] [temp=X]
  *               [top_p=X] [format=X] [len_pen=X] [updates=N] [clip=X]
  *               [window=N] [zero_var=X] [reward_std=X] [entropy=X]
- *               [reg_share=X]
+ *               [reg_share=X] [model=DIR] [quant=DIR] [device=cpu|cuda]
+ *               [r=N] [alpha=X]
+ *
+ * model: another Hugging Face checkpoint (default FIXTURES/hf/qwen3moe);
+ * quant: its NVFP4 state (msconvert's output), the base's projections then
+ * come from it; device: the model's (cuda: the GPU model, bf16 GEMMs,
+ * rollouts decoded on the device); r, alpha: the LoRA's (default 4, 8).
  *
  * OUT.jsonl gets one metrics line per step (ms_rl_metrics_json) and one
  * {"event": {...}} line per monitor event; stdout a summary line:
@@ -23,6 +29,22 @@
 #include "msint.h"
 #include "checkpoint.h"
 #include "train/rl.h"
+
+/* a checkpoint's tensors as the model builder takes them */
+static struct ms_wtensor *wtensors(const struct ms_ckpt *ck)
+{
+	struct ms_wtensor *wt = calloc(ck->ntensors ? ck->ntensors : 1, sizeof *wt);
+	for (size_t i = 0; wt && i < ck->ntensors; i++) {
+		const struct ms_tensor *x = ck->tensors[i];
+		wt[i].name = x->name;
+		wt[i].dtype = x->dtype;
+		wt[i].ndim = x->ndim;
+		memcpy(wt[i].shape, x->shape, sizeof x->shape);
+		wt[i].data = x->data;
+		wt[i].nbytes = x->nbytes;
+	}
+	return wt;
+}
 
 static int die(const char *msg)
 {
@@ -39,8 +61,9 @@ int main(int argc, char **argv)
 	struct ms_model_opts mo = {.nthreads = 0};
 	struct ms_model_cfg mc;
 	struct ms_model *m = NULL;
-	struct ms_ckpt *ck = NULL;
-	struct ms_wtensor *wt = NULL;
+	struct ms_ckpt *ck = NULL, *qk = NULL;
+	struct ms_wtensor *wt = NULL, *qt = NULL;
+	const char *model = NULL, *quant = NULL;
 	struct ms_rl *r = NULL;
 	struct ms_err err = {0};
 	const struct ms_ckpt_config *cj;
@@ -85,6 +108,13 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "reward_std")) c.reward_std_min = atof(v);
 		else if (!strcmp(argv[i], "entropy")) c.entropy_min = atof(v);
 		else if (!strcmp(argv[i], "reg_share")) c.reg_share_max = atof(v);
+		else if (!strcmp(argv[i], "model")) model = v;
+		else if (!strcmp(argv[i], "quant")) quant = v;
+		else if (!strcmp(argv[i], "device")) {
+			if (ms_device_parse(v, &mo.device)) return die(v);
+		}
+		else if (!strcmp(argv[i], "r")) lc.r = (uint32_t)atoi(v);
+		else if (!strcmp(argv[i], "alpha")) lc.alpha = atof(v);
 		else return die(argv[i]);
 	}
 	ms_adamw_cfg_init(&o);
@@ -94,23 +124,16 @@ int main(int argc, char **argv)
 	o.total_steps = steps;
 	o.schedule = MS_SCHED_CONSTANT;
 	snprintf(path, sizeof path, "%s/hf/qwen3moe", argv[1]);
-	if (ms_ckpt_open(path, &ck, &err) != MS_OK)
+	if (ms_ckpt_open(model ? model : path, &ck, &err) != MS_OK ||
+	    (quant && ms_ckpt_open(quant, &qk, &err) != MS_OK))
 		goto fail;
-	if (!(wt = calloc(ck->ntensors, sizeof *wt)))
+	if (!(wt = wtensors(ck)) || (qk && !(qt = wtensors(qk))))
 		return die("out of memory");
-	for (size_t i = 0; i < ck->ntensors; i++) {
-		const struct ms_tensor *x = ck->tensors[i];
-		wt[i].name = x->name;
-		wt[i].dtype = x->dtype;
-		wt[i].ndim = x->ndim;
-		memcpy(wt[i].shape, x->shape, sizeof x->shape);
-		wt[i].data = x->data;
-		wt[i].nbytes = x->nbytes;
-	}
 	if (!(cj = ms_ckpt_config(ck, "config.json")))
 		return die("no config.json");
 	if (ms_model_cfg_parse(cj->text, cj->len, &mc, &err) != MS_OK ||
-	    ms_model_build(&m, &mc, wt, ck->ntensors, NULL, 0, &lc, NULL, 0, &mo, &err) != MS_OK ||
+	    ms_model_build(&m, &mc, wt, ck->ntensors, qt, qk ? qk->ntensors : 0, &lc, NULL, 0,
+			   &mo, &err) != MS_OK ||
 	    ms_rl_new(m, &c, &o, NULL, &r, &err) != MS_OK)
 		goto fail;
 	if (!(out = fopen(argv[2], "w")))
@@ -152,6 +175,8 @@ done:
 	ms_rl_free(r);
 	ms_model_free(m);
 	free(wt);
+	free(qt);
 	ms_ckpt_close(ck);
+	ms_ckpt_close(qk);
 	return rc;
 }

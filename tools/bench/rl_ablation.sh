@@ -5,22 +5,34 @@
 # writes each run's metrics to OUT/<name>.jsonl and prints the markdown
 # table; with PYTHON (a python with matplotlib) it draws OUT/curves.png.
 #
-#   sh tools/bench/rl_ablation.sh OUT [STEPS]
+#   sh tools/bench/rl_ablation.sh OUT [STEPS [KEY=VALUE ...]]
+#
+# KEY=VALUE pairs go to every run (rl_ablation.c's keys: model=, quant=,
+# device=cuda, r=, ... for the GPU ablation of RL-ABLATION-GPU.md);
+# BUILD (default build) is where bench/rl_ablation is; LRS the learning
+# rates (default "1e-2 3e-2"; the curves take the last and the first).
 set -eu
-out=${1:?usage: rl_ablation.sh OUT [STEPS]}
+out=${1:?usage: rl_ablation.sh OUT [STEPS [KEY=VALUE ...]]}
 steps=${2:-120}
+[ $# -ge 2 ] && shift 2 || shift $#
+extra="$*"
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/build/bench/rl_ablation
+build=${BUILD:-build}
+case $build in /*) ;; *) build=$root/$build;; esac
+bin=$build/bench/rl_ablation
+lrs=${LRS:-1e-2 3e-2}
+hi=${lrs##* }
+lo=${lrs%% *}
 mkdir -p "$out"
 # the shared settings; the monitor's rule: regulariser share over 1 for 5 steps
 common="steps=$steps temp=0.25 format=1 prompts=4 group=4 n=2 max_new=3 reg_share=1 window=5"
 echo "| regulariser | lr | seed | reward, first 5 steps | reward, last 5 steps | steps to collapse (event) | events |"
 echo "|---|---|---|---|---|---|---|"
 for reg in none kl=5 kl=1 ent=1; do
-	for lr in 1e-2 3e-2; do
+	for lr in $lrs; do
 		for seed in 0 1; do
 			name=$(echo "$reg-lr$lr-seed$seed" | tr -d '=')
-			set -- $common lr=$lr seed=$seed
+			set -- $common lr=$lr seed=$seed $extra
 			[ "$reg" = none ] || set -- "$@" $reg
 			res=$("$bin" "$root/tests/fixtures" "$out/$name.jsonl" "$@")
 			first=$(echo "$res" | sed 's/.*first=\([^ ]*\).*/\1/')
@@ -34,6 +46,6 @@ for reg in none kl=5 kl=1 ent=1; do
 done
 if [ -n "${PYTHON:-}" ]; then
 	"$PYTHON" "$root/tools/scripts/rl_curves.py" "$out/curves.png" \
-		"$out/none-lr3e-2-seed0.jsonl" "$out/kl5-lr3e-2-seed0.jsonl" \
-		"$out/kl5-lr1e-2-seed1.jsonl" "$out/ent1-lr3e-2-seed0.jsonl"
+		"$out/none-lr$hi-seed0.jsonl" "$out/kl5-lr$hi-seed0.jsonl" \
+		"$out/kl5-lr$lo-seed1.jsonl" "$out/ent1-lr$hi-seed0.jsonl"
 fi
