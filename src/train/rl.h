@@ -1,5 +1,6 @@
 /*
- * rl.h: GRPO on the CPU: rollouts from the current policy (the base with
+ * rl.h: GRPO on the trainer model, CPU or GPU (the same code over
+ * model.h's interface): rollouts from the current policy (the base with
  * its LoRA adapters), verifiable rewards on the synthetic tasks of data.h,
  * the clipped importance-ratio loss with a KL regulariser to a reference
  * policy and an entropy term, and the reward-collapse monitor.
@@ -15,7 +16,8 @@
  * Each draw comes from a generator seeded by (seed, step, sequence), so a
  * rollout is a function of the seed, the step and the weights alone. The
  * batch decodes incrementally through a KV cache (ms_model_decode), whose
- * logits are those of a full forward of the prefix, bit for bit.
+ * logits are those of a full forward of the prefix, bit for bit on the
+ * CPU (on the GPU within its GEMMs' rounding).
  *
  * Reward of a completion c against the task's answer a (the tokens between
  * SEP and END of example k, n of them):

@@ -31,5 +31,7 @@ if [ ! -d "$out/quant" ]; then
 	"$build/msconvert" quantize "$out/model" -o "$out/quant" --block 2d --layout rowwise \
 		--device cuda >&2
 fi
-LRS=${LRS:-1e-3 3e-3} BUILD=$build sh "$root/tools/bench/rl_ablation.sh" "$out/runs" "$steps" \
+# (the curves are drawn apart: the interpreter with torch need not have
+# matplotlib)
+PYTHON= LRS=${LRS:-1e-3 3e-3} BUILD=$build sh "$root/tools/bench/rl_ablation.sh" "$out/runs" "$steps" \
 	model="$out/model" quant="$out/quant" device=cuda temp=1.0
