@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(FL_NTH) k_flash_fwd(const bf16 *Q, const bf16 
 	extern __shared__ uint4 fl_smem[];
 	bf16 *sq = (bf16 *)fl_smem, *sk = sq + FL_BM * LD, *sv = sk + BN * LD;
 	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-	int q0 = blockIdx.x * FL_BM, w = threadIdx.x >> 5;
+	/* the longest rows (the last tiles) first: the grid's tail is short */
+	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
 	const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
@@ -389,7 +390,8 @@ __global__ void __launch_bounds__(FL_NTH) k_flash_dq(const bf16 *Q, const bf16 *
 	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL_BM * LD, *sk = sdo + FL_BM * LD;
 	bf16 *sv = sk + BK * LD;
 	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-	int q0 = blockIdx.x * FL_BM, w = threadIdx.x >> 5;
+	/* the longest rows (the last tiles) first: the grid's tail is short */
+	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
 	int qlast = min(q0 + FL_BM, S) - 1;

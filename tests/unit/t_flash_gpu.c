@@ -16,9 +16,10 @@
  * rounding carries into D = dO . O). The kernels round exactly one operand
  * of each product to bf16 (P or dS; the inputs are bf16 already, the
  * products of two bf16 are exact in float), so each term is off by at most
- * u = 2^-9 relative and |err| <= u * mag plus float accumulation; 2^-6 = 8u
- * leaves room for exp2f's few ulps and the float sums while a wrong index,
- * mask or rescale (an error of the size of the value itself) still fails.
+ * u = 2^-8 (bf16's unit roundoff) relative and |err| <= u * mag plus float
+ * accumulation; 2^-6 = 4u leaves room for exp2f's few ulps and the float
+ * sums (a CPU emulation of the kernels measured up to 0.8u) while a wrong
+ * index, mask or rescale (an error the size of the value) still fails.
  * LSE is float all the way: |err| <= 2e-4 * (1 + |lse|).
  *
  * GPU tier: without a GPU the binary says it skipped (with MS_TEST_GPU
