@@ -26,9 +26,10 @@
  * timing), one GEMM per expert over its rows. Attention: with bf16
  * operands and a head dim of 16, 32, 64 or 128, the fused flash kernels
  * (flash.cu: no S x S matrix in memory, each row's log-sum-exp kept for
- * the backward); otherwise (the test mode) per sequence, strided-batched
- * GEMMs for the scores and the context, a causal softmax kernel, the
- * probabilities recomputed in the backward (scores are never kept). Routing (softmax or sigmoid with groups, top-k, renormalisation,
+ * the backward); otherwise (the test mode, other head dims) per sequence,
+ * strided-batched GEMMs for the scores and the context, a causal softmax
+ * kernel, the probabilities recomputed in the backward (scores are never
+ * kept). Routing (softmax or sigmoid with groups, top-k, renormalisation,
  * scaling) runs one thread per token with model.c's code path, its logits
  * summed in double in model.c's order. Reductions that decide a value
  * (RMSNorm, softmax, the loss) accumulate in double.
