@@ -229,6 +229,9 @@ bench-bins: $(BENCH_BIN)
 $(BUILD)/tests/t_%: tests/unit/t_%.c $(wildcard tests/unit/*.h) $(LIB) | $(BUILD)/tests pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itests/unit -o $@ $< $(LIB) $(LDLIBS) $(CUDA_LIBS)
 
+# the flash attention test calls the kernels' internal header
+$(BUILD)/tests/t_flash_gpu: ALL_CFLAGS += -Ikernels
+
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
 

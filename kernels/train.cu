@@ -23,7 +23,10 @@
  * in the test mode). Activations are float32; an operand of a bf16 GEMM is
  * cast into scratch just before it. Experts: token rows sorted by expert
  * (a stable counting sort on the device, so the order does not depend on
- * timing), one GEMM per expert over its rows. Attention: per sequence,
+ * timing), one GEMM per expert over its rows. Attention: with bf16
+ * operands and a head dim of 16, 32, 64 or 128, the fused flash kernels
+ * (flash.cu: no S x S matrix in memory, each row's log-sum-exp kept for
+ * the backward); otherwise (the test mode, other head dims) per sequence,
  * strided-batched GEMMs for the scores and the context, a causal softmax
  * kernel, the probabilities recomputed in the backward (scores are never
  * kept). Routing (softmax or sigmoid with groups, top-k, renormalisation,
@@ -46,6 +49,7 @@
 #include <string.h>
 
 #include "gpu_internal.h"
+#include "flash.h"
 extern "C" {
 #include "train/model_int.h"
 #include "train/optim.h"
@@ -231,6 +235,8 @@ struct dacts {
 	float *probs, *wts, *gu, *act, *ugu, *udn, *ye, *sgu, *sact;
 	int32_t *sel, *perm, *pos;
 	uint32_t *cnt;               /* host: rows per expert */
+	float *lse;                  /* flash attention: [B, nh, S] row
+					log-normalisers for the backward */
 };
 
 enum phase {
@@ -292,6 +298,9 @@ struct ms_gmodel {
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
 					group sums */
+	int flash;                   /* attention through flash.h (bf16 path,
+					a head dim it covers): no S x S scratch */
+	void *fws;                   /* its backward's workspace */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
 	uint32_t *dpad;              /* its offsets */
 	double *lossrow, *dsum;
@@ -2036,6 +2045,7 @@ static void acts_release(struct ms_gmodel *g)
 			dfree(g, a->sel, MC_ACTS);
 			dfree(g, a->perm, MC_ACTS);
 			dfree(g, a->pos, MC_ACTS);
+			dfree(g, a->lse, MC_ACTS);
 			free(a->cnt);
 		}
 		free(g->a);
@@ -2054,6 +2064,7 @@ static void acts_release(struct ms_gmodel *g)
 	dfree(g, g->cC, MC_SCRATCH);
 	dfree(g, g->pg, MC_SCRATCH);
 	dfree(g, g->dsg, MC_SCRATCH);
+	dfree(g, g->fws, MC_SCRATCH);
 	dfree(g, g->dids, MC_SCRATCH);
 	dfree(g, g->dmask, MC_SCRATCH);
 	g->xf = g->hf = g->rf = g->logits = g->y = g->y2 = g->tmp = g->dA = g->dB = NULL;
@@ -2063,7 +2074,7 @@ static void acts_release(struct ms_gmodel *g)
 	dfree(g, g->dpad, MC_SCRATCH);
 	g->dpad = NULL;
 	g->lossrow = g->dsum = NULL;
-	g->cA = g->cB = g->cC = g->pg = g->dsg = NULL;
+	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = NULL;
 	g->dids = NULL;
 	g->dmask = NULL;
 	free(g->hlog);
@@ -2085,9 +2096,12 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	uint64_t T = (uint64_t)B * S, H = g->H, TK = 0, F = g->F, Fs = 0, r = g->r;
 	uint64_t att = (uint64_t)g->nh * S * S, wide, rows;
 	int anymoe = 0;
+	struct ms_flash_shape fs = {B, S, g->nh, g->nkv, g->hd};
 	if (g->a && g->B == B && g->S == S)
 		return MS_OK;
 	acts_release(g);
+	/* the float32 test mode keeps the exact GEMM + softmax path */
+	g->flash = !g->f32 && ms_flash_supported(g->hd);
 	for (uint32_t l = 0; l < g->L; l++) {
 		anymoe |= g->ly[l].moe;
 		if (g->ly[l].sh)
@@ -2119,6 +2133,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(a->q, T * g->dq * 4, MC_ACTS);
 		DM(a->k, T * g->dkv * 4, MC_ACTS);
 		DM(a->ctx, T * g->dq * 4, MC_ACTS);
+		if (g->flash)
+			DM(a->lse, T * g->nh * 4, MC_ACTS);
 		if (d->lq)
 			DM(a->uq, T * r * 4, MC_ACTS);
 		if (d->lk)
@@ -2186,16 +2202,21 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	DM(g->dact, rows * u64max(F, Fs) * 4, MC_SCRATCH);
 	DM(g->dgu, rows * 2 * u64max(F, Fs) * 4, MC_SCRATCH);
-	DM(g->dctx2, (uint64_t)S * g->dq * 4, MC_SCRATCH);
+	if (!g->flash)
+		DM(g->dctx2, (uint64_t)S * g->dq * 4, MC_SCRATCH);
 	if (TK) {
 		DM(g->up, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dpad, 3 * (uint64_t)g->E * 4, MC_SCRATCH);
 	}
-	DM(g->sc, att * 4, MC_SCRATCH);
-	DM(g->dp, att * 4, MC_SCRATCH);
-	DM(g->pg, att * g->esz, MC_SCRATCH);
-	DM(g->dsg, att * g->esz, MC_SCRATCH);
+	if (g->flash) {
+		DM(g->fws, ms_flash_workspace_bytes(&fs), MC_SCRATCH);
+	} else {
+		DM(g->sc, att * 4, MC_SCRATCH);
+		DM(g->dp, att * 4, MC_SCRATCH);
+		DM(g->pg, att * g->esz, MC_SCRATCH);
+		DM(g->dsg, att * g->esz, MC_SCRATCH);
+	}
 	if (!g->f32) {
 		DM(g->cA, u64max(rows * wide, T * g->V) * g->esz, MC_SCRATCH);
 		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
@@ -2359,9 +2380,11 @@ __global__ void k_group_sum(const float *src, float *dst, uint32_t S, uint32_t n
 	}
 }
 
-/* attention core, forward (ctx) or backward (dqv, dkk, dvv from dctx): per
- * sequence, one batched GEMM over the heads for each product (query head h
- * reads KV head h / rep), the softmax kernels between */
+/* attention core, forward (ctx) or backward (dqv, dkk, dvv from dctx).
+ * Flash (bf16, a head dim flash.h covers): the fused kernels, the layer's
+ * LSE kept between the two. Otherwise per sequence, one batched GEMM over
+ * the heads for each product (query head h reads KV head h / rep), the
+ * softmax kernels between */
 static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -2381,6 +2404,13 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 		return rc;
 	if (bwd && (rc = opnd(g, g->dctx, (uint64_t)g->T * dq, g->cA, &dO, err)))
 		return rc;
+	if (g->flash) {
+		struct ms_flash_shape fs = {g->B, S, nh, nkv, hd};
+		if (!bwd)
+			return ms_flash_fwd(&fs, Q, Kk, Vv, a->ctx, a->lse, g->st, err);
+		return ms_flash_bwd(&fs, Q, Kk, Vv, a->ctx, dO, a->lse, g->dqv, g->dkk, g->dvv,
+				    g->fws, g->st, err);
+	}
 	for (uint32_t b = 0; b < g->B; b++) {
 		const void *Qb = OFF(Q, (uint64_t)b * S * dq), *Kb = OFF(Kk, (uint64_t)b * S * dkv);
 		const void *Vb = OFF(Vv, (uint64_t)b * S * dkv);

@@ -68,6 +68,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	uint64_t dkv = (uint64_t)c->n_kv_heads * hd, r = lora->r, T = (uint64_t)B * S;
 	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0;
 	int anymoe = 0;
+	/* flash attention (kernels/flash.h) on the bf16 path for the head
+	 * dims its kernels cover: a per-layer LSE instead of S x S scratch */
+	int flash = !f32 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
 
 	memset(out, 0, sizeof *out);
 	memset(&p, 0, sizeof p);
@@ -133,6 +136,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	for (uint32_t l = 0; l < c->n_layers; l++) {
 		int moe = !c->dense[l];
 		acts += (4 * T * H + 2 * T + 3 * T * dq + 3 * T * dkv) * 4;
+		if (flash)
+			acts += T * c->n_heads * 4;
 		if (c->qk_norm)
 			acts += T * (c->n_heads + c->n_kv_heads) * 4;
 		acts += T * r * 4 * (!!(lora->targets & MS_LORA_Q) + !!(lora->targets & MS_LORA_K) +
@@ -158,7 +163,10 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
 				2 * (TK + E * GP_BUCKET) * r * 4 + 3 * E * 4;
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
-	out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
+	if (flash)
+		out->scratch += T * c->n_heads * 4; /* ms_flash_workspace_bytes */
+	else
+		out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
 	if (!f32)
 		out->scratch += u64max(rows * wide, T * V) * p.esz +
 				2 * T * u64max(dq, dkv) * p.esz;

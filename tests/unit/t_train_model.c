@@ -1168,8 +1168,44 @@ static int test_blas_symbols(void)
 	return 0;
 }
 
+/* gpu_plan.c's prediction of the GPU model's attention memory: on the bf16
+ * path with a head dim the flash kernels cover, no S x S scratch (scratch
+ * and activations affine in S: zero second difference over S = 256, 512,
+ * 768) and a per-layer LSE of T * heads floats; the float32 test mode and
+ * an uncovered head dim keep scores, dP (float) and P, dS (GEMM type) of
+ * heads * S * S each: second difference 2 * heads * (8 + 2 * esz) * 256^2 */
+static int test_predict_flash_attention(void)
+{
+	struct fam f;
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	for (int mode = 0; mode < 3; mode++) {
+		struct ms_model_cfg c = f.cfg;
+		struct ms_model_mem m[3], f32;
+		int64_t d2s, d2a, h = 256, nh = c.n_heads, want;
+		int isf32 = mode == 1;
+		if (mode == 2)
+			c.head_dim = 24;
+		for (int i = 0; i < 3; i++)
+			T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)(h * (i + 1)),
+						   MS_COLWISE_RESIDENT, isf32, &m[i]) == MS_OK);
+		d2s = (int64_t)m[2].scratch - 2 * (int64_t)m[1].scratch + (int64_t)m[0].scratch;
+		d2a = (int64_t)m[2].acts - 2 * (int64_t)m[1].acts + (int64_t)m[0].acts;
+		want = mode == 0 ? 0 : 2 * nh * (8 + 2 * (isf32 ? 4 : 2)) * h * h;
+		T_ASSERT_EQ_INT(d2s, want);
+		T_ASSERT_EQ_INT(d2a, 0);
+		/* activations: the LSE is the only difference between the modes */
+		T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)h, MS_COLWISE_RESIDENT, 1,
+					   &f32) == MS_OK);
+		T_ASSERT_EQ_INT(m[0].acts - f32.acts,
+				mode == 0 ? (int64_t)c.n_layers * 2 * h * nh * 4 : 0);
+	}
+	fam_close(&f);
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_blas_symbols),
+	T_CASE(test_predict_flash_attention),
 	T_CASE(test_golden_qwen3moe),
 	T_CASE(test_golden_mixtral),
 	T_CASE(test_golden_glm4moe),

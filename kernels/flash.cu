@@ -1,0 +1,609 @@
+/*
+ * flash.cu: fused causal attention, forward and backward (flash.h), on the
+ * bf16 tensor cores through mma.sync m16n8k16 (float accumulators).
+ *
+ * Every kernel runs 4 warps; a warp owns 16 rows of its block's tile and
+ * keeps them in registers in the PTX fragment layouts, so the online
+ * softmax reads a score's row and column off the lane number (the layout
+ * of mma.sync's C fragment is specified by PTX; wmma's is not). A score
+ * tile's C fragments turn into the A operand of the next product without
+ * leaving registers (the FlashAttention-2 arrangement). Tiles of the other
+ * operand are streamed through shared memory in 16-byte loads, rows padded
+ * by 16 bytes against bank conflicts; rows past S load as zeros and their
+ * scores are masked. Tiles wholly above the diagonal are never visited.
+ *
+ * Scores and softmax are float32 in the log2 domain (scale * log2(e)
+ * folded into one multiply, exp2f); the probabilities (and in the backward
+ * dS) are rounded to bf16 for their product, as every bf16 flash
+ * attention does.
+ */
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include "gpu_internal.h"
+#include "flash.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define FL_NTH 128     /* 4 warps */
+#define FL_BM 64       /* rows of a tile held in registers (4 warps x 16) */
+#define FL_BN 32       /* rows of a streamed tile in the backward */
+#define FL_LOG2E 1.4426950408889634f
+#define FL_LN2 0.6931471805599453f
+
+/* c += a b, a 16x16 (row), b 16x8 (col), bf16 in, float accumulate */
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* two floats as a bf16 pair, lo in the low half (the lower column) */
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *(uint32_t *)&v;
+}
+
+__device__ __forceinline__ uint32_t ld32(const bf16 *p)
+{
+	return *(const uint32_t *)p;
+}
+
+__device__ __forceinline__ uint32_t pair16(const bf16 *lo, const bf16 *hi)
+{
+	return (uint32_t)*(const uint16_t *)lo | ((uint32_t)*(const uint16_t *)hi << 16);
+}
+
+/* A fragment (16x16 at rows m0, columns k0) of a row-major shared tile */
+__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int ld, int m0, int k0)
+{
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	const bf16 *p = s + (m0 + g) * ld + k0 + 2 * t;
+	a[0] = ld32(p);
+	a[1] = ld32(p + 8 * ld);
+	a[2] = ld32(p + 8);
+	a[3] = ld32(p + 8 * ld + 8);
+}
+
+/* B fragment (16x8, k0, n0) where B[k][n] = s[n*ld + k]: the tile's rows
+ * are B's columns (K in Q K^T) */
+__device__ __forceinline__ void frag_bn(uint32_t b[2], const bf16 *s, int ld, int k0, int n0)
+{
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	const bf16 *p = s + (n0 + g) * ld + k0 + 2 * t;
+	b[0] = ld32(p);
+	b[1] = ld32(p + 8);
+}
+
+/* B fragment where B[k][n] = s[k*ld + n]: the tile's rows are B's rows
+ * (V in P V) */
+__device__ __forceinline__ void frag_bk(uint32_t b[2], const bf16 *s, int ld, int k0, int n0)
+{
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	const bf16 *p = s + (k0 + 2 * t) * ld + n0 + g;
+	b[0] = pair16(p, p + ld);
+	b[1] = pair16(p + 8 * ld, p + 9 * ld);
+}
+
+/* The A fragment of k-chunk j from C fragments c[2j], c[2j+1] (a 16-row
+ * block of a product, as the left operand of the next one) */
+__device__ __forceinline__ void c2a(uint32_t a[4], const float c0[4], const float c1[4])
+{
+	a[0] = pack2(c0[0], c0[1]);
+	a[1] = pack2(c0[2], c0[3]);
+	a[2] = pack2(c1[0], c1[1]);
+	a[3] = pack2(c1[2], c1[3]);
+}
+
+/* rows r0.. (n of them) of a [*, st] bf16 matrix into a shared tile of
+ * row stride HD + 8; rows at or past S are zeros */
+template <int HD>
+__device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *src, uint64_t st, int r0, int n,
+					  int S)
+{
+	constexpr int CPR = HD / 8;
+	for (int i = threadIdx.x; i < n * CPR; i += FL_NTH) {
+		int r = i / CPR, c = (i % CPR) * 8;
+		uint4 v = make_uint4(0, 0, 0, 0);
+		if (r0 + r < S)
+			v = *(const uint4 *)(src + (uint64_t)(r0 + r) * st + c);
+		*(uint4 *)(sm + r * (HD + 8) + c) = v;
+	}
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* grid (query tiles of 64, nh, B); K/V tiles of 64 keys */
+template <int HD>
+__global__ void __launch_bounds__(FL_NTH) k_flash_fwd(const bf16 *Q, const bf16 *K, const bf16 *V,
+						      float *O, float *LSE, int S, int nh, int nkv,
+						      float sl2)
+{
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = 64, NS = BN / 8;
+	extern __shared__ uint4 fl_smem[];
+	bf16 *sq = (bf16 *)fl_smem, *sk = sq + FL_BM * LD, *sv = sk + BN * LD;
+	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
+	/* the longest rows (the last tiles) first: the grid's tail is short */
+	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
+	const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
+	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
+	int qlast = min(q0 + FL_BM, S) - 1, nkt = qlast / BN + 1;
+	uint32_t qa[KS][4];
+	float acc[NO][4], mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+	load_tile<HD>(sq, qb, qst, q0, FL_BM, S);
+	__syncthreads();
+#pragma unroll
+	for (int kk = 0; kk < KS; kk++)
+		frag_a(qa[kk], sq, LD, w * 16, kk * 16);
+#pragma unroll
+	for (int n = 0; n < NO; n++)
+		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+	for (int kt = 0; kt < nkt; kt++) {
+		int k0 = kt * BN;
+		__syncthreads();
+		load_tile<HD>(sk, kb, kst, k0, BN, S);
+		load_tile<HD>(sv, vb, kst, k0, BN, S);
+		__syncthreads();
+		if (wlast < k0)
+			continue; /* the warp's rows are all above this tile */
+		float s[NS][4];
+#pragma unroll
+		for (int n = 0; n < NS; n++) {
+			s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+			for (int kk = 0; kk < KS; kk++) {
+				uint32_t bf[2];
+				frag_bn(bf, sk, LD, kk * 16, n * 8);
+				mma16816(s[n], qa[kk], bf);
+			}
+		}
+		float m0 = -INFINITY, m1 = -INFINITY;
+		int need = k0 + BN - 1 > q0 + w * 16 || k0 + BN > S;
+#pragma unroll
+		for (int n = 0; n < NS; n++) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int col = k0 + n * 8 + 2 * t + (e & 1), row = e < 2 ? rlo : rhi;
+				float v = s[n][e] * sl2;
+				if (need && (col > row || col >= S))
+					v = -INFINITY;
+				s[n][e] = v;
+			}
+			m0 = fmaxf(m0, fmaxf(s[n][0], s[n][1]));
+			m1 = fmaxf(m1, fmaxf(s[n][2], s[n][3]));
+		}
+		m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+		m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+		m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+		m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+		float n0 = fmaxf(mx[0], m0), n1 = fmaxf(mx[1], m1);
+		/* a row with nothing unmasked yet keeps exp2(-inf - 0) = 0 */
+		float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
+		float al0 = exp2f(mx[0] - u0), al1 = exp2f(mx[1] - u1);
+		float ps0 = 0.0f, ps1 = 0.0f;
+		mx[0] = n0;
+		mx[1] = n1;
+#pragma unroll
+		for (int n = 0; n < NS; n++) {
+			s[n][0] = exp2f(s[n][0] - u0);
+			s[n][1] = exp2f(s[n][1] - u0);
+			s[n][2] = exp2f(s[n][2] - u1);
+			s[n][3] = exp2f(s[n][3] - u1);
+			ps0 += s[n][0] + s[n][1];
+			ps1 += s[n][2] + s[n][3];
+		}
+		l[0] = l[0] * al0 + ps0;
+		l[1] = l[1] * al1 + ps1;
+#pragma unroll
+		for (int n = 0; n < NO; n++) {
+			acc[n][0] *= al0;
+			acc[n][1] *= al0;
+			acc[n][2] *= al1;
+			acc[n][3] *= al1;
+		}
+#pragma unroll
+		for (int j = 0; j < BN / 16; j++) {
+			uint32_t pa[4];
+			c2a(pa, s[2 * j], s[2 * j + 1]);
+#pragma unroll
+			for (int n = 0; n < NO; n++) {
+				uint32_t bf[2];
+				frag_bk(bf, sv, LD, j * 16, n * 8);
+				mma16816(acc[n], pa, bf);
+			}
+		}
+	}
+	/* the row sums were kept per lane: add the quad's four */
+	for (int i = 0; i < 2; i++) {
+		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+	}
+	for (int i = 0; i < 2; i++) {
+		int row = i ? rhi : rlo;
+		float inv = 1.0f / l[i];
+		if (row >= S)
+			continue;
+		float *o = O + ((uint64_t)b * S + row) * qst + (uint64_t)h * HD + 2 * t;
+#pragma unroll
+		for (int n = 0; n < NO; n++)
+			*(float2 *)(o + n * 8) = make_float2(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
+		if (t == 0)
+			LSE[((uint64_t)b * nh + h) * S + row] = mx[i] * FL_LN2 + logf(l[i]);
+	}
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+
+/* D[b, h, s] = dO . O of the row (one warp per row and head) */
+template <int HD>
+__global__ void k_flash_dot(const bf16 *dO, const float *O, float *D, int S, int nh,
+			    uint64_t rows)
+{
+	uint64_t i = (uint64_t)blockIdx.x * (FL_NTH / 32) + (threadIdx.x >> 5);
+	int lane = threadIdx.x & 31;
+	if (i >= rows)
+		return;
+	/* i = (b*S + s)*nh + h: consecutive warps read neighbouring heads */
+	uint64_t tok = i / nh;
+	int h = (int)(i % nh);
+	const bf16 *d = dO + i * HD;
+	const float *o = O + i * HD;
+	float a = 0.0f;
+	for (int x = lane; x < HD; x += 32)
+		a += __bfloat162float(d[x]) * o[x];
+	for (int k = 16; k; k >>= 1)
+		a += __shfl_xor_sync(0xffffffffu, a, k);
+	if (lane == 0) {
+		uint64_t b = tok / S, s = tok % S;
+		D[(b * nh + h) * S + s] = a;
+	}
+}
+
+/* dK, dV: grid (key tiles of 64, nkv, B); each warp 16 keys; the group's
+ * query heads in order, query tiles of 32 from the diagonal down */
+template <int HD>
+__global__ void __launch_bounds__(FL_NTH) k_flash_dkv(const bf16 *Q, const bf16 *K, const bf16 *V,
+						      const bf16 *dO, const float *LSE,
+						      const float *D, float *dK, float *dV, int S,
+						      int nh, int nkv, float sl2, float scale)
+{
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = FL_BN, NS = BQ / 8;
+	extern __shared__ uint4 fl_smem[];
+	bf16 *sk = (bf16 *)fl_smem, *sv = sk + FL_BM * LD, *sq = sv + FL_BM * LD;
+	bf16 *sdo = sq + BQ * LD;
+	float *sl = (float *)(sdo + BQ * LD), *sd = sl + BQ;
+	int kh = blockIdx.y, b = blockIdx.z, rep = nh / nkv;
+	int key0 = blockIdx.x * FL_BM, w = threadIdx.x >> 5;
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	int klo = key0 + w * 16 + g, khi = klo + 8, wfirst = key0 + w * 16;
+	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
+	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	float dk[NO][4], dv[NO][4];
+
+#pragma unroll
+	for (int n = 0; n < NO; n++)
+		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] =
+			dv[n][3] = 0.0f;
+	load_tile<HD>(sk, kb, kst, key0, FL_BM, S);
+	load_tile<HD>(sv, vb, kst, key0, FL_BM, S);
+	for (int hh = 0; hh < rep; hh++) {
+		int h = kh * rep + hh;
+		const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
+		const bf16 *ob = dO + (uint64_t)b * S * qst + (uint64_t)h * HD;
+		const float *lb = LSE + ((uint64_t)b * nh + h) * S, *db = D + ((uint64_t)b * nh + h) * S;
+		for (int q0 = key0; q0 < S; q0 += BQ) {
+			__syncthreads();
+			load_tile<HD>(sq, qb, qst, q0, BQ, S);
+			load_tile<HD>(sdo, ob, qst, q0, BQ, S);
+			if (threadIdx.x < BQ) {
+				int q = q0 + threadIdx.x;
+				sl[threadIdx.x] = q < S ? lb[q] * FL_LOG2E : 0.0f;
+				sd[threadIdx.x] = q < S ? db[q] : 0.0f;
+			}
+			__syncthreads();
+			if (q0 + BQ - 1 < wfirst)
+				continue; /* every query here precedes the warp's keys */
+			float p[NS][4], dp[NS][4];
+#pragma unroll
+			for (int n = 0; n < NS; n++) {
+				p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+				dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+			}
+			/* S^T = K Q^T and dP^T = V dO^T, 16 keys x 32 queries */
+#pragma unroll
+			for (int kk = 0; kk < KS; kk++) {
+				uint32_t ka[4], va[4];
+				frag_a(ka, sk, LD, w * 16, kk * 16);
+				frag_a(va, sv, LD, w * 16, kk * 16);
+#pragma unroll
+				for (int n = 0; n < NS; n++) {
+					uint32_t bf[2];
+					frag_bn(bf, sq, LD, kk * 16, n * 8);
+					mma16816(p[n], ka, bf);
+					frag_bn(bf, sdo, LD, kk * 16, n * 8);
+					mma16816(dp[n], va, bf);
+				}
+			}
+#pragma unroll
+			for (int n = 0; n < NS; n++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int qc = n * 8 + 2 * t + (e & 1), q = q0 + qc;
+					int key = e < 2 ? klo : khi;
+					float pv = 0.0f;
+					if (q >= key && q < S)
+						pv = exp2f(p[n][e] * sl2 - sl[qc]);
+					p[n][e] = pv;
+					dp[n][e] = pv * (dp[n][e] - sd[qc]);
+				}
+			}
+			/* dV += P^T dO, dK += dS^T Q (scale applied at the end) */
+#pragma unroll
+			for (int j = 0; j < BQ / 16; j++) {
+				uint32_t pa[4], sa[4];
+				c2a(pa, p[2 * j], p[2 * j + 1]);
+				c2a(sa, dp[2 * j], dp[2 * j + 1]);
+#pragma unroll
+				for (int n = 0; n < NO; n++) {
+					uint32_t bf[2];
+					frag_bk(bf, sdo, LD, j * 16, n * 8);
+					mma16816(dv[n], pa, bf);
+					frag_bk(bf, sq, LD, j * 16, n * 8);
+					mma16816(dk[n], sa, bf);
+				}
+			}
+		}
+	}
+	for (int i = 0; i < 2; i++) {
+		int key = i ? khi : klo;
+		if (key >= S)
+			continue;
+		uint64_t off = ((uint64_t)b * S + key) * kst + (uint64_t)kh * HD + 2 * t;
+#pragma unroll
+		for (int n = 0; n < NO; n++) {
+			*(float2 *)(dK + off + n * 8) =
+				make_float2(dk[n][2 * i] * scale, dk[n][2 * i + 1] * scale);
+			*(float2 *)(dV + off + n * 8) = make_float2(dv[n][2 * i], dv[n][2 * i + 1]);
+		}
+	}
+}
+
+/* dQ: grid (query tiles of 64, nh, B); each warp 16 queries; key tiles of
+ * 32 up to the diagonal */
+template <int HD>
+__global__ void __launch_bounds__(FL_NTH) k_flash_dq(const bf16 *Q, const bf16 *K, const bf16 *V,
+						     const bf16 *dO, const float *LSE,
+						     const float *D, float *dQ, int S, int nh,
+						     int nkv, float sl2, float scale)
+{
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = FL_BN, NS = BK / 8;
+	extern __shared__ uint4 fl_smem[];
+	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL_BM * LD, *sk = sdo + FL_BM * LD;
+	bf16 *sv = sk + BK * LD;
+	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
+	/* the longest rows (the last tiles) first: the grid's tail is short */
+	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
+	int qlast = min(q0 + FL_BM, S) - 1;
+	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
+	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
+	const float *lb = LSE + ((uint64_t)b * nh + h) * S, *db = D + ((uint64_t)b * nh + h) * S;
+	float lse[2], dd[2], dq[NO][4];
+
+	load_tile<HD>(sq, Q + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
+	load_tile<HD>(sdo, dO + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
+	lse[0] = rlo < S ? lb[rlo] * FL_LOG2E : 0.0f;
+	lse[1] = rhi < S ? lb[rhi] * FL_LOG2E : 0.0f;
+	dd[0] = rlo < S ? db[rlo] : 0.0f;
+	dd[1] = rhi < S ? db[rhi] : 0.0f;
+#pragma unroll
+	for (int n = 0; n < NO; n++)
+		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+	for (int k0 = 0; k0 <= qlast; k0 += BK) {
+		__syncthreads();
+		load_tile<HD>(sk, kb, kst, k0, BK, S);
+		load_tile<HD>(sv, vb, kst, k0, BK, S);
+		__syncthreads();
+		if (wlast < k0)
+			continue;
+		float p[NS][4], dp[NS][4];
+#pragma unroll
+		for (int n = 0; n < NS; n++) {
+			p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+			dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+		}
+		/* S = Q K^T, dP = dO V^T, 16 queries x 32 keys */
+#pragma unroll
+		for (int kk = 0; kk < KS; kk++) {
+			uint32_t qa[4], oa[4];
+			frag_a(qa, sq, LD, w * 16, kk * 16);
+			frag_a(oa, sdo, LD, w * 16, kk * 16);
+#pragma unroll
+			for (int n = 0; n < NS; n++) {
+				uint32_t bf[2];
+				frag_bn(bf, sk, LD, kk * 16, n * 8);
+				mma16816(p[n], qa, bf);
+				frag_bn(bf, sv, LD, kk * 16, n * 8);
+				mma16816(dp[n], oa, bf);
+			}
+		}
+#pragma unroll
+		for (int n = 0; n < NS; n++) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int col = k0 + n * 8 + 2 * t + (e & 1), i = e >> 1;
+				int row = i ? rhi : rlo;
+				float pv = 0.0f;
+				if (col <= row && col < S)
+					pv = exp2f(p[n][e] * sl2 - lse[i]);
+				dp[n][e] = pv * (dp[n][e] - dd[i]);
+			}
+		}
+		/* dQ += dS K */
+#pragma unroll
+		for (int j = 0; j < BK / 16; j++) {
+			uint32_t sa[4];
+			c2a(sa, dp[2 * j], dp[2 * j + 1]);
+#pragma unroll
+			for (int n = 0; n < NO; n++) {
+				uint32_t bf[2];
+				frag_bk(bf, sk, LD, j * 16, n * 8);
+				mma16816(dq[n], sa, bf);
+			}
+		}
+	}
+	for (int i = 0; i < 2; i++) {
+		int row = i ? rhi : rlo;
+		if (row >= S)
+			continue;
+		float *o = dQ + ((uint64_t)b * S + row) * qst + (uint64_t)h * HD + 2 * t;
+#pragma unroll
+		for (int n = 0; n < NO; n++)
+			*(float2 *)(o + n * 8) = make_float2(dq[n][2 * i] * scale, dq[n][2 * i + 1] * scale);
+	}
+}
+
+/* ---- launches ----------------------------------------------------------------------- */
+
+static int check_shape(const struct ms_flash_shape *sh, struct ms_err *err)
+{
+	if (!sh || !sh->B || !sh->S || !sh->nh || !sh->nkv || sh->nh % sh->nkv)
+		return ms_err_set(err, MS_EINVAL,
+				  "flash attention: bad shape (B, S, heads >= 1, heads a "
+				  "multiple of KV heads)");
+	if (!ms_flash_supported(sh->hd))
+		return ms_err_set(err, MS_EINVAL,
+				  "flash attention: head dimension %u (16, 32, 64 or 128)", sh->hd);
+	/* grid y and z, and int row arithmetic in the kernels */
+	if (sh->nh > 65535 || sh->B > 65535 || sh->S > (1u << 30))
+		return ms_err_set(err, MS_EINVAL, "flash attention: shape too large");
+	return MS_OK;
+}
+
+static int aligned(const void *p)
+{
+	return p && !((uintptr_t)p & 15);
+}
+
+template <int HD>
+static int fwd_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
+		      const bf16 *v, float *o, float *lse, cudaStream_t st, struct ms_err *err)
+{
+	int rc = MS_OK;
+	size_t smem = (size_t)3 * 64 * (HD + 8) * sizeof(bf16);
+	float sl2 = (float)(FL_LOG2E / sqrt((double)HD));
+	dim3 grid((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
+	CK(cudaFuncSetAttribute(k_flash_fwd<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				(int)smem));
+	k_flash_fwd<HD><<<grid, FL_NTH, smem, st>>>(q, k, v, o, lse, (int)sh->S, (int)sh->nh,
+						     (int)sh->nkv, sl2);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+template <int HD>
+static int bwd_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
+		      const bf16 *v, const float *o, const bf16 *dout, const float *lse, float *dq,
+		      float *dk, float *dv, float *D, cudaStream_t st, struct ms_err *err)
+{
+	int rc = MS_OK;
+	/* two 64-row tiles and two 32-row tiles (+ the dK/dV kernel's LSE and
+	 * D of its 32 queries) */
+	size_t smem = (size_t)(2 * FL_BM + 2 * FL_BN) * (HD + 8) * sizeof(bf16);
+	size_t smem_kv = smem + 2 * FL_BN * sizeof(float);
+	double sc = 1.0 / sqrt((double)HD);
+	float sl2 = (float)(FL_LOG2E * sc), scale = (float)sc;
+	uint64_t rows = (uint64_t)sh->B * sh->S * sh->nh;
+	dim3 gkv((sh->S + FL_BM - 1) / FL_BM, sh->nkv, sh->B);
+	dim3 gq((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
+	if ((rows + 3) / 4 > 0x7fffffffull)
+		return ms_err_set(err, MS_EINVAL, "flash attention: shape too large");
+	k_flash_dot<HD><<<(unsigned)((rows + 3) / 4), FL_NTH, 0, st>>>(dout, o, D, (int)sh->S,
+									(int)sh->nh, rows);
+	CK(cudaGetLastError());
+	CK(cudaFuncSetAttribute(k_flash_dkv<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				(int)smem_kv));
+	k_flash_dkv<HD><<<gkv, FL_NTH, smem_kv, st>>>(q, k, v, dout, lse, D, dk, dv, (int)sh->S,
+						       (int)sh->nh, (int)sh->nkv, sl2, scale);
+	CK(cudaGetLastError());
+	CK(cudaFuncSetAttribute(k_flash_dq<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				(int)smem));
+	k_flash_dq<HD><<<gq, FL_NTH, smem, st>>>(q, k, v, dout, lse, D, dq, (int)sh->S, (int)sh->nh,
+						  (int)sh->nkv, sl2, scale);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+extern "C" int ms_flash_supported(uint32_t hd)
+{
+	return hd == 16 || hd == 32 || hd == 64 || hd == 128;
+}
+
+extern "C" uint64_t ms_flash_workspace_bytes(const struct ms_flash_shape *sh)
+{
+	return (uint64_t)sh->B * sh->nh * sh->S * sizeof(float);
+}
+
+extern "C" int ms_flash_fwd(const struct ms_flash_shape *sh, const void *q, const void *k,
+			    const void *v, float *o, float *lse, void *stream, struct ms_err *err)
+{
+	int rc;
+	const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
+	cudaStream_t st = (cudaStream_t)stream;
+	if ((rc = check_shape(sh, err)))
+		return rc;
+	if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(o) || !lse)
+		return ms_err_set(err, MS_EINVAL, "flash attention: a pointer is NULL or not "
+						  "16-byte aligned");
+	switch (sh->hd) {
+	case 16:
+		return fwd_launch<16>(sh, Q, K, V, o, lse, st, err);
+	case 32:
+		return fwd_launch<32>(sh, Q, K, V, o, lse, st, err);
+	case 64:
+		return fwd_launch<64>(sh, Q, K, V, o, lse, st, err);
+	default:
+		return fwd_launch<128>(sh, Q, K, V, o, lse, st, err);
+	}
+}
+
+extern "C" int ms_flash_bwd(const struct ms_flash_shape *sh, const void *q, const void *k,
+			    const void *v, const float *o, const void *dout, const float *lse,
+			    float *dq, float *dk, float *dv, void *ws, void *stream,
+			    struct ms_err *err)
+{
+	int rc;
+	const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
+	const bf16 *dO = (const bf16 *)dout;
+	float *D = (float *)ws;
+	cudaStream_t st = (cudaStream_t)stream;
+	if ((rc = check_shape(sh, err)))
+		return rc;
+	if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(o) || !aligned(dout) || !lse ||
+	    !aligned(dq) || !aligned(dk) || !aligned(dv) || !ws)
+		return ms_err_set(err, MS_EINVAL, "flash attention: a pointer is NULL or not "
+						  "16-byte aligned");
+	switch (sh->hd) {
+	case 16:
+		return bwd_launch<16>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+	case 32:
+		return bwd_launch<32>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+	case 64:
+		return bwd_launch<64>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+	default:
+		return bwd_launch<128>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+	}
+}
