@@ -11,8 +11,7 @@
  */
 #include <math.h>
 
-#include "test.h"
-#include "gpu.h"
+#include "test_gpu.h"
 #include "train/model.h"
 #include "train/optim.h"
 #include "train/rl.h"
@@ -471,6 +470,57 @@ static int test_train_follows_cpu(void)
 	return 0;
 }
 
+/* GRPO trainers from the same start over the bundled Qwen3-MoE (its float
+ * weights: the projections take the GPU model's float path), one on the
+ * CPU model and one on the GPU model with float32 GEMMs; with_adapter:
+ * warm-started from the golden adapter, else a fresh LoRA of lc */
+struct rlpair {
+	struct tset base, adapter;
+	struct ms_model *mc, *mg;
+	struct ms_rl *rc, *rg;
+};
+
+static int rlpair_open(struct rlpair *q, int with_adapter, const struct ms_lora_cfg *lc,
+		       const struct ms_rl_cfg *c, const struct ms_adamw_cfg *o)
+{
+	char p[512];
+	struct ms_model_cfg cfg;
+	struct ms_model_opts oc = {.nthreads = 2};
+	struct ms_model_opts og = {.device = MS_DEVICE_CUDA, .gpu_f32 = 1};
+	const struct ms_ckpt_config *cj;
+	struct ms_err err = {0};
+
+	memset(q, 0, sizeof *q);
+	snprintf(p, sizeof p, "%s/train/qwen3moe/base", T_FIXTURES);
+	if (access(p, F_OK))
+		snprintf(p, sizeof p, "%s/hf/qwen3moe", T_FIXTURES);
+	T_ASSERT(tset_open(&q->base, p) == 0);
+	if (with_adapter) {
+		snprintf(p, sizeof p, "%s/train/qwen3moe/adapter", T_FIXTURES);
+		T_ASSERT(tset_open(&q->adapter, p) == 0);
+	}
+	cj = ms_ckpt_config(q->base.c, "config.json");
+	T_ASSERT(cj && ms_model_cfg_parse(cj->text, cj->len, &cfg, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&q->mc, &cfg, q->base.t, q->base.n, NULL, 0, lc, q->adapter.t,
+				q->adapter.n, &oc, &err) == MS_OK);
+	T_ASSERT(ms_model_build(&q->mg, &cfg, q->base.t, q->base.n, NULL, 0, lc, q->adapter.t,
+				q->adapter.n, &og, &err) == MS_OK);
+	T_ASSERT(ms_rl_new(q->mc, c, o, NULL, &q->rc, &err) == MS_OK);
+	T_ASSERT(ms_rl_new(q->mg, c, o, NULL, &q->rg, &err) == MS_OK);
+	return 0;
+}
+
+static void rlpair_close(struct rlpair *q)
+{
+	ms_rl_free(q->rc);
+	ms_rl_free(q->rg);
+	ms_model_free(q->mc);
+	ms_model_free(q->mg);
+	if (q->adapter.c)
+		tset_close(&q->adapter);
+	tset_close(&q->base);
+}
+
 /* The GRPO step's backward (rl.h) on the GPU model against the CPU's on
  * the same rollout batch (sampled on the CPU, copied over: the backward
  * alone, whatever the rollouts do): the same loss
@@ -478,17 +528,12 @@ static int test_train_follows_cpu(void)
  * the projections take the float path of the GPU model. */
 static int test_rl_backward(void)
 {
-	char p[512];
-	struct tset base, adapter;
-	struct ms_model_cfg cfg;
 	struct ms_lora_cfg lc = {.r = 4, .alpha = 8, .seed = 1,
 				 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_K | MS_LORA_V |
 					    MS_LORA_O};
-	struct ms_model_opts oc = {.nthreads = 2};
-	struct ms_model_opts og = {.device = MS_DEVICE_CUDA, .gpu_f32 = 1};
-	const struct ms_ckpt_config *cj;
-	struct ms_model *mc = NULL, *mg = NULL;
-	struct ms_rl *rc_ = NULL, *rg = NULL;
+	struct rlpair q;
+	struct ms_model *mc, *mg;
+	struct ms_rl *rc_, *rg;
 	struct ms_rl_cfg c;
 	struct ms_adamw_cfg o;
 	struct ms_err err = {0};
@@ -496,18 +541,6 @@ static int test_rl_backward(void)
 	size_t np;
 	double lc_, lg_, worst = 0;
 
-	snprintf(p, sizeof p, "%s/train/qwen3moe/base", T_FIXTURES);
-	if (access(p, F_OK))
-		snprintf(p, sizeof p, "%s/hf/qwen3moe", T_FIXTURES);
-	T_ASSERT(tset_open(&base, p) == 0);
-	snprintf(p, sizeof p, "%s/train/qwen3moe/adapter", T_FIXTURES);
-	T_ASSERT(tset_open(&adapter, p) == 0);
-	cj = ms_ckpt_config(base.c, "config.json");
-	T_ASSERT(cj && ms_model_cfg_parse(cj->text, cj->len, &cfg, &err) == MS_OK);
-	T_ASSERT(ms_model_build(&mc, &cfg, base.t, base.n, NULL, 0, &lc, adapter.t, adapter.n,
-				&oc, &err) == MS_OK);
-	T_ASSERT(ms_model_build(&mg, &cfg, base.t, base.n, NULL, 0, &lc, adapter.t, adapter.n,
-				&og, &err) == MS_OK);
 	ms_rl_cfg_init(&c);
 	c.prompts = 2;
 	c.group = 3;
@@ -521,8 +554,11 @@ static int test_rl_backward(void)
 	c.seed = 3;
 	ms_adamw_cfg_init(&o);
 	o.total_steps = 10;
-	T_ASSERT(ms_rl_new(mc, &c, &o, NULL, &rc_, &err) == MS_OK);
-	T_ASSERT(ms_rl_new(mg, &c, &o, NULL, &rg, &err) == MS_OK);
+	T_ASSERT(rlpair_open(&q, 1, &lc, &c, &o) == 0);
+	mc = q.mc;
+	mg = q.mg;
+	rc_ = q.rc;
+	rg = q.rg;
 	T_ASSERT(ms_rl_rollout(rc_, 7, &err) == MS_OK);
 	{
 		const struct ms_rl_batch *a = &rc_->b;
@@ -565,12 +601,7 @@ static int test_rl_backward(void)
 	}
 	fprintf(stderr, "  GRPO backward: loss %.9g (CPU %.9g), %zu gradient tensors, worst %.3g "
 		"of max\n", lg_, lc_, np, worst);
-	ms_rl_free(rc_);
-	ms_rl_free(rg);
-	ms_model_free(mc);
-	ms_model_free(mg);
-	tset_close(&base);
-	tset_close(&adapter);
+	rlpair_close(&q);
 	return 0;
 }
 
@@ -668,16 +699,11 @@ static int test_decode_bf16_mixtral(void) { return decode("mixtral", 0); }
  */
 static int test_rl_rollout(void)
 {
-	char p[512];
-	struct tset base;
-	struct ms_model_cfg cfg;
 	struct ms_lora_cfg lc = {.r = 4, .alpha = 8, .seed = 1,
 				 .targets = MS_LORA_EXPERTS | MS_LORA_Q | MS_LORA_V};
-	struct ms_model_opts oc = {.nthreads = 2};
-	struct ms_model_opts og = {.device = MS_DEVICE_CUDA, .gpu_f32 = 1};
-	const struct ms_ckpt_config *cj;
-	struct ms_model *mc = NULL, *mg = NULL;
-	struct ms_rl *rc_ = NULL, *rg = NULL;
+	struct rlpair q;
+	struct ms_rl *rc_, *rg;
+	struct ms_model *mc, *mg;
 	struct ms_rl_cfg c;
 	struct ms_adamw_cfg o;
 	struct ms_err err = {0};
@@ -686,14 +712,6 @@ static int test_rl_rollout(void)
 	size_t np, NS;
 	float *w0;
 
-	snprintf(p, sizeof p, "%s/hf/qwen3moe", T_FIXTURES);
-	T_ASSERT(tset_open(&base, p) == 0);
-	cj = ms_ckpt_config(base.c, "config.json");
-	T_ASSERT(cj && ms_model_cfg_parse(cj->text, cj->len, &cfg, &err) == MS_OK);
-	T_ASSERT(ms_model_build(&mc, &cfg, base.t, base.n, NULL, 0, &lc, NULL, 0, &oc, &err) ==
-		 MS_OK);
-	T_ASSERT(ms_model_build(&mg, &cfg, base.t, base.n, NULL, 0, &lc, NULL, 0, &og, &err) ==
-		 MS_OK);
 	ms_rl_cfg_init(&c);
 	c.prompts = 3;
 	c.group = 4;
@@ -706,8 +724,11 @@ static int test_rl_rollout(void)
 	ms_adamw_cfg_init(&o);
 	o.lr = 1e-2;
 	o.total_steps = 10;
-	T_ASSERT(ms_rl_new(mc, &c, &o, NULL, &rc_, &err) == MS_OK);
-	T_ASSERT(ms_rl_new(mg, &c, &o, NULL, &rg, &err) == MS_OK);
+	T_ASSERT(rlpair_open(&q, 0, &lc, &c, &o) == 0);
+	mc = q.mc;
+	mg = q.mg;
+	rc_ = q.rc;
+	rg = q.rg;
 	/* a moved policy, so the reference's log-probs differ from the
 	 * behaviour's and the swap is seen */
 	np = ms_model_params(mg, &pg);
@@ -764,11 +785,7 @@ static int test_rl_rollout(void)
 		moved += fabs((double)pg[0].w[e] - w0[e]);
 	T_ASSERT_MSG(moved > 0, "%s did not move", pg[0].name);
 	free(w0);
-	ms_rl_free(rc_);
-	ms_rl_free(rg);
-	ms_model_free(mc);
-	ms_model_free(mg);
-	tset_close(&base);
+	rlpair_close(&q);
 	return 0;
 }
 
@@ -848,17 +865,9 @@ int main(int argc, char **argv)
 {
 	if (argc == 4 && !strcmp(argv[1], "--peft-logits"))
 		return peft_logits(argv[2], argv[3]);
-	if (!ms_gpu_available()) {
-		struct ms_err err = {0};
+	int rc = t_gpu_skip(__FILE__);
 
-		ms_gpu_describe(NULL, 0, &err);
-		if (getenv("MS_TEST_GPU")) {
-			fprintf(stderr, "%s: the gpu tier needs a gpu: %s\n", __FILE__, err.msg);
-			printf("%s: 0 passed, 1 failed\n", __FILE__);
-			return 1;
-		}
-		printf("%s: skipped (%s)\n%s: 0 passed, 0 failed\n", __FILE__, err.msg, __FILE__);
-		return 0;
-	}
+	if (rc >= 0)
+		return rc;
 	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 }

@@ -10,8 +10,7 @@
  */
 #include <fcntl.h>
 
-#include "test.h"
-#include "gpu.h"
+#include "test_gpu.h"
 #include "verify.h"
 
 static uint64_t rng = 0x7ee5eedc0ffee123ull;
@@ -220,19 +219,5 @@ static const struct t_case cases[] = {
 	T_CASE(test_verify_state_on_device),
 };
 
-int main(int argc, char **argv)
-{
-	if (!ms_gpu_available()) {
-		struct ms_err err = {0};
+T_GPU_MAIN(cases)
 
-		ms_gpu_describe(NULL, 0, &err);
-		if (getenv("MS_TEST_GPU")) {
-			fprintf(stderr, "%s: the gpu tier needs a gpu: %s\n", __FILE__, err.msg);
-			printf("%s: 0 passed, 1 failed\n", __FILE__);
-			return 1;
-		}
-		printf("%s: skipped (%s)\n%s: 0 passed, 0 failed\n", __FILE__, err.msg, __FILE__);
-		return 0;
-	}
-	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
-}
