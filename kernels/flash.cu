@@ -568,6 +568,18 @@ __device__ __forceinline__ void ldsm_bk(uint32_t b[4], const bf16 *s, int ld, in
 	ldsm4t(b, s + (k0 + (l & 7) + 8 * (i & 1)) * ld + n0 + 8 * (i >> 1));
 }
 
+/* Version 2's grids are (heads x sequences, tiles): blocks start (in
+ * practice) in the order of their linear index, x fastest, so the tile
+ * rank (blockIdx.y) orders the whole grid and the longest tiles, rank 0,
+ * start first over every head and sequence (with the tile in x they are
+ * ordered only within each head: a head's long tiles could start in the
+ * last wave and make the tail). */
+__device__ __forceinline__ void fl2_block(int nhead, int *h, int *b)
+{
+	*h = blockIdx.x % nhead;
+	*b = blockIdx.x / nhead;
+}
+
 /* rows r0.. (n of them) of a [*, st] bf16 matrix into a shared tile of
  * row stride HD + 8 by cp.async; rows at or past S are zeros (read from
  * row 0, which exists, with a source size of 0) */
@@ -591,18 +603,37 @@ __device__ __forceinline__ void cp_row(float *sm, const float *src, int r0, int 
 	}
 }
 
-/* grid (query tiles of 128, nh, B); K/V tiles of 64 keys in two stages */
+/* the streamed tiles of version 2, in keys or queries, and the blocks
+ * per SM each kernel's register budget is set for (ptxas -v: no spills).
+ * Up to head dim 64 the tiles are as small as it takes for two blocks
+ * (16 warps) to share an SM: 32 rows where the 64-row tile's score
+ * fragments would push the kernel past 128 registers; at 128 one block
+ * per SM (the accumulators alone are 64 or 128 registers) and the dK/dV
+ * kernel's Q/dO tile of 32 keeps it under 255. */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, HD <= 32 ? 2 : 1) k_flash_fwd2(const bf16 *Q, const bf16 *K,
+struct fl2_tiles {
+	static constexpr int FWD = HD == 64 ? 32 : 64;
+	static constexpr int DKV = HD >= 32 ? 32 : 64;
+	static constexpr int DQ = 32;
+	static constexpr int FWD_MIN = HD <= 64 ? 2 : 1;
+	static constexpr int DKV_MIN = HD <= 64 ? 2 : 1;
+	static constexpr int DQ_MIN = HD <= 64 ? 2 : 1;
+};
+
+/* grid (nh x B, query tiles of 128); K/V tiles in two stages */
+template <int HD>
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(const bf16 *Q, const bf16 *K,
 							const bf16 *V, float *O, float *LSE, int S,
 							int nh, int nkv, float sl2)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = 64, NS = BN / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = fl2_tiles<HD>::FWD, NS = BN / 8;
 	extern __shared__ uint4 fl_smem[];
 	bf16 *sq = (bf16 *)fl_smem, *skv = sq + FL2_BM * LD; /* stage i: K, V at 2 i BN LD */
-	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
+	int h, b;
+	fl2_block(nh, &h, &b);
+	int kh = h / (nh / nkv);
 	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.x - 1 - blockIdx.x) * FL2_BM, w = threadIdx.x >> 5;
+	int q0 = (gridDim.y - 1 - blockIdx.y) * FL2_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
 	const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
@@ -733,30 +764,25 @@ __global__ void __launch_bounds__(FL2_NTH, HD <= 32 ? 2 : 1) k_flash_fwd2(const 
 	}
 }
 
-/* the streamed tile of the version 2 backward: 32 rows at head dim 128
- * (the dK, dV accumulators take 128 registers), else 64 */
-template <int HD>
-struct fl2_bwd {
-	static constexpr int BT = HD == 128 ? 32 : 64;
-};
-
-/* dK, dV: grid (key tiles of 128, nkv, B); each warp 16 keys; for each of
- * the group's query heads in order, query tiles of BT from the first one
+/* dK, dV: grid (nkv x B, key tiles of 128); each warp 16 keys; for each of
+ * the group's query heads in order, query tiles from the first one
  * the tile's keys see, in two stages (Q, dO, LSE, D) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH) k_flash_dkv2(const bf16 *Q, const bf16 *K,
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(const bf16 *Q, const bf16 *K,
 							const bf16 *V, const bf16 *dO,
 							const float *LSE, const float *D, float *dK,
 							float *dV, int S, int nh, int nkv, float sl2,
 							float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl2_bwd<HD>::BT, NS = BQ / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl2_tiles<HD>::DKV, NS = BQ / 8;
 	/* a stage: Q and dO tiles, then LSE and D of their BQ queries */
 	constexpr int STG = 2 * BQ * LD + 4 * BQ; /* in bf16 units */
 	extern __shared__ uint4 fl_smem[];
 	bf16 *sk = (bf16 *)fl_smem, *sv = sk + FL2_BM * LD, *stg = sv + FL2_BM * LD;
-	int kh = blockIdx.y, b = blockIdx.z, rep = nh / nkv;
-	int key0 = blockIdx.x * FL2_BM, w = threadIdx.x >> 5;
+	int kh, b, rep = nh / nkv;
+	fl2_block(nkv, &kh, &b);
+	/* the longest key tiles (the first) first */
+	int key0 = blockIdx.y * FL2_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	int klo = key0 + w * 16 + g, khi = klo + 8, wfirst = key0 + w * 16;
 	int nqt = (S - key0 + BQ - 1) / BQ, nit = rep * nqt;
@@ -861,20 +887,22 @@ __global__ void __launch_bounds__(FL2_NTH) k_flash_dkv2(const bf16 *Q, const bf1
 	}
 }
 
-/* dQ: grid (query tiles of 128, nh, B); each warp 16 queries; key tiles of
- * BT up to the diagonal in two stages (K, V) */
+/* dQ: grid (nh x B, query tiles of 128); each warp 16 queries; key tiles
+ * up to the diagonal in two stages (K, V) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, HD <= 32 ? 2 : 1) k_flash_dq2(const bf16 *Q, const bf16 *K,
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(const bf16 *Q, const bf16 *K,
 						       const bf16 *V, const bf16 *dO,
 						       const float *LSE, const float *D, float *dQ,
 						       int S, int nh, int nkv, float sl2, float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl2_bwd<HD>::BT, NS = BK / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl2_tiles<HD>::DQ, NS = BK / 8;
 	extern __shared__ uint4 fl_smem[];
 	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL2_BM * LD, *skv = sdo + FL2_BM * LD;
-	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
+	int h, b;
+	fl2_block(nh, &h, &b);
+	int kh = h / (nh / nkv);
 	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.x - 1 - blockIdx.x) * FL2_BM, w = threadIdx.x >> 5;
+	int q0 = (gridDim.y - 1 - blockIdx.y) * FL2_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
 	int qlast = min(q0 + FL2_BM, S) - 1, nkt = qlast / BK + 1;
@@ -995,6 +1023,14 @@ static int aligned(const void *p)
 	return p && !((uintptr_t)p & 15);
 }
 
+/* version 2's grid (heads x sequences, tiles of 128) within CUDA's limits */
+static int fl2_grid_ok(const struct ms_flash_shape *sh, uint32_t nhead, struct ms_err *err)
+{
+	if ((uint64_t)nhead * sh->B > 0x7fffffffu || (sh->S + FL2_BM - 1) / FL2_BM > 65535)
+		return ms_err_set(err, MS_EINVAL, "flash attention: shape too large");
+	return MS_OK;
+}
+
 template <int HD>
 static int fwd_launch(int ver, const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
 		      const bf16 *v, float *o, float *lse, cudaStream_t st, struct ms_err *err)
@@ -1002,16 +1038,18 @@ static int fwd_launch(int ver, const struct ms_flash_shape *sh, const bf16 *q, c
 	int rc = MS_OK;
 	size_t smem = (size_t)3 * 64 * (HD + 8) * sizeof(bf16);
 	/* version 2: the Q tile and two stages of K, V */
-	size_t smem2 = (size_t)(FL2_BM + 4 * 64) * (HD + 8) * sizeof(bf16);
+	size_t smem2 = (size_t)(FL2_BM + 4 * fl2_tiles<HD>::FWD) * (HD + 8) * sizeof(bf16);
 	float sl2 = (float)(FL_LOG2E / sqrt((double)HD));
 	dim3 grid((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
-	dim3 grid2((sh->S + FL2_BM - 1) / FL2_BM, sh->nh, sh->B);
+	dim3 grid2(sh->nh * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
 	if (ver == 1) {
 		CK(cudaFuncSetAttribute(k_flash_fwd<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem));
 		k_flash_fwd<HD><<<grid, FL_NTH, smem, st>>>(q, k, v, o, lse, (int)sh->S, (int)sh->nh,
 							     (int)sh->nkv, sl2);
 	} else {
+		if ((rc = fl2_grid_ok(sh, sh->nh, err)))
+			goto out;
 		CK(cudaFuncSetAttribute(k_flash_fwd2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					(int)smem2));
 		k_flash_fwd2<HD><<<grid2, FL2_NTH, smem2, st>>>(q, k, v, o, lse, (int)sh->S,
@@ -1029,16 +1067,18 @@ static int bwd2_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf1
 		       float *dv, const float *D, cudaStream_t st, struct ms_err *err)
 {
 	int rc = MS_OK;
-	constexpr int BT = fl2_bwd<HD>::BT;
+	constexpr int BQ = fl2_tiles<HD>::DKV, BK = fl2_tiles<HD>::DQ;
 	/* dK, dV: the key tile's K and V, two stages of Q, dO and their LSE, D;
 	 * dQ: the query tile's Q and dO, two stages of K and V */
-	size_t smem_kv = (size_t)(2 * FL2_BM + 4 * BT) * (HD + 8) * sizeof(bf16) +
-			 (size_t)4 * BT * sizeof(float);
-	size_t smem_q = (size_t)(2 * FL2_BM + 4 * BT) * (HD + 8) * sizeof(bf16);
+	size_t smem_kv = (size_t)(2 * FL2_BM + 4 * BQ) * (HD + 8) * sizeof(bf16) +
+			 (size_t)4 * BQ * sizeof(float);
+	size_t smem_q = (size_t)(2 * FL2_BM + 4 * BK) * (HD + 8) * sizeof(bf16);
 	double sc = 1.0 / sqrt((double)HD);
 	float sl2 = (float)(FL_LOG2E * sc), scale = (float)sc;
-	dim3 gkv((sh->S + FL2_BM - 1) / FL2_BM, sh->nkv, sh->B);
-	dim3 gq((sh->S + FL2_BM - 1) / FL2_BM, sh->nh, sh->B);
+	dim3 gkv(sh->nkv * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
+	dim3 gq(sh->nh * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
+	if ((rc = fl2_grid_ok(sh, sh->nh, err)))
+		return rc;
 	CK(cudaFuncSetAttribute(k_flash_dkv2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				(int)smem_kv));
 	k_flash_dkv2<HD><<<gkv, FL2_NTH, smem_kv, st>>>(q, k, v, dout, lse, D, dk, dv, (int)sh->S,
