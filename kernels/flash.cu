@@ -542,7 +542,8 @@ __device__ __forceinline__ void cp_commit(void)
 template <int N>
 __device__ __forceinline__ void cp_wait(void)
 {
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+	/* "memory": no shared-memory read is moved above the wait */
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 /* A fragment (16x16 at rows m0, columns k0) of a row-major tile: matrices
