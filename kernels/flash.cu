@@ -2,7 +2,9 @@
  * flash.cu: fused causal attention, forward and backward (flash.h), on the
  * bf16 tensor cores through mma.sync m16n8k16 (float accumulators).
  *
- * Every kernel runs 4 warps; a warp owns 16 rows of its block's tile and
+ * Two versions (flash.h: ms_flash_fwd_v): version 1's kernels run 4 warps,
+ * version 2's 8 with ldmatrix loads and a three-stage cp.async pipeline (see
+ * "version 2" below). In both, a warp owns 16 rows of its block's tile and
  * keeps them in registers in the PTX fragment layouts, so the online
  * softmax reads a score's row and column off the lane number (the layout
  * of mma.sync's C fragment is specified by PTX; wmma's is not). A score
@@ -478,15 +480,18 @@ __global__ void __launch_bounds__(FL_NTH) k_flash_dq(const bf16 *Q, const bf16 *
  *
  * The same algorithm and the same per-warp arrangement (16 rows of the
  * register tile per warp, the C fragments of a score tile becoming the A
- * operand of the next product), with three changes aimed at the memory
- * side, which bounds version 1:
+ * operand of the next product), with changes aimed at the memory side
+ * and the barriers, which bound version 1:
  *  - fragments come out of shared memory by ldmatrix (one instruction for
  *    a 16x16 A fragment or two 16x8 B fragments; .trans gives V's, dO's,
  *    Q's and K's column-major B fragments) instead of 32- and 16-bit loads;
- *  - the streamed tiles are fetched by cp.async into two stages, the next
- *    tile's copy in flight while the current one is multiplied;
+ *  - the streamed tiles are fetched by cp.async into three stages: the
+ *    next tile's copy is in flight while the current one is multiplied,
+ *    and the stage a copy overwrites was left before the tile's one
+ *    barrier (version 1: two barriers a tile, loads not overlapped);
  *  - blocks of 8 warps (128 rows in registers) halve the streamed traffic
- *    per row and the number of barriers per product.
+ *    per row and the number of barriers per product;
+ *  - the grid orders the longest tiles first over all heads (fl2_block).
  * Rounding is the same as version 1's (float scores and softmax, P and dS
  * rounded to bf16 for their products), sums keep a fixed order. */
 
@@ -621,7 +626,7 @@ struct fl2_tiles {
 	static constexpr int DQ_MIN = HD <= 64 ? 2 : 1;
 };
 
-/* grid (nh x B, query tiles of 128); K/V tiles in two stages */
+/* grid (nh x B, query tiles of 128); K/V tiles in three stages */
 template <int HD>
 __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(const bf16 *Q, const bf16 *K,
 							const bf16 *V, float *O, float *LSE, int S,
@@ -645,11 +650,17 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(
 	uint32_t qa[KS][4];
 	float acc[NO][4], mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
+	/* groups: Q with K/V tile 0, then tile 1 (empty past the last) */
 	cp_tile<HD>(sq, qb, qst, q0, FL2_BM, S);
 	cp_tile<HD>(skv, kb, kst, 0, BN, S);
 	cp_tile<HD>(skv + BN * LD, vb, kst, 0, BN, S);
 	cp_commit();
-	cp_wait<0>();
+	if (nkt > 1) {
+		cp_tile<HD>(skv + 2 * BN * LD, kb, kst, BN, BN, S);
+		cp_tile<HD>(skv + 3 * BN * LD, vb, kst, BN, BN, S);
+	}
+	cp_commit();
+	cp_wait<1>();
 	__syncthreads();
 #pragma unroll
 	for (int kk = 0; kk < KS; kk++)
@@ -659,18 +670,19 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(
 		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 	for (int kt = 0; kt < nkt; kt++) {
 		int k0 = kt * BN;
-		const bf16 *sk = skv + (kt & 1) * 2 * BN * LD, *sv = sk + BN * LD;
-		if (kt + 1 < nkt) {
-			/* the stage read by iteration kt - 1 (its closing barrier passed) */
-			bf16 *nk = skv + ((kt + 1) & 1) * 2 * BN * LD;
-			cp_tile<HD>(nk, kb, kst, k0 + BN, BN, S);
-			cp_tile<HD>(nk + BN * LD, vb, kst, k0 + BN, BN, S);
-			cp_commit();
-			cp_wait<1>();
-		} else {
-			cp_wait<0>();
+		const bf16 *sk = skv + kt % 3 * 2 * BN * LD, *sv = sk + BN * LD;
+		if (kt) {
+			cp_wait<1>(); /* tile kt's group (only kt + 1's in flight) */
+			__syncthreads();
 		}
-		__syncthreads();
+		/* three stages: tile kt + 2 goes where kt - 1 was, which every warp
+		 * has left (it passed the barrier above): one barrier a tile */
+		if (kt + 2 < nkt) {
+			bf16 *nk = skv + (kt + 2) % 3 * 2 * BN * LD;
+			cp_tile<HD>(nk, kb, kst, k0 + 2 * BN, BN, S);
+			cp_tile<HD>(nk + BN * LD, vb, kst, k0 + 2 * BN, BN, S);
+		}
+		cp_commit();
 		if (wlast >= k0) { /* else the warp's rows are all above this tile */
 			float s[NS][4];
 #pragma unroll
@@ -743,8 +755,6 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(
 				}
 			}
 		}
-		/* the next iteration's copy overwrites this stage */
-		__syncthreads();
 	}
 	/* the row sums were kept per lane: add the quad's four */
 	for (int i = 0; i < 2; i++) {
@@ -767,7 +777,7 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(
 
 /* dK, dV: grid (nkv x B, key tiles of 128); each warp 16 keys; for each of
  * the group's query heads in order, query tiles from the first one
- * the tile's keys see, in two stages (Q, dO, LSE, D) */
+ * the tile's keys see, in three stages (Q, dO, LSE, D) */
 template <int HD>
 __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(const bf16 *Q, const bf16 *K,
 							const bf16 *V, const bf16 *dO,
@@ -796,26 +806,35 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(
 			dv[n][3] = 0.0f;
 	cp_tile<HD>(sk, K + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL2_BM, S);
 	cp_tile<HD>(sv, V + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL2_BM, S);
-	/* iteration it: head kh * rep + it / nqt, queries from key0 + (it % nqt) BQ */
-	for (int it = -1; it < nit; it++) {
-		if (it + 1 < nit) {
-			int h = kh * rep + (it + 1) / nqt, q0 = key0 + (it + 1) % nqt * BQ;
-			bf16 *sq = stg + ((it + 1) & 1) * STG, *sdo = sq + BQ * LD;
-			float *sl = (float *)(sdo + BQ * LD), *sd = sl + BQ;
-			uint64_t hb = (uint64_t)b * S * qst + (uint64_t)h * HD;
-			cp_tile<HD>(sq, Q + hb, qst, q0, BQ, S);
-			cp_tile<HD>(sdo, dO + hb, qst, q0, BQ, S);
-			cp_row(sl, LSE + ((uint64_t)b * nh + h) * S, q0, BQ, S);
-			cp_row(sd, D + ((uint64_t)b * nh + h) * S, q0, BQ, S);
-			cp_commit();
-			cp_wait<1>();
-		} else {
-			cp_wait<0>();
-		}
+	/* iteration it: head kh * rep + it / nqt, queries from key0 + (it % nqt)
+	 * BQ, in stage it % 3; groups: K, V with iteration 0's tiles, then 1's
+	 * (empty past the last) */
+	auto issue = [&](int it) {
+		int h = kh * rep + it / nqt, q0 = key0 + it % nqt * BQ;
+		bf16 *sq = stg + it % 3 * STG, *sdo = sq + BQ * LD;
+		float *sl = (float *)(sdo + BQ * LD), *sd = sl + BQ;
+		uint64_t hb = (uint64_t)b * S * qst + (uint64_t)h * HD;
+		cp_tile<HD>(sq, Q + hb, qst, q0, BQ, S);
+		cp_tile<HD>(sdo, dO + hb, qst, q0, BQ, S);
+		cp_row(sl, LSE + ((uint64_t)b * nh + h) * S, q0, BQ, S);
+		cp_row(sd, D + ((uint64_t)b * nh + h) * S, q0, BQ, S);
+	};
+	issue(0);
+	cp_commit();
+	if (nit > 1)
+		issue(1);
+	cp_commit();
+	for (int it = 0; it < nit; it++) {
+		cp_wait<1>(); /* iteration it's group (only it + 1's in flight) */
 		__syncthreads();
-		int q0 = key0 + (it < 0 ? 0 : it % nqt) * BQ;
-		if (it >= 0 && q0 + BQ - 1 >= wfirst) { /* else every query precedes the warp's keys */
-			const bf16 *sq = stg + (it & 1) * STG, *sdo = sq + BQ * LD;
+		/* three stages: it + 2 goes where it - 1 was, which every warp has
+		 * left (it passed the barrier above): one barrier an iteration */
+		if (it + 2 < nit)
+			issue(it + 2);
+		cp_commit();
+		int q0 = key0 + it % nqt * BQ;
+		if (q0 + BQ - 1 >= wfirst) { /* else every query precedes the warp's keys */
+			const bf16 *sq = stg + it % 3 * STG, *sdo = sq + BQ * LD;
 			const float *sl = (const float *)(sdo + BQ * LD), *sd = sl + BQ;
 			float p[NS][4], dp[NS][4];
 #pragma unroll
@@ -871,8 +890,6 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(
 				}
 			}
 		}
-		/* the next iteration's copy overwrites this stage */
-		__syncthreads();
 	}
 	for (int i = 0; i < 2; i++) {
 		int key = i ? khi : klo;
@@ -889,7 +906,7 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(
 }
 
 /* dQ: grid (nh x B, query tiles of 128); each warp 16 queries; key tiles
- * up to the diagonal in two stages (K, V) */
+ * up to the diagonal in three stages (K, V) */
 template <int HD>
 __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(const bf16 *Q, const bf16 *K,
 						       const bf16 *V, const bf16 *dO,
@@ -917,6 +934,11 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(co
 	cp_tile<HD>(sdo, dO + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL2_BM, S);
 	cp_tile<HD>(skv, kb, kst, 0, BK, S);
 	cp_tile<HD>(skv + BK * LD, vb, kst, 0, BK, S);
+	cp_commit(); /* groups: Q, dO with K/V tile 0, then tile 1 (empty past the last) */
+	if (nkt > 1) {
+		cp_tile<HD>(skv + 2 * BK * LD, kb, kst, BK, BK, S);
+		cp_tile<HD>(skv + 3 * BK * LD, vb, kst, BK, BK, S);
+	}
 	cp_commit();
 	lse[0] = rlo < S ? lb[rlo] * FL_LOG2E : 0.0f;
 	lse[1] = rhi < S ? lb[rhi] * FL_LOG2E : 0.0f;
@@ -927,17 +949,16 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(co
 		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 	for (int kt = 0; kt < nkt; kt++) {
 		int k0 = kt * BK;
-		const bf16 *sk = skv + (kt & 1) * 2 * BK * LD, *sv = sk + BK * LD;
-		if (kt + 1 < nkt) {
-			bf16 *nk = skv + ((kt + 1) & 1) * 2 * BK * LD;
-			cp_tile<HD>(nk, kb, kst, k0 + BK, BK, S);
-			cp_tile<HD>(nk + BK * LD, vb, kst, k0 + BK, BK, S);
-			cp_commit();
-			cp_wait<1>();
-		} else {
-			cp_wait<0>();
-		}
+		const bf16 *sk = skv + kt % 3 * 2 * BK * LD, *sv = sk + BK * LD;
+		cp_wait<1>(); /* tile kt's group (only kt + 1's in flight) */
 		__syncthreads();
+		/* three stages, one barrier a tile (as the forward) */
+		if (kt + 2 < nkt) {
+			bf16 *nk = skv + (kt + 2) % 3 * 2 * BK * LD;
+			cp_tile<HD>(nk, kb, kst, k0 + 2 * BK, BK, S);
+			cp_tile<HD>(nk + BK * LD, vb, kst, k0 + 2 * BK, BK, S);
+		}
+		cp_commit();
 		if (wlast >= k0) {
 			float p[NS][4], dp[NS][4];
 #pragma unroll
@@ -988,8 +1009,6 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(co
 				}
 			}
 		}
-		/* the next iteration's copy overwrites this stage */
-		__syncthreads();
 	}
 	for (int i = 0; i < 2; i++) {
 		int row = i ? rhi : rlo;
@@ -1038,8 +1057,8 @@ static int fwd_launch(int ver, const struct ms_flash_shape *sh, const bf16 *q, c
 {
 	int rc = MS_OK;
 	size_t smem = (size_t)3 * 64 * (HD + 8) * sizeof(bf16);
-	/* version 2: the Q tile and two stages of K, V */
-	size_t smem2 = (size_t)(FL2_BM + 4 * fl2_tiles<HD>::FWD) * (HD + 8) * sizeof(bf16);
+	/* version 2: the Q tile and three stages of K, V */
+	size_t smem2 = (size_t)(FL2_BM + 6 * fl2_tiles<HD>::FWD) * (HD + 8) * sizeof(bf16);
 	float sl2 = (float)(FL_LOG2E / sqrt((double)HD));
 	dim3 grid((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
 	dim3 grid2(sh->nh * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
@@ -1069,11 +1088,11 @@ static int bwd2_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf1
 {
 	int rc = MS_OK;
 	constexpr int BQ = fl2_tiles<HD>::DKV, BK = fl2_tiles<HD>::DQ;
-	/* dK, dV: the key tile's K and V, two stages of Q, dO and their LSE, D;
-	 * dQ: the query tile's Q and dO, two stages of K and V */
-	size_t smem_kv = (size_t)(2 * FL2_BM + 4 * BQ) * (HD + 8) * sizeof(bf16) +
-			 (size_t)4 * BQ * sizeof(float);
-	size_t smem_q = (size_t)(2 * FL2_BM + 4 * BK) * (HD + 8) * sizeof(bf16);
+	/* dK, dV: the key tile's K and V, three stages of Q, dO and their LSE,
+	 * D; dQ: the query tile's Q and dO, three stages of K and V */
+	size_t smem_kv = (size_t)(2 * FL2_BM + 6 * BQ) * (HD + 8) * sizeof(bf16) +
+			 (size_t)6 * BQ * sizeof(float);
+	size_t smem_q = (size_t)(2 * FL2_BM + 6 * BK) * (HD + 8) * sizeof(bf16);
 	double sc = 1.0 / sqrt((double)HD);
 	float sl2 = (float)(FL_LOG2E * sc), scale = (float)sc;
 	dim3 gkv(sh->nkv * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
