@@ -628,9 +628,9 @@ struct fl2_tiles {
 
 /* grid (nh x B, query tiles of 128); K/V tiles in three stages */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(const bf16 *Q, const bf16 *K,
-							const bf16 *V, float *O, float *LSE, int S,
-							int nh, int nkv, float sl2)
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN)
+k_flash_fwd2(const bf16 *Q, const bf16 *K, const bf16 *V, float *O, float *LSE, int S, int nh,
+	     int nkv, float sl2)
 {
 	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = fl2_tiles<HD>::FWD, NS = BN / 8;
 	extern __shared__ uint4 fl_smem[];
@@ -779,11 +779,10 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN) k_flash_fwd2(
  * the group's query heads in order, query tiles from the first one
  * the tile's keys see, in three stages (Q, dO, LSE, D) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(const bf16 *Q, const bf16 *K,
-							const bf16 *V, const bf16 *dO,
-							const float *LSE, const float *D, float *dK,
-							float *dV, int S, int nh, int nkv, float sl2,
-							float scale)
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN)
+k_flash_dkv2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
+	     const float *D, float *dK, float *dV, int S, int nh, int nkv, float sl2,
+	     float scale)
 {
 	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl2_tiles<HD>::DKV, NS = BQ / 8;
 	/* a stage: Q and dO tiles, then LSE and D of their BQ queries */
@@ -908,10 +907,9 @@ __global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN) k_flash_dkv2(
 /* dQ: grid (nh x B, query tiles of 128); each warp 16 queries; key tiles
  * up to the diagonal in three stages (K, V) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN) k_flash_dq2(const bf16 *Q, const bf16 *K,
-						       const bf16 *V, const bf16 *dO,
-						       const float *LSE, const float *D, float *dQ,
-						       int S, int nh, int nkv, float sl2, float scale)
+__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN)
+k_flash_dq2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
+	    const float *D, float *dQ, int S, int nh, int nkv, float sl2, float scale)
 {
 	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl2_tiles<HD>::DQ, NS = BK / 8;
 	extern __shared__ uint4 fl_smem[];

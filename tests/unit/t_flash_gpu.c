@@ -206,8 +206,8 @@ out:
 }
 
 /* every element within k * mag + 1e-6; prints the worst */
-static int close_to(int ver, const char *what, const struct shape *sh, const float *got, const double *want,
-		    const double *mag, double k, uint64_t n)
+static int close_to(int ver, const char *what, const struct shape *sh, const float *got,
+		    const double *want, const double *mag, double k, uint64_t n)
 {
 	double wabs = 0, wrel = 0, maxref = 0;
 	uint64_t at = 0;
@@ -230,8 +230,8 @@ static int close_to(int ver, const char *what, const struct shape *sh, const flo
 	       "max err/mag %.3g (limit %.3g)\n",
 	       ver, sh->S, sh->hd, sh->nh, sh->nkv, sh->B, what, wabs, maxref, wrel, k);
 	if (bad)
-		fprintf(stderr, "v%d %s: element %llu: gpu %.9g ref %.9g mag %.3g\n", ver, what,
-			(unsigned long long)at, (double)got[at], want[at], mag[at]);
+		fprintf(stderr, "v%d %s: element %llu: gpu %.9g ref %.9g mag %.3g\n", ver,
+			what, (unsigned long long)at, (double)got[at], want[at], mag[at]);
 	return bad;
 }
 
