@@ -7,7 +7,8 @@
  * one and two sequences. Outputs are poisoned with NaN before each launch,
  * so an element the kernels do not write fails. The backward runs twice
  * and must be bit-identical (no atomics). Shapes the kernels do not cover
- * are refused with MS_EINVAL.
+ * are refused with MS_EINVAL. Every shape runs through both kernel
+ * versions (flash.h's ms_flash_fwd_v/bwd_v), against the same reference.
  *
  * Tolerance, per element: |gpu - ref| <= 2^-6 * mag + 1e-6, where mag is
  * the element's sum of absolute terms computed alongside the reference
@@ -24,12 +25,20 @@
  *
  * GPU tier: without a GPU the binary says it skipped (with MS_TEST_GPU
  * set, a missing GPU is a failure).
+ *
+ * t_flash_gpu --bench: no reference, the time of each kernel version and
+ * direction at the trainer's shapes (B 4, S 2048, 16/4 heads, head dims
+ * 128 and 64): CUDA events around each launch, the median of 20 after 3
+ * warm-up runs, with the TFLOP/s of the causal product (forward
+ * 4 B nh S^2 hd / 2, backward 2.5 times that).
  */
 #include <math.h>
 
 #include "test.h"
 #include "gpu.h"
 #ifdef MS_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "flash.h"
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
@@ -197,8 +206,8 @@ out:
 }
 
 /* every element within k * mag + 1e-6; prints the worst */
-static int close_to(const char *what, const struct shape *sh, const float *got, const double *want,
-		    const double *mag, double k, uint64_t n)
+static int close_to(int ver, const char *what, const struct shape *sh, const float *got,
+		    const double *want, const double *mag, double k, uint64_t n)
 {
 	double wabs = 0, wrel = 0, maxref = 0;
 	uint64_t at = 0;
@@ -217,12 +226,12 @@ static int close_to(const char *what, const struct shape *sh, const float *got, 
 		if (mag[i] > 0 && (e / mag[i] > wrel || e != e))
 			wrel = e / mag[i];
 	}
-	printf("  S %u hd %u heads %u/%u B %u %s: max abs err %.3g (max |ref| %.3g), "
+	printf("  v%d S %u hd %u heads %u/%u B %u %s: max abs err %.3g (max |ref| %.3g), "
 	       "max err/mag %.3g (limit %.3g)\n",
-	       sh->S, sh->hd, sh->nh, sh->nkv, sh->B, what, wabs, maxref, wrel, k);
+	       ver, sh->S, sh->hd, sh->nh, sh->nkv, sh->B, what, wabs, maxref, wrel, k);
 	if (bad)
-		fprintf(stderr, "%s: element %llu: gpu %.9g ref %.9g mag %.3g\n", what,
-			(unsigned long long)at, (double)got[at], want[at], mag[at]);
+		fprintf(stderr, "v%d %s: element %llu: gpu %.9g ref %.9g mag %.3g\n", ver,
+			what, (unsigned long long)at, (double)got[at], want[at], mag[at]);
 	return bad;
 }
 
@@ -232,26 +241,98 @@ static void poison(float *h, uint64_t n)
 		h[i] = NAN;
 }
 
+/* one shape's inputs on the device, its outputs there and on the host */
+struct run {
+	const struct shape *sh;
+	struct ms_flash_shape fs;
+	uint64_t nq, nkv, nl;
+	void *gq, *gk, *gv, *gdo, *go, *gl, *gdq, *gdk, *gdv, *gws;
+	float *o, *lse, *dq, *dk, *dv, *dq2, *dk2, *dv2;
+	double *lmag;
+};
+
+/* kernel version ver's forward and (twice) backward against the
+ * reference; 0 when every element is within tolerance and the two
+ * backward runs are bit-identical */
+static int check_version(struct run *u, int ver, const struct ref *r)
+{
+	const struct shape *sh = u->sh;
+	struct ms_err err = {0};
+	uint64_t nq = u->nq, nkv = u->nkv, nl = u->nl;
+
+	/* forward, over poisoned outputs */
+	poison(u->o, nq);
+	poison(u->lse, nl);
+	if (ms_gpu_memcpy(u->go, u->o, nq * 4, &err) || ms_gpu_memcpy(u->gl, u->lse, nl * 4, &err) ||
+	    ms_flash_fwd_v(ver, &u->fs, u->gq, u->gk, u->gv, u->go, u->gl, NULL, &err) ||
+	    ms_gpu_sync(&err) || ms_gpu_memcpy(u->o, u->go, nq * 4, &err) ||
+	    ms_gpu_memcpy(u->lse, u->gl, nl * 4, &err))
+		goto cuda;
+	if (close_to(ver, "O", sh, u->o, r->o, r->omag, 0x1p-6, nq))
+		return 1;
+	for (uint64_t i = 0; i < nl; i++)
+		u->lmag[i] = 1 + fabs(r->lse[i]);
+	if (close_to(ver, "LSE", sh, u->lse, r->lse, u->lmag, 2e-4, nl))
+		return 1;
+	/* backward twice, over poison; the second must equal the first bit
+	 * for bit */
+	for (int run = 0; run < 2; run++) {
+		float *a = run ? u->dq2 : u->dq, *b = run ? u->dk2 : u->dk, *c = run ? u->dv2 : u->dv;
+		poison(a, nq);
+		poison(b, nkv);
+		poison(c, nkv);
+		if (ms_gpu_memcpy(u->gdq, a, nq * 4, &err) || ms_gpu_memcpy(u->gdk, b, nkv * 4, &err) ||
+		    ms_gpu_memcpy(u->gdv, c, nkv * 4, &err) ||
+		    ms_flash_bwd_v(ver, &u->fs, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq,
+				   u->gdk, u->gdv, u->gws, NULL, &err) ||
+		    ms_gpu_sync(&err) || ms_gpu_memcpy(a, u->gdq, nq * 4, &err) ||
+		    ms_gpu_memcpy(b, u->gdk, nkv * 4, &err) || ms_gpu_memcpy(c, u->gdv, nkv * 4, &err))
+			goto cuda;
+	}
+	if (close_to(ver, "dQ", sh, u->dq, r->dq, r->dqmag, 0x1p-6, nq) ||
+	    close_to(ver, "dK", sh, u->dk, r->dk, r->dkmag, 0x1p-6, nkv) ||
+	    close_to(ver, "dV", sh, u->dv, r->dv, r->dvmag, 0x1p-6, nkv))
+		return 1;
+	if (memcmp(u->dq, u->dq2, nq * 4) || memcmp(u->dk, u->dk2, nkv * 4) ||
+	    memcmp(u->dv, u->dv2, nkv * 4)) {
+		fprintf(stderr, "v%d S %u hd %u: two backward runs differ\n", ver, sh->S, sh->hd);
+		return 1;
+	}
+	return 0;
+cuda:
+	fprintf(stderr, "v%d S %u hd %u: %s\n", ver, sh->S, sh->hd, err.msg);
+	return 1;
+}
+
 static int run_shape(const struct shape *sh)
 {
-	struct ms_flash_shape fs = {sh->B, sh->S, sh->nh, sh->nkv, sh->hd};
 	struct ms_err err = {0};
 	struct ref r = {0};
+	struct run u = {0};
 	uint64_t T = (uint64_t)sh->B * sh->S, nq = T * sh->nh * sh->hd, nkv = T * sh->nkv * sh->hd;
-	uint64_t nl = T * sh->nh, ws = ms_flash_workspace_bytes(&fs);
+	uint64_t nl = T * sh->nh, ws;
 	uint16_t *hq = malloc(nq * 2), *hk = malloc(nkv * 2), *hv = malloc(nkv * 2);
 	uint16_t *hdo = malloc(nq * 2);
 	double *q = malloc(nq * 8), *k = malloc(nkv * 8), *v = malloc(nkv * 8), *dout = malloc(nq * 8);
-	float *o = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4);
-	float *dk = malloc(nkv * 4), *dv = malloc(nkv * 4), *dq2 = malloc(nq * 4);
-	float *dk2 = malloc(nkv * 4), *dv2 = malloc(nkv * 4);
-	void *gq = NULL, *gk = NULL, *gv = NULL, *gdo = NULL, *go = NULL, *gl = NULL, *gdq = NULL;
-	void *gdk = NULL, *gdv = NULL, *gws = NULL;
-	double *lmag = malloc(nl * 8);
 	int rc = 1;
 
-	if (!hq || !hk || !hv || !hdo || !q || !k || !v || !dout || !o || !lse || !dq || !dk ||
-	    !dv || !dq2 || !dk2 || !dv2 || !lmag)
+	u.sh = sh;
+	u.fs = (struct ms_flash_shape){sh->B, sh->S, sh->nh, sh->nkv, sh->hd};
+	ws = ms_flash_workspace_bytes(&u.fs);
+	u.nq = nq;
+	u.nkv = nkv;
+	u.nl = nl;
+	u.o = malloc(nq * 4);
+	u.lse = malloc(nl * 4);
+	u.dq = malloc(nq * 4);
+	u.dk = malloc(nkv * 4);
+	u.dv = malloc(nkv * 4);
+	u.dq2 = malloc(nq * 4);
+	u.dk2 = malloc(nkv * 4);
+	u.dv2 = malloc(nkv * 4);
+	u.lmag = malloc(nl * 8);
+	if (!hq || !hk || !hv || !hdo || !q || !k || !v || !dout || !u.o || !u.lse || !u.dq ||
+	    !u.dk || !u.dv || !u.dq2 || !u.dk2 || !u.dv2 || !u.lmag)
 		goto out;
 	fill(hq, q, nq, 1.0);
 	fill(hk, k, nkv, 1.0);
@@ -259,64 +340,31 @@ static int run_shape(const struct shape *sh)
 	fill(hdo, dout, nq, 1.0);
 	if (reference(sh, q, k, v, dout, &r))
 		goto out;
-	if (ms_gpu_malloc(&gq, nq * 2, &err) || ms_gpu_malloc(&gk, nkv * 2, &err) ||
-	    ms_gpu_malloc(&gv, nkv * 2, &err) || ms_gpu_malloc(&gdo, nq * 2, &err) ||
-	    ms_gpu_malloc(&go, nq * 4, &err) || ms_gpu_malloc(&gl, nl * 4, &err) ||
-	    ms_gpu_malloc(&gdq, nq * 4, &err) || ms_gpu_malloc(&gdk, nkv * 4, &err) ||
-	    ms_gpu_malloc(&gdv, nkv * 4, &err) || ms_gpu_malloc(&gws, ws, &err) ||
-	    ms_gpu_memcpy(gq, hq, nq * 2, &err) || ms_gpu_memcpy(gk, hk, nkv * 2, &err) ||
-	    ms_gpu_memcpy(gv, hv, nkv * 2, &err) || ms_gpu_memcpy(gdo, hdo, nq * 2, &err))
-		goto cuda;
-	/* forward, over poisoned outputs */
-	poison(o, nq);
-	poison(lse, nl);
-	if (ms_gpu_memcpy(go, o, nq * 4, &err) || ms_gpu_memcpy(gl, lse, nl * 4, &err) ||
-	    ms_flash_fwd(&fs, gq, gk, gv, go, gl, NULL, &err) || ms_gpu_sync(&err) ||
-	    ms_gpu_memcpy(o, go, nq * 4, &err) || ms_gpu_memcpy(lse, gl, nl * 4, &err))
-		goto cuda;
-	if (close_to("O", sh, o, r.o, r.omag, 0x1p-6, nq))
-		goto out;
-	for (uint64_t i = 0; i < nl; i++)
-		lmag[i] = 1 + fabs(r.lse[i]);
-	if (close_to("LSE", sh, lse, r.lse, lmag, 2e-4, nl))
-		goto out;
-	/* backward twice, over poison; the second must equal the first bit
-	 * for bit */
-	for (int run = 0; run < 2; run++) {
-		float *a = run ? dq2 : dq, *b = run ? dk2 : dk, *c = run ? dv2 : dv;
-		poison(a, nq);
-		poison(b, nkv);
-		poison(c, nkv);
-		if (ms_gpu_memcpy(gdq, a, nq * 4, &err) || ms_gpu_memcpy(gdk, b, nkv * 4, &err) ||
-		    ms_gpu_memcpy(gdv, c, nkv * 4, &err) ||
-		    ms_flash_bwd(&fs, gq, gk, gv, go, gdo, gl, gdq, gdk, gdv, gws, NULL, &err) ||
-		    ms_gpu_sync(&err) || ms_gpu_memcpy(a, gdq, nq * 4, &err) ||
-		    ms_gpu_memcpy(b, gdk, nkv * 4, &err) || ms_gpu_memcpy(c, gdv, nkv * 4, &err))
-			goto cuda;
-	}
-	if (close_to("dQ", sh, dq, r.dq, r.dqmag, 0x1p-6, nq) ||
-	    close_to("dK", sh, dk, r.dk, r.dkmag, 0x1p-6, nkv) ||
-	    close_to("dV", sh, dv, r.dv, r.dvmag, 0x1p-6, nkv))
-		goto out;
-	if (memcmp(dq, dq2, nq * 4) || memcmp(dk, dk2, nkv * 4) || memcmp(dv, dv2, nkv * 4)) {
-		fprintf(stderr, "S %u hd %u: two backward runs differ\n", sh->S, sh->hd);
+	if (ms_gpu_malloc(&u.gq, nq * 2, &err) || ms_gpu_malloc(&u.gk, nkv * 2, &err) ||
+	    ms_gpu_malloc(&u.gv, nkv * 2, &err) || ms_gpu_malloc(&u.gdo, nq * 2, &err) ||
+	    ms_gpu_malloc(&u.go, nq * 4, &err) || ms_gpu_malloc(&u.gl, nl * 4, &err) ||
+	    ms_gpu_malloc(&u.gdq, nq * 4, &err) || ms_gpu_malloc(&u.gdk, nkv * 4, &err) ||
+	    ms_gpu_malloc(&u.gdv, nkv * 4, &err) || ms_gpu_malloc(&u.gws, ws, &err) ||
+	    ms_gpu_memcpy(u.gq, hq, nq * 2, &err) || ms_gpu_memcpy(u.gk, hk, nkv * 2, &err) ||
+	    ms_gpu_memcpy(u.gv, hv, nkv * 2, &err) || ms_gpu_memcpy(u.gdo, hdo, nq * 2, &err)) {
+		fprintf(stderr, "S %u hd %u: %s\n", sh->S, sh->hd, err.msg);
 		goto out;
 	}
+	/* both kernel versions against the same reference */
+	if (check_version(&u, 1, &r) || check_version(&u, 2, &r))
+		goto out;
 	rc = 0;
-	goto out;
-cuda:
-	fprintf(stderr, "S %u hd %u: %s\n", sh->S, sh->hd, err.msg);
 out:
-	ms_gpu_free(gq);
-	ms_gpu_free(gk);
-	ms_gpu_free(gv);
-	ms_gpu_free(gdo);
-	ms_gpu_free(go);
-	ms_gpu_free(gl);
-	ms_gpu_free(gdq);
-	ms_gpu_free(gdk);
-	ms_gpu_free(gdv);
-	ms_gpu_free(gws);
+	ms_gpu_free(u.gq);
+	ms_gpu_free(u.gk);
+	ms_gpu_free(u.gv);
+	ms_gpu_free(u.gdo);
+	ms_gpu_free(u.go);
+	ms_gpu_free(u.gl);
+	ms_gpu_free(u.gdq);
+	ms_gpu_free(u.gdk);
+	ms_gpu_free(u.gdv);
+	ms_gpu_free(u.gws);
 	ref_free(&r);
 	free(hq);
 	free(hk);
@@ -326,15 +374,15 @@ out:
 	free(k);
 	free(v);
 	free(dout);
-	free(o);
-	free(lse);
-	free(dq);
-	free(dk);
-	free(dv);
-	free(dq2);
-	free(dk2);
-	free(dv2);
-	free(lmag);
+	free(u.o);
+	free(u.lse);
+	free(u.dq);
+	free(u.dk);
+	free(u.dv);
+	free(u.dq2);
+	free(u.dk2);
+	free(u.dv2);
+	free(u.lmag);
 	return rc;
 }
 
@@ -380,9 +428,136 @@ static int test_flash_refuses(void)
 		/* a misaligned operand */
 		T_ASSERT_EQ_INT(ms_flash_fwd(&ok, (char *)p + 2, p, p, f, f, NULL, &err), MS_EINVAL);
 		T_ASSERT(strstr(err.msg, "aligned"));
+		/* a kernel version that does not exist */
+		for (int ver = 0; ver <= 3; ver += 3) {
+			T_ASSERT_EQ_INT(ms_flash_fwd_v(ver, &ok, p, p, p, f, f, NULL, &err),
+					MS_EINVAL);
+			T_ASSERT(strstr(err.msg, "version"));
+			T_ASSERT_EQ_INT(ms_flash_bwd_v(ver, &ok, p, p, p, f, p, f, f, f, f, p, NULL,
+						       &err),
+					MS_EINVAL);
+		}
+	}
+	for (int ver = 1; ver <= 2; ver++) {
+		for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+			T_ASSERT_EQ_INT(ms_flash_fwd_v(ver, &bad[i], p, p, p, f, f, NULL, &err),
+					MS_EINVAL);
+			T_ASSERT_EQ_INT(ms_flash_bwd_v(ver, &bad[i], p, p, p, f, p, f, f, f, f, p,
+						       NULL, &err),
+					MS_EINVAL);
+		}
 	}
 	ms_gpu_free(p);
 	return 0;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+#define BENCH_WARM 3
+#define BENCH_RUNS 20
+
+/* the median time in ms of BENCH_RUNS launches of one version and
+ * direction (after BENCH_WARM), CUDA events around each; < 0 on error */
+static float bench_one(int ver, int bwd, const struct ms_flash_shape *fs, void **g,
+		       cudaEvent_t *ev)
+{
+	struct ms_err err = {0};
+	float ms[BENCH_RUNS];
+
+	for (int i = 0; i < BENCH_WARM + BENCH_RUNS; i++) {
+		int j = i - BENCH_WARM, rc;
+		if (j >= 0 && cudaEventRecord(ev[2 * j], NULL) != cudaSuccess)
+			return -1;
+		if (bwd)
+			rc = ms_flash_bwd_v(ver, fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7],
+					    g[8], g[9], NULL, &err);
+		else
+			rc = ms_flash_fwd_v(ver, fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
+		if (rc) {
+			fprintf(stderr, "bench v%d: %s\n", ver, err.msg);
+			return -1;
+		}
+		if (j >= 0 && cudaEventRecord(ev[2 * j + 1], NULL) != cudaSuccess)
+			return -1;
+	}
+	if (cudaDeviceSynchronize() != cudaSuccess)
+		return -1;
+	for (int j = 0; j < BENCH_RUNS; j++)
+		if (cudaEventElapsedTime(&ms[j], ev[2 * j], ev[2 * j + 1]) != cudaSuccess)
+			return -1;
+	qsort(ms, BENCH_RUNS, sizeof *ms, cmp_float);
+	return (ms[BENCH_RUNS / 2 - 1] + ms[BENCH_RUNS / 2]) / 2;
+}
+
+/* --bench: both versions, both directions, at the trainer's shapes */
+static int bench(void)
+{
+	static const struct ms_flash_shape shapes[] = {{4, 2048, 16, 4, 128}, {4, 2048, 16, 4, 64}};
+	cudaEvent_t ev[2 * BENCH_RUNS];
+	int rc = 1, nev = 0;
+
+	for (; nev < 2 * BENCH_RUNS; nev++)
+		if (cudaEventCreate(&ev[nev]) != cudaSuccess)
+			goto out;
+	for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+		const struct ms_flash_shape *fs = &shapes[si];
+		uint64_t T = (uint64_t)fs->B * fs->S, nq = T * fs->nh * fs->hd;
+		uint64_t nkv = T * fs->nkv * fs->hd, nl = T * fs->nh;
+		/* q k v dO o lse dq dk dv ws */
+		uint64_t sz[10] = {nq * 2, nkv * 2, nkv * 2, nq * 2, nq * 4, nl * 4,
+				   nq * 4, nkv * 4, nkv * 4, ms_flash_workspace_bytes(fs)};
+		void *g[10] = {0};
+		uint16_t *h = malloc(nq * 2);
+		double flop = 4.0 * fs->B * fs->nh * (double)fs->S * fs->S * fs->hd / 2;
+		float t[2][2];
+		struct ms_err err = {0};
+		int bad = !h;
+
+		for (int i = 0; i < 10 && !bad; i++)
+			bad = ms_gpu_malloc(&g[i], sz[i], &err) != MS_OK;
+		for (int i = 0; i < 4 && !bad; i++) {
+			for (uint64_t x = 0; x < sz[i] / 2; x++)
+				h[x] = to_bf16((float)gauss());
+			bad = ms_gpu_memcpy(g[i], h, sz[i], &err) != MS_OK;
+		}
+		/* the backward's O and LSE: a forward's */
+		if (!bad)
+			bad = ms_flash_fwd_v(1, fs, g[0], g[1], g[2], g[4], g[5], NULL, &err) ||
+			      ms_gpu_sync(&err);
+		for (int ver = 1; ver <= 2 && !bad; ver++)
+			for (int d = 0; d < 2 && !bad; d++)
+				bad = (t[ver - 1][d] = bench_one(ver, d, fs, g, ev)) < 0;
+		if (!bad) {
+			for (int d = 0; d < 2; d++) {
+				double f = d ? 2.5 * flop : flop;
+				for (int ver = 1; ver <= 2; ver++)
+					printf("bench B %u S %u heads %u/%u hd %u %s v%d: %.3f ms "
+					       "%.1f TFLOP/s\n",
+					       fs->B, fs->S, fs->nh, fs->nkv, fs->hd, d ? "bwd" : "fwd",
+					       ver, t[ver - 1][d], f / (t[ver - 1][d] * 1e-3) / 1e12);
+				printf("bench hd %u %s: v2 %.2fx v1\n", fs->hd, d ? "bwd" : "fwd",
+				       t[0][d] / t[1][d]);
+			}
+		} else {
+			fprintf(stderr, "bench hd %u: %s\n", fs->hd,
+				err.msg[0] ? err.msg : "a CUDA event or launch failed");
+		}
+		for (int i = 0; i < 10; i++)
+			ms_gpu_free(g[i]);
+		free(h);
+		if (bad)
+			goto out;
+	}
+	rc = 0;
+out:
+	for (int i = 0; i < nev; i++)
+		cudaEventDestroy(ev[i]);
+	return rc;
 }
 
 static const struct t_case cases[] = {
@@ -406,6 +581,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 #ifdef MS_HAVE_CUDA
+	if (argc > 1 && !strcmp(argv[1], "--bench"))
+		return bench() ? 1 : 0;
 	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
 #else
 	(void)argc;
