@@ -2,9 +2,7 @@
  * flash.cu: fused causal attention, forward and backward (flash.h), on the
  * bf16 tensor cores through mma.sync m16n8k16 (float accumulators).
  *
- * Two versions (flash.h: ms_flash_fwd_v): version 1's kernels run 4 warps,
- * version 2's 8 with ldmatrix loads and a three-stage cp.async pipeline (see
- * "version 2" below). In both, a warp owns 16 rows of its block's tile and
+ * Blocks of 8 warps; a warp owns 16 rows of its block's tile and
  * keeps them in registers in the PTX fragment layouts, so the online
  * softmax reads a score's row and column off the lane number (the layout
  * of mma.sync's C fragment is specified by PTX; wmma's is not). A score
@@ -27,9 +25,7 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define FL_NTH 128     /* 4 warps */
-#define FL_BM 64       /* rows of a tile held in registers (4 warps x 16) */
-#define FL_BN 32       /* rows of a streamed tile in the backward */
+#define FL_NTH 128     /* k_flash_dot's block: 4 warps, a row each */
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
@@ -49,47 +45,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 	return *(uint32_t *)&v;
 }
 
-__device__ __forceinline__ uint32_t ld32(const bf16 *p)
-{
-	return *(const uint32_t *)p;
-}
-
-__device__ __forceinline__ uint32_t pair16(const bf16 *lo, const bf16 *hi)
-{
-	return (uint32_t)*(const uint16_t *)lo | ((uint32_t)*(const uint16_t *)hi << 16);
-}
-
-/* A fragment (16x16 at rows m0, columns k0) of a row-major shared tile */
-__device__ __forceinline__ void frag_a(uint32_t a[4], const bf16 *s, int ld, int m0, int k0)
-{
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	const bf16 *p = s + (m0 + g) * ld + k0 + 2 * t;
-	a[0] = ld32(p);
-	a[1] = ld32(p + 8 * ld);
-	a[2] = ld32(p + 8);
-	a[3] = ld32(p + 8 * ld + 8);
-}
-
-/* B fragment (16x8, k0, n0) where B[k][n] = s[n*ld + k]: the tile's rows
- * are B's columns (K in Q K^T) */
-__device__ __forceinline__ void frag_bn(uint32_t b[2], const bf16 *s, int ld, int k0, int n0)
-{
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	const bf16 *p = s + (n0 + g) * ld + k0 + 2 * t;
-	b[0] = ld32(p);
-	b[1] = ld32(p + 8);
-}
-
-/* B fragment where B[k][n] = s[k*ld + n]: the tile's rows are B's rows
- * (V in P V) */
-__device__ __forceinline__ void frag_bk(uint32_t b[2], const bf16 *s, int ld, int k0, int n0)
-{
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	const bf16 *p = s + (k0 + 2 * t) * ld + n0 + g;
-	b[0] = pair16(p, p + ld);
-	b[1] = pair16(p + 8 * ld, p + 9 * ld);
-}
-
 /* The A fragment of k-chunk j from C fragments c[2j], c[2j+1] (a 16-row
  * block of a product, as the left operand of the next one) */
 __device__ __forceinline__ void c2a(uint32_t a[4], const float c0[4], const float c1[4])
@@ -98,148 +53,6 @@ __device__ __forceinline__ void c2a(uint32_t a[4], const float c0[4], const floa
 	a[1] = pack2(c0[2], c0[3]);
 	a[2] = pack2(c1[0], c1[1]);
 	a[3] = pack2(c1[2], c1[3]);
-}
-
-/* rows r0.. (n of them) of a [*, st] bf16 matrix into a shared tile of
- * row stride HD + 8; rows at or past S are zeros */
-template <int HD>
-__device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *src, uint64_t st, int r0, int n,
-					  int S)
-{
-	constexpr int CPR = HD / 8;
-	for (int i = threadIdx.x; i < n * CPR; i += FL_NTH) {
-		int r = i / CPR, c = (i % CPR) * 8;
-		uint4 v = make_uint4(0, 0, 0, 0);
-		if (r0 + r < S)
-			v = *(const uint4 *)(src + (uint64_t)(r0 + r) * st + c);
-		*(uint4 *)(sm + r * (HD + 8) + c) = v;
-	}
-}
-
-/* ---- forward ------------------------------------------------------------------------ */
-
-/* grid (query tiles of 64, nh, B); K/V tiles of 64 keys */
-template <int HD>
-__global__ void __launch_bounds__(FL_NTH) k_flash_fwd(const bf16 *Q, const bf16 *K, const bf16 *V,
-						      float *O, float *LSE, int S, int nh, int nkv,
-						      float sl2)
-{
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = 64, NS = BN / 8;
-	extern __shared__ uint4 fl_smem[];
-	bf16 *sq = (bf16 *)fl_smem, *sk = sq + FL_BM * LD, *sv = sk + BN * LD;
-	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
-	const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
-	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
-	int qlast = min(q0 + FL_BM, S) - 1, nkt = qlast / BN + 1;
-	uint32_t qa[KS][4];
-	float acc[NO][4], mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-	load_tile<HD>(sq, qb, qst, q0, FL_BM, S);
-	__syncthreads();
-#pragma unroll
-	for (int kk = 0; kk < KS; kk++)
-		frag_a(qa[kk], sq, LD, w * 16, kk * 16);
-#pragma unroll
-	for (int n = 0; n < NO; n++)
-		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-	for (int kt = 0; kt < nkt; kt++) {
-		int k0 = kt * BN;
-		__syncthreads();
-		load_tile<HD>(sk, kb, kst, k0, BN, S);
-		load_tile<HD>(sv, vb, kst, k0, BN, S);
-		__syncthreads();
-		if (wlast < k0)
-			continue; /* the warp's rows are all above this tile */
-		float s[NS][4];
-#pragma unroll
-		for (int n = 0; n < NS; n++) {
-			s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-			for (int kk = 0; kk < KS; kk++) {
-				uint32_t bf[2];
-				frag_bn(bf, sk, LD, kk * 16, n * 8);
-				mma16816(s[n], qa[kk], bf);
-			}
-		}
-		float m0 = -INFINITY, m1 = -INFINITY;
-		int need = k0 + BN - 1 > q0 + w * 16 || k0 + BN > S;
-#pragma unroll
-		for (int n = 0; n < NS; n++) {
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int col = k0 + n * 8 + 2 * t + (e & 1), row = e < 2 ? rlo : rhi;
-				float v = s[n][e] * sl2;
-				if (need && (col > row || col >= S))
-					v = -INFINITY;
-				s[n][e] = v;
-			}
-			m0 = fmaxf(m0, fmaxf(s[n][0], s[n][1]));
-			m1 = fmaxf(m1, fmaxf(s[n][2], s[n][3]));
-		}
-		m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-		m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-		m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-		m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-		float n0 = fmaxf(mx[0], m0), n1 = fmaxf(mx[1], m1);
-		/* a row with nothing unmasked yet keeps exp2(-inf - 0) = 0 */
-		float u0 = n0 == -INFINITY ? 0.0f : n0, u1 = n1 == -INFINITY ? 0.0f : n1;
-		float al0 = exp2f(mx[0] - u0), al1 = exp2f(mx[1] - u1);
-		float ps0 = 0.0f, ps1 = 0.0f;
-		mx[0] = n0;
-		mx[1] = n1;
-#pragma unroll
-		for (int n = 0; n < NS; n++) {
-			s[n][0] = exp2f(s[n][0] - u0);
-			s[n][1] = exp2f(s[n][1] - u0);
-			s[n][2] = exp2f(s[n][2] - u1);
-			s[n][3] = exp2f(s[n][3] - u1);
-			ps0 += s[n][0] + s[n][1];
-			ps1 += s[n][2] + s[n][3];
-		}
-		l[0] = l[0] * al0 + ps0;
-		l[1] = l[1] * al1 + ps1;
-#pragma unroll
-		for (int n = 0; n < NO; n++) {
-			acc[n][0] *= al0;
-			acc[n][1] *= al0;
-			acc[n][2] *= al1;
-			acc[n][3] *= al1;
-		}
-#pragma unroll
-		for (int j = 0; j < BN / 16; j++) {
-			uint32_t pa[4];
-			c2a(pa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-			for (int n = 0; n < NO; n++) {
-				uint32_t bf[2];
-				frag_bk(bf, sv, LD, j * 16, n * 8);
-				mma16816(acc[n], pa, bf);
-			}
-		}
-	}
-	/* the row sums were kept per lane: add the quad's four */
-	for (int i = 0; i < 2; i++) {
-		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-		l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-	}
-	for (int i = 0; i < 2; i++) {
-		int row = i ? rhi : rlo;
-		float inv = 1.0f / l[i];
-		if (row >= S)
-			continue;
-		float *o = O + ((uint64_t)b * S + row) * qst + (uint64_t)h * HD + 2 * t;
-#pragma unroll
-		for (int n = 0; n < NO; n++)
-			*(float2 *)(o + n * 8) = make_float2(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
-		if (t == 0)
-			LSE[((uint64_t)b * nh + h) * S + row] = mx[i] * FL_LN2 + logf(l[i]);
-	}
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
@@ -269,235 +82,28 @@ __global__ void k_flash_dot(const bf16 *dO, const float *O, float *D, int S, int
 	}
 }
 
-/* dK, dV: grid (key tiles of 64, nkv, B); each warp 16 keys; the group's
- * query heads in order, query tiles of 32 from the diagonal down */
-template <int HD>
-__global__ void __launch_bounds__(FL_NTH) k_flash_dkv(const bf16 *Q, const bf16 *K, const bf16 *V,
-						      const bf16 *dO, const float *LSE,
-						      const float *D, float *dK, float *dV, int S,
-						      int nh, int nkv, float sl2, float scale)
-{
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = FL_BN, NS = BQ / 8;
-	extern __shared__ uint4 fl_smem[];
-	bf16 *sk = (bf16 *)fl_smem, *sv = sk + FL_BM * LD, *sq = sv + FL_BM * LD;
-	bf16 *sdo = sq + BQ * LD;
-	float *sl = (float *)(sdo + BQ * LD), *sd = sl + BQ;
-	int kh = blockIdx.y, b = blockIdx.z, rep = nh / nkv;
-	int key0 = blockIdx.x * FL_BM, w = threadIdx.x >> 5;
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	int klo = key0 + w * 16 + g, khi = klo + 8, wfirst = key0 + w * 16;
-	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
-	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	float dk[NO][4], dv[NO][4];
-
-#pragma unroll
-	for (int n = 0; n < NO; n++)
-		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] =
-			dv[n][3] = 0.0f;
-	load_tile<HD>(sk, kb, kst, key0, FL_BM, S);
-	load_tile<HD>(sv, vb, kst, key0, FL_BM, S);
-	for (int hh = 0; hh < rep; hh++) {
-		int h = kh * rep + hh;
-		const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
-		const bf16 *ob = dO + (uint64_t)b * S * qst + (uint64_t)h * HD;
-		const float *lb = LSE + ((uint64_t)b * nh + h) * S, *db = D + ((uint64_t)b * nh + h) * S;
-		for (int q0 = key0; q0 < S; q0 += BQ) {
-			__syncthreads();
-			load_tile<HD>(sq, qb, qst, q0, BQ, S);
-			load_tile<HD>(sdo, ob, qst, q0, BQ, S);
-			if (threadIdx.x < BQ) {
-				int q = q0 + threadIdx.x;
-				sl[threadIdx.x] = q < S ? lb[q] * FL_LOG2E : 0.0f;
-				sd[threadIdx.x] = q < S ? db[q] : 0.0f;
-			}
-			__syncthreads();
-			if (q0 + BQ - 1 < wfirst)
-				continue; /* every query here precedes the warp's keys */
-			float p[NS][4], dp[NS][4];
-#pragma unroll
-			for (int n = 0; n < NS; n++) {
-				p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
-				dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-			}
-			/* S^T = K Q^T and dP^T = V dO^T, 16 keys x 32 queries */
-#pragma unroll
-			for (int kk = 0; kk < KS; kk++) {
-				uint32_t ka[4], va[4];
-				frag_a(ka, sk, LD, w * 16, kk * 16);
-				frag_a(va, sv, LD, w * 16, kk * 16);
-#pragma unroll
-				for (int n = 0; n < NS; n++) {
-					uint32_t bf[2];
-					frag_bn(bf, sq, LD, kk * 16, n * 8);
-					mma16816(p[n], ka, bf);
-					frag_bn(bf, sdo, LD, kk * 16, n * 8);
-					mma16816(dp[n], va, bf);
-				}
-			}
-#pragma unroll
-			for (int n = 0; n < NS; n++) {
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					int qc = n * 8 + 2 * t + (e & 1), q = q0 + qc;
-					int key = e < 2 ? klo : khi;
-					float pv = 0.0f;
-					if (q >= key && q < S)
-						pv = exp2f(p[n][e] * sl2 - sl[qc]);
-					p[n][e] = pv;
-					dp[n][e] = pv * (dp[n][e] - sd[qc]);
-				}
-			}
-			/* dV += P^T dO, dK += dS^T Q (scale applied at the end) */
-#pragma unroll
-			for (int j = 0; j < BQ / 16; j++) {
-				uint32_t pa[4], sa[4];
-				c2a(pa, p[2 * j], p[2 * j + 1]);
-				c2a(sa, dp[2 * j], dp[2 * j + 1]);
-#pragma unroll
-				for (int n = 0; n < NO; n++) {
-					uint32_t bf[2];
-					frag_bk(bf, sdo, LD, j * 16, n * 8);
-					mma16816(dv[n], pa, bf);
-					frag_bk(bf, sq, LD, j * 16, n * 8);
-					mma16816(dk[n], sa, bf);
-				}
-			}
-		}
-	}
-	for (int i = 0; i < 2; i++) {
-		int key = i ? khi : klo;
-		if (key >= S)
-			continue;
-		uint64_t off = ((uint64_t)b * S + key) * kst + (uint64_t)kh * HD + 2 * t;
-#pragma unroll
-		for (int n = 0; n < NO; n++) {
-			*(float2 *)(dK + off + n * 8) =
-				make_float2(dk[n][2 * i] * scale, dk[n][2 * i + 1] * scale);
-			*(float2 *)(dV + off + n * 8) = make_float2(dv[n][2 * i], dv[n][2 * i + 1]);
-		}
-	}
-}
-
-/* dQ: grid (query tiles of 64, nh, B); each warp 16 queries; key tiles of
- * 32 up to the diagonal */
-template <int HD>
-__global__ void __launch_bounds__(FL_NTH) k_flash_dq(const bf16 *Q, const bf16 *K, const bf16 *V,
-						     const bf16 *dO, const float *LSE,
-						     const float *D, float *dQ, int S, int nh,
-						     int nkv, float sl2, float scale)
-{
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = FL_BN, NS = BK / 8;
-	extern __shared__ uint4 fl_smem[];
-	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL_BM * LD, *sk = sdo + FL_BM * LD;
-	bf16 *sv = sk + BK * LD;
-	int h = blockIdx.y, b = blockIdx.z, kh = h / (nh / nkv);
-	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.x - 1 - blockIdx.x) * FL_BM, w = threadIdx.x >> 5;
-	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
-	int qlast = min(q0 + FL_BM, S) - 1;
-	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
-	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
-	const float *lb = LSE + ((uint64_t)b * nh + h) * S, *db = D + ((uint64_t)b * nh + h) * S;
-	float lse[2], dd[2], dq[NO][4];
-
-	load_tile<HD>(sq, Q + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
-	load_tile<HD>(sdo, dO + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
-	lse[0] = rlo < S ? lb[rlo] * FL_LOG2E : 0.0f;
-	lse[1] = rhi < S ? lb[rhi] * FL_LOG2E : 0.0f;
-	dd[0] = rlo < S ? db[rlo] : 0.0f;
-	dd[1] = rhi < S ? db[rhi] : 0.0f;
-#pragma unroll
-	for (int n = 0; n < NO; n++)
-		dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-	for (int k0 = 0; k0 <= qlast; k0 += BK) {
-		__syncthreads();
-		load_tile<HD>(sk, kb, kst, k0, BK, S);
-		load_tile<HD>(sv, vb, kst, k0, BK, S);
-		__syncthreads();
-		if (wlast < k0)
-			continue;
-		float p[NS][4], dp[NS][4];
-#pragma unroll
-		for (int n = 0; n < NS; n++) {
-			p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
-			dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-		}
-		/* S = Q K^T, dP = dO V^T, 16 queries x 32 keys */
-#pragma unroll
-		for (int kk = 0; kk < KS; kk++) {
-			uint32_t qa[4], oa[4];
-			frag_a(qa, sq, LD, w * 16, kk * 16);
-			frag_a(oa, sdo, LD, w * 16, kk * 16);
-#pragma unroll
-			for (int n = 0; n < NS; n++) {
-				uint32_t bf[2];
-				frag_bn(bf, sk, LD, kk * 16, n * 8);
-				mma16816(p[n], qa, bf);
-				frag_bn(bf, sv, LD, kk * 16, n * 8);
-				mma16816(dp[n], oa, bf);
-			}
-		}
-#pragma unroll
-		for (int n = 0; n < NS; n++) {
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int col = k0 + n * 8 + 2 * t + (e & 1), i = e >> 1;
-				int row = i ? rhi : rlo;
-				float pv = 0.0f;
-				if (col <= row && col < S)
-					pv = exp2f(p[n][e] * sl2 - lse[i]);
-				dp[n][e] = pv * (dp[n][e] - dd[i]);
-			}
-		}
-		/* dQ += dS K */
-#pragma unroll
-		for (int j = 0; j < BK / 16; j++) {
-			uint32_t sa[4];
-			c2a(sa, dp[2 * j], dp[2 * j + 1]);
-#pragma unroll
-			for (int n = 0; n < NO; n++) {
-				uint32_t bf[2];
-				frag_bk(bf, sk, LD, j * 16, n * 8);
-				mma16816(dq[n], sa, bf);
-			}
-		}
-	}
-	for (int i = 0; i < 2; i++) {
-		int row = i ? rhi : rlo;
-		if (row >= S)
-			continue;
-		float *o = dQ + ((uint64_t)b * S + row) * qst + (uint64_t)h * HD + 2 * t;
-#pragma unroll
-		for (int n = 0; n < NO; n++)
-			*(float2 *)(o + n * 8) = make_float2(dq[n][2 * i] * scale, dq[n][2 * i + 1] * scale);
-	}
-}
-
-/* ---- version 2 -------------------------------------------------------------------------
+/* ---- the kernels' building blocks ---------------------------------------------------
  *
- * The same algorithm and the same per-warp arrangement (16 rows of the
- * register tile per warp, the C fragments of a score tile becoming the A
- * operand of the next product), with changes aimed at the memory side
- * and the barriers, which bound version 1:
+ * What bounds a flash kernel on the H200 is the memory side and the
+ * barriers (a first version with 32- and 16-bit fragment loads, one
+ * shared-memory stage and 4-warp blocks ran the bench shape's forward at
+ * 118 TFLOP/s and its backward at 88; this arrangement, 208 and 124):
  *  - fragments come out of shared memory by ldmatrix (one instruction for
  *    a 16x16 A fragment or two 16x8 B fragments; .trans gives V's, dO's,
- *    Q's and K's column-major B fragments) instead of 32- and 16-bit loads;
+ *    Q's and K's column-major B fragments);
  *  - the streamed tiles are fetched by cp.async into three stages: the
  *    next tile's copy is in flight while the current one is multiplied,
  *    and the stage a copy overwrites was left before the tile's one
- *    barrier (version 1: two barriers a tile, loads not overlapped);
+ *    barrier;
  *  - blocks of 8 warps (128 rows in registers) halve the streamed traffic
  *    per row and the number of barriers per product;
- *  - the grid orders the longest tiles first over all heads (fl2_block).
- * Rounding is the same as version 1's (float scores and softmax, P and dS
- * rounded to bf16 for their products), sums keep a fixed order. */
+ *  - the grid orders the longest tiles first over all heads (fl_block).
+ * Scores and softmax are float32, P and dS rounded to bf16 for their
+ * products, sums in a fixed order. */
 
-#define FL2_NW 8                 /* warps of a version 2 block */
-#define FL2_NTH (FL2_NW * 32)
-#define FL2_BM (FL2_NW * 16)     /* rows in registers */
+#define FL_NW 8                 /* warps of a block */
+#define FL_BTH (FL_NW * 32)
+#define FL_BM (FL_NW * 16)     /* rows in registers */
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
@@ -574,13 +180,13 @@ __device__ __forceinline__ void ldsm_bk(uint32_t b[4], const bf16 *s, int ld, in
 	ldsm4t(b, s + (k0 + (l & 7) + 8 * (i & 1)) * ld + n0 + 8 * (i >> 1));
 }
 
-/* Version 2's grids are (heads x sequences, tiles): blocks start (in
+/* The grids are (heads x sequences, tiles): blocks start (in
  * practice) in the order of their linear index, x fastest, so the tile
  * rank (blockIdx.y) orders the whole grid and the longest tiles, rank 0,
  * start first over every head and sequence (with the tile in x they are
  * ordered only within each head: a head's long tiles could start in the
  * last wave and make the tail). */
-__device__ __forceinline__ void fl2_block(int nhead, int *h, int *b)
+__device__ __forceinline__ void fl_block(int nhead, int *h, int *b)
 {
 	*h = blockIdx.x % nhead;
 	*b = blockIdx.x / nhead;
@@ -594,7 +200,7 @@ __device__ __forceinline__ void cp_tile(bf16 *sm, const bf16 *src, uint64_t st, 
 					int S)
 {
 	constexpr int CPR = HD / 8;
-	for (int i = threadIdx.x; i < n * CPR; i += FL2_NTH) {
+	for (int i = threadIdx.x; i < n * CPR; i += FL_BTH) {
 		int r = i / CPR, c = (i % CPR) * 8, ok = r0 + r < S;
 		cp16(sm + r * (HD + 8) + c, src + (uint64_t)(ok ? r0 + r : 0) * st + c, ok ? 16 : 0);
 	}
@@ -603,13 +209,13 @@ __device__ __forceinline__ void cp_tile(bf16 *sm, const bf16 *src, uint64_t st, 
 /* n floats of a row of S from index r0 (past S: zeros) by cp.async */
 __device__ __forceinline__ void cp_row(float *sm, const float *src, int r0, int n, int S)
 {
-	for (int i = threadIdx.x; i < n; i += FL2_NTH) {
+	for (int i = threadIdx.x; i < n; i += FL_BTH) {
 		int ok = r0 + i < S;
 		cp4(sm + i, src + (ok ? r0 + i : 0), ok ? 4 : 0);
 	}
 }
 
-/* the streamed tiles of version 2, in keys or queries, and the blocks
+/* the streamed tiles, in keys or queries, and the blocks
  * per SM each kernel's register budget is set for (ptxas -v: no spills).
  * Up to head dim 64 the tiles are as small as it takes for two blocks
  * (16 warps) to share an SM: 32 rows where the 64-row tile's score
@@ -617,7 +223,7 @@ __device__ __forceinline__ void cp_row(float *sm, const float *src, int r0, int 
  * per SM (the accumulators alone are 64 or 128 registers) and the dK/dV
  * kernel's Q/dO tile of 32 keeps it under 255. */
 template <int HD>
-struct fl2_tiles {
+struct fl_tiles {
 	static constexpr int FWD = HD == 64 ? 32 : 64;
 	static constexpr int DKV = HD >= 32 ? 32 : 64;
 	static constexpr int DQ = 32;
@@ -628,30 +234,30 @@ struct fl2_tiles {
 
 /* grid (nh x B, query tiles of 128); K/V tiles in three stages */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::FWD_MIN)
-k_flash_fwd2(const bf16 *Q, const bf16 *K, const bf16 *V, float *O, float *LSE, int S, int nh,
+__global__ void __launch_bounds__(FL_BTH, fl_tiles<HD>::FWD_MIN)
+k_flash_fwd(const bf16 *Q, const bf16 *K, const bf16 *V, float *O, float *LSE, int S, int nh,
 	     int nkv, float sl2)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = fl2_tiles<HD>::FWD, NS = BN / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BN = fl_tiles<HD>::FWD, NS = BN / 8;
 	extern __shared__ uint4 fl_smem[];
-	bf16 *sq = (bf16 *)fl_smem, *skv = sq + FL2_BM * LD; /* stage i: K, V at 2 i BN LD */
+	bf16 *sq = (bf16 *)fl_smem, *skv = sq + FL_BM * LD; /* stage i: K, V at 2 i BN LD */
 	int h, b;
-	fl2_block(nh, &h, &b);
+	fl_block(nh, &h, &b);
 	int kh = h / (nh / nkv);
 	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.y - 1 - blockIdx.y) * FL2_BM, w = threadIdx.x >> 5;
+	int q0 = (gridDim.y - 1 - blockIdx.y) * FL_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
 	const bf16 *qb = Q + (uint64_t)b * S * qst + (uint64_t)h * HD;
 	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
 	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
 	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
-	int qlast = min(q0 + FL2_BM, S) - 1, nkt = qlast / BN + 1;
+	int qlast = min(q0 + FL_BM, S) - 1, nkt = qlast / BN + 1;
 	uint32_t qa[KS][4];
 	float acc[NO][4], mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
 	/* groups: Q with K/V tile 0, then tile 1 (empty past the last) */
-	cp_tile<HD>(sq, qb, qst, q0, FL2_BM, S);
+	cp_tile<HD>(sq, qb, qst, q0, FL_BM, S);
 	cp_tile<HD>(skv, kb, kst, 0, BN, S);
 	cp_tile<HD>(skv + BN * LD, vb, kst, 0, BN, S);
 	cp_commit();
@@ -779,20 +385,20 @@ k_flash_fwd2(const bf16 *Q, const bf16 *K, const bf16 *V, float *O, float *LSE, 
  * the group's query heads in order, query tiles from the first one
  * the tile's keys see, in three stages (Q, dO, LSE, D) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DKV_MIN)
-k_flash_dkv2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
+__global__ void __launch_bounds__(FL_BTH, fl_tiles<HD>::DKV_MIN)
+k_flash_dkv(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
 	     const float *D, float *dK, float *dV, int S, int nh, int nkv, float sl2,
 	     float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl2_tiles<HD>::DKV, NS = BQ / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl_tiles<HD>::DKV, NS = BQ / 8;
 	/* a stage: Q and dO tiles, then LSE and D of their BQ queries */
 	constexpr int STG = 2 * BQ * LD + 4 * BQ; /* in bf16 units */
 	extern __shared__ uint4 fl_smem[];
-	bf16 *sk = (bf16 *)fl_smem, *sv = sk + FL2_BM * LD, *stg = sv + FL2_BM * LD;
+	bf16 *sk = (bf16 *)fl_smem, *sv = sk + FL_BM * LD, *stg = sv + FL_BM * LD;
 	int kh, b, rep = nh / nkv;
-	fl2_block(nkv, &kh, &b);
+	fl_block(nkv, &kh, &b);
 	/* the longest key tiles (the first) first */
-	int key0 = blockIdx.y * FL2_BM, w = threadIdx.x >> 5;
+	int key0 = blockIdx.y * FL_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	int klo = key0 + w * 16 + g, khi = klo + 8, wfirst = key0 + w * 16;
 	int nqt = (S - key0 + BQ - 1) / BQ, nit = rep * nqt;
@@ -803,8 +409,8 @@ k_flash_dkv2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const 
 	for (int n = 0; n < NO; n++)
 		dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] =
 			dv[n][3] = 0.0f;
-	cp_tile<HD>(sk, K + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL2_BM, S);
-	cp_tile<HD>(sv, V + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL2_BM, S);
+	cp_tile<HD>(sk, K + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL_BM, S);
+	cp_tile<HD>(sv, V + (uint64_t)b * S * kst + (uint64_t)kh * HD, kst, key0, FL_BM, S);
 	/* iteration it: head kh * rep + it / nqt, queries from key0 + (it % nqt)
 	 * BQ, in stage it % 3; groups: K, V with iteration 0's tiles, then 1's
 	 * (empty past the last) */
@@ -907,29 +513,29 @@ k_flash_dkv2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const 
 /* dQ: grid (nh x B, query tiles of 128); each warp 16 queries; key tiles
  * up to the diagonal in three stages (K, V) */
 template <int HD>
-__global__ void __launch_bounds__(FL2_NTH, fl2_tiles<HD>::DQ_MIN)
-k_flash_dq2(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
+__global__ void __launch_bounds__(FL_BTH, fl_tiles<HD>::DQ_MIN)
+k_flash_dq(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
 	    const float *D, float *dQ, int S, int nh, int nkv, float sl2, float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl2_tiles<HD>::DQ, NS = BK / 8;
+	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl_tiles<HD>::DQ, NS = BK / 8;
 	extern __shared__ uint4 fl_smem[];
-	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL2_BM * LD, *skv = sdo + FL2_BM * LD;
+	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL_BM * LD, *skv = sdo + FL_BM * LD;
 	int h, b;
-	fl2_block(nh, &h, &b);
+	fl_block(nh, &h, &b);
 	int kh = h / (nh / nkv);
 	/* the longest rows (the last tiles) first: the grid's tail is short */
-	int q0 = (gridDim.y - 1 - blockIdx.y) * FL2_BM, w = threadIdx.x >> 5;
+	int q0 = (gridDim.y - 1 - blockIdx.y) * FL_BM, w = threadIdx.x >> 5;
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 	int rlo = q0 + w * 16 + g, rhi = rlo + 8, wlast = q0 + w * 16 + 15;
-	int qlast = min(q0 + FL2_BM, S) - 1, nkt = qlast / BK + 1;
+	int qlast = min(q0 + FL_BM, S) - 1, nkt = qlast / BK + 1;
 	uint64_t qst = (uint64_t)nh * HD, kst = (uint64_t)nkv * HD;
 	const bf16 *kb = K + (uint64_t)b * S * kst + (uint64_t)kh * HD;
 	const bf16 *vb = V + (uint64_t)b * S * kst + (uint64_t)kh * HD;
 	const float *lb = LSE + ((uint64_t)b * nh + h) * S, *db = D + ((uint64_t)b * nh + h) * S;
 	float lse[2], dd[2], dq[NO][4];
 
-	cp_tile<HD>(sq, Q + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL2_BM, S);
-	cp_tile<HD>(sdo, dO + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL2_BM, S);
+	cp_tile<HD>(sq, Q + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
+	cp_tile<HD>(sdo, dO + (uint64_t)b * S * qst + (uint64_t)h * HD, qst, q0, FL_BM, S);
 	cp_tile<HD>(skv, kb, kst, 0, BK, S);
 	cp_tile<HD>(skv + BK * LD, vb, kst, 0, BK, S);
 	cp_commit(); /* groups: Q, dO with K/V tile 0, then tile 1 (empty past the last) */
@@ -1041,108 +647,81 @@ static int aligned(const void *p)
 	return p && !((uintptr_t)p & 15);
 }
 
-/* version 2's grid (heads x sequences, tiles of 128) within CUDA's limits */
-static int fl2_grid_ok(const struct ms_flash_shape *sh, uint32_t nhead, struct ms_err *err)
+/* the grid (heads x sequences, tiles of 128) within CUDA's limits */
+static int grid_ok(const struct ms_flash_shape *sh, uint32_t nhead, struct ms_err *err)
 {
-	if ((uint64_t)nhead * sh->B > 0x7fffffffu || (sh->S + FL2_BM - 1) / FL2_BM > 65535)
+	if ((uint64_t)nhead * sh->B > 0x7fffffffu || (sh->S + FL_BM - 1) / FL_BM > 65535)
 		return ms_err_set(err, MS_EINVAL, "flash attention: shape too large");
 	return MS_OK;
 }
 
 template <int HD>
-static int fwd_launch(int ver, const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
+static int fwd_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
 		      const bf16 *v, float *o, float *lse, cudaStream_t st, struct ms_err *err)
 {
 	int rc = MS_OK;
-	size_t smem = (size_t)3 * 64 * (HD + 8) * sizeof(bf16);
-	/* version 2: the Q tile and three stages of K, V */
-	size_t smem2 = (size_t)(FL2_BM + 6 * fl2_tiles<HD>::FWD) * (HD + 8) * sizeof(bf16);
+	/* the Q tile and three stages of K, V */
+	size_t smem = (size_t)(FL_BM + 6 * fl_tiles<HD>::FWD) * (HD + 8) * sizeof(bf16);
 	float sl2 = (float)(FL_LOG2E / sqrt((double)HD));
-	dim3 grid((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
-	dim3 grid2(sh->nh * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
-	if (ver == 1) {
-		CK(cudaFuncSetAttribute(k_flash_fwd<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					(int)smem));
-		k_flash_fwd<HD><<<grid, FL_NTH, smem, st>>>(q, k, v, o, lse, (int)sh->S, (int)sh->nh,
-							     (int)sh->nkv, sl2);
-	} else {
-		if ((rc = fl2_grid_ok(sh, sh->nh, err)))
-			goto out;
-		CK(cudaFuncSetAttribute(k_flash_fwd2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					(int)smem2));
-		k_flash_fwd2<HD><<<grid2, FL2_NTH, smem2, st>>>(q, k, v, o, lse, (int)sh->S,
-								 (int)sh->nh, (int)sh->nkv, sl2);
-	}
+	dim3 grid(sh->nh * sh->B, (sh->S + FL_BM - 1) / FL_BM);
+	if ((rc = grid_ok(sh, sh->nh, err)))
+		goto out;
+	CK(cudaFuncSetAttribute(k_flash_fwd<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				(int)smem));
+	k_flash_fwd<HD><<<grid, FL_BTH, smem, st>>>(q, k, v, o, lse, (int)sh->S, (int)sh->nh,
+						       (int)sh->nkv, sl2);
 	CK(cudaGetLastError());
 out:
 	return rc;
 }
 
-/* version 2's dK, dV and dQ kernels (D made by k_flash_dot before) */
+/* the dK, dV and dQ kernels (D made by k_flash_dot before) */
 template <int HD>
-static int bwd2_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
+static int bwd_kernels(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
 		       const bf16 *v, const bf16 *dout, const float *lse, float *dq, float *dk,
 		       float *dv, const float *D, cudaStream_t st, struct ms_err *err)
 {
 	int rc = MS_OK;
-	constexpr int BQ = fl2_tiles<HD>::DKV, BK = fl2_tiles<HD>::DQ;
+	constexpr int BQ = fl_tiles<HD>::DKV, BK = fl_tiles<HD>::DQ;
 	/* dK, dV: the key tile's K and V, three stages of Q, dO and their LSE,
 	 * D; dQ: the query tile's Q and dO, three stages of K and V */
-	size_t smem_kv = (size_t)(2 * FL2_BM + 6 * BQ) * (HD + 8) * sizeof(bf16) +
+	size_t smem_kv = (size_t)(2 * FL_BM + 6 * BQ) * (HD + 8) * sizeof(bf16) +
 			 (size_t)6 * BQ * sizeof(float);
-	size_t smem_q = (size_t)(2 * FL2_BM + 6 * BK) * (HD + 8) * sizeof(bf16);
+	size_t smem_q = (size_t)(2 * FL_BM + 6 * BK) * (HD + 8) * sizeof(bf16);
 	double sc = 1.0 / sqrt((double)HD);
 	float sl2 = (float)(FL_LOG2E * sc), scale = (float)sc;
-	dim3 gkv(sh->nkv * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
-	dim3 gq(sh->nh * sh->B, (sh->S + FL2_BM - 1) / FL2_BM);
-	if ((rc = fl2_grid_ok(sh, sh->nh, err)))
+	dim3 gkv(sh->nkv * sh->B, (sh->S + FL_BM - 1) / FL_BM);
+	dim3 gq(sh->nh * sh->B, (sh->S + FL_BM - 1) / FL_BM);
+	if ((rc = grid_ok(sh, sh->nh, err)))
 		return rc;
-	CK(cudaFuncSetAttribute(k_flash_dkv2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	CK(cudaFuncSetAttribute(k_flash_dkv<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				(int)smem_kv));
-	k_flash_dkv2<HD><<<gkv, FL2_NTH, smem_kv, st>>>(q, k, v, dout, lse, D, dk, dv, (int)sh->S,
+	k_flash_dkv<HD><<<gkv, FL_BTH, smem_kv, st>>>(q, k, v, dout, lse, D, dk, dv, (int)sh->S,
 							 (int)sh->nh, (int)sh->nkv, sl2, scale);
 	CK(cudaGetLastError());
-	CK(cudaFuncSetAttribute(k_flash_dq2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	CK(cudaFuncSetAttribute(k_flash_dq<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				(int)smem_q));
-	k_flash_dq2<HD><<<gq, FL2_NTH, smem_q, st>>>(q, k, v, dout, lse, D, dq, (int)sh->S,
+	k_flash_dq<HD><<<gq, FL_BTH, smem_q, st>>>(q, k, v, dout, lse, D, dq, (int)sh->S,
 						      (int)sh->nh, (int)sh->nkv, sl2, scale);
 	CK(cudaGetLastError());
 out:
 	return rc;
 }
 
+/* D first (k_flash_dot), then the dK/dV and the dQ kernels */
 template <int HD>
-static int bwd_launch(int ver, const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
+static int bwd_launch(const struct ms_flash_shape *sh, const bf16 *q, const bf16 *k,
 		      const bf16 *v, const float *o, const bf16 *dout, const float *lse, float *dq,
 		      float *dk, float *dv, float *D, cudaStream_t st, struct ms_err *err)
 {
 	int rc = MS_OK;
-	/* two 64-row tiles and two 32-row tiles (+ the dK/dV kernel's LSE and
-	 * D of its 32 queries) */
-	size_t smem = (size_t)(2 * FL_BM + 2 * FL_BN) * (HD + 8) * sizeof(bf16);
-	size_t smem_kv = smem + 2 * FL_BN * sizeof(float);
-	double sc = 1.0 / sqrt((double)HD);
-	float sl2 = (float)(FL_LOG2E * sc), scale = (float)sc;
 	uint64_t rows = (uint64_t)sh->B * sh->S * sh->nh;
-	dim3 gkv((sh->S + FL_BM - 1) / FL_BM, sh->nkv, sh->B);
-	dim3 gq((sh->S + FL_BM - 1) / FL_BM, sh->nh, sh->B);
 	if ((rows + 3) / 4 > 0x7fffffffull)
 		return ms_err_set(err, MS_EINVAL, "flash attention: shape too large");
 	k_flash_dot<HD><<<(unsigned)((rows + 3) / 4), FL_NTH, 0, st>>>(dout, o, D, (int)sh->S,
 									(int)sh->nh, rows);
 	CK(cudaGetLastError());
-	if (ver == 2)
-		return bwd2_launch<HD>(sh, q, k, v, dout, lse, dq, dk, dv, D, st, err);
-	CK(cudaFuncSetAttribute(k_flash_dkv<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				(int)smem_kv));
-	k_flash_dkv<HD><<<gkv, FL_NTH, smem_kv, st>>>(q, k, v, dout, lse, D, dk, dv, (int)sh->S,
-						       (int)sh->nh, (int)sh->nkv, sl2, scale);
-	CK(cudaGetLastError());
-	CK(cudaFuncSetAttribute(k_flash_dq<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				(int)smem));
-	k_flash_dq<HD><<<gq, FL_NTH, smem, st>>>(q, k, v, dout, lse, D, dq, (int)sh->S, (int)sh->nh,
-						  (int)sh->nkv, sl2, scale);
-	CK(cudaGetLastError());
+	return bwd_kernels<HD>(sh, q, k, v, dout, lse, dq, dk, dv, D, st, err);
 out:
 	return rc;
 }
@@ -1157,15 +736,12 @@ extern "C" uint64_t ms_flash_workspace_bytes(const struct ms_flash_shape *sh)
 	return (uint64_t)sh->B * sh->nh * sh->S * sizeof(float);
 }
 
-extern "C" int ms_flash_fwd_v(int version, const struct ms_flash_shape *sh, const void *q,
-			      const void *k, const void *v, float *o, float *lse, void *stream,
-			      struct ms_err *err)
+extern "C" int ms_flash_fwd(const struct ms_flash_shape *sh, const void *q, const void *k,
+			    const void *v, float *o, float *lse, void *stream, struct ms_err *err)
 {
 	int rc;
 	const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
 	cudaStream_t st = (cudaStream_t)stream;
-	if (version != 1 && version != 2)
-		return ms_err_set(err, MS_EINVAL, "flash attention: no kernel version %d", version);
 	if ((rc = check_shape(sh, err)))
 		return rc;
 	if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(o) || !lse)
@@ -1173,28 +749,26 @@ extern "C" int ms_flash_fwd_v(int version, const struct ms_flash_shape *sh, cons
 						  "16-byte aligned");
 	switch (sh->hd) {
 	case 16:
-		return fwd_launch<16>(version, sh, Q, K, V, o, lse, st, err);
+		return fwd_launch<16>(sh, Q, K, V, o, lse, st, err);
 	case 32:
-		return fwd_launch<32>(version, sh, Q, K, V, o, lse, st, err);
+		return fwd_launch<32>(sh, Q, K, V, o, lse, st, err);
 	case 64:
-		return fwd_launch<64>(version, sh, Q, K, V, o, lse, st, err);
+		return fwd_launch<64>(sh, Q, K, V, o, lse, st, err);
 	default:
-		return fwd_launch<128>(version, sh, Q, K, V, o, lse, st, err);
+		return fwd_launch<128>(sh, Q, K, V, o, lse, st, err);
 	}
 }
 
-extern "C" int ms_flash_bwd_v(int version, const struct ms_flash_shape *sh, const void *q,
-			      const void *k, const void *v, const float *o, const void *dout,
-			      const float *lse, float *dq, float *dk, float *dv, void *ws,
-			      void *stream, struct ms_err *err)
+extern "C" int ms_flash_bwd(const struct ms_flash_shape *sh, const void *q, const void *k,
+			    const void *v, const float *o, const void *dout, const float *lse,
+			    float *dq, float *dk, float *dv, void *ws, void *stream,
+			    struct ms_err *err)
 {
 	int rc;
 	const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
 	const bf16 *dO = (const bf16 *)dout;
 	float *D = (float *)ws;
 	cudaStream_t st = (cudaStream_t)stream;
-	if (version != 1 && version != 2)
-		return ms_err_set(err, MS_EINVAL, "flash attention: no kernel version %d", version);
 	if ((rc = check_shape(sh, err)))
 		return rc;
 	if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(o) || !aligned(dout) || !lse ||
@@ -1203,27 +777,12 @@ extern "C" int ms_flash_bwd_v(int version, const struct ms_flash_shape *sh, cons
 						  "16-byte aligned");
 	switch (sh->hd) {
 	case 16:
-		return bwd_launch<16>(version, sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+		return bwd_launch<16>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
 	case 32:
-		return bwd_launch<32>(version, sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+		return bwd_launch<32>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
 	case 64:
-		return bwd_launch<64>(version, sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+		return bwd_launch<64>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
 	default:
-		return bwd_launch<128>(version, sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
+		return bwd_launch<128>(sh, Q, K, V, o, dO, lse, dq, dk, dv, D, st, err);
 	}
-}
-
-extern "C" int ms_flash_fwd(const struct ms_flash_shape *sh, const void *q, const void *k,
-			    const void *v, float *o, float *lse, void *stream, struct ms_err *err)
-{
-	return ms_flash_fwd_v(MS_FLASH_VERSION, sh, q, k, v, o, lse, stream, err);
-}
-
-extern "C" int ms_flash_bwd(const struct ms_flash_shape *sh, const void *q, const void *k,
-			    const void *v, const float *o, const void *dout, const float *lse,
-			    float *dq, float *dk, float *dv, void *ws, void *stream,
-			    struct ms_err *err)
-{
-	return ms_flash_bwd_v(MS_FLASH_VERSION, sh, q, k, v, o, dout, lse, dq, dk, dv, ws, stream,
-			      err);
 }

@@ -52,19 +52,6 @@ int ms_flash_bwd(const struct ms_flash_shape *sh, const void *q, const void *k, 
 		 const float *o, const void *dout, const float *lse, float *dq, float *dk,
 		 float *dv, void *ws, void *stream, struct ms_err *err);
 
-/* The kernel versions: 1, the first kernels (scalar fragment loads, one
- * shared-memory stage, 4-warp blocks); 2, ldmatrix fragment loads, a
- * three-stage cp.async pipeline and 8-warp blocks. Same interface,
- * rounding class and determinism; ms_flash_fwd/bwd run MS_FLASH_VERSION.
- * The versioned entry points let one benchmark and one test cover both;
- * another version is MS_EINVAL. */
-#define MS_FLASH_VERSION 2
-int ms_flash_fwd_v(int version, const struct ms_flash_shape *sh, const void *q, const void *k,
-		   const void *v, float *o, float *lse, void *stream, struct ms_err *err);
-int ms_flash_bwd_v(int version, const struct ms_flash_shape *sh, const void *q, const void *k,
-		   const void *v, const float *o, const void *dout, const float *lse, float *dq,
-		   float *dk, float *dv, void *ws, void *stream, struct ms_err *err);
-
 #ifdef __cplusplus
 }
 #endif

@@ -7,8 +7,7 @@
  * one and two sequences. Outputs are poisoned with NaN before each launch,
  * so an element the kernels do not write fails. The backward runs twice
  * and must be bit-identical (no atomics). Shapes the kernels do not cover
- * are refused with MS_EINVAL. Every shape runs through both kernel
- * versions (flash.h's ms_flash_fwd_v/bwd_v), against the same reference.
+ * are refused with MS_EINVAL.
  *
  * Tolerance, per element: |gpu - ref| <= 2^-6 * mag + 1e-6, where mag is
  * the element's sum of absolute terms computed alongside the reference
@@ -26,16 +25,15 @@
  * GPU tier: without a GPU the binary says it skipped (with MS_TEST_GPU
  * set, a missing GPU is a failure).
  *
- * t_flash_gpu --bench: no reference, the time of each kernel version and
- * direction at the trainer's shapes (B 4, S 2048, 16/4 heads, head dims
+ * t_flash_gpu --bench: no reference, the time of each direction at the
+ * trainer's shapes (B 4, S 2048, 16/4 heads, head dims
  * 128 and 64): CUDA events around each launch, the median of 20 after 3
  * warm-up runs, with the TFLOP/s of the causal product (forward
  * 4 B nh S^2 hd / 2, backward 2.5 times that).
  */
 #include <math.h>
 
-#include "test.h"
-#include "gpu.h"
+#include "test_gpu.h"
 #ifdef MS_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -206,7 +204,7 @@ out:
 }
 
 /* every element within k * mag + 1e-6; prints the worst */
-static int close_to(int ver, const char *what, const struct shape *sh, const float *got,
+static int close_to(const char *what, const struct shape *sh, const float *got,
 		    const double *want, const double *mag, double k, uint64_t n)
 {
 	double wabs = 0, wrel = 0, maxref = 0;
@@ -226,11 +224,11 @@ static int close_to(int ver, const char *what, const struct shape *sh, const flo
 		if (mag[i] > 0 && (e / mag[i] > wrel || e != e))
 			wrel = e / mag[i];
 	}
-	printf("  v%d S %u hd %u heads %u/%u B %u %s: max abs err %.3g (max |ref| %.3g), "
+	printf("  S %u hd %u heads %u/%u B %u %s: max abs err %.3g (max |ref| %.3g), "
 	       "max err/mag %.3g (limit %.3g)\n",
-	       ver, sh->S, sh->hd, sh->nh, sh->nkv, sh->B, what, wabs, maxref, wrel, k);
+	       sh->S, sh->hd, sh->nh, sh->nkv, sh->B, what, wabs, maxref, wrel, k);
 	if (bad)
-		fprintf(stderr, "v%d %s: element %llu: gpu %.9g ref %.9g mag %.3g\n", ver,
+		fprintf(stderr, "%s: element %llu: gpu %.9g ref %.9g mag %.3g\n",
 			what, (unsigned long long)at, (double)got[at], want[at], mag[at]);
 	return bad;
 }
@@ -251,10 +249,10 @@ struct run {
 	double *lmag;
 };
 
-/* kernel version ver's forward and (twice) backward against the
- * reference; 0 when every element is within tolerance and the two
- * backward runs are bit-identical */
-static int check_version(struct run *u, int ver, const struct ref *r)
+/* the forward and (twice) the backward against the reference; 0 when
+ * every element is within tolerance and the two backward runs are
+ * bit-identical */
+static int check_kernels(struct run *u, const struct ref *r)
 {
 	const struct shape *sh = u->sh;
 	struct ms_err err = {0};
@@ -264,15 +262,15 @@ static int check_version(struct run *u, int ver, const struct ref *r)
 	poison(u->o, nq);
 	poison(u->lse, nl);
 	if (ms_gpu_memcpy(u->go, u->o, nq * 4, &err) || ms_gpu_memcpy(u->gl, u->lse, nl * 4, &err) ||
-	    ms_flash_fwd_v(ver, &u->fs, u->gq, u->gk, u->gv, u->go, u->gl, NULL, &err) ||
+	    ms_flash_fwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gl, NULL, &err) ||
 	    ms_gpu_sync(&err) || ms_gpu_memcpy(u->o, u->go, nq * 4, &err) ||
 	    ms_gpu_memcpy(u->lse, u->gl, nl * 4, &err))
 		goto cuda;
-	if (close_to(ver, "O", sh, u->o, r->o, r->omag, 0x1p-6, nq))
+	if (close_to("O", sh, u->o, r->o, r->omag, 0x1p-6, nq))
 		return 1;
 	for (uint64_t i = 0; i < nl; i++)
 		u->lmag[i] = 1 + fabs(r->lse[i]);
-	if (close_to(ver, "LSE", sh, u->lse, r->lse, u->lmag, 2e-4, nl))
+	if (close_to("LSE", sh, u->lse, r->lse, u->lmag, 2e-4, nl))
 		return 1;
 	/* backward twice, over poison; the second must equal the first bit
 	 * for bit */
@@ -283,24 +281,24 @@ static int check_version(struct run *u, int ver, const struct ref *r)
 		poison(c, nkv);
 		if (ms_gpu_memcpy(u->gdq, a, nq * 4, &err) || ms_gpu_memcpy(u->gdk, b, nkv * 4, &err) ||
 		    ms_gpu_memcpy(u->gdv, c, nkv * 4, &err) ||
-		    ms_flash_bwd_v(ver, &u->fs, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq,
+		    ms_flash_bwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq,
 				   u->gdk, u->gdv, u->gws, NULL, &err) ||
 		    ms_gpu_sync(&err) || ms_gpu_memcpy(a, u->gdq, nq * 4, &err) ||
 		    ms_gpu_memcpy(b, u->gdk, nkv * 4, &err) || ms_gpu_memcpy(c, u->gdv, nkv * 4, &err))
 			goto cuda;
 	}
-	if (close_to(ver, "dQ", sh, u->dq, r->dq, r->dqmag, 0x1p-6, nq) ||
-	    close_to(ver, "dK", sh, u->dk, r->dk, r->dkmag, 0x1p-6, nkv) ||
-	    close_to(ver, "dV", sh, u->dv, r->dv, r->dvmag, 0x1p-6, nkv))
+	if (close_to("dQ", sh, u->dq, r->dq, r->dqmag, 0x1p-6, nq) ||
+	    close_to("dK", sh, u->dk, r->dk, r->dkmag, 0x1p-6, nkv) ||
+	    close_to("dV", sh, u->dv, r->dv, r->dvmag, 0x1p-6, nkv))
 		return 1;
 	if (memcmp(u->dq, u->dq2, nq * 4) || memcmp(u->dk, u->dk2, nkv * 4) ||
 	    memcmp(u->dv, u->dv2, nkv * 4)) {
-		fprintf(stderr, "v%d S %u hd %u: two backward runs differ\n", ver, sh->S, sh->hd);
+		fprintf(stderr, "S %u hd %u: two backward runs differ\n", sh->S, sh->hd);
 		return 1;
 	}
 	return 0;
 cuda:
-	fprintf(stderr, "v%d S %u hd %u: %s\n", ver, sh->S, sh->hd, err.msg);
+	fprintf(stderr, "S %u hd %u: %s\n", sh->S, sh->hd, err.msg);
 	return 1;
 }
 
@@ -350,8 +348,7 @@ static int run_shape(const struct shape *sh)
 		fprintf(stderr, "S %u hd %u: %s\n", sh->S, sh->hd, err.msg);
 		goto out;
 	}
-	/* both kernel versions against the same reference */
-	if (check_version(&u, 1, &r) || check_version(&u, 2, &r))
+	if (check_kernels(&u, &r))
 		goto out;
 	rc = 0;
 out:
@@ -428,24 +425,6 @@ static int test_flash_refuses(void)
 		/* a misaligned operand */
 		T_ASSERT_EQ_INT(ms_flash_fwd(&ok, (char *)p + 2, p, p, f, f, NULL, &err), MS_EINVAL);
 		T_ASSERT(strstr(err.msg, "aligned"));
-		/* a kernel version that does not exist */
-		for (int ver = 0; ver <= 3; ver += 3) {
-			T_ASSERT_EQ_INT(ms_flash_fwd_v(ver, &ok, p, p, p, f, f, NULL, &err),
-					MS_EINVAL);
-			T_ASSERT(strstr(err.msg, "version"));
-			T_ASSERT_EQ_INT(ms_flash_bwd_v(ver, &ok, p, p, p, f, p, f, f, f, f, p, NULL,
-						       &err),
-					MS_EINVAL);
-		}
-	}
-	for (int ver = 1; ver <= 2; ver++) {
-		for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-			T_ASSERT_EQ_INT(ms_flash_fwd_v(ver, &bad[i], p, p, p, f, f, NULL, &err),
-					MS_EINVAL);
-			T_ASSERT_EQ_INT(ms_flash_bwd_v(ver, &bad[i], p, p, p, f, p, f, f, f, f, p,
-						       NULL, &err),
-					MS_EINVAL);
-		}
 	}
 	ms_gpu_free(p);
 	return 0;
@@ -461,9 +440,9 @@ static int cmp_float(const void *a, const void *b)
 #define BENCH_WARM 3
 #define BENCH_RUNS 20
 
-/* the median time in ms of BENCH_RUNS launches of one version and
- * direction (after BENCH_WARM), CUDA events around each; < 0 on error */
-static float bench_one(int ver, int bwd, const struct ms_flash_shape *fs, void **g,
+/* the median time in ms of BENCH_RUNS launches of one direction (after
+ * BENCH_WARM), CUDA events around each; < 0 on error */
+static float bench_one(int bwd, const struct ms_flash_shape *fs, void **g,
 		       cudaEvent_t *ev)
 {
 	struct ms_err err = {0};
@@ -474,12 +453,12 @@ static float bench_one(int ver, int bwd, const struct ms_flash_shape *fs, void *
 		if (j >= 0 && cudaEventRecord(ev[2 * j], NULL) != cudaSuccess)
 			return -1;
 		if (bwd)
-			rc = ms_flash_bwd_v(ver, fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7],
-					    g[8], g[9], NULL, &err);
+			rc = ms_flash_bwd(fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7], g[8],
+					  g[9], NULL, &err);
 		else
-			rc = ms_flash_fwd_v(ver, fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
+			rc = ms_flash_fwd(fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
 		if (rc) {
-			fprintf(stderr, "bench v%d: %s\n", ver, err.msg);
+			fprintf(stderr, "bench: %s\n", err.msg);
 			return -1;
 		}
 		if (j >= 0 && cudaEventRecord(ev[2 * j + 1], NULL) != cudaSuccess)
@@ -494,7 +473,7 @@ static float bench_one(int ver, int bwd, const struct ms_flash_shape *fs, void *
 	return (ms[BENCH_RUNS / 2 - 1] + ms[BENCH_RUNS / 2]) / 2;
 }
 
-/* --bench: both versions, both directions, at the trainer's shapes */
+/* --bench: both directions at the trainer's shapes */
 static int bench(void)
 {
 	static const struct ms_flash_shape shapes[] = {{4, 2048, 16, 4, 128}, {4, 2048, 16, 4, 64}};
@@ -514,7 +493,7 @@ static int bench(void)
 		void *g[10] = {0};
 		uint16_t *h = malloc(nq * 2);
 		double flop = 4.0 * fs->B * fs->nh * (double)fs->S * fs->S * fs->hd / 2;
-		float t[2][2];
+		float t[2];
 		struct ms_err err = {0};
 		int bad = !h;
 
@@ -527,22 +506,15 @@ static int bench(void)
 		}
 		/* the backward's O and LSE: a forward's */
 		if (!bad)
-			bad = ms_flash_fwd_v(1, fs, g[0], g[1], g[2], g[4], g[5], NULL, &err) ||
+			bad = ms_flash_fwd(fs, g[0], g[1], g[2], g[4], g[5], NULL, &err) ||
 			      ms_gpu_sync(&err);
-		for (int ver = 1; ver <= 2 && !bad; ver++)
-			for (int d = 0; d < 2 && !bad; d++)
-				bad = (t[ver - 1][d] = bench_one(ver, d, fs, g, ev)) < 0;
+		for (int d = 0; d < 2 && !bad; d++)
+			bad = (t[d] = bench_one(d, fs, g, ev)) < 0;
 		if (!bad) {
-			for (int d = 0; d < 2; d++) {
-				double f = d ? 2.5 * flop : flop;
-				for (int ver = 1; ver <= 2; ver++)
-					printf("bench B %u S %u heads %u/%u hd %u %s v%d: %.3f ms "
-					       "%.1f TFLOP/s\n",
-					       fs->B, fs->S, fs->nh, fs->nkv, fs->hd, d ? "bwd" : "fwd",
-					       ver, t[ver - 1][d], f / (t[ver - 1][d] * 1e-3) / 1e12);
-				printf("bench hd %u %s: v2 %.2fx v1\n", fs->hd, d ? "bwd" : "fwd",
-				       t[0][d] / t[1][d]);
-			}
+			for (int d = 0; d < 2; d++)
+				printf("bench B %u S %u heads %u/%u hd %u %s: %.3f ms %.1f TFLOP/s\n",
+				       fs->B, fs->S, fs->nh, fs->nkv, fs->hd, d ? "bwd" : "fwd", t[d],
+				       (d ? 2.5 * flop : flop) / (t[d] * 1e-3) / 1e12);
 		} else {
 			fprintf(stderr, "bench hd %u: %s\n", fs->hd,
 				err.msg[0] ? err.msg : "a CUDA event or launch failed");
@@ -568,18 +540,10 @@ static const struct t_case cases[] = {
 
 int main(int argc, char **argv)
 {
-	if (!ms_gpu_available()) {
-		struct ms_err err = {0};
+	int rc = t_gpu_skip(__FILE__);
 
-		ms_gpu_describe(NULL, 0, &err);
-		if (getenv("MS_TEST_GPU")) {
-			fprintf(stderr, "%s: the gpu tier needs a gpu: %s\n", __FILE__, err.msg);
-			printf("%s: 0 passed, 1 failed\n", __FILE__);
-			return 1;
-		}
-		printf("%s: skipped (%s)\n%s: 0 passed, 0 failed\n", __FILE__, err.msg, __FILE__);
-		return 0;
-	}
+	if (rc >= 0)
+		return rc;
 #ifdef MS_HAVE_CUDA
 	if (argc > 1 && !strcmp(argv[1], "--bench"))
 		return bench() ? 1 : 0;
