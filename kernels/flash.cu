@@ -381,6 +381,39 @@ k_flash_fwd(const bf16 *Q, const bf16 *K, const bf16 *V, float *O, float *LSE, i
 	}
 }
 
+/* The backward's two products of a tile, for the warp's 16 rows r0.. of
+ * a1 and a2 (row-major [rows, HD] tiles) against the NS * 8 rows of the
+ * streamed b1 and b2: p = a1 b1^T, dp = a2 b2^T (scores and dP, or their
+ * transposes), float accumulators from zero */
+template <int HD, int NS>
+__device__ __forceinline__ void two_products(float p[NS][4], float dp[NS][4], const bf16 *a1,
+					     const bf16 *a2, const bf16 *b1, const bf16 *b2,
+					     int r0)
+{
+	constexpr int LD = HD + 8, KS = HD / 16;
+#pragma unroll
+	for (int n = 0; n < NS; n++) {
+		p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+		dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+	}
+#pragma unroll
+	for (int kk = 0; kk < KS; kk++) {
+		uint32_t x[4], y[4];
+		ldsm_a(x, a1, LD, r0, kk * 16);
+		ldsm_a(y, a2, LD, r0, kk * 16);
+#pragma unroll
+		for (int n = 0; n < NS; n += 2) {
+			uint32_t bf[4];
+			ldsm_bn(bf, b1, LD, kk * 16, n * 8);
+			mma16816(p[n], x, bf);
+			mma16816(p[n + 1], x, bf + 2);
+			ldsm_bn(bf, b2, LD, kk * 16, n * 8);
+			mma16816(dp[n], y, bf);
+			mma16816(dp[n + 1], y, bf + 2);
+		}
+	}
+}
+
 /* dK, dV: grid (nkv x B, key tiles of 128); each warp 16 keys; for each of
  * the group's query heads in order, query tiles from the first one
  * the tile's keys see, in three stages (Q, dO, LSE, D) */
@@ -390,7 +423,7 @@ k_flash_dkv(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const f
 	     const float *D, float *dK, float *dV, int S, int nh, int nkv, float sl2,
 	     float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BQ = fl_tiles<HD>::DKV, NS = BQ / 8;
+	constexpr int LD = HD + 8, NO = HD / 8, BQ = fl_tiles<HD>::DKV, NS = BQ / 8;
 	/* a stage: Q and dO tiles, then LSE and D of their BQ queries */
 	constexpr int STG = 2 * BQ * LD + 4 * BQ; /* in bf16 units */
 	extern __shared__ uint4 fl_smem[];
@@ -442,28 +475,8 @@ k_flash_dkv(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const f
 			const bf16 *sq = stg + it % 3 * STG, *sdo = sq + BQ * LD;
 			const float *sl = (const float *)(sdo + BQ * LD), *sd = sl + BQ;
 			float p[NS][4], dp[NS][4];
-#pragma unroll
-			for (int n = 0; n < NS; n++) {
-				p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
-				dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-			}
 			/* S^T = K Q^T and dP^T = V dO^T, 16 keys x BQ queries */
-#pragma unroll
-			for (int kk = 0; kk < KS; kk++) {
-				uint32_t ka[4], va[4];
-				ldsm_a(ka, sk, LD, w * 16, kk * 16);
-				ldsm_a(va, sv, LD, w * 16, kk * 16);
-#pragma unroll
-				for (int n = 0; n < NS; n += 2) {
-					uint32_t bf[4];
-					ldsm_bn(bf, sq, LD, kk * 16, n * 8);
-					mma16816(p[n], ka, bf);
-					mma16816(p[n + 1], ka, bf + 2);
-					ldsm_bn(bf, sdo, LD, kk * 16, n * 8);
-					mma16816(dp[n], va, bf);
-					mma16816(dp[n + 1], va, bf + 2);
-				}
-			}
+			two_products<HD, NS>(p, dp, sk, sv, sq, sdo, w * 16);
 #pragma unroll
 			for (int n = 0; n < NS; n++) {
 #pragma unroll
@@ -517,7 +530,7 @@ __global__ void __launch_bounds__(FL_BTH, fl_tiles<HD>::DQ_MIN)
 k_flash_dq(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const float *LSE,
 	    const float *D, float *dQ, int S, int nh, int nkv, float sl2, float scale)
 {
-	constexpr int LD = HD + 8, KS = HD / 16, NO = HD / 8, BK = fl_tiles<HD>::DQ, NS = BK / 8;
+	constexpr int LD = HD + 8, NO = HD / 8, BK = fl_tiles<HD>::DQ, NS = BK / 8;
 	extern __shared__ uint4 fl_smem[];
 	bf16 *sq = (bf16 *)fl_smem, *sdo = sq + FL_BM * LD, *skv = sdo + FL_BM * LD;
 	int h, b;
@@ -565,28 +578,8 @@ k_flash_dq(const bf16 *Q, const bf16 *K, const bf16 *V, const bf16 *dO, const fl
 		cp_commit();
 		if (wlast >= k0) {
 			float p[NS][4], dp[NS][4];
-#pragma unroll
-			for (int n = 0; n < NS; n++) {
-				p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
-				dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-			}
 			/* S = Q K^T, dP = dO V^T, 16 queries x BK keys */
-#pragma unroll
-			for (int kk = 0; kk < KS; kk++) {
-				uint32_t qa[4], oa[4];
-				ldsm_a(qa, sq, LD, w * 16, kk * 16);
-				ldsm_a(oa, sdo, LD, w * 16, kk * 16);
-#pragma unroll
-				for (int n = 0; n < NS; n += 2) {
-					uint32_t bf[4];
-					ldsm_bn(bf, sk, LD, kk * 16, n * 8);
-					mma16816(p[n], qa, bf);
-					mma16816(p[n + 1], qa, bf + 2);
-					ldsm_bn(bf, sv, LD, kk * 16, n * 8);
-					mma16816(dp[n], oa, bf);
-					mma16816(dp[n + 1], oa, bf + 2);
-				}
-			}
+			two_products<HD, NS>(p, dp, sq, sdo, sk, sv, w * 16);
 #pragma unroll
 			for (int n = 0; n < NS; n++) {
 #pragma unroll
