@@ -236,7 +236,9 @@ int ms_model_step(struct ms_model *m, const int32_t *ids,
  * q/k norm and RoPE) in the cache and writes the next-token logits
  * [batch, vocab]: the same arithmetic, in the same order, as the row of
  * that position in a full ms_model_forward of the prefix (tested equal).
- * LoRA applied, dropout off. MS_EINVAL when the cache is full, made for
+ * On a CUDA model the cache lives in device memory and the step runs there
+ * (the attention over the cache in float32 in every mode): equal to the
+ * CPU's within its GEMMs' rounding. LoRA applied, dropout off. MS_EINVAL when the cache is full, made for
  * another model, or batch % ep_size != 0; MS_ENOMEM.
  */
 struct ms_kv_cache;

@@ -598,6 +598,7 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 		if (got && (rc = ms_model_sync(r->m, NULL, MS_MODEL_TO_HOST, err)) != MS_OK)
 			got = 0;
 		if (got) {
+			struct ms_err e2 = {0};
 			int rc2;
 			for (size_t i = 0; i < r->np; i++) {
 				memcpy(cur[i], r->ps[i].w, r->ps[i].n * sizeof(float));
@@ -607,7 +608,9 @@ int ms_rl_rollout(struct ms_rl *r, uint64_t k, struct ms_err *err)
 				rc = batch_logp(r, b->logp_ref, err);
 			for (size_t i = 0; i < r->np; i++)
 				memcpy(r->ps[i].w, cur[i], r->ps[i].n * sizeof(float));
-			rc2 = ms_model_sync(r->m, NULL, MS_MODEL_TO_DEVICE, err);
+			/* the policy goes back even after a failed forward, whose
+			 * message stays the one reported */
+			rc2 = ms_model_sync(r->m, NULL, MS_MODEL_TO_DEVICE, rc == MS_OK ? err : &e2);
 			if (rc == MS_OK)
 				rc = rc2;
 		} else if (rc == MS_OK) {
