@@ -1436,47 +1436,66 @@ out:
 	return rc;
 }
 
+/* Where an operand of expert e's problem starts: base + s * (e, the
+ * expert's first row in the sorted rows, or its first row in the layout
+ * where every expert's block is bucket()-rounded). */
+enum gby { G_EXPERT, G_ROW, G_PADROW };
+struct gop {
+	const float *base;
+	uint64_t s;
+	enum gby by;
+};
+
+/* m, n, k of ggemm_experts: a number, or the expert's row count, or that
+ * count bucket()-rounded */
+#define G_ROWS (-1)
+#define G_PADDED (-2)
+
+/* One grouped GEMM over the experts that have rows (cnt [E] rows each, in
+ * expert order): the per-expert problems ggemm runs, from one description */
+static int ggemm_experts(struct ms_gmodel *g, const struct gg *o, uint32_t E,
+			 const uint32_t *cnt, int m, int n, int k, struct gop a, struct gop b,
+			 struct gop c, struct ms_err *err)
+{
+	int mm[MAXE], nn[MAXE], kk[MAXE], q = 0;
+	const void *A[MAXE], *B[MAXE];
+	void *C[MAXE];
+	uint64_t off = 0, po = 0;
+	for (uint32_t e = 0; e < E; e++) {
+		if (cnt[e]) {
+			int rows = (int)cnt[e], pad = (int)bucket(cnt[e]);
+			uint64_t at[3] = {e, off, po};
+			mm[q] = m == G_ROWS ? rows : m == G_PADDED ? pad : m;
+			nn[q] = n == G_ROWS ? rows : n == G_PADDED ? pad : n;
+			kk[q] = k == G_ROWS ? rows : k == G_PADDED ? pad : k;
+			A[q] = a.base + a.s * at[a.by];
+			B[q] = b.base + b.s * at[b.by];
+			C[q] = (void *)(c.base + c.s * at[c.by]);
+			q++;
+		}
+		off += cnt[e];
+		po += bucket(cnt[e]);
+	}
+	return ggemm(g, o, q, mm, nn, kk, A, B, C, err);
+}
+
 /* Expert LoRA forward over the sorted rows of every expert with rows:
  * U_e = X_e A_e^T, Y_e += s U_e B_e^T (lora_fwd, grouped) */
 static int lora_fwd_grouped(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 			    const float *X, float *U, float *Y, struct ms_err *err)
 {
-	int m[MAXE], n[MAXE], k[MAXE], c = 0, rc;
-	const void *A[MAXE], *B[MAXE];
-	void *C[MAXE];
-	uint64_t off = 0;
+	int rc;
+	uint64_t r = L->r, in = L->in, out = L->out;
 	struct gg o1 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->in, (int)L->in, (int)L->r, 1.0f, 0.0f};
 	struct gg o2 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->r, (int)L->r, (int)L->out, g->lscale,
 			1.0f};
-	for (uint32_t e = 0; e < L->E; e++) {
-		if (cnt[e]) {
-			m[c] = (int)L->r;
-			n[c] = (int)cnt[e];
-			k[c] = (int)L->in;
-			A[c] = L->A + (uint64_t)e * L->r * L->in;
-			B[c] = X + off * L->in;
-			C[c] = U + off * L->r;
-			c++;
-		}
-		off += cnt[e];
-	}
-	if ((rc = ggemm(g, &o1, c, m, n, k, A, B, C, err)))
+	if ((rc = ggemm_experts(g, &o1, L->E, cnt, (int)r, G_ROWS, (int)in,
+				gop{L->A, r * in, G_EXPERT}, gop{X, in, G_ROW},
+				gop{U, r, G_ROW}, err)))
 		return rc;
-	c = 0;
-	off = 0;
-	for (uint32_t e = 0; e < L->E; e++) {
-		if (cnt[e]) {
-			m[c] = (int)L->out;
-			n[c] = (int)cnt[e];
-			k[c] = (int)L->r;
-			A[c] = L->B + (uint64_t)e * L->out * L->r;
-			B[c] = U + off * L->r;
-			C[c] = Y + off * L->out;
-			c++;
-		}
-		off += cnt[e];
-	}
-	return ggemm(g, &o2, c, m, n, k, A, B, C, err);
+	return ggemm_experts(g, &o2, L->E, cnt, (int)out, G_ROWS, (int)r,
+			     gop{L->B, out * r, G_EXPERT}, gop{U, r, G_ROW},
+			     gop{Y, out, G_ROW}, err);
 }
 
 /* rows of expert e: src [off_e + j] -> dst [poff_e + j], j < cnt_e (pad:
@@ -1498,29 +1517,22 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 			    const float *X, const float *U, const float *dY, float *dX,
 			    const int32_t *keys, uint64_t TK, struct ms_err *err)
 {
-	int m[MAXE], n[MAXE], k[MAXE], c = 0, rc = MS_OK;
-	const void *A[MAXE], *B[MAXE];
-	void *C[MAXE];
-	uint64_t off = 0;
+	int rc = MS_OK;
+	uint64_t off = 0, r = L->r, in = L->in, out = L->out;
 	int drop = g->train && g->pdrop > 0;
 	float *dst = drop ? g->tmp : dX;
 	struct gg odu = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->r, (int)L->out, (int)L->r, g->lscale,
 			 0.0f};
 	struct gg odx = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in, (int)L->r, (int)L->in, 1.0f,
 			 drop ? 0.0f : 1.0f};
-	for (uint32_t e = 0; e < L->E; e++) {
-		if (cnt[e]) {
-			m[c] = (int)L->r;
-			n[c] = (int)cnt[e];
-			k[c] = (int)L->out;
-			A[c] = L->B + (uint64_t)e * L->out * L->r;
-			B[c] = dY + off * L->out;
-			C[c] = g->du + off * L->r;
-			c++;
-		}
-		off += cnt[e];
-	}
-	if ((rc = ggemm(g, &odu, c, m, n, k, A, B, C, err)))
+	/* gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e over bucketed rows */
+	struct gg ogb = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->r, (int)L->out, (int)L->r, g->lscale,
+			 1.0f};
+	struct gg oga = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->r, (int)L->in, 1.0f, 1.0f};
+	/* dU_e = s dY_e B_e */
+	if ((rc = ggemm_experts(g, &odu, L->E, cnt, (int)r, G_ROWS, (int)out,
+				gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
+				gop{g->du, r, G_ROW}, err)))
 		return rc;
 	/* U and dU to a padded layout (each expert's block BUCKET-rounded,
 	 * zeros after its rows), so the two reductions run over bucketed row
@@ -1548,65 +1560,17 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 		k_pad_rows<<<L->E, NTH, 0, g->st>>>(g->du, g->dup, g->dpad, L->E, L->r);
 		LK();
 	}
-	{
-		/* gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e over bucketed rows,
-		 * each one grouped launch */
-		struct gg ogb = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->r, (int)L->out, (int)L->r,
-				 g->lscale, 1.0f};
-		struct gg oga = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->r, (int)L->in,
-				 1.0f, 1.0f};
-		uint64_t po = 0;
-		c = 0;
-		off = 0;
-		for (uint32_t e = 0; e < L->E; e++) {
-			if (cnt[e]) {
-				m[c] = (int)L->r;
-				n[c] = (int)L->out;
-				k[c] = (int)bucket(cnt[e]);
-				A[c] = g->up + po * L->r;
-				B[c] = dY + off * L->out;
-				C[c] = L->gB + (uint64_t)e * L->out * L->r;
-				c++;
-			}
-			off += cnt[e];
-			po += bucket(cnt[e]);
-		}
-		if ((rc = ggemm(g, &ogb, c, m, n, k, A, B, C, err)))
-			return rc;
-		po = 0;
-		c = 0;
-		off = 0;
-		for (uint32_t e = 0; e < L->E; e++) {
-			if (cnt[e]) {
-				m[c] = (int)L->in;
-				n[c] = (int)L->r;
-				k[c] = (int)bucket(cnt[e]);
-				A[c] = X + off * L->in;
-				B[c] = g->dup + po * L->r;
-				C[c] = L->gA + (uint64_t)e * L->r * L->in;
-				c++;
-			}
-			off += cnt[e];
-			po += bucket(cnt[e]);
-		}
-		if ((rc = ggemm(g, &oga, c, m, n, k, A, B, C, err)))
-			return rc;
-	}
-	c = 0;
-	off = 0;
-	for (uint32_t e = 0; e < L->E; e++) {
-		if (cnt[e]) {
-			m[c] = (int)L->in;
-			n[c] = (int)cnt[e];
-			k[c] = (int)L->r;
-			A[c] = L->A + (uint64_t)e * L->r * L->in;
-			B[c] = g->du + off * L->r;
-			C[c] = dst + off * L->in;
-			c++;
-		}
-		off += cnt[e];
-	}
-	if ((rc = ggemm(g, &odx, c, m, n, k, A, B, C, err)))
+	if ((rc = ggemm_experts(g, &ogb, L->E, cnt, (int)r, (int)out, G_PADDED,
+				gop{g->up, r, G_PADROW}, gop{dY, out, G_ROW},
+				gop{L->gB, out * r, G_EXPERT}, err)) ||
+	    (rc = ggemm_experts(g, &oga, L->E, cnt, (int)in, (int)r, G_PADDED,
+				gop{X, in, G_ROW}, gop{g->dup, r, G_PADROW},
+				gop{L->gA, r * in, G_EXPERT}, err)))
+		return rc;
+	/* dX_e (+)= dU_e A_e */
+	if ((rc = ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
+				gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW},
+				gop{dst, in, G_ROW}, err)))
 		return rc;
 	if (drop) {
 		k_drop<<<nblk(TK * L->in), NTH, 0, g->st>>>(g->tmp, dX, TK, L->in, keys, g->seed,
