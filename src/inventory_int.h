@@ -117,6 +117,15 @@ int inv_log_trees(struct ms_inv *inv, const char *state, const char *source, siz
 
 int inv_grow(void **arr, size_t *cap, size_t n, size_t sz);
 
+/* Fill one element (zeroed) from the statement's current row: MS_OK, or an
+ * error (what the row had allocated stays in the element). */
+typedef int (*inv_row_fn)(struct ms_inv *inv, sqlite3_stmt *st, void *e, struct ms_err *err);
+/* Every row of st into *arr (elements of sz bytes, *k of them, grown as
+ * needed), st finalized; what: the message of a failed step. On an error
+ * *arr and *k hold what was read, for the caller's release. */
+int inv_rows(struct ms_inv *inv, sqlite3_stmt *st, size_t sz, inv_row_fn row, const char *what,
+	     void **arr, size_t *k, struct ms_err *err);
+
 int inv_cmp_cstr(const void *a, const void *b);
 
 #endif

@@ -40,6 +40,27 @@ void ms_inv_edges_free(struct ms_inv_edge *e, size_t n)
 	ms_free(e);
 }
 
+static int edge_row(struct ms_inv *inv, sqlite3_stmt *st, void *p, struct ms_err *err)
+{
+	struct ms_inv_edge *e = p;
+	int bad = 0;
+
+	(void)inv;
+	snprintf(e->parent, sizeof(e->parent), "%s", inv_col_str(st, 0));
+	e->parent_label = inv_col_dup(st, 1, &bad);
+	ms_inv_kind_parse(inv_col_str(st, 2), &e->parent_kind);
+	e->parent_layout = inv_col_dup(st, 3, &bad);
+	snprintf(e->child, sizeof(e->child), "%s", inv_col_str(st, 4));
+	e->child_label = inv_col_dup(st, 5, &bad);
+	ms_inv_kind_parse(inv_col_str(st, 6), &e->child_kind);
+	e->child_layout = inv_col_dup(st, 7, &bad);
+	e->operation = inv_col_dup(st, 8, &bad);
+	e->params = inv_col_dup(st, 9, &bad);
+	e->run_id = sqlite3_column_int64(st, 10);
+	e->created_at = inv_col_dup(st, 11, &bad);
+	return bad ? inv_oom(err) : MS_OK;
+}
+
 int ms_inv_edges(struct ms_inv *inv, const char *digest, enum ms_inv_edges_which which,
 		 struct ms_inv_edge **out, size_t *n, struct ms_err *err)
 {
@@ -51,7 +72,7 @@ int ms_inv_edges(struct ms_inv *inv, const char *digest, enum ms_inv_edges_which
 	char *sql = NULL;
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_edge *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int64_t sid;
 	int rc;
 
@@ -86,36 +107,7 @@ int ms_inv_edges(struct ms_inv *inv, const char *digest, enum ms_inv_edges_which
 	if (rc != MS_OK)
 		return rc;
 	sqlite3_bind_int64(st, 1, sid);
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		struct ms_inv_edge *e;
-		int bad = 0;
-
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		e = &a[k++];
-		memset(e, 0, sizeof(*e));
-		snprintf(e->parent, sizeof(e->parent), "%s", inv_col_str(st, 0));
-		e->parent_label = inv_col_dup(st, 1, &bad);
-		ms_inv_kind_parse(inv_col_str(st, 2), &e->parent_kind);
-		e->parent_layout = inv_col_dup(st, 3, &bad);
-		snprintf(e->child, sizeof(e->child), "%s", inv_col_str(st, 4));
-		e->child_label = inv_col_dup(st, 5, &bad);
-		ms_inv_kind_parse(inv_col_str(st, 6), &e->child_kind);
-		e->child_layout = inv_col_dup(st, 7, &bad);
-		e->operation = inv_col_dup(st, 8, &bad);
-		e->params = inv_col_dup(st, 9, &bad);
-		e->run_id = sqlite3_column_int64(st, 10);
-		e->created_at = inv_col_dup(st, 11, &bad);
-		if (bad) {
-			rc = inv_oom(err);
-			goto out;
-		}
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot read derivations");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), edge_row, "cannot read derivations", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_edges_free(a, k);
 		return rc;

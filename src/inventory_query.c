@@ -450,12 +450,44 @@ int inv_grow(void **arr, size_t *cap, size_t n, size_t sz)
 	return 0;
 }
 
+int inv_rows(struct ms_inv *inv, sqlite3_stmt *st, size_t sz, inv_row_fn row, const char *what,
+	     void **arr, size_t *k, struct ms_err *err)
+{
+	size_t cap = 0;
+	int rc;
+
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		void *e;
+
+		if (inv_grow(arr, &cap, *k, sz)) {
+			rc = inv_oom(err);
+			goto out;
+		}
+		e = (char *)*arr + *k * sz;
+		memset(e, 0, sz);
+		/* counted before it is filled: the caller's release frees
+		 * what a failed row left */
+		(*k)++;
+		if ((rc = row(inv, st, e, err)) != MS_OK)
+			goto out;
+	}
+	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, what);
+out:
+	sqlite3_finalize(st);
+	return rc;
+}
+
+static int state_row_any(struct ms_inv *inv, sqlite3_stmt *st, void *e, struct ms_err *err)
+{
+	return state_row(inv, st, e, err);
+}
+
 int ms_inv_states_list(struct ms_inv *inv, enum ms_inv_kind kind, struct ms_inv_state **out,
 		       size_t *n, struct ms_err *err)
 {
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_state *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int rc;
 
 	*out = NULL;
@@ -464,20 +496,7 @@ int ms_inv_states_list(struct ms_inv *inv, enum ms_inv_kind kind, struct ms_inv_
 			        "ORDER BY s.id", &st, err)) != MS_OK)
 		return rc;
 	inv_bind_text(st, 1, ms_inv_kind_name(kind));
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		if ((rc = state_row(inv, st, &a[k], err)) != MS_OK) {
-			state_release(&a[k]);
-			goto out;
-		}
-		k++;
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot list states");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), state_row_any, "cannot list states", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_states_free(a, k);
 		return rc;
@@ -656,12 +675,30 @@ void ms_inv_configs_free(struct ms_inv_config *c, size_t n)
 	ms_free(c);
 }
 
+static int config_row(struct ms_inv *inv, sqlite3_stmt *st, void *e, struct ms_err *err)
+{
+	struct ms_inv_config *c = e;
+	int bad = 0;
+
+	c->copy = (uint32_t)sqlite3_column_int64(st, 0);
+	c->name = inv_col_dup(st, 1, &bad);
+	c->path = inv_col_dup(st, 2, &bad);
+	c->text = inv_col_dup(st, 4, &bad);
+	c->len = (size_t)sqlite3_column_bytes(st, 4);
+	if (bad)
+		return inv_oom(err);
+	if (inv_digest_from_hex(inv_col_str(st, 3), c->digest))
+		return ms_err_set(err, MS_EDB, "'%s': the record of '%s' is malformed", inv->path,
+				  c->name);
+	return MS_OK;
+}
+
 int ms_inv_state_configs(struct ms_inv *inv, const char *digest, struct ms_inv_config **out,
 			 size_t *n, struct ms_err *err)
 {
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_config *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int64_t sid;
 	int rc;
 
@@ -674,33 +711,7 @@ int ms_inv_state_configs(struct ms_inv *inv, const char *digest, struct ms_inv_c
 			        "WHERE state_id = ? ORDER BY copy, name", &st, err)) != MS_OK)
 		return rc;
 	sqlite3_bind_int64(st, 1, sid);
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		int bad = 0;
-
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		memset(&a[k], 0, sizeof(a[k]));
-		a[k].copy = (uint32_t)sqlite3_column_int64(st, 0);
-		a[k].name = inv_col_dup(st, 1, &bad);
-		a[k].path = inv_col_dup(st, 2, &bad);
-		a[k].text = inv_col_dup(st, 4, &bad);
-		a[k].len = (size_t)sqlite3_column_bytes(st, 4);
-		k++;
-		if (bad) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		if (inv_digest_from_hex(inv_col_str(st, 3), a[k - 1].digest)) {
-			rc = ms_err_set(err, MS_EDB, "'%s': the record of '%s' is malformed", inv->path,
-					a[k - 1].name);
-			goto out;
-		}
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot read configurations");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), config_row, "cannot read configurations", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_configs_free(a, k);
 		return rc;

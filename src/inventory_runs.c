@@ -116,12 +116,30 @@ void ms_inv_verifications_free(struct ms_inv_verification *v, size_t n)
 	ms_free(v);
 }
 
+static int verification_row(struct ms_inv *inv, sqlite3_stmt *st, void *e,
+			    struct ms_err *err)
+{
+	struct ms_inv_verification *v = e;
+	int bad = 0;
+
+	(void)inv;
+	v->at = inv_col_dup(st, 0, &bad);
+	v->host = inv_col_dup(st, 1, &bad);
+	v->user = inv_col_dup(st, 2, &bad);
+	v->tool = inv_col_dup(st, 3, &bad);
+	inv_result_parse(inv_col_str(st, 4), &v->result);
+	v->nbytes = (uint64_t)sqlite3_column_int64(st, 5);
+	v->seconds = sqlite3_column_double(st, 6);
+	v->detail = inv_col_dup(st, 7, &bad);
+	return bad ? inv_oom(err) : MS_OK;
+}
+
 int ms_inv_verifications(struct ms_inv *inv, const char *digest, struct ms_inv_verification **out,
 			 size_t *n, struct ms_err *err)
 {
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_verification *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int64_t sid;
 	int rc;
 
@@ -134,31 +152,7 @@ int ms_inv_verifications(struct ms_inv *inv, const char *digest, struct ms_inv_v
 			        "verifications WHERE state_id = ? ORDER BY id DESC", &st, err)) != MS_OK)
 		return rc;
 	sqlite3_bind_int64(st, 1, sid);
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		int bad = 0;
-
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		memset(&a[k], 0, sizeof(a[k]));
-		a[k].at = inv_col_dup(st, 0, &bad);
-		a[k].host = inv_col_dup(st, 1, &bad);
-		a[k].user = inv_col_dup(st, 2, &bad);
-		a[k].tool = inv_col_dup(st, 3, &bad);
-		inv_result_parse(inv_col_str(st, 4), &a[k].result);
-		a[k].nbytes = (uint64_t)sqlite3_column_int64(st, 5);
-		a[k].seconds = sqlite3_column_double(st, 6);
-		a[k].detail = inv_col_dup(st, 7, &bad);
-		k++;
-		if (bad) {
-			rc = inv_oom(err);
-			goto out;
-		}
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot read verifications");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), verification_row, "cannot read verifications", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_verifications_free(a, k);
 		return rc;
@@ -371,12 +365,25 @@ void ms_inv_events_free(struct ms_inv_event *e, size_t n)
 	ms_free(e);
 }
 
+static int event_row(struct ms_inv *inv, sqlite3_stmt *st, void *e, struct ms_err *err)
+{
+	struct ms_inv_event *v = e;
+	int bad = 0;
+
+	(void)inv;
+	v->id = sqlite3_column_int64(st, 0);
+	v->at = inv_col_dup(st, 1, &bad);
+	v->kind = inv_col_dup(st, 2, &bad);
+	v->data = inv_col_dup(st, 3, &bad);
+	return bad ? inv_oom(err) : MS_OK;
+}
+
 int ms_inv_run_events(struct ms_inv *inv, int64_t run_id, struct ms_inv_event **out, size_t *n,
 		      struct ms_err *err)
 {
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_event *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int rc;
 
 	*out = NULL;
@@ -385,27 +392,7 @@ int ms_inv_run_events(struct ms_inv *inv, int64_t run_id, struct ms_inv_event **
 		           &st, err)) != MS_OK)
 		return rc;
 	sqlite3_bind_int64(st, 1, run_id);
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		int bad = 0;
-
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		memset(&a[k], 0, sizeof(a[k]));
-		a[k].id = sqlite3_column_int64(st, 0);
-		a[k].at = inv_col_dup(st, 1, &bad);
-		a[k].kind = inv_col_dup(st, 2, &bad);
-		a[k].data = inv_col_dup(st, 3, &bad);
-		k++;
-		if (bad) {
-			rc = inv_oom(err);
-			goto out;
-		}
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot read events");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), event_row, "cannot read events", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_events_free(a, k);
 		return rc;
@@ -415,12 +402,31 @@ out:
 	return MS_OK;
 }
 
+static int run_row(struct ms_inv *inv, sqlite3_stmt *st, void *e, struct ms_err *err)
+{
+	struct ms_inv_run *r = e;
+	int bad = 0;
+
+	(void)inv;
+	r->id = sqlite3_column_int64(st, 0);
+	r->plan_digest = inv_col_dup(st, 1, &bad);
+	r->status = inv_col_dup(st, 2, &bad);
+	r->started_at = inv_col_dup(st, 3, &bad);
+	r->ended_at = inv_col_dup(st, 4, &bad);
+	r->has_exit_code = sqlite3_column_type(st, 5) != SQLITE_NULL;
+	r->exit_code = sqlite3_column_int(st, 5);
+	r->role = inv_col_dup(st, 6, &bad);
+	r->user = inv_col_dup(st, 7, &bad);
+	r->host = inv_col_dup(st, 8, &bad);
+	return bad ? inv_oom(err) : MS_OK;
+}
+
 int ms_inv_state_runs(struct ms_inv *inv, const char *digest, int consumed, struct ms_inv_run **out,
 		      size_t *n, struct ms_err *err)
 {
 	sqlite3_stmt *st = NULL;
 	struct ms_inv_run *a = NULL;
-	size_t k = 0, cap = 0;
+	size_t k = 0;
 	int rc;
 
 	*out = NULL;
@@ -435,33 +441,7 @@ int ms_inv_state_runs(struct ms_inv *inv, const char *digest, int consumed, stru
 	if (rc != MS_OK)
 		return rc;
 	inv_bind_text(st, 1, digest);
-	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-		int bad = 0;
-
-		if (inv_grow((void **)&a, &cap, k, sizeof(*a))) {
-			rc = inv_oom(err);
-			goto out;
-		}
-		memset(&a[k], 0, sizeof(a[k]));
-		a[k].id = sqlite3_column_int64(st, 0);
-		a[k].plan_digest = inv_col_dup(st, 1, &bad);
-		a[k].status = inv_col_dup(st, 2, &bad);
-		a[k].started_at = inv_col_dup(st, 3, &bad);
-		a[k].ended_at = inv_col_dup(st, 4, &bad);
-		a[k].has_exit_code = sqlite3_column_type(st, 5) != SQLITE_NULL;
-		a[k].exit_code = sqlite3_column_int(st, 5);
-		a[k].role = inv_col_dup(st, 6, &bad);
-		a[k].user = inv_col_dup(st, 7, &bad);
-		a[k].host = inv_col_dup(st, 8, &bad);
-		k++;
-		if (bad) {
-			rc = inv_oom(err);
-			goto out;
-		}
-	}
-	rc = rc == SQLITE_DONE ? MS_OK : inv_db_fail(inv, err, "cannot read runs");
-out:
-	sqlite3_finalize(st);
+	rc = inv_rows(inv, st, sizeof(*a), run_row, "cannot read runs", (void **)&a, &k, err);
 	if (rc != MS_OK) {
 		ms_inv_runs_free(a, k);
 		return rc;
