@@ -232,6 +232,8 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c $(wildcard tests/unit/*.h) $(LIB) | $(BUILD
 # the flash attention test calls the kernels' internal header
 # (and CUDA's runtime header: its --bench mode times launches with events)
 $(BUILD)/tests/t_flash_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+# the grouped GEMM's likewise (its --bench opens cuBLAS, as the trainer does)
+$(BUILD)/tests/t_ggemm_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)

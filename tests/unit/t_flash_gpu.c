@@ -38,52 +38,7 @@
 #include <cuda_runtime.h>
 
 #include "flash.h"
-
-static uint64_t rng = 0x243f6a8885a308d3ull;
-
-static uint64_t rnd(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static double gauss(void)
-{
-	double u = (double)(rnd() >> 11) * 0x1p-53 + 1e-12;
-	double v = (double)(rnd() >> 11) * 0x1p-53;
-
-	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* float to bf16, round to nearest even (finite inputs) */
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static double from_bf16(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-/* n random bf16 values (N(0, sd)), their bits and their values */
-static void fill(uint16_t *bits, double *val, size_t n, double sd)
-{
-	for (size_t i = 0; i < n; i++) {
-		bits[i] = to_bf16((float)(sd * gauss()));
-		val[i] = from_bf16(bits[i]);
-	}
-}
+#include "test_bf16.h"
 
 struct shape {
 	uint32_t S, hd, nh, nkv, B;
@@ -430,13 +385,6 @@ static int test_flash_refuses(void)
 	return 0;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-
-	return (x > y) - (x < y);
-}
-
 #define BENCH_WARM 3
 #define BENCH_RUNS 20
 
@@ -469,8 +417,7 @@ static float bench_one(int bwd, const struct ms_flash_shape *fs, void **g,
 	for (int j = 0; j < BENCH_RUNS; j++)
 		if (cudaEventElapsedTime(&ms[j], ev[2 * j], ev[2 * j + 1]) != cudaSuccess)
 			return -1;
-	qsort(ms, BENCH_RUNS, sizeof *ms, cmp_float);
-	return (ms[BENCH_RUNS / 2 - 1] + ms[BENCH_RUNS / 2]) / 2;
+	return t_median(ms, BENCH_RUNS);
 }
 
 /* --bench: both directions at the trainer's shapes */

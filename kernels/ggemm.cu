@@ -1,0 +1,218 @@
+/*
+ * ggemm.cu: the grouped expert GEMM (ggemm.h) on the bf16 tensor cores
+ * through mma.sync m16n8k16 (mma.h), float32 accumulators and output.
+ *
+ * A block computes a 128 x 128 tile of one group's C: 8 warps as 2 x 4,
+ * each warp 64 rows by 32 columns in registers (16 mma a k-step of 16).
+ * A and B tiles of 32 along K stream through four shared-memory stages by
+ * cp.async (three copies in flight while one stage is multiplied; one
+ * barrier a stage), rows padded by 16 bytes so that ldmatrix's eight row
+ * addresses fall in distinct banks. Rows past the group's count and
+ * columns past N are fetched as zeros (a cp.async of source size 0 reads
+ * nothing) and never stored.
+ *
+ * The grid is (column tiles, a bound on the row tiles of all groups): the
+ * row tiles of group e are tiles[e] .. tiles[e+1]-1, so a block finds its
+ * group by a binary search of tiles, and blocks past tiles[E] (the bound
+ * is ceil(rows / 128) + E, the real count known only on the device) return
+ * at once. Column tiles vary fastest, so the blocks running together share
+ * their A tile in L2 and walk one expert's B at a time.
+ */
+#include <cuda_bf16.h>
+
+#include "gpu_internal.h"
+#include "ggemm.h"
+#include "mma.h"
+
+#define GG_BM 128                      /* rows of a block's tile */
+#define GG_BN 128                      /* columns */
+#define GG_BK 32                       /* K of a stage */
+#define GG_ST 4                        /* stages */
+#define GG_NTH 256                     /* 8 warps */
+#define GG_LD (GG_BK + 8)              /* a shared row, in bf16 (80 bytes) */
+#define GG_STAGE ((GG_BM + GG_BN) * GG_LD)
+#define GG_SMEM (GG_ST * GG_STAGE * (int)sizeof(bf16))
+
+/* One stage: rows r0.. of A (up to r1, the group's end) and rows n0.. of
+ * B (up to N), columns k0 .. k0 + 31, by 16-byte cp.async; K is a multiple
+ * of 8, so a chunk of 8 is wholly inside K or wholly past it. */
+__device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, const bf16 *A,
+					 const bf16 *B, uint32_t r0, uint32_t r1, uint32_t n0,
+					 uint32_t k0)
+{
+	bf16 *sb = sa + GG_BM * GG_LD;
+	for (int i = threadIdx.x; i < GG_BM * (GG_BK / 8); i += GG_NTH) {
+		int r = i >> 2, c = (i & 3) * 8;
+		uint32_t k = k0 + c;
+		int ok = r0 + r < r1 && k < p.K;
+		cp16(sa + r * GG_LD + c, ok ? A + (uint64_t)(r0 + r) * p.lda + k : A, ok ? 16 : 0);
+		ok = n0 + r < p.N && k < p.K;
+		cp16(sb + r * GG_LD + c, ok ? B + (uint64_t)(n0 + r) * p.ldb + k : B, ok ? 16 : 0);
+	}
+}
+
+__global__ void __launch_bounds__(GG_NTH, 2) k_ggemm(struct ms_ggemm p)
+{
+	extern __shared__ uint4 gg_smem[];
+	bf16 *sm = (bf16 *)gg_smem;
+	uint32_t y = blockIdx.y, lo = 0, hi = p.E;
+	if (y >= p.tiles[p.E])
+		return;
+	/* the group: tiles[lo] <= y < tiles[lo + 1] (groups without rows
+	 * have tiles[e] == tiles[e + 1] and are passed over) */
+	while (hi - lo > 1) {
+		uint32_t mid = (lo + hi) >> 1;
+		if (p.tiles[mid] <= y)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	uint32_t r0 = p.off[lo] + (y - p.tiles[lo]) * GG_BM, r1 = p.off[lo + 1];
+	uint32_t n0 = blockIdx.x * GG_BN;
+	const bf16 *A = (const bf16 *)p.a, *B = (const bf16 *)p.b[lo];
+	int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
+	int nk = (int)((p.K + GG_BK - 1) / GG_BK);
+	float acc[4][4][4];
+
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 4; j++)
+			for (int h = 0; h < 4; h++)
+				acc[i][j][h] = 0.0f;
+	for (int s = 0; s < GG_ST - 1; s++) {
+		if (s < nk)
+			gg_stage(sm + s * GG_STAGE, p, A, B, r0, r1, n0, (uint32_t)s * GG_BK);
+		cp_commit();
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		/* stage kt landed (at most GG_ST - 2 later groups in flight),
+		 * and every warp is past stage kt - 1, which the prefetch of
+		 * kt + GG_ST - 1 overwrites */
+		cp_wait<GG_ST - 2>();
+		__syncthreads();
+		if (kt + GG_ST - 1 < nk)
+			gg_stage(sm + ((kt + GG_ST - 1) % GG_ST) * GG_STAGE, p, A, B, r0, r1, n0,
+				 (uint32_t)(kt + GG_ST - 1) * GG_BK);
+		cp_commit();
+		const bf16 *sa = sm + (kt % GG_ST) * GG_STAGE, *sb = sa + GG_BM * GG_LD;
+#pragma unroll
+		for (int kk = 0; kk < GG_BK; kk += 16) {
+			uint32_t af[4][4], bq[2][4];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				ldsm_a(af[i], sa, GG_LD, wm * 64 + i * 16, kk);
+#pragma unroll
+			for (int j = 0; j < 2; j++)
+				ldsm_bn(bq[j], sb, GG_LD, kk, wn * 32 + j * 16);
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					mma16816(acc[i][j], af[i], &bq[j >> 1][(j & 1) * 2]);
+		}
+	}
+	/* lane (g, t) holds rows g and g + 8 of each 16-row block, columns
+	 * 2t and 2t + 1 of each 8-column block; N is a multiple of 8, so a
+	 * pair is wholly inside N or wholly past it */
+	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			uint32_t row = r0 + wm * 64 + i * 16 + g + 8 * h;
+			if (row >= r1)
+				continue;
+			float *crow = p.c + (uint64_t)row * p.ldc;
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				uint32_t col = n0 + wn * 32 + j * 8 + 2 * t;
+				if (col >= p.N)
+					continue;
+				float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+				if (p.accumulate) {
+					float2 o = *(const float2 *)(crow + col);
+					v.x += o.x;
+					v.y += o.y;
+				}
+				*(float2 *)(crow + col) = v;
+			}
+		}
+}
+
+/* off and tiles as running sums of cnt and of ceil(cnt / GG_BM): one
+ * block, a Hillis-Steele scan of both in shared memory */
+__global__ void k_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, uint32_t *tiles)
+{
+	__shared__ uint32_t sr[MS_GGEMM_MAX_E], st[MS_GGEMM_MAX_E];
+	uint32_t e = threadIdx.x;
+	uint32_t c = e < E ? cnt[e] : 0;
+	sr[e] = c;
+	st[e] = (c + GG_BM - 1) / GG_BM;
+	__syncthreads();
+	for (uint32_t d = 1; d < blockDim.x; d <<= 1) {
+		uint32_t a = e >= d ? sr[e - d] : 0, b = e >= d ? st[e - d] : 0;
+		__syncthreads();
+		sr[e] += a;
+		st[e] += b;
+		__syncthreads();
+	}
+	if (e == 0)
+		off[0] = tiles[0] = 0;
+	if (e < E) {
+		off[e + 1] = sr[e];
+		tiles[e + 1] = st[e];
+	}
+}
+
+extern "C" int ms_ggemm_supported(uint32_t N, uint32_t K)
+{
+	return N % 8 == 0 && K % 8 == 0;
+}
+
+extern "C" int ms_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, uint32_t *tiles,
+			      void *stream, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t nth = 32;
+	if (!E || E > MS_GGEMM_MAX_E || !cnt || !off || !tiles)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %u groups (1 .. %u) or a NULL "
+						  "pointer", E, MS_GGEMM_MAX_E);
+	while (nth < E)
+		nth <<= 1;
+	k_ggemm_index<<<1, nth, 0, (cudaStream_t)stream>>>(cnt, E, off, tiles);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+static int aligned(const void *p, uintptr_t n)
+{
+	return p && !((uintptr_t)p % n);
+}
+
+extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t ytiles;
+	if (!p->E || p->E > MS_GGEMM_MAX_E || !ms_ggemm_supported(p->N, p->K))
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %u groups, N %u, K %u: not "
+						  "covered (1 .. %u groups, N and K multiples "
+						  "of 8)", p->E, p->N, p->K, MS_GGEMM_MAX_E);
+	if (!aligned(p->a, 16) || !p->b || !aligned(p->c, 8) || !p->off || !p->tiles ||
+	    p->lda % 8 || p->ldb % 8 || p->ldc % 2 || p->lda < p->K || p->ldb < p->K ||
+	    p->ldc < p->N)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: a pointer is NULL or "
+						  "misaligned, or a row stride is short or "
+						  "not a multiple of 8 (2 for C)");
+	if (!p->rows || !p->N)
+		return MS_OK;
+	ytiles = (p->rows + GG_BM - 1) / GG_BM + p->E;
+	if (ytiles > 65535 || p->rows > 0xffffffffull)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %llu rows: too many",
+				  (unsigned long long)p->rows);
+	CK(cudaFuncSetAttribute(k_ggemm, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+	k_ggemm<<<dim3((p->N + GG_BN - 1) / GG_BN, (unsigned)ytiles), GG_NTH, GG_SMEM,
+		  (cudaStream_t)stream>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}

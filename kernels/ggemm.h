@@ -1,0 +1,75 @@
+/*
+ * ggemm.h: one grouped GEMM over the experts of a MoE layer on the bf16
+ * tensor cores (kernels/ggemm.cu), with the experts' row counts read from
+ * device memory.
+ *
+ * The trainer's expert products are per-expert GEMMs over each expert's
+ * rows of the sorted token copies. Run as one cuBLAS call per expert they
+ * need every count on the host (a synchronisation after routing) and 64
+ * launches a product, and the host's time to queue them is as long as the
+ * GPU's to run them; cuBLAS's own grouped GEMM takes its shapes from the
+ * host too and has no float32 output. Here one launch covers every expert:
+ * its grid is sized by a bound on the rows, and each block finds its
+ * expert and row tile from the offsets on the device (ms_ggemm_index).
+ *
+ *   group e (0 <= e < E) owns rows off[e] .. off[e+1]-1 of A and C:
+ *   C[row, 0:N] (+)= A[row, 0:K] B_e^T,  B_e [N, K] row-major
+ *   A bf16 [rows, K] (row stride lda), C float32 [rows, N] (stride ldc).
+ *
+ * Rows past off[E] and columns past N are neither read nor written; a
+ * group with no rows launches nothing that touches memory. Sums run in a
+ * fixed order (float32 accumulators, k ascending in steps of 16), so the
+ * result is the same run to run.
+ *
+ * Internal to libms (not in ms.h). Errors: MS_EINVAL for a shape the
+ * kernel does not cover (the caller keeps its other path), CUDA failures
+ * through ms_gpu_cuda_err; nothing is printed.
+ */
+#ifndef MS_GGEMM_H
+#define MS_GGEMM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ms_err;
+
+#define MS_GGEMM_MAX_E 1024u    /* groups ms_ggemm_index scans in one block */
+
+struct ms_ggemm {
+	uint32_t E;               /* groups, 1 .. MS_GGEMM_MAX_E */
+	uint32_t N, K;            /* every group's columns and reduction length */
+	uint64_t rows;            /* a bound on off[E] (the grid is sized by it) */
+	const uint32_t *off;      /* device [E + 1], from ms_ggemm_index */
+	const uint32_t *tiles;    /* device [E + 1], from ms_ggemm_index */
+	const void *a;            /* device bf16 [rows, K], 16-byte aligned */
+	uint64_t lda;             /* a multiple of 8 */
+	const void *const *b;     /* device [E]: group e's bf16 [N, K], each
+				     16-byte aligned */
+	uint64_t ldb;             /* a multiple of 8 */
+	float *c;                 /* device float [rows, N], 8-byte aligned */
+	uint64_t ldc;             /* even */
+	int accumulate;           /* 1: C += A B^T; 0: C = A B^T */
+};
+
+/* 1 when the kernel covers N columns and reduction length K (both
+ * multiples of 8: rows of 16 bytes), else 0. */
+int ms_ggemm_supported(uint32_t N, uint32_t K);
+
+/* From cnt [E] (device, rows per group): off [E + 1] (off[0] = 0, the
+ * running sum) and tiles [E + 1] (the same over each group's row tiles),
+ * both device memory, written on stream (a cudaStream_t; NULL: the
+ * default). One small kernel, nothing copied to the host. */
+int ms_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, uint32_t *tiles,
+		   void *stream, struct ms_err *err);
+
+/* The grouped product on stream. */
+int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

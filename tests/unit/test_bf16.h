@@ -1,0 +1,74 @@
+/*
+ * test_bf16.h: what the tensor-core kernel tests share: a fixed random
+ * stream (xorshift, the same values on every run), normal samples, bf16
+ * bits and values, and the median of timed runs for their --bench modes.
+ */
+#ifndef MS_TEST_BF16_H
+#define MS_TEST_BF16_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint64_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static double gauss(void)
+{
+	double u = (double)(rnd() >> 11) * 0x1p-53 + 1e-12;
+	double v = (double)(rnd() >> 11) * 0x1p-53;
+
+	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* float to bf16, round to nearest even (finite inputs) */
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+static double from_bf16(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* n random bf16 values (N(0, sd)), their bits and their values */
+static void fill(uint16_t *bits, double *val, size_t n, double sd)
+{
+	for (size_t i = 0; i < n; i++) {
+		bits[i] = to_bf16((float)(sd * gauss()));
+		val[i] = from_bf16(bits[i]);
+	}
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* the median of n (even) times, sorted in place */
+static inline float t_median(float *t, int n)
+{
+	qsort(t, (size_t)n, sizeof *t, cmp_float);
+	return (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+#endif
