@@ -2,14 +2,20 @@
  * ggemm.cu: the grouped expert GEMM (ggemm.h) on the bf16 tensor cores
  * through mma.sync m16n8k16 (mma.h), float32 accumulators and output.
  *
- * A block computes a 128 x 128 tile of one group's C: 8 warps as 2 x 4,
- * each warp 64 rows by 32 columns in registers (16 mma a k-step of 16).
- * A and B tiles of 32 along K stream through four shared-memory stages by
- * cp.async (three copies in flight while one stage is multiplied; one
- * barrier a stage), rows padded by 16 bytes so that ldmatrix's eight row
- * addresses fall in distinct banks. Rows past the group's count and
- * columns past N are fetched as zeros (a cp.async of source size 0 reads
- * nothing) and never stored.
+ * A block computes a BM x BN tile of one group's C with 8 warps, each
+ * holding its WM x WN part in registers. A and B tiles of 32 along K
+ * stream through shared-memory stages by cp.async (the copies of the next
+ * stages in flight while one is multiplied; one barrier a stage), rows
+ * padded by 16 bytes so that ldmatrix's eight row addresses fall in
+ * distinct banks. Rows past the group's count and columns past N are
+ * fetched as zeros (a cp.async of source size 0 reads nothing) and never
+ * stored.
+ *
+ * Two shapes (ggemm.h's cfg), because which one is faster is the
+ * device's to say: 128 x 128 with warps of 64 x 32 (120 registers, two
+ * blocks an SM), and 128 x 256 with warps of 64 x 64, which reads half
+ * the shared memory per product (an mma.sync kernel on Hopper is bounded
+ * near there) at one block an SM.
  *
  * The grid is (column tiles, a bound on the row tiles of all groups): the
  * row tiles of group e are tiles[e] .. tiles[e+1]-1, so a block finds its
@@ -24,18 +30,29 @@
 #include "ggemm.h"
 #include "mma.h"
 
-#define GG_BM 128                      /* rows of a block's tile */
-#define GG_BN 128                      /* columns */
+#define GG_BM 128                      /* rows of a tile (ms_ggemm_index's) */
 #define GG_BK 32                       /* K of a stage */
-#define GG_ST 4                        /* stages */
 #define GG_NTH 256                     /* 8 warps */
 #define GG_LD (GG_BK + 8)              /* a shared row, in bf16 (80 bytes) */
-#define GG_STAGE ((GG_BM + GG_BN) * GG_LD)
-#define GG_SMEM (GG_ST * GG_STAGE * (int)sizeof(bf16))
+
+/* a tile shape: BN_ columns, warps of WN_ columns (2 x (BN / WN) warps
+ * of 64 rows), ST_ stages, MINB_ blocks an SM the registers are budgeted
+ * for */
+template <int BN_, int WN_, int ST_, int MINB_>
+struct gg_cfg {
+	static constexpr int BN = BN_, WN = WN_, ST = ST_, MINB = MINB_;
+	static constexpr int WM = 64, MI = WM / 16, NJ = WN / 8;
+	static constexpr int STAGE = (GG_BM + BN) * GG_LD;
+	static constexpr int SMEM = ST * STAGE * (int)sizeof(bf16);
+	static_assert((GG_BM / WM) * (BN / WN) == GG_NTH / 32, "8 warps");
+};
+typedef gg_cfg<128, 32, 4, 2> gg_narrow;
+typedef gg_cfg<256, 64, 4, 1> gg_wide;
 
 /* One stage: rows r0.. of A (up to r1, the group's end) and rows n0.. of
  * B (up to N), columns k0 .. k0 + 31, by 16-byte cp.async; K is a multiple
  * of 8, so a chunk of 8 is wholly inside K or wholly past it. */
+template <int BN>
 __device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, const bf16 *A,
 					 const bf16 *B, uint32_t r0, uint32_t r1, uint32_t n0,
 					 uint32_t k0)
@@ -46,13 +63,19 @@ __device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, con
 		uint32_t k = k0 + c;
 		int ok = r0 + r < r1 && k < p.K;
 		cp16(sa + r * GG_LD + c, ok ? A + (uint64_t)(r0 + r) * p.lda + k : A, ok ? 16 : 0);
-		ok = n0 + r < p.N && k < p.K;
+	}
+	for (int i = threadIdx.x; i < BN * (GG_BK / 8); i += GG_NTH) {
+		int r = i >> 2, c = (i & 3) * 8;
+		uint32_t k = k0 + c;
+		int ok = n0 + r < p.N && k < p.K;
 		cp16(sb + r * GG_LD + c, ok ? B + (uint64_t)(n0 + r) * p.ldb + k : B, ok ? 16 : 0);
 	}
 }
 
-__global__ void __launch_bounds__(GG_NTH, 2) k_ggemm(struct ms_ggemm p)
+template <class C>
+__global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 {
+	constexpr int BN = C::BN, WN = C::WN, ST = C::ST;
 	extern __shared__ uint4 gg_smem[];
 	bf16 *sm = (bf16 *)gg_smem;
 	uint32_t y = blockIdx.y, lo = 0, hi = p.E;
@@ -68,45 +91,48 @@ __global__ void __launch_bounds__(GG_NTH, 2) k_ggemm(struct ms_ggemm p)
 			hi = mid;
 	}
 	uint32_t r0 = p.off[lo] + (y - p.tiles[lo]) * GG_BM, r1 = p.off[lo + 1];
-	uint32_t n0 = blockIdx.x * GG_BN;
+	uint32_t n0 = blockIdx.x * BN;
 	const bf16 *A = (const bf16 *)p.a, *B = (const bf16 *)p.b[lo];
-	int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
+	int warp = threadIdx.x >> 5, wm = warp / (BN / WN), wn = warp % (BN / WN);
 	int nk = (int)((p.K + GG_BK - 1) / GG_BK);
-	float acc[4][4][4];
+	float acc[C::MI][C::NJ][4];
 
-	for (int i = 0; i < 4; i++)
-		for (int j = 0; j < 4; j++)
+#pragma unroll
+	for (int i = 0; i < C::MI; i++)
+#pragma unroll
+		for (int j = 0; j < C::NJ; j++)
+#pragma unroll
 			for (int h = 0; h < 4; h++)
 				acc[i][j][h] = 0.0f;
-	for (int s = 0; s < GG_ST - 1; s++) {
+	for (int s = 0; s < ST - 1; s++) {
 		if (s < nk)
-			gg_stage(sm + s * GG_STAGE, p, A, B, r0, r1, n0, (uint32_t)s * GG_BK);
+			gg_stage<BN>(sm + s * C::STAGE, p, A, B, r0, r1, n0, (uint32_t)s * GG_BK);
 		cp_commit();
 	}
 	for (int kt = 0; kt < nk; kt++) {
-		/* stage kt landed (at most GG_ST - 2 later groups in flight),
-		 * and every warp is past stage kt - 1, which the prefetch of
-		 * kt + GG_ST - 1 overwrites */
-		cp_wait<GG_ST - 2>();
+		/* stage kt landed (at most ST - 2 later groups in flight), and
+		 * every warp is past stage kt - 1, which the prefetch of
+		 * kt + ST - 1 overwrites */
+		cp_wait<ST - 2>();
 		__syncthreads();
-		if (kt + GG_ST - 1 < nk)
-			gg_stage(sm + ((kt + GG_ST - 1) % GG_ST) * GG_STAGE, p, A, B, r0, r1, n0,
-				 (uint32_t)(kt + GG_ST - 1) * GG_BK);
+		if (kt + ST - 1 < nk)
+			gg_stage<BN>(sm + ((kt + ST - 1) % ST) * C::STAGE, p, A, B, r0, r1, n0,
+				     (uint32_t)(kt + ST - 1) * GG_BK);
 		cp_commit();
-		const bf16 *sa = sm + (kt % GG_ST) * GG_STAGE, *sb = sa + GG_BM * GG_LD;
+		const bf16 *sa = sm + (kt % ST) * C::STAGE, *sb = sa + GG_BM * GG_LD;
 #pragma unroll
 		for (int kk = 0; kk < GG_BK; kk += 16) {
-			uint32_t af[4][4], bq[2][4];
+			uint32_t af[C::MI][4], bq[C::NJ / 2][4];
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				ldsm_a(af[i], sa, GG_LD, wm * 64 + i * 16, kk);
+			for (int i = 0; i < C::MI; i++)
+				ldsm_a(af[i], sa, GG_LD, wm * C::WM + i * 16, kk);
 #pragma unroll
-			for (int j = 0; j < 2; j++)
-				ldsm_bn(bq[j], sb, GG_LD, kk, wn * 32 + j * 16);
+			for (int j = 0; j < C::NJ / 2; j++)
+				ldsm_bn(bq[j], sb, GG_LD, kk, wn * WN + j * 16);
 #pragma unroll
-			for (int i = 0; i < 4; i++)
+			for (int i = 0; i < C::MI; i++)
 #pragma unroll
-				for (int j = 0; j < 4; j++)
+				for (int j = 0; j < C::NJ; j++)
 					mma16816(acc[i][j], af[i], &bq[j >> 1][(j & 1) * 2]);
 		}
 	}
@@ -115,16 +141,16 @@ __global__ void __launch_bounds__(GG_NTH, 2) k_ggemm(struct ms_ggemm p)
 	 * pair is wholly inside N or wholly past it */
 	int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < C::MI; i++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
-			uint32_t row = r0 + wm * 64 + i * 16 + g + 8 * h;
+			uint32_t row = r0 + wm * C::WM + i * 16 + g + 8 * h;
 			if (row >= r1)
 				continue;
 			float *crow = p.c + (uint64_t)row * p.ldc;
 #pragma unroll
-			for (int j = 0; j < 4; j++) {
-				uint32_t col = n0 + wn * 32 + j * 8 + 2 * t;
+			for (int j = 0; j < C::NJ; j++) {
+				uint32_t col = n0 + wn * WN + j * 8 + 2 * t;
 				if (col >= p.N)
 					continue;
 				float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
@@ -189,14 +215,28 @@ static int aligned(const void *p, uintptr_t n)
 	return p && !((uintptr_t)p % n);
 }
 
-extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_err *err)
+template <class C>
+static int gg_launch(const struct ms_ggemm *p, uint64_t ytiles, cudaStream_t st,
+		     struct ms_err *err)
 {
 	int rc = MS_OK;
+	CK(cudaFuncSetAttribute(k_ggemm<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+	k_ggemm<C><<<dim3((p->N + C::BN - 1) / C::BN, (unsigned)ytiles), GG_NTH, C::SMEM, st>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_err *err)
+{
 	uint64_t ytiles;
-	if (!p->E || p->E > MS_GGEMM_MAX_E || !ms_ggemm_supported(p->N, p->K))
-		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %u groups, N %u, K %u: not "
-						  "covered (1 .. %u groups, N and K multiples "
-						  "of 8)", p->E, p->N, p->K, MS_GGEMM_MAX_E);
+	cudaStream_t st = (cudaStream_t)stream;
+	if (!p->E || p->E > MS_GGEMM_MAX_E || !ms_ggemm_supported(p->N, p->K) ||
+	    p->cfg > MS_GGEMM_WIDE)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %u groups, N %u, K %u, shape "
+						  "%d: not covered (1 .. %u groups, N and K "
+						  "multiples of 8)", p->E, p->N, p->K, p->cfg,
+				  MS_GGEMM_MAX_E);
 	if (!aligned(p->a, 16) || !p->b || !aligned(p->c, 8) || !p->off || !p->tiles ||
 	    p->lda % 8 || p->ldb % 8 || p->ldc % 2 || p->lda < p->K || p->ldb < p->K ||
 	    p->ldc < p->N)
@@ -209,10 +249,7 @@ extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_er
 	if (ytiles > 65535 || p->rows > 0xffffffffull)
 		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %llu rows: too many",
 				  (unsigned long long)p->rows);
-	CK(cudaFuncSetAttribute(k_ggemm, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-	k_ggemm<<<dim3((p->N + GG_BN - 1) / GG_BN, (unsigned)ytiles), GG_NTH, GG_SMEM,
-		  (cudaStream_t)stream>>>(*p);
-	CK(cudaGetLastError());
-out:
-	return rc;
+	if (p->cfg == MS_GGEMM_NARROW)
+		return gg_launch<gg_narrow>(p, ytiles, st, err);
+	return gg_launch<gg_wide>(p, ytiles, st, err);
 }

@@ -38,6 +38,10 @@ struct ms_err;
 
 #define MS_GGEMM_MAX_E 1024u    /* groups ms_ggemm_index scans in one block */
 
+/* the tile shape (ggemm.cu): which is faster is measured, not assumed
+ * (t_ggemm_gpu --bench); NARROW is the default */
+enum { MS_GGEMM_NARROW, MS_GGEMM_WIDE };
+
 struct ms_ggemm {
 	uint32_t E;               /* groups, 1 .. MS_GGEMM_MAX_E */
 	uint32_t N, K;            /* every group's columns and reduction length */
@@ -52,6 +56,7 @@ struct ms_ggemm {
 	float *c;                 /* device float [rows, N], 8-byte aligned */
 	uint64_t ldc;             /* even */
 	int accumulate;           /* 1: C += A B^T; 0: C = A B^T */
+	int cfg;                  /* MS_GGEMM_NARROW (0) or MS_GGEMM_WIDE */
 };
 
 /* 1 when the kernel covers N columns and reduction length K (both

@@ -50,6 +50,7 @@
 
 #include "gpu_internal.h"
 #include "flash.h"
+#include "ggemm.h"
 extern "C" {
 #include "train/model_int.h"
 #include "train/optim.h"
@@ -211,6 +212,9 @@ struct dlayer {
 	struct ddesc *fwd, *bwd;
 	int nfwd, nbwd;
 	struct ddesc *hbwd;          /* host copy of bwd (on-demand chunks) */
+	/* grouped expert GEMMs (device [4][E]): W_e of gate/up and of down,
+	 * then their W_e^T; into the decode scratch or at the float weights */
+	const void *const *gbp;
 };
 
 /* One block-decode job: rows x cols codes (row stride cols/2) and scales
@@ -234,7 +238,9 @@ struct dacts {
 	float *uq, *uk, *uv, *uo, *x2, *h2, *r2;
 	float *probs, *wts, *gu, *act, *ugu, *udn, *ye, *sgu, *sact;
 	int32_t *sel, *perm, *pos;
-	uint32_t *cnt;               /* host: rows per expert */
+	uint32_t *cnt;               /* host (pinned): rows per expert */
+	uint32_t *goff;              /* grouped GEMMs: device [E + 1] row
+					offsets, then [E + 1] tile offsets */
 	float *lse;                  /* flash attention: [B, nh, S] row
 					log-normalisers for the backward */
 };
@@ -266,6 +272,9 @@ struct ms_gmodel {
 	cublasHandle_t blas;
 	cudaStream_t st;
 	int f32;                     /* GEMM operands float32 */
+	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
+	void *gbp;                   /* every MoE layer's gbp */
+	cudaEvent_t cev;             /* a layer's expert counts reached the host */
 	cudaDataType_t gt;           /* GEMM operand type */
 	size_t esz;                  /* its size */
 	cublasComputeType_t ct_base, ct_lora;
@@ -1812,6 +1821,47 @@ out:
 
 static void gfree(struct ms_gmodel *g);
 
+/* Every MoE layer's weight pointers for the grouped expert GEMMs, on the
+ * device: they point into the decode scratch (or at float weights), which
+ * never moves, so they are written once here. */
+static int gg_pointers(struct ms_gmodel *g, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t nmoe = 0, n, i = 0;
+	const void **h = NULL;
+	for (uint32_t l = 0; l < g->L; l++)
+		nmoe += g->ly[l].moe;
+	if (!nmoe)
+		return MS_OK;
+	n = nmoe * 4 * g->E;
+	if (!(h = (const void **)malloc(n * sizeof *h)))
+		return ms_err_nomem(err);
+	DM(g->gbp, n * sizeof *h, MC_SCRATCH);
+	for (uint32_t l = 0; l < g->L; l++) {
+		struct dlayer *d = &g->ly[l];
+		if (!d->moe)
+			continue;
+		d->gbp = (const void *const *)g->gbp + i;
+		for (uint32_t e = 0; e < g->E; e++) {
+			h[i + e] = lin_w(g, &d->egu[e], 0);
+			h[i + g->E + e] = lin_w(g, &d->edn[e], 0);
+			h[i + 2 * g->E + e] = lin_w(g, &d->egu[e], 1);
+			h[i + 3 * g->E + e] = lin_w(g, &d->edn[e], 1);
+		}
+		i += 4 * g->E;
+	}
+	for (i = 0; i < n; i++)
+		if ((uintptr_t)h[i] % 16) {
+			rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: an expert's weights "
+					"are not 16-byte aligned");
+			goto out;
+		}
+	CK(cudaMemcpy(g->gbp, h, n * sizeof *h, cudaMemcpyHostToDevice));
+out:
+	free(h);
+	return rc;
+}
+
 int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;
@@ -1827,6 +1877,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	if (!(g = (struct ms_gmodel *)calloc(1, sizeof *g)))
 		return ms_err_nomem(err);
 	g->f32 = m->opts.gpu_f32;
+	g->grouped = m->opts.gpu_grouped && !g->f32;
 	g->gt = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
 	g->esz = g->f32 ? 4 : 2;
 	g->ct_base = g->f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
@@ -1846,6 +1897,11 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	g->lscale = (float)(m->lora.alpha / m->lora.r);
 	g->pdrop = m->lora.dropout;
 	g->seed = m->lora.seed;
+	if (g->grouped && (!ms_ggemm_supported(2 * g->F, g->H) || !ms_ggemm_supported(g->F, g->H))) {
+		rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: the hidden size (%u) and "
+				"the expert ffn (%u) must be multiples of 8", g->H, g->F);
+		goto out;
+	}
 	CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
 	if ((rc = ms_gmodel_blas_load(err)))
 		goto out;
@@ -1859,6 +1915,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	CK(cudaEventCreate(&g->st1));
 	for (int i = 0; i < PSLOTS; i++)
 		CK(cudaEventCreateWithFlags(&g->pev[i], cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&g->cev, cudaEventDisableTiming));
 	CK(cudaMallocHost(&g->hparr, (size_t)PSLOTS * 3 * MAXE * sizeof(void *)));
 	DM(g->parr, 3 * MAXE * sizeof(void *), MC_SCRATCH);
 	/* float weights */
@@ -1974,6 +2031,8 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		g->colcap = colmax / 4 > partmax + 512 ? colmax / 4 : partmax + 512;
 		DM(g->colbuf, g->colcap, MC_COL);
 	}
+	if (g->grouped && (rc = gg_pointers(g, err)))
+		goto out;
 	g->mem.nvfp4_colwise_peak = g->mem.nvfp4_colwise;
 	/* the host copies of the NVFP4 bytes are no longer needed */
 	for (uint32_t l = 0; l < g->L; l++) {
@@ -2025,7 +2084,9 @@ static void acts_release(struct ms_gmodel *g)
 			dfree(g, a->perm, MC_ACTS);
 			dfree(g, a->pos, MC_ACTS);
 			dfree(g, a->lse, MC_ACTS);
-			free(a->cnt);
+			dfree(g, a->goff, MC_ACTS);
+			if (a->cnt)
+				cudaFreeHost(a->cnt);
 		}
 		free(g->a);
 		g->a = NULL;
@@ -2138,10 +2199,11 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			if (d->ldn)
 				DM(a->udn, TK * r * 4, MC_ACTS);
 			DM(a->ye, (TK + BUCKET) * H * 4, MC_ACTS);
-			if (!(a->cnt = (uint32_t *)calloc(g->E + 1, sizeof *a->cnt))) {
-				rc = ms_err_nomem(err);
-				goto out;
-			}
+			if (g->grouped)
+				DM(a->goff, 2 * ((uint64_t)g->E + 1) * 4, MC_ACTS);
+			/* pinned: the grouped path copies the counts while
+			 * the GPU goes on (cudaEventSynchronize on cev) */
+			CK(cudaMallocHost(&a->cnt, ((size_t)g->E + 1) * sizeof *a->cnt));
 		}
 		if (d->sh) {
 			DM(a->sgu, T * d->sgu.out * 4, MC_ACTS);
@@ -2585,6 +2647,64 @@ out:
 	return rc;
 }
 
+/*
+ * The grouped path's routing: the counts, their running sums and the
+ * stable sort all stay on the device (ms_ggemm_index writes the offsets
+ * k_perm and the grouped GEMMs read); the counts are also copied to the
+ * host, for the expert LoRA's cuBLAS calls, and cev marks their arrival,
+ * so the host waits for them only where it needs them (egemm_counts),
+ * with the gate/up GEMM already queued behind the copy.
+ */
+static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t TK = g->T * g->K;
+	uint32_t *dc = (uint32_t *)g->dsum;
+	k_count<<<g->E, NTH, 0, g->st>>>(a->sel, TK, dc);
+	LK();
+	CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->st));
+	CK(cudaEventRecord(g->cev, g->st));
+	if ((rc = ms_ggemm_index(dc, g->E, a->goff, a->goff + g->E + 1, g->st, err)))
+		return rc;
+	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, a->goff, a->perm, a->pos);
+	LK();
+out:
+	return rc;
+}
+
+/* the host's copy of the layer's counts, once moe_route_dev's copy landed */
+static int egemm_counts(struct ms_gmodel *g, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (g->grouped)
+		CK(cudaEventSynchronize(g->cev));
+out:
+	return rc;
+}
+
+/* Expert product w of layer d (0: gate/up, 1: down, 2: gate/up's W^T, 3:
+ * down's W^T) over every expert's rows in one grouped launch:
+ * C [TK, N] = X [TK, K] B_e^T per expert's rows, B_e [N, K] */
+static int egemm(struct ms_gmodel *g, const struct dlayer *d, const struct dacts *a, int w,
+		 const void *X, uint32_t N, uint32_t K, float *C, struct ms_err *err)
+{
+	struct ms_ggemm p;
+	memset(&p, 0, sizeof p);
+	p.E = g->E;
+	p.N = N;
+	p.K = K;
+	p.rows = (uint64_t)g->T * g->K;
+	p.off = a->goff;
+	p.tiles = a->goff + g->E + 1;
+	p.a = X;
+	p.lda = K;
+	p.b = d->gbp + (uint64_t)w * g->E;
+	p.ldb = K;
+	p.c = C;
+	p.ldc = N;
+	return ms_ggemm_run(&p, g->st, err);
+}
+
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
 		     const struct kvdec *dc, struct ms_err *err)
 {
@@ -2678,7 +2798,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		k_route<<<nblk(T, 64), 64, 0, g->st>>>(rc_, g->dz, d->ecb, a->probs, a->sel,
 						       a->wts, (uint32_t)T);
 		LK();
-		if ((rc = moe_sort(g, a, err)))
+		if ((rc = g->grouped ? moe_route_dev(g, a, err) : moe_sort(g, a, err)))
 			return rc;
 		k_gather<<<nblk(TK * H), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, TK,
 							  (uint32_t)H);
@@ -2687,7 +2807,9 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, g->xs, TK * H, g->cA, &X, err)) ||
 		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
 			return rc;
-		for (uint32_t e = 0; e < g->E; e++) {
+		if (g->grouped && (rc = egemm(g, d, a, 0, X, 2 * g->F, g->H, a->gu, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * H), bucket(n),
 						a->gu + (uint64_t)off * 2 * F, 0, err)) ||
@@ -2700,8 +2822,9 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		}
 		/* the bf16 path adds every expert's LoRA in two grouped launches */
 		ph(g, PH_LORA);
-		if (d->lgu && !g->f32 &&
-		    (rc = lora_fwd_grouped(g, d->lgu, a->cnt, xl, a->ugu, a->gu, err)))
+		if ((rc = egemm_counts(g, err)) ||
+		    (d->lgu && !g->f32 &&
+		     (rc = lora_fwd_grouped(g, d->lgu, a->cnt, xl, a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
 		k_swiglu<<<nblk(TK * F), NTH, 0, g->st>>>(a->gu, a->act, TK, (uint32_t)F);
@@ -2709,8 +2832,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, a->act, TK * F, g->cA, &X, err)) ||
 		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
+		if (g->grouped && (rc = egemm(g, d, a, 1, X, g->H, g->F, a->ye, err)))
+			return rc;
 		off = 0;
-		for (uint32_t e = 0; e < g->E; e++) {
+		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * F), bucket(n),
 						a->ye + (uint64_t)off * H, 0, err)) ||
@@ -2790,7 +2915,9 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)) ||
 		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
-		for (uint32_t e = 0; e < g->E; e++) {
+		if (g->grouped && (rc = egemm(g, d, a, 3, X, g->F, g->H, g->dact, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), bucket(n),
 						  g->dact + (uint64_t)off * F, 0, err)) ||
@@ -2814,8 +2941,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		LK();
 		if ((rc = opnd(g, g->dgu, TK * 2 * F, g->cA, &X, err)))
 			return rc;
+		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
+			return rc;
 		off = 0;
-		for (uint32_t e = 0; e < g->E; e++) {
+		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), bucket(n),
 						  g->dxs + (uint64_t)off * H, 0, err)) ||
@@ -3301,6 +3430,7 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	cJSON_AddNumberToObject(o, "step_ms", g->step_ms / st);
 	cJSON_AddNumberToObject(o, "colwise_ms", g->ph_ms[PH_TRANSPOSE] / st);
 	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
+	cJSON_AddStringToObject(o, "expert_gemm", g->grouped ? "grouped" : "per-expert");
 	for (int p = 0; p < PH_N; p++) {
 		cJSON *k;
 		if (!g->ph_calls[p])
@@ -3410,6 +3540,9 @@ static void gfree(struct ms_gmodel *g)
 			cudaEventDestroy(g->pev[i]);
 	cudaFreeHost(g->hparr);
 	dfree(g, g->parr, MC_SCRATCH);
+	dfree(g, g->gbp, MC_SCRATCH);
+	if (g->cev)
+		cudaEventDestroy(g->cev);
 	if (g->st0)
 		cudaEventDestroy(g->st0);
 	if (g->st1)

@@ -3365,6 +3365,7 @@ struct ms_train_opts {
 	int nthreads;          /* 0: one per CPU */
 	enum ms_device device; /* where the model computes */
 	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
+	int gpu_grouped;       /* cuda: grouped expert GEMMs (model.h) */
 	const struct ms_train_launch *launch; /* NULL: not launched */
 	/* Told of every step and every checkpoint (may be NULL). on_step
 	 * returning other than MS_OK (err filled) stops the run with that

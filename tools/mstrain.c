@@ -184,6 +184,7 @@ static int cmd_train(int argc, char **argv)
 		{ "metrics", required_argument, NULL, 'm' },
 		{ "profile", required_argument, NULL, 'P' },
 		{ "gpu-f32", no_argument, NULL, 'F' },
+		{ "expert-gemm", required_argument, NULL, 'G' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -196,7 +197,7 @@ static int cmd_train(int argc, char **argv)
 	struct ms_inv *inv = NULL;
 	const char *db = NULL, *profile = NULL;
 	uint64_t v;
-	int c, rc, stopped = 0;
+	int c, rc, stopped = 0, expert_gemm = 0;
 
 	memset(&o, 0, sizeof(o));
 	o.colwise = -1;
@@ -217,6 +218,16 @@ static int cmd_train(int argc, char **argv)
 			break;
 		case 'F':
 			o.gpu_f32 = 1;
+			break;
+		case 'G':
+			if (!strcmp(optarg, "grouped"))
+				o.gpu_grouped = 1;
+			else if (!strcmp(optarg, "per-expert"))
+				o.gpu_grouped = 0;
+			else
+				return cli_usage("--expert-gemm: '%s' is not grouped or per-expert",
+						 optarg);
+			expert_gemm = 1;
 			break;
 		case 'c':
 			if (!strcmp(optarg, "resident"))
@@ -259,8 +270,11 @@ static int cmd_train(int argc, char **argv)
 		return cli_usage("unexpected argument '%s'", argv[optind]);
 	if (!o.plan_path)
 		return cli_usage("--plan is required");
-	if ((profile || o.gpu_f32) && o.device != MS_DEVICE_CUDA)
-		return cli_usage("--profile and --gpu-f32 need --device cuda");
+	if ((profile || o.gpu_f32 || expert_gemm) && o.device != MS_DEVICE_CUDA)
+		return cli_usage("--profile, --gpu-f32 and --expert-gemm need --device cuda");
+	if (o.gpu_f32 && o.gpu_grouped)
+		return cli_usage("--expert-gemm grouped is a bf16 path; --gpu-f32 takes float32 "
+				 "GEMMs");
 	if ((rc = ms_train_launch_parse(environ, &launch, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
@@ -306,7 +320,8 @@ out:
 static const struct cli_cmd cmds[] = {
 	{ "train", cmd_train,
 	  "train --plan PLAN [--db PATH] [--device cpu|cuda] [--colwise resident|on-demand] [--ep N] "
-	  "[--steps N] [--resume CKPT] [--metrics FILE] [--profile FILE] [--gpu-f32] [--json]",
+	  "[--steps N] [--resume CKPT] [--metrics FILE] [--profile FILE] [--gpu-f32] "
+	  "[--expert-gemm grouped|per-expert] [--json]",
 	  "train a LoRA adapter on the plan's verified states",
 	  "--plan PLAN\tthe run plan (states, train section, outputs)\n"
 	  "--device cpu|cuda\twhere to train: the CPU reference path, or one GPU (default cpu)\n"
@@ -316,7 +331,9 @@ static const struct cli_cmd cmds[] = {
 	  "--resume CKPT\tcontinue exactly from a checkpoint directory\n"
 	  "--metrics FILE\tone JSON line of metrics per step\n"
 	  "--profile FILE\tcuda: time per phase and device memory held, as JSON\n"
-	  "--gpu-f32\tcuda: float32 GEMMs instead of bf16 tensor cores (the tests' mode)\n" },
+	  "--gpu-f32\tcuda: float32 GEMMs instead of bf16 tensor cores (the tests' mode)\n"
+	  "--expert-gemm grouped|per-expert\tcuda, bf16: each expert product as one grouped launch "
+	  "over the routing counts on the device, or one cuBLAS GEMM per expert (default)\n" },
 };
 
 int main(int argc, char **argv)

@@ -60,13 +60,13 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 
 int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,
 		      uint32_t B, uint32_t S, enum ms_colwise_mode colwise, int f32,
-		      struct ms_model_mem *out)
+		      int grouped, struct ms_model_mem *out)
 {
 	struct gp p;
 	uint64_t H = c->hidden, V = c->vocab, E = c->n_experts, K = c->top_k;
 	uint64_t F = c->moe_ffn, hd = c->head_dim, dq = (uint64_t)c->n_heads * hd;
 	uint64_t dkv = (uint64_t)c->n_kv_heads * hd, r = lora->r, T = (uint64_t)B * S;
-	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0;
+	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0, nmoe = 0;
 	int anymoe = 0;
 	/* flash attention (kernels/flash.h) on the bf16 path for the head
 	 * dims its kernels cover: a per-layer LSE instead of S x S scratch */
@@ -103,6 +103,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		if (moe) {
 			uint32_t gu[2] = {(uint32_t)F, (uint32_t)F};
 			anymoe = 1;
+			nmoe++;
 			out->dense += E * H * 4;
 			if (c->router == MS_ROUTER_SIGMOID)
 				out->dense += E * 4;
@@ -125,6 +126,11 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	}
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
+	/* grouped expert GEMMs (bf16 only): four weight-pointer arrays a MoE
+	 * layer (gg_pointers), and a layer's row and tile offsets (acts) */
+	grouped = grouped && !f32;
+	if (grouped)
+		out->scratch += nmoe * 4 * E * sizeof(void *);
 	if (p.ondemand)
 		out->nvfp4_colwise += p.colmax / 4 > p.partmax + 512 ? p.colmax / 4 : p.partmax + 512;
 	/* acts_alloc at the step's shape */
@@ -147,6 +153,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 			acts += (TK + GP_BUCKET) * (2 * F + F + H) * 4;
 			if (lora->targets & MS_LORA_EXPERTS)
 				acts += 2 * TK * r * 4;
+			if (grouped)
+				acts += 2 * (E + 1) * 4;
 		}
 		if (!moe || c->n_shared_experts) {
 			uint64_t fs = moe ? F * c->n_shared_experts : c->dense_ffn;

@@ -8,7 +8,8 @@
  * tiles to a few tiles, row strides wider than the matrices, one group and
  * 64 groups; every case written (C = A B^T) and accumulated (C += A B^T).
  * The offsets and tile offsets come from ms_ggemm_index on the device and
- * are checked against the host's running sums. C is poisoned with NaN
+ * are checked against the host's running sums. Both tile shapes
+ * (MS_GGEMM_NARROW, MS_GGEMM_WIDE) run every case. C is poisoned with NaN
  * before each launch, so a row or column the kernel does not write fails;
  * the columns between N and ldc and the rows past the last group hold a
  * sentinel that must survive. Each case runs twice and must be
@@ -27,8 +28,8 @@
  * model's shape (64 experts, 8192 tokens x top-8 rows routed unevenly,
  * hidden 2048, expert ffn 768), grouped against one cuBLAS GEMM per expert
  * (cublasGemmEx, bf16 in, float32 out, the counts on the host, as the
- * trainer's loop): the median of 20 runs of each after 3 warm-up runs,
- * CUDA events around each run, and their TFLOP/s and ratio.
+ * trainer's loop), each tile shape: the median of 20 runs of each after 3
+ * warm-up runs, CUDA events around each run, and their TFLOP/s and ratio.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -52,6 +53,7 @@ struct gcase {
 /* one case's data on the host and the device */
 struct grun {
 	const struct gcase *c;
+	int cfg;
 	uint32_t *cnt, off[MS_GGEMM_MAX_E + 1], tiles[MS_GGEMM_MAX_E + 1];
 	uint64_t rows, lda, ldc, slack;
 	uint16_t *a, *b;
@@ -142,7 +144,8 @@ static int check(const char *what, const struct grun *u, const float *got, const
 			if (mag > 0 && err / mag > worst)
 				worst = err / mag;
 		}
-	printf("ggemm %s E %u N %u K %u rows %llu: max err/mag %.3g\n", what, c->E, c->N, c->K,
+	printf("ggemm %s %s E %u N %u K %u rows %llu: max err/mag %.3g\n",
+	       u->cfg == MS_GGEMM_WIDE ? "wide" : "narrow", what, c->E, c->N, c->K,
 	       (unsigned long long)u->rows, worst);
 	return 0;
 }
@@ -154,7 +157,7 @@ static int launch(const struct grun *u, int acc, float *host, struct ms_err *err
 		/* a bound past the groups' rows: the blocks past them must exit */
 		.E = c->E, .N = c->N, .K = c->K, .rows = u->rows + u->slack, .off = u->goff,
 		.tiles = u->gtiles, .a = u->ga, .lda = u->lda, .b = (const void *const *)u->gbp,
-		.ldb = c->K, .c = u->gc, .ldc = u->ldc, .accumulate = acc,
+		.ldb = c->K, .c = u->gc, .ldc = u->ldc, .accumulate = acc, .cfg = u->cfg,
 	};
 	uint64_t nc = (u->rows + u->slack) * u->ldc * 4;
 	int rc;
@@ -164,9 +167,9 @@ static int launch(const struct grun *u, int acc, float *host, struct ms_err *err
 	return cudaMemcpy(host, u->gc, nc, cudaMemcpyDeviceToHost) == cudaSuccess ? MS_OK : MS_EIO;
 }
 
-static int run_case(const struct gcase *c)
+static int run_case(const struct gcase *c, int cfg)
 {
-	struct grun u = {.c = c};
+	struct grun u = {.c = c, .cfg = cfg};
 	struct ms_err err = {0};
 	uint32_t goff[MS_GGEMM_MAX_E + 1], gtl[MS_GGEMM_MAX_E + 1];
 	void *bp[MS_GGEMM_MAX_E];
@@ -262,8 +265,9 @@ static int test_ggemm_shapes(void)
 		{64, 48, 24, NULL, 0, 0},
 		{5, 128, 32, NULL, 8, 0},
 	};
-	for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
-		T_ASSERT(run_case(&cs[i]) == 0);
+	for (int cfg = MS_GGEMM_NARROW; cfg <= MS_GGEMM_WIDE; cfg++)
+		for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
+			T_ASSERT(run_case(&cs[i], cfg) == 0);
 	return 0;
 }
 
@@ -296,6 +300,8 @@ static int test_ggemm_refuses(void)
 		bad = ok, bad.ldc = 9;
 		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
 		bad = ok, bad.ldb = 0;
+		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
+		bad = ok, bad.cfg = MS_GGEMM_WIDE + 1;
 		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
 		bad = ok, bad.rows = 1ull << 24;
 		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
@@ -354,7 +360,8 @@ static int loop_run(cublasHandle_t h, const uint32_t *cnt, uint32_t E, uint32_t 
 	return 0;
 }
 
-/* the median ms of BENCH_RUNS runs of one side (0: grouped, 1: loop) */
+/* the median ms of BENCH_RUNS runs of one side (0: grouped, p's shape;
+ * 1: the loop) */
 static float bench_side(int side, const struct ms_ggemm *p, cublasHandle_t h,
 			const uint32_t *cnt, void *const *B, cudaEvent_t *ev)
 {
@@ -445,18 +452,23 @@ static int bench(void)
 			.c = gc, .ldc = pr[i].N, .accumulate = 0,
 		};
 		double flop = 2.0 * rows * pr[i].N * pr[i].K;
-		float t[2];
+		float t[3];
 		for (uint32_t e = 0; e < E; e++)
 			bp[e] = (char *)gb + (uint64_t)e * pr[i].N * pr[i].K * 2;
 		if (ms_gpu_memcpy(gbp, bp, E * sizeof(void *), &err))
 			goto fail;
-		for (int s = 0; s < 2; s++)
-			if ((t[s] = bench_side(s, &p, hb, cnt, bp, ev)) < 0)
+		if ((t[0] = bench_side(1, &p, hb, cnt, bp, ev)) < 0)
+			goto out;
+		printf("bench %s (64 experts, %llu rows, N %u, K %u): cuBLAS per expert %.3f ms "
+		       "%.1f TFLOP/s\n", pr[i].what, (unsigned long long)rows, pr[i].N, pr[i].K,
+		       t[0], flop / (t[0] * 1e-3) / 1e12);
+		for (p.cfg = MS_GGEMM_NARROW; p.cfg <= MS_GGEMM_WIDE; p.cfg++) {
+			if ((t[1 + p.cfg] = bench_side(0, &p, hb, cnt, bp, ev)) < 0)
 				goto out;
-		printf("bench %s (64 experts, %llu rows, N %u, K %u): grouped %.3f ms "
-		       "%.1f TFLOP/s, cuBLAS per expert %.3f ms %.1f TFLOP/s, grouped %.2fx\n",
-		       pr[i].what, (unsigned long long)rows, pr[i].N, pr[i].K, t[0],
-		       flop / (t[0] * 1e-3) / 1e12, t[1], flop / (t[1] * 1e-3) / 1e12, t[1] / t[0]);
+			printf("bench %s: grouped %s %.3f ms %.1f TFLOP/s, %.2fx the loop\n",
+			       pr[i].what, p.cfg == MS_GGEMM_WIDE ? "wide" : "narrow", t[1 + p.cfg],
+			       flop / (t[1 + p.cfg] * 1e-3) / 1e12, t[0] / t[1 + p.cfg]);
+		}
 	}
 	rc = 0;
 	goto out;

@@ -18,6 +18,24 @@
 
 #include "train_fixture.h"
 
+/* the GPU model's GEMM modes: bf16 tensor cores with one cuBLAS GEMM per
+ * expert, float32 GEMMs (the tests' mode), bf16 with the grouped expert
+ * GEMMs (kernels/ggemm.h) */
+enum { M_BF16, M_F32, M_GROUPED };
+
+static struct ms_model_opts gpu_opts(int mode)
+{
+	struct ms_model_opts o = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1,
+				  .device = MS_DEVICE_CUDA, .gpu_f32 = mode == M_F32,
+				  .gpu_grouped = mode == M_GROUPED};
+	return o;
+}
+
+static const char *mode_name(int mode)
+{
+	return mode == M_F32 ? "f32" : mode == M_GROUPED ? "bf16 grouped" : "bf16";
+}
+
 static void ids_fill(int32_t *ids, uint32_t B, uint32_t S, uint32_t V)
 {
 	for (size_t i = 0; i < (size_t)B * S; i++)
@@ -88,14 +106,13 @@ bad:
  * run matches to 1e-6): there only the loss is held to 1e-2 and the rest is
  * reported.
  */
-static int family_p(const char *name, int f32, double pdrop)
+static int family_p(const char *name, int mode, double pdrop)
 {
-	int tie = !f32 && !strcmp(name, "glm4moe-var");
+	int f32 = mode == M_F32, tie = !f32 && !strcmp(name, "glm4moe-var");
 	struct fam f;
 	struct res cpu, gpu;
 	struct ms_model_opts oc = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1};
-	struct ms_model_opts og = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1,
-				   .device = MS_DEVICE_CUDA, .gpu_f32 = f32};
+	struct ms_model_opts og = gpu_opts(mode);
 	const struct ms_wtensor *ids_t, *mask_t, *lg_t;
 	const struct ms_param *ps = NULL;
 	struct ms_model *m = NULL;
@@ -155,7 +172,7 @@ static int family_p(const char *name, int f32, double pdrop)
 		"  %s %s: logits max |gpu-cpu| %.3g, |gpu-transformers| %.3g; loss %.9g vs "
 		"%.9g; gradients worst %.3g of max, min cosine %.6f; all: relative L2 %.3g, "
 		"cosine %.6f\n",
-		name, f32 ? "f32" : "bf16", wl, wlg, gpu.loss, cpu.loss, wg, mincos,
+		name, mode_name(mode), wl, wlg, gpu.loss, cpu.loss, wg, mincos,
 		sqrt(gdd / gna), gdot / sqrt(gna * gnb));
 	/* (the forward runs without dropout, so the logits match the golden
 	 * either way) */
@@ -172,9 +189,9 @@ static int family_p(const char *name, int f32, double pdrop)
 	return 0;
 }
 
-static int family(const char *name, int f32)
+static int family(const char *name, int mode)
 {
-	return family_p(name, f32, 0);
+	return family_p(name, mode, 0);
 }
 
 /* LoRA dropout: the device draws model.c's masks (the step's gradients
@@ -190,15 +207,71 @@ static int test_bf16_mixtral(void) { return family("mixtral", 0); }
 static int test_bf16_glm4moe(void) { return family("glm4moe", 0); }
 static int test_bf16_qwen3moe_var(void) { return family("qwen3moe-var", 0); }
 static int test_bf16_glm4moe_var(void) { return family("glm4moe-var", 0); }
+static int test_grouped_qwen3moe(void) { return family("qwen3moe", M_GROUPED); }
+static int test_grouped_mixtral(void) { return family("mixtral", M_GROUPED); }
+static int test_grouped_glm4moe(void) { return family("glm4moe", M_GROUPED); }
+static int test_grouped_qwen3moe_var(void) { return family("qwen3moe-var", M_GROUPED); }
+static int test_grouped_glm4moe_var(void) { return family("glm4moe-var", M_GROUPED); }
+static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0.25); }
 
-/* resident and on-demand columnwise: loss, logits and gradients bit for
- * bit, and the NVFP4 bytes each mode holds (measured) */
-static int colwise(const char *name, int f32)
+/* The grouped expert GEMMs against one cuBLAS GEMM per expert, both bf16:
+ * the same operands, float32 sums in another order, so the two differ by
+ * float rounding that a later bf16 cast may round either way (logits
+ * within 1e-2, every gradient tensor's cosine above 0.9999). */
+static int grouped_vs_loop(const char *name)
 {
 	struct fam f;
 	struct res a, b;
-	struct ms_model_opts ro = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1,
-				   .device = MS_DEVICE_CUDA, .gpu_f32 = f32};
+	struct ms_model_opts ol = gpu_opts(M_BF16), og = gpu_opts(M_GROUPED);
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	const struct ms_param *ps;
+	int32_t ids[2 * 16];
+	double wl = 0, mincos = 1;
+	T_ASSERT(fam_open(&f, name) == 0);
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	T_ASSERT(run(&f, &ol, ids, NULL, 2, 16, &a) == 0);
+	T_ASSERT(run(&f, &og, ids, NULL, 2, 16, &b) == 0);
+	for (size_t i = 0; i < 2 * 16 * (size_t)f.cfg.vocab; i++) {
+		double d = fabs((double)a.logits[i] - b.logits[i]);
+		wl = d > wl ? d : wl;
+	}
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				NULL, 0, &ol, &err) == MS_OK);
+	ms_model_params(m, &ps);
+	for (size_t i = 0; i < a.np; i++) {
+		double dot = 0, na = 0, nb = 0;
+		for (uint64_t e = 0; e < ps[i].n; e++) {
+			dot += (double)a.g[i][e] * b.g[i][e];
+			na += (double)a.g[i][e] * a.g[i][e];
+			nb += (double)b.g[i][e] * b.g[i][e];
+		}
+		if (na > 0 && nb > 0 && dot / sqrt(na * nb) < mincos)
+			mincos = dot / sqrt(na * nb);
+	}
+	ms_model_free(m);
+	fprintf(stderr, "  %s grouped vs per-expert: logits max diff %.3g, loss %.9g vs %.9g, "
+		"gradient min cosine %.7f\n", name, wl, b.loss, a.loss, mincos);
+	T_ASSERT_MSG(wl < 1e-2, "logits differ by %g", wl);
+	T_ASSERT_MSG(fabs(a.loss - b.loss) <= 1e-3 * fabs(a.loss), "loss %.9g vs %.9g", b.loss,
+		     a.loss);
+	T_ASSERT_MSG(mincos > 0.9999, "gradient cosine %.7f", mincos);
+	res_free(&a);
+	res_free(&b);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_grouped_vs_loop_qwen3moe(void) { return grouped_vs_loop("qwen3moe"); }
+static int test_grouped_vs_loop_mixtral(void) { return grouped_vs_loop("mixtral"); }
+
+/* resident and on-demand columnwise: loss, logits and gradients bit for
+ * bit, and the NVFP4 bytes each mode holds (measured) */
+static int colwise(const char *name, int mode)
+{
+	struct fam f;
+	struct res a, b;
+	struct ms_model_opts ro = gpu_opts(mode);
 	struct ms_model_opts od = ro;
 	struct ms_model *m = NULL;
 	struct ms_model_mem mr, md;
@@ -249,23 +322,25 @@ static int predict(const char *name)
 	int32_t ids[2 * 16];
 	T_ASSERT(fam_open(&f, name) == 0);
 	ids_fill(ids, 2, 16, f.cfg.vocab);
-	for (int mode = 0; mode < 4; mode++) {
+	for (int mode = 0; mode < 6; mode++) {
 		struct ms_model_opts o = {.ep_size = 1, .device = MS_DEVICE_CUDA};
 		struct ms_model *m = NULL;
 		struct ms_model_mem got, want;
 		double loss;
 		uint64_t nt;
 		o.colwise = mode & 1 ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT;
-		o.gpu_f32 = mode >> 1;
+		o.gpu_f32 = mode >> 1 == 1;
+		o.gpu_grouped = mode >> 1 == 2;
 		T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
 					&f.lora, NULL, 0, &o, &err) == MS_OK);
 		T_ASSERT(ms_model_step(m, ids, NULL, 2, 16, 1.0, 0, &loss, &nt, &err) == MS_OK);
 		ms_model_mem(m, &got);
 		ms_model_free(m);
-		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, &want);
+		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, o.gpu_grouped,
+				  &want);
 		fprintf(stderr, "  %s %s %s: rowwise %llu/%llu colwise %llu/%llu dense %llu/%llu "
 			"lora %llu/%llu acts %llu/%llu scratch %llu/%llu (allocated/predicted)\n",
-			name, mode & 1 ? "on-demand" : "resident", mode >> 1 ? "f32" : "bf16",
+			name, mode & 1 ? "on-demand" : "resident", mode_name(mode >> 1),
 			(unsigned long long)got.nvfp4_rowwise, (unsigned long long)want.nvfp4_rowwise,
 			(unsigned long long)got.nvfp4_colwise, (unsigned long long)want.nvfp4_colwise,
 			(unsigned long long)got.dense, (unsigned long long)want.dense,
@@ -291,6 +366,7 @@ static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
 
 static int test_colwise_qwen3moe(void) { return colwise("qwen3moe", 0); }
 static int test_colwise_glm4moe(void) { return colwise("glm4moe", 1); }
+static int test_colwise_grouped_mixtral(void) { return colwise("mixtral", M_GROUPED); }
 
 /* The device optimizer: the same clipped AdamW step as optim.c on the same
  * gradients. Without clipping every parameter and moment is bit-identical
@@ -614,11 +690,12 @@ static int test_rl_backward(void)
  * takes bf16 operands where the decode's is float32, so 5e-2). A cache
  * made for the CPU model is refused by the GPU one.
  */
-static int decode(const char *name, int f32)
+static int decode(const char *name, int mode)
 {
 	struct fam f;
+	int f32 = mode == M_F32;
 	struct ms_model_opts oc = {.ep_size = 1};
-	struct ms_model_opts og = {.ep_size = 1, .device = MS_DEVICE_CUDA, .gpu_f32 = f32};
+	struct ms_model_opts og = gpu_opts(mode);
 	struct ms_model *mc = NULL, *mg = NULL;
 	struct ms_kv_cache *kc = NULL, *kg = NULL;
 	struct ms_err err = {0};
@@ -667,7 +744,7 @@ static int decode(const char *name, int f32)
 	ms_kv_cache_reset(kg);
 	T_ASSERT(ms_model_decode(mg, kg, ids, lg, &err) == MS_OK);
 	fprintf(stderr, "  %s %s decode: %u steps x %u sequences, max |gpu-cpu| %.3g, "
-		"|decode-forward| %.3g\n", name, f32 ? "f32" : "bf16", N, B, wc, wf);
+		"|decode-forward| %.3g\n", name, mode_name(mode), N, B, wc, wf);
 	T_ASSERT_MSG(wc < tl, "decode logits differ from the CPU's by %g", wc);
 	T_ASSERT_MSG(wf < tl, "decode logits differ from the forward's by %g", wf);
 	free(lc);
@@ -685,6 +762,7 @@ static int test_decode_f32_qwen3moe(void) { return decode("qwen3moe", 1); }
 static int test_decode_f32_glm4moe(void) { return decode("glm4moe", 1); }
 static int test_decode_bf16_qwen3moe(void) { return decode("qwen3moe", 0); }
 static int test_decode_bf16_mixtral(void) { return decode("mixtral", 0); }
+static int test_decode_grouped_glm4moe(void) { return decode("glm4moe", M_GROUPED); }
 
 /*
  * GRPO on the GPU model end to end: the rollouts (KV-cache decode on the
@@ -801,12 +879,21 @@ static const struct t_case cases[] = {
 	T_CASE(test_bf16_glm4moe),
 	T_CASE(test_bf16_qwen3moe_var),
 	T_CASE(test_bf16_glm4moe_var),
+	T_CASE(test_grouped_qwen3moe),
+	T_CASE(test_grouped_mixtral),
+	T_CASE(test_grouped_glm4moe),
+	T_CASE(test_grouped_qwen3moe_var),
+	T_CASE(test_grouped_glm4moe_var),
+	T_CASE(test_grouped_dropout),
+	T_CASE(test_grouped_vs_loop_qwen3moe),
+	T_CASE(test_grouped_vs_loop_mixtral),
 	T_CASE(test_predict_qwen3moe),
 	T_CASE(test_predict_mixtral),
 	T_CASE(test_predict_glm4moe),
 	T_CASE(test_predict_glm4moe_var),
 	T_CASE(test_colwise_qwen3moe),
 	T_CASE(test_colwise_glm4moe),
+	T_CASE(test_colwise_grouped_mixtral),
 	T_CASE(test_optim_noclip),
 	T_CASE(test_optim_clip),
 	T_CASE(test_train_follows_cpu),
@@ -815,6 +902,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_decode_f32_glm4moe),
 	T_CASE(test_decode_bf16_qwen3moe),
 	T_CASE(test_decode_bf16_mixtral),
+	T_CASE(test_decode_grouped_glm4moe),
 	T_CASE(test_rl_rollout),
 };
 

@@ -1187,14 +1187,14 @@ static int test_predict_flash_attention(void)
 			c.head_dim = 24;
 		for (int i = 0; i < 3; i++)
 			T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)(h * (i + 1)),
-						   MS_COLWISE_RESIDENT, isf32, &m[i]) == MS_OK);
+						   MS_COLWISE_RESIDENT, isf32, 0, &m[i]) == MS_OK);
 		d2s = (int64_t)m[2].scratch - 2 * (int64_t)m[1].scratch + (int64_t)m[0].scratch;
 		d2a = (int64_t)m[2].acts - 2 * (int64_t)m[1].acts + (int64_t)m[0].acts;
 		want = mode == 0 ? 0 : 2 * nh * (8 + 2 * (isf32 ? 4 : 2)) * h * h;
 		T_ASSERT_EQ_INT(d2s, want);
 		T_ASSERT_EQ_INT(d2a, 0);
 		/* activations: the LSE is the only difference between the modes */
-		T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)h, MS_COLWISE_RESIDENT, 1,
+		T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)h, MS_COLWISE_RESIDENT, 1, 0,
 					   &f32) == MS_OK);
 		T_ASSERT_EQ_INT(m[0].acts - f32.acts,
 				mode == 0 ? (int64_t)c.n_layers * 2 * h * nh * 4 : 0);
@@ -1203,9 +1203,49 @@ static int test_predict_flash_attention(void)
 	return 0;
 }
 
+/* gpu_plan.c's prediction for the grouped expert GEMMs: per MoE layer four
+ * arrays of E weight pointers (scratch) and E + 1 row offsets and E + 1
+ * tile offsets (activations), nothing else; nothing in the float32 test
+ * mode, which keeps cuBLAS; the same for either colwise mode */
+static int test_predict_grouped(void)
+{
+	const char *fams[] = {"qwen3moe", "glm4moe"};
+	for (size_t i = 0; i < 2; i++) {
+		struct fam f;
+		int64_t nmoe = 0, E;
+		T_ASSERT(fam_open(&f, fams[i]) == 0);
+		E = f.cfg.n_experts;
+		for (uint32_t l = 0; l < f.cfg.n_layers; l++)
+			nmoe += !f.cfg.dense[l];
+		T_ASSERT(nmoe > 0);
+		for (int f32 = 0; f32 < 2; f32++)
+			for (int cw = 0; cw < 2; cw++) {
+				struct ms_model_mem a, b;
+				enum ms_colwise_mode col = cw ? MS_COLWISE_ON_DEMAND
+							     : MS_COLWISE_RESIDENT;
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 0, &a) ==
+					 MS_OK);
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 1, &b) ==
+					 MS_OK);
+				T_ASSERT_EQ_INT((int64_t)(b.scratch - a.scratch),
+						f32 ? 0 : nmoe * 4 * E * (int64_t)sizeof(void *));
+				T_ASSERT_EQ_INT((int64_t)(b.acts - a.acts),
+						f32 ? 0 : nmoe * 2 * (E + 1) * 4);
+				T_ASSERT(b.nvfp4_rowwise == a.nvfp4_rowwise &&
+					 b.nvfp4_colwise == a.nvfp4_colwise && b.dense == a.dense &&
+					 b.lora == a.lora);
+				T_ASSERT_EQ_INT((int64_t)(b.peak - a.peak),
+						(int64_t)(b.scratch - a.scratch + b.acts - a.acts));
+			}
+		fam_close(&f);
+	}
+	return 0;
+}
+
 static const struct t_case cases[] = {
 	T_CASE(test_blas_symbols),
 	T_CASE(test_predict_flash_attention),
+	T_CASE(test_predict_grouped),
 	T_CASE(test_golden_qwen3moe),
 	T_CASE(test_golden_mixtral),
 	T_CASE(test_golden_glm4moe),

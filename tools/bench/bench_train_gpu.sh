@@ -142,14 +142,14 @@ if [ ! -f prepared.done ]; then
 fi
 # a plan per columnwise mode: each run registers its own adapter under its
 # own label and output directory
-plan() { # MODE
+plan() { # RUN COLWISE
 	cat >"plan-$1.json" <<EOF
 {"ep_size": 1, "outputs": "runs/$1",
  "states": [{"role": "base", "state": "base"}, {"role": "quantized", "state": "base-nvfp4"}],
  "train": {"lora": {"r": 16, "alpha": 32, "dropout": 0.0, "targets": ["experts", "q_proj", "v_proj"]},
            "optimizer": {"lr": 1e-4, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
            "batch": $BATCH, "seq_len": $SEQ, "grad_accum": 1, "steps": $STEPS, "seed": 1,
-           "data": {"jsonl": "data.jsonl"}, "checkpoint_every": 0, "colwise": "$1",
+           "data": {"jsonl": "data.jsonl"}, "checkpoint_every": 0, "colwise": "$2",
            "label": "bench-$1"}}
 EOF
 }
@@ -159,20 +159,29 @@ if "$BUILD/mstrain" train --help 2>&1 | grep -q -e '--profile'; then
 else
 	echo "bench-train-gpu: this mstrain has no --profile: no peak memory, kernel table or base bytes for our rows" >&2
 fi
+# the runs: each colwise mode with one cuBLAS GEMM per expert, and the
+# resident one with the grouped expert GEMMs where this mstrain has them
 case " $PARTS " in *" ours "*) MODES="resident on-demand";; *) MODES="";; esac
+if [ -n "$MODES" ] && [ "$DEV" = cuda ] &&
+	"$BUILD/mstrain" train --help 2>&1 | grep -q -e '--expert-gemm'; then
+	MODES="$MODES grouped"
+fi
 for c in $MODES; do
 	if [ -f "done-$c" ]; then
-		echo "bench-train-gpu: mstrain, colwise $c: done before in $W" >&2
+		echo "bench-train-gpu: mstrain, $c: done before in $W" >&2
 		continue
 	fi
-	plan "$c"
+	col=$c
+	[ "$c" = grouped ] && col=resident
+	plan "$c" "$col"
 	"$BUILD/msinv" footprint --json "plan-$c.json" >"footprint-$c.json" 2>"footprint-$c.err" ||
 		rm -f "footprint-$c.json"
-	set -- "$BUILD/mstrain" train --plan "plan-$c.json" --device "$DEV" --colwise "$c" --metrics "m-$c.jsonl"
+	set -- "$BUILD/mstrain" train --plan "plan-$c.json" --device "$DEV" --colwise "$col" --metrics "m-$c.jsonl"
+	[ "$c" = grouped ] && set -- "$@" --expert-gemm grouped
 	[ $PROF = 1 ] && set -- "$@" --profile "prof-$c.json"
-	echo "bench-train-gpu: mstrain, colwise $c, $STEPS steps of $BATCH x $SEQ" >&2
+	echo "bench-train-gpu: mstrain, $c, $STEPS steps of $BATCH x $SEQ" >&2
 	if ! "$BUILD/msinv" launch --plan "plan-$c.json" -- "$@" >"train-$c.log" 2>&1; then
-		echo "bench-train-gpu: mstrain --colwise $c failed: its row is left out" >&2
+		echo "bench-train-gpu: mstrain, $c, failed: its row is left out" >&2
 		tail -n 10 "train-$c.log" | sed 's/^/  /' >&2
 		rm -f "m-$c.jsonl" "prof-$c.json"
 		status=1
@@ -196,6 +205,19 @@ if [ -s m-resident.jsonl ] && [ -s m-on-demand.jsonl ]; then
 	fi
 else
 	SAME=""
+fi
+# the grouped expert GEMMs sum in another order: the same training to
+# float rounding, reported as the largest relative loss difference
+GROUPED=""
+if [ -s m-resident.jsonl ] && [ -s m-grouped.jsonl ]; then
+	GROUPED=$(python3 -c '
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if l.strip()]
+d = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) and a else None
+print("grouped and per-expert expert GEMMs (colwise resident): %s" % (
+    "the losses differ by at most %.3g relative over %d steps" % (d, len(a)) if d is not None
+    else "the runs have different step counts"))' m-resident.jsonl m-grouped.jsonl)
 fi
 
 case " $PARTS " in *" torch "*) RUN_TORCH=1;; *) RUN_TORCH=0;; esac
@@ -230,6 +252,9 @@ if ! python3 "$ROOT/$B/train_report.py" "$W" --batch "$BATCH" --seq "$SEQ" --ste
 fi
 if [ -n "$SAME" ]; then
 	printf '\n%s.\n' "$SAME" >>"$REP"
+fi
+if [ -n "$GROUPED" ]; then
+	printf '\n%s.\n' "$GROUPED" >>"$REP"
 fi
 echo
 cat "$REP"

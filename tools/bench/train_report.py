@@ -5,8 +5,10 @@
     config.json              the model's (for the FLOP count)
     m-resident.jsonl         mstrain --metrics, one line per step
     m-on-demand.jsonl
+    m-grouped.jsonl          (colwise resident, --expert-gemm grouped)
     prof-resident.json       mstrain --profile (optional): {"step_ms",
     prof-on-demand.json      "kernels": [{"name", "ms", "calls"}],
+    prof-grouped.json
                              "colwise_ms", "base_bytes", "peak_bytes"}
     torch.txt                train_torch.py's output (optional)
     footprint-<mode>.json    msinv footprint --json (optional)
@@ -29,7 +31,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_flops  # noqa: E402
 
-MODES = ("resident", "on-demand")
+MODES = ("resident", "on-demand", "grouped")
+# what each run is: its colwise mode, and for "grouped" the expert GEMMs
+RUN_NAME = {"resident": "colwise resident", "on-demand": "colwise on-demand",
+            "grouped": "colwise resident, grouped expert GEMMs"}
+RUN_ARGS = {"resident": "", "on-demand": "", "grouped": " --expert-gemm grouped"}
 GIB = float(1 << 30)
 
 
@@ -113,7 +119,8 @@ def main():
             notes.append("ours, %s: no profile (mstrain --profile absent or not written): "
                          "no peak memory, kernel table or base bytes" % m)
         ours[m] = (r, prof)
-        rows.append(("ours, colwise %s (mstrain --device %s)" % (m, a.mstrain_device),
+        rows.append(("ours, %s (mstrain --device %s%s)" % (RUN_NAME[m], a.mstrain_device,
+                                                           RUN_ARGS[m]),
                      r[0] * 1e3, prof.get("peak_bytes") if prof else None,
                      "median of %d steps after %d warm-up, last loss %.4f" % (r[1], a.skip, r[2])))
 
@@ -222,7 +229,9 @@ def main():
         L.append("|---|---:|---:|---:|---:|---:|---:|")
         for m in MODES:
             p = prof.get(m) or {}
-            f = fps[m] if isinstance(fps[m], dict) else {}
+            # msinv footprint predicts the per-expert GEMMs of each colwise
+            # mode: the grouped run has no prediction of its own
+            f = fps[m] if isinstance(fps[m], dict) and m != "grouped" else {}
             tr = f.get("trainer") if isinstance(f.get("trainer"), dict) else {}
             base, peak = p.get("base_bytes"), p.get("peak_bytes")
             meas = (p.get("mem") or {}).get("measured")
@@ -234,7 +243,7 @@ def main():
             L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
                 m, fmt(base), fmt(peak), fmt(meas), fmt(pred), ratio(pred, peak),
                 ratio(pred, meas)))
-        if all(prof.get(m, {}).get("base_bytes") for m in MODES):
+        if all(prof.get(m, {}).get("base_bytes") for m in ("resident", "on-demand")):
             L.append("")
             L.append("NVFP4 base bytes, on-demand / resident: %.3f (the bound: <= 0.52)"
                      % (prof["on-demand"]["base_bytes"] / prof["resident"]["base_bytes"]))
@@ -246,7 +255,7 @@ def main():
         step_ms = p.get("step_ms") or ours[m][0][0] * 1e3
         ks = sorted(p["kernels"], key=lambda k: -k["ms"])
         total = sum(k["ms"] for k in p["kernels"])
-        L.append("## Where the time goes: colwise %s (mstrain --profile)" % m)
+        L.append("## Where the time goes: %s (mstrain --profile)" % RUN_NAME[m])
         L.append("")
         L.append("Top 15 of %d kernels by time per step; the step: %.1f ms, all kernels: "
                  "%.1f ms (%.1f%%)." % (len(ks), step_ms, total, 100 * total / step_ms))
