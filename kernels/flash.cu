@@ -28,13 +28,6 @@
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
-/* two floats as a bf16 pair, lo in the low half (the lower column) */
-__device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-	return *(uint32_t *)&v;
-}
-
 /* The A fragment of k-chunk j from C fragments c[2j], c[2j+1] (a 16-row
  * block of a product, as the left operand of the next one) */
 __device__ __forceinline__ void c2a(uint32_t a[4], const float c0[4], const float c1[4])

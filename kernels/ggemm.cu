@@ -17,6 +17,16 @@
  * the shared memory per product (an mma.sync kernel on Hopper is bounded
  * near there) at one block an SM.
  *
+ * With an NVFP4 B (ms_ggemm.bq) a stage fetches B's codes (16 bytes a row)
+ * instead of its bf16 values and the block decodes them into one bf16
+ * tile after the stage's barrier, then a second barrier before the
+ * products; the block's rows' scales for the whole K are read once, at
+ * the start, into shared memory (cp.async's 4-byte granule does not fit
+ * two scale bytes a row a stage). Every block decodes its B tile again,
+ * so an expert's weights are decoded once per row tile: what this costs
+ * against a separate decode into scratch is what t_ggemm_gpu --bench
+ * measures.
+ *
  * The grid is (column tiles, a bound on the row tiles of all groups): the
  * row tiles of group e are tiles[e] .. tiles[e+1]-1, so a block finds its
  * group by a binary search of tiles, and blocks past tiles[E] (the bound
@@ -27,6 +37,7 @@
 #include <cuda_bf16.h>
 
 #include "gpu_internal.h"
+#include "fp4.h"
 #include "ggemm.h"
 #include "mma.h"
 
@@ -44,6 +55,14 @@ struct gg_cfg {
 	static constexpr int WM = 64, MI = WM / 16, NJ = WN / 8;
 	static constexpr int STAGE = (GG_BM + BN) * GG_LD;
 	static constexpr int SMEM = ST * STAGE * (int)sizeof(bf16);
+	/* NVFP4 B: a stage is A's tile and B's codes (16 bytes a row), then
+	 * the decoded B tile, then the scales (BN rows of ks bytes) */
+	static constexpr int QSTAGE = GG_BM * GG_LD + BN * 8;
+	static constexpr int QDEC = ST * QSTAGE;
+	static int qsmem(uint32_t ks)
+	{
+		return (QDEC + BN * GG_LD) * (int)sizeof(bf16) + (int)((BN * ks + 15) / 16 * 16);
+	}
 	static_assert((GG_BM / WM) * (BN / WN) == GG_NTH / 32, "8 warps");
 };
 typedef gg_cfg<128, 32, 4, 2> gg_narrow;
@@ -52,18 +71,79 @@ typedef gg_cfg<256, 64, 4, 1> gg_wide;
 /* One stage: rows r0.. of A (up to r1, the group's end) and rows n0.. of
  * B (up to N), columns k0 .. k0 + 31, by 16-byte cp.async; K is a multiple
  * of 8, so a chunk of 8 is wholly inside K or wholly past it. */
-template <int BN>
-__device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, const bf16 *A,
-					 const bf16 *B, uint32_t r0, uint32_t r1, uint32_t n0,
-					 uint32_t k0)
+/* A's part of a stage */
+__device__ __forceinline__ void gg_stage_a(bf16 *sa, const struct ms_ggemm &p, const bf16 *A,
+					   uint32_t r0, uint32_t r1, uint32_t k0)
 {
-	bf16 *sb = sa + GG_BM * GG_LD;
 	for (int i = threadIdx.x; i < GG_BM * (GG_BK / 8); i += GG_NTH) {
 		int r = i >> 2, c = (i & 3) * 8;
 		uint32_t k = k0 + c;
 		int ok = r0 + r < r1 && k < p.K;
 		cp16(sa + r * GG_LD + c, ok ? A + (uint64_t)(r0 + r) * p.lda + k : A, ok ? 16 : 0);
 	}
+}
+
+/* The part of an NVFP4 B that holds row n, column k of B: the part, its
+ * row and its column */
+__device__ __forceinline__ const struct ms_ggemm_q4 *gg_part(const struct ms_ggemm_nvfp4 *q,
+							   uint32_t n, uint32_t k,
+							   uint32_t *pn, uint32_t *pk)
+{
+	int one = q->along_k ? k >= q->split : n >= q->split;
+	*pn = n - (one && !q->along_k ? q->split : 0);
+	*pk = k - (one && q->along_k ? q->split : 0);
+	return &q->part[one];
+}
+
+/* An NVFP4 B's codes of a stage: rows n0.. (up to N), the 32 codes from
+ * k0 (K is a multiple of 32, so a stage lies in one part along K) */
+template <int BN>
+__device__ __forceinline__ void gg_stage_q(uint8_t *sc, const struct ms_ggemm &p,
+					   const struct ms_ggemm_nvfp4 *q, uint32_t n0,
+					   uint32_t k0)
+{
+	for (int r = threadIdx.x; r < BN; r += GG_NTH) {
+		uint32_t pn, pk;
+		const struct ms_ggemm_q4 *pt = gg_part(q, n0 + r, k0, &pn, &pk);
+		int ok = n0 + r < p.N;
+		cp16(sc + r * 16, ok ? pt->codes + (uint64_t)pn * pt->code_stride + pk / 2 : pt->codes,
+		     ok ? 16 : 0);
+	}
+}
+
+/* Decode the stage's codes (BN rows of 32) into the bf16 tile sb, row
+ * stride GG_LD: a thread a half row (16 codes, one scale) at a time */
+template <int BN>
+__device__ __forceinline__ void gg_decode(bf16 *sb, const uint8_t *sc, const uint8_t *ss,
+					  uint32_t ks, const struct ms_ggemm_nvfp4 *q, uint32_t n0,
+					  uint32_t k0)
+{
+	for (int i = threadIdx.x; i < 2 * BN; i += GG_NTH) {
+		int r = i >> 1, h = i & 1;
+		uint32_t pn, pk;
+		const struct ms_ggemm_q4 *pt = gg_part(q, n0 + r, k0, &pn, &pk);
+		float s = e4m3v(ss[(uint32_t)r * ks + k0 / 16 + h]);
+		float f = pt->divide ? s / pt->tscale : s * pt->tscale;
+		uint2 w = *(const uint2 *)(sc + r * 16 + h * 8);
+		uint32_t o[8];
+#pragma unroll
+		for (int b = 0; b < 8; b++) {
+			unsigned byte = ((b < 4 ? w.x : w.y) >> (8 * (b & 3))) & 255u;
+			o[b] = pack2(e2m1v(byte & 15u) * f, e2m1v(byte >> 4) * f);
+		}
+		uint4 *d = (uint4 *)(sb + r * GG_LD + h * 16);
+		d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+		d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+	}
+}
+
+template <int BN>
+__device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, const bf16 *A,
+					 const bf16 *B, uint32_t r0, uint32_t r1, uint32_t n0,
+					 uint32_t k0)
+{
+	bf16 *sb = sa + GG_BM * GG_LD;
+	gg_stage_a(sa, p, A, r0, r1, k0);
 	for (int i = threadIdx.x; i < BN * (GG_BK / 8); i += GG_NTH) {
 		int r = i >> 2, c = (i & 3) * 8;
 		uint32_t k = k0 + c;
@@ -72,10 +152,11 @@ __device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, con
 	}
 }
 
-template <class C>
+template <class C, bool Q>
 __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 {
 	constexpr int BN = C::BN, WN = C::WN, ST = C::ST;
+	constexpr int SLOT = Q ? C::QSTAGE : C::STAGE;
 	extern __shared__ uint4 gg_smem[];
 	bf16 *sm = (bf16 *)gg_smem;
 	uint32_t y = blockIdx.y, lo = 0, hi = p.E;
@@ -92,10 +173,27 @@ __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 	}
 	uint32_t r0 = p.off[lo] + (y - p.tiles[lo]) * GG_BM, r1 = p.off[lo + 1];
 	uint32_t n0 = blockIdx.x * BN;
-	const bf16 *A = (const bf16 *)p.a, *B = (const bf16 *)p.b[lo];
+	const bf16 *A = (const bf16 *)p.a, *B = NULL;
+	const struct ms_ggemm_nvfp4 *q = NULL;
 	int warp = threadIdx.x >> 5, wm = warp / (BN / WN), wn = warp % (BN / WN);
 	int nk = (int)((p.K + GG_BK - 1) / GG_BK);
+	uint32_t ks = p.K / 16;
+	bf16 *sdec = sm + C::QDEC;                 /* NVFP4: the decoded B tile */
+	uint8_t *ssc = (uint8_t *)(sdec + BN * GG_LD); /* and its rows' scales */
 	float acc[C::MI][C::NJ][4];
+
+	if constexpr (Q) {
+		q = p.bq + lo;
+		/* the rows' scales for the whole K (past N: zeros); the first
+		 * barrier of the loop publishes them */
+		for (uint32_t i = threadIdx.x; i < BN * ks; i += GG_NTH) {
+			uint32_t r = i / ks, j = i % ks, pn, pk;
+			const struct ms_ggemm_q4 *pt = gg_part(q, n0 + r, 16 * j, &pn, &pk);
+			ssc[i] = n0 + r < p.N ? pt->scales[(uint64_t)pn * pt->scale_stride + pk / 16] : 0;
+		}
+	} else {
+		B = (const bf16 *)p.b[lo];
+	}
 
 #pragma unroll
 	for (int i = 0; i < C::MI; i++)
@@ -105,8 +203,15 @@ __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 			for (int h = 0; h < 4; h++)
 				acc[i][j][h] = 0.0f;
 	for (int s = 0; s < ST - 1; s++) {
-		if (s < nk)
-			gg_stage<BN>(sm + s * C::STAGE, p, A, B, r0, r1, n0, (uint32_t)s * GG_BK);
+		if (s < nk) {
+			if constexpr (Q) {
+				gg_stage_a(sm + s * SLOT, p, A, r0, r1, (uint32_t)s * GG_BK);
+				gg_stage_q<BN>((uint8_t *)(sm + s * SLOT + GG_BM * GG_LD), p, q, n0,
+					       (uint32_t)s * GG_BK);
+			} else {
+				gg_stage<BN>(sm + s * SLOT, p, A, B, r0, r1, n0, (uint32_t)s * GG_BK);
+			}
+		}
 		cp_commit();
 	}
 	for (int kt = 0; kt < nk; kt++) {
@@ -115,11 +220,26 @@ __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 		 * kt + ST - 1 overwrites */
 		cp_wait<ST - 2>();
 		__syncthreads();
-		if (kt + ST - 1 < nk)
-			gg_stage<BN>(sm + ((kt + ST - 1) % ST) * C::STAGE, p, A, B, r0, r1, n0,
-				     (uint32_t)(kt + ST - 1) * GG_BK);
+		if (kt + ST - 1 < nk) {
+			bf16 *slot = sm + ((kt + ST - 1) % ST) * SLOT;
+			uint32_t k0 = (uint32_t)(kt + ST - 1) * GG_BK;
+			if constexpr (Q) {
+				gg_stage_a(slot, p, A, r0, r1, k0);
+				gg_stage_q<BN>((uint8_t *)(slot + GG_BM * GG_LD), p, q, n0, k0);
+			} else {
+				gg_stage<BN>(slot, p, A, B, r0, r1, n0, k0);
+			}
+		}
 		cp_commit();
-		const bf16 *sa = sm + (kt % ST) * C::STAGE, *sb = sa + GG_BM * GG_LD;
+		const bf16 *sa = sm + (kt % ST) * SLOT, *sb = sa + GG_BM * GG_LD;
+		if constexpr (Q) {
+			/* every warp is past the previous tile's products (the
+			 * barrier above): decode this stage's codes over it */
+			gg_decode<BN>(sdec, (const uint8_t *)sb, ssc, ks, q, n0,
+				      (uint32_t)kt * GG_BK);
+			__syncthreads();
+			sb = sdec;
+		}
 #pragma unroll
 		for (int kk = 0; kk < GG_BK; kk += 16) {
 			uint32_t af[C::MI][4], bq[C::NJ / 2][4];
@@ -215,13 +335,39 @@ static int aligned(const void *p, uintptr_t n)
 	return p && !((uintptr_t)p % n);
 }
 
-template <class C>
+extern "C" int ms_ggemm_nvfp4_check(const struct ms_ggemm_nvfp4 *d, uint32_t N, uint32_t K,
+				    struct ms_err *err)
+{
+	if (K % 32 || K > MS_GGEMM_NVFP4_MAX_K || N % 8)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM, NVFP4 B: N %u, K %u: N must be a "
+				  "multiple of 8 and K of 32, at most %u", N, K,
+				  MS_GGEMM_NVFP4_MAX_K);
+	if (d->along_k && d->split < K && d->split % 32)
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM, NVFP4 B: a split of K at %u is "
+				  "not a multiple of 32", d->split);
+	for (int i = 0; i < 2; i++) {
+		const struct ms_ggemm_q4 *q = &d->part[i];
+		uint32_t lim = d->along_k ? K : N, sp = d->split < lim ? d->split : lim;
+		uint32_t pk = d->along_k ? (i ? K - sp : sp) : K;   /* the part's K */
+		if (i == 1 && sp == lim)
+			break;
+		if (!aligned(q->codes, 16) || !q->scales || q->code_stride % 16 ||
+		    q->code_stride < pk / 2 || q->scale_stride < pk / 16)
+			return ms_err_set(err, MS_EINVAL, "grouped GEMM, NVFP4 B: part %d: codes "
+					  "NULL or not 16-byte aligned, or a stride short or "
+					  "(codes) not a multiple of 16", i);
+	}
+	return MS_OK;
+}
+
+template <class C, bool Q>
 static int gg_launch(const struct ms_ggemm *p, uint64_t ytiles, cudaStream_t st,
 		     struct ms_err *err)
 {
 	int rc = MS_OK;
-	CK(cudaFuncSetAttribute(k_ggemm<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
-	k_ggemm<C><<<dim3((p->N + C::BN - 1) / C::BN, (unsigned)ytiles), GG_NTH, C::SMEM, st>>>(*p);
+	int smem = Q ? C::qsmem(p->K / 16) : C::SMEM;
+	CK(cudaFuncSetAttribute(k_ggemm<C, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+	k_ggemm<C, Q><<<dim3((p->N + C::BN - 1) / C::BN, (unsigned)ytiles), GG_NTH, smem, st>>>(*p);
 	CK(cudaGetLastError());
 out:
 	return rc;
@@ -237,7 +383,11 @@ extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_er
 						  "%d: not covered (1 .. %u groups, N and K "
 						  "multiples of 8)", p->E, p->N, p->K, p->cfg,
 				  MS_GGEMM_MAX_E);
-	if (!aligned(p->a, 16) || !p->b || !aligned(p->c, 8) || !p->off || !p->tiles ||
+	if (p->bq && (p->K % 32 || p->K > MS_GGEMM_NVFP4_MAX_K))
+		return ms_err_set(err, MS_EINVAL, "grouped GEMM: an NVFP4 B needs K a multiple "
+						  "of 32 up to %u (K %u)", MS_GGEMM_NVFP4_MAX_K,
+				  p->K);
+	if (!aligned(p->a, 16) || (!p->b && !p->bq) || !aligned(p->c, 8) || !p->off || !p->tiles ||
 	    p->lda % 8 || p->ldb % 8 || p->ldc % 2 || p->lda < p->K || p->ldb < p->K ||
 	    p->ldc < p->N)
 		return ms_err_set(err, MS_EINVAL, "grouped GEMM: a pointer is NULL or "
@@ -249,7 +399,9 @@ extern "C" int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_er
 	if (ytiles > 65535 || p->rows > 0xffffffffull)
 		return ms_err_set(err, MS_EINVAL, "grouped GEMM: %llu rows: too many",
 				  (unsigned long long)p->rows);
-	if (p->cfg == MS_GGEMM_NARROW)
-		return gg_launch<gg_narrow>(p, ytiles, st, err);
-	return gg_launch<gg_wide>(p, ytiles, st, err);
+	if (p->bq)
+		return p->cfg == MS_GGEMM_NARROW ? gg_launch<gg_narrow, true>(p, ytiles, st, err)
+						 : gg_launch<gg_wide, true>(p, ytiles, st, err);
+	return p->cfg == MS_GGEMM_NARROW ? gg_launch<gg_narrow, false>(p, ytiles, st, err)
+					 : gg_launch<gg_wide, false>(p, ytiles, st, err);
 }

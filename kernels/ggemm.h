@@ -42,6 +42,37 @@ struct ms_err;
  * (t_ggemm_gpu --bench); NARROW is the default */
 enum { MS_GGEMM_NARROW, MS_GGEMM_WIDE };
 
+/*
+ * One group's B in NVFP4 instead of bf16 (ms_ggemm.bq): decoded to bf16
+ * inside the GEMM, a stage at a time in shared memory, the value
+ * train.cu's decode kernel (and ms_nvfp4_dequantize_ref) makes: e2m1(code)
+ * times e4m3(scale) times or over the tensor scale, in float32, rounded
+ * to bf16. The layout is nvfp4.h's: codes two a byte, the lower column in
+ * the low nibble, one e4m3 scale per 16 along K. B may be two tensors
+ * (an expert's gate and up projections, each with its own tensor scale):
+ * part 0 holds B's rows [0, split) and part 1 rows [split, N) (along N),
+ * or part 0 columns [0, split) and part 1 [split, K) (along K: the
+ * transpose of such a stack); split >= N (or K) is one part.
+ */
+struct ms_ggemm_q4 {
+	const uint8_t *codes;     /* the part's [rows, code_stride], 16-byte
+				     aligned */
+	const uint8_t *scales;    /* [rows, scale_stride] */
+	uint32_t code_stride;     /* bytes, a multiple of 16, >= its K / 2 */
+	uint32_t scale_stride;    /* bytes, >= its K / 16 */
+	float tscale;             /* the tensor scale */
+	int divide;               /* 1: scale / tscale (MS_NVFP4_TSCALE_DIV);
+				     0: scale * tscale */
+};
+
+struct ms_ggemm_nvfp4 {
+	struct ms_ggemm_q4 part[2];
+	uint32_t split;           /* where part 1 starts */
+	int along_k;              /* the parts split K (a multiple of 32), or N */
+};
+
+#define MS_GGEMM_NVFP4_MAX_K 8192u  /* the block keeps its rows' scales */
+
 struct ms_ggemm {
 	uint32_t E;               /* groups, 1 .. MS_GGEMM_MAX_E */
 	uint32_t N, K;            /* every group's columns and reduction length */
@@ -51,7 +82,8 @@ struct ms_ggemm {
 	const void *a;            /* device bf16 [rows, K], 16-byte aligned */
 	uint64_t lda;             /* a multiple of 8 */
 	const void *const *b;     /* device [E]: group e's bf16 [N, K], each
-				     16-byte aligned */
+				     16-byte aligned; unused with bq */
+	const struct ms_ggemm_nvfp4 *bq; /* device [E], or NULL: B from b */
 	uint64_t ldb;             /* a multiple of 8 */
 	float *c;                 /* device float [rows, N], 8-byte aligned */
 	uint64_t ldc;             /* even */
@@ -62,6 +94,12 @@ struct ms_ggemm {
 /* 1 when the kernel covers N columns and reduction length K (both
  * multiples of 8: rows of 16 bytes), else 0. */
 int ms_ggemm_supported(uint32_t N, uint32_t K);
+
+/* MS_OK when the kernel covers an NVFP4 B of d's layout (host memory)
+ * over N x K: K a multiple of 32 up to MS_GGEMM_NVFP4_MAX_K, N of 8,
+ * the strides and alignments above; else MS_EINVAL saying which. */
+int ms_ggemm_nvfp4_check(const struct ms_ggemm_nvfp4 *d, uint32_t N, uint32_t K,
+			 struct ms_err *err);
 
 /* From cnt [E] (device, rows per group): off [E + 1] (off[0] = 0, the
  * running sum) and tiles [E + 1] (the same over each group's row tiles),

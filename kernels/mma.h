@@ -26,6 +26,13 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const 
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/* two floats as a bf16 pair, lo in the low half (the lower column) */
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *(uint32_t *)&v;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
 	return (uint32_t)__cvta_generic_to_shared(p);

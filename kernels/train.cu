@@ -50,6 +50,7 @@
 
 #include "gpu_internal.h"
 #include "flash.h"
+#include "fp4.h"
 #include "ggemm.h"
 extern "C" {
 #include "train/model_int.h"
@@ -213,8 +214,10 @@ struct dlayer {
 	int nfwd, nbwd;
 	struct ddesc *hbwd;          /* host copy of bwd (on-demand chunks) */
 	/* grouped expert GEMMs (device [4][E]): W_e of gate/up and of down,
-	 * then their W_e^T; into the decode scratch or at the float weights */
+	 * then their W_e^T; bf16 pointers into the decode scratch or at the
+	 * float weights (gbp), or NVFP4 descriptors when fused (gbq) */
 	const void *const *gbp;
+	const struct ms_ggemm_nvfp4 *gbq;
 };
 
 /* One block-decode job: rows x cols codes (row stride cols/2) and scales
@@ -273,7 +276,8 @@ struct ms_gmodel {
 	cudaStream_t st;
 	int f32;                     /* GEMM operands float32 */
 	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
-	void *gbp;                   /* every MoE layer's gbp */
+	int fused;                   /* ... decoding NVFP4 inside them */
+	void *gbp;                   /* every MoE layer's gbp or gbq */
 	cudaEvent_t cev;             /* a layer's expert counts reached the host */
 	cudaDataType_t gt;           /* GEMM operand type */
 	size_t esz;                  /* its size */
@@ -473,28 +477,6 @@ static void ph_fold(struct ms_gmodel *g)
 }
 
 /* ---- device helpers --------------------------------------------------------------- */
-
-/* e2m1 by its bits (a table would live in local memory, one load a code):
- * exponent field e, mantissa bit m; e 0 is 0 or 0.5, else (1 + m/2) 2^(e-1) */
-__device__ __forceinline__ float e2m1v(unsigned c)
-{
-	unsigned e = (c >> 1) & 3, m = c & 1;
-	unsigned bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
-	return __int_as_float((int)(bits | ((c & 8u) << 28)));
-}
-
-__device__ __forceinline__ float e4m3v(unsigned b)
-{
-	unsigned e = (b >> 3) & 15, m = b & 7;
-	float v;
-	if ((b & 0x7f) == 0x7f)
-		return __int_as_float(0x7fc00000);
-	if (e == 0)
-		v = (float)m * 0x1p-9f;
-	else
-		v = __int_as_float((int)(((e + 127u - 7u) << 23) | (m << 20)));
-	return (b & 0x80) ? -v : v;
-}
 
 template <typename T> __device__ __forceinline__ T tocv(float x);
 template <> __device__ __forceinline__ float tocv<float>(float x) { return x; }
@@ -1751,7 +1733,7 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 	ls[nl++] = &dl->k;
 	ls[nl++] = &dl->v;
 	ls[nl++] = &dl->o;
-	if (dl->moe)
+	if (dl->moe && !g->fused)
 		for (uint32_t e = 0; e < g->E; e++) {
 			ls[nl++] = &dl->egu[e];
 			ls[nl++] = &dl->edn[e];
@@ -1821,42 +1803,80 @@ out:
 
 static void gfree(struct ms_gmodel *g);
 
-/* Every MoE layer's weight pointers for the grouped expert GEMMs, on the
- * device: they point into the decode scratch (or at float weights), which
- * never moves, so they are written once here. */
+static_assert(sizeof(struct ms_ggemm_nvfp4) == MS_GMODEL_Q4_DESC,
+	      "gpu_plan.c's size of an NVFP4 descriptor");
+
+/* An expert projection's NVFP4 as the fused GEMM's B: W [out, in] from
+ * the rowwise bytes (parts stacked along N), or W^T [in, out] from the
+ * columnwise ones (the parts side by side along K) */
+static int gg_q4(const struct dlin *l, int bwd, uint32_t N, uint32_t K,
+		 struct ms_ggemm_nvfp4 *q, struct ms_err *err)
+{
+	memset(q, 0, sizeof *q);
+	if (l->nparts < 1 || l->nparts > 2)
+		return ms_err_set(err, MS_EINVAL, "--expert-gemm fused: an expert projection "
+				  "of %d NVFP4 parts (1 or 2 are covered; none: not quantized)",
+				  l->nparts);
+	q->along_k = bwd;
+	q->split = l->nparts == 2 ? (uint32_t)l->part[0].rows : bwd ? K : N;
+	for (int i = 0; i < l->nparts; i++) {
+		const struct dpart *d = &l->part[i];
+		struct ms_ggemm_q4 *p = &q->part[i];
+		p->codes = bwd ? d->pkt : d->pk;
+		p->scales = bwd ? d->sct : d->sc;
+		p->code_stride = bwd ? d->pst : d->rpst;
+		p->scale_stride = bwd ? d->sst : d->rsst;
+		p->tscale = d->tscale;
+		p->divide = d->kind == MS_NVFP4_TSCALE_DIV;
+	}
+	return ms_ggemm_nvfp4_check(q, N, K, err);
+}
+
+/* Every MoE layer's weights for the grouped expert GEMMs, on the device:
+ * pointers into the decode scratch (or at float weights), or NVFP4
+ * descriptors when fused; neither moves, so they are written once here. */
 static int gg_pointers(struct ms_gmodel *g, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t nmoe = 0, n, i = 0;
-	const void **h = NULL;
+	size_t esz = g->fused ? sizeof(struct ms_ggemm_nvfp4) : sizeof(void *);
+	char *h = NULL;
 	for (uint32_t l = 0; l < g->L; l++)
 		nmoe += g->ly[l].moe;
 	if (!nmoe)
 		return MS_OK;
 	n = nmoe * 4 * g->E;
-	if (!(h = (const void **)malloc(n * sizeof *h)))
+	if (!(h = (char *)calloc(n, esz)))
 		return ms_err_nomem(err);
-	DM(g->gbp, n * sizeof *h, MC_SCRATCH);
+	DM(g->gbp, n * esz, MC_SCRATCH);
 	for (uint32_t l = 0; l < g->L; l++) {
 		struct dlayer *d = &g->ly[l];
 		if (!d->moe)
 			continue;
-		d->gbp = (const void *const *)g->gbp + i;
-		for (uint32_t e = 0; e < g->E; e++) {
-			h[i + e] = lin_w(g, &d->egu[e], 0);
-			h[i + g->E + e] = lin_w(g, &d->edn[e], 0);
-			h[i + 2 * g->E + e] = lin_w(g, &d->egu[e], 1);
-			h[i + 3 * g->E + e] = lin_w(g, &d->edn[e], 1);
-		}
-		i += 4 * g->E;
+		d->gbp = (const void *const *)((char *)g->gbp + i * esz);
+		d->gbq = (const struct ms_ggemm_nvfp4 *)d->gbp;
+		/* the four products' B: gate/up and down forward (W [out,
+		 * in]), then their input gradients (W^T [in, out]) */
+		for (uint32_t w = 0; w < 4; w++)
+			for (uint32_t e = 0; e < g->E; e++, i++) {
+				const struct dlin *x = w % 2 ? &d->edn[e] : &d->egu[e];
+				uint32_t N = w < 2 ? x->out : x->in, K = w < 2 ? x->in : x->out;
+				const void *b;
+				if (g->fused) {
+					if ((rc = gg_q4(x, w >= 2, N, K,
+							(struct ms_ggemm_nvfp4 *)h + i, err)))
+						goto out;
+					continue;
+				}
+				if ((uintptr_t)(b = lin_w(g, x, w >= 2)) % 16) {
+					rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: an "
+							"expert's weights are not 16-byte aligned");
+					goto out;
+				}
+				((const void **)h)[i] = b;
+			}
 	}
-	for (i = 0; i < n; i++)
-		if ((uintptr_t)h[i] % 16) {
-			rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: an expert's weights "
-					"are not 16-byte aligned");
-			goto out;
-		}
-	CK(cudaMemcpy(g->gbp, h, n * sizeof *h, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(g->gbp, h, n * esz, cudaMemcpyHostToDevice));
 out:
 	free(h);
 	return rc;
@@ -1877,7 +1897,8 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	if (!(g = (struct ms_gmodel *)calloc(1, sizeof *g)))
 		return ms_err_nomem(err);
 	g->f32 = m->opts.gpu_f32;
-	g->grouped = m->opts.gpu_grouped && !g->f32;
+	g->grouped = m->opts.expert_gemm != MS_EXPERT_GEMM_PER_EXPERT && !g->f32;
+	g->fused = m->opts.expert_gemm == MS_EXPERT_GEMM_FUSED && !g->f32;
 	g->gt = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
 	g->esz = g->f32 ? 4 : 2;
 	g->ct_base = g->f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
@@ -1900,6 +1921,19 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	if (g->grouped && (!ms_ggemm_supported(2 * g->F, g->H) || !ms_ggemm_supported(g->F, g->H))) {
 		rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: the hidden size (%u) and "
 				"the expert ffn (%u) must be multiples of 8", g->H, g->F);
+		goto out;
+	}
+	if (g->fused && (g->H % 32 || g->F % 32 || g->H > MS_GGEMM_NVFP4_MAX_K ||
+			 2 * g->F > MS_GGEMM_NVFP4_MAX_K)) {
+		rc = ms_err_set(err, MS_EINVAL, "--expert-gemm fused: the hidden size (%u) and the "
+				"expert ffn (%u) must be multiples of 32 (and their products' K at "
+				"most %u)", g->H, g->F, MS_GGEMM_NVFP4_MAX_K);
+		goto out;
+	}
+	if (g->fused && m->opts.colwise != MS_COLWISE_RESIDENT) {
+		rc = ms_err_set(err, MS_EINVAL, "--expert-gemm fused decodes every expert's "
+				"columnwise NVFP4 inside the backward's GEMMs: it needs "
+				"--colwise resident");
 		goto out;
 	}
 	CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
@@ -1999,9 +2033,12 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 				rc = ms_err_nomem(err);
 				goto out;
 			}
+			/* fused: the experts decode inside their GEMMs and take
+			 * no room in the decode scratch */
+			uint64_t wox = 0, *wex = g->fused ? &wox : &wo;
 			for (uint32_t e = 0; e < g->E; e++)
-				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], &wo, &cb, err)) ||
-				    (rc = up_lin(g, m, &ex[e].down, &d->edn[e], &wo, &cb, err)))
+				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], wex, &cb, err)) ||
+				    (rc = up_lin(g, m, &ex[e].down, &d->edn[e], wex, &cb, err)))
 					goto out;
 		}
 		if (L->sh.gu.out) {
@@ -2698,7 +2735,10 @@ static int egemm(struct ms_gmodel *g, const struct dlayer *d, const struct dacts
 	p.tiles = a->goff + g->E + 1;
 	p.a = X;
 	p.lda = K;
-	p.b = d->gbp + (uint64_t)w * g->E;
+	if (g->fused)
+		p.bq = d->gbq + (uint64_t)w * g->E;
+	else
+		p.b = d->gbp + (uint64_t)w * g->E;
 	p.ldb = K;
 	p.c = C;
 	p.ldc = N;
@@ -3430,7 +3470,8 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	cJSON_AddNumberToObject(o, "step_ms", g->step_ms / st);
 	cJSON_AddNumberToObject(o, "colwise_ms", g->ph_ms[PH_TRANSPOSE] / st);
 	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
-	cJSON_AddStringToObject(o, "expert_gemm", g->grouped ? "grouped" : "per-expert");
+	cJSON_AddStringToObject(o, "expert_gemm",
+				g->fused ? "fused" : g->grouped ? "grouped" : "per-expert");
 	for (int p = 0; p < PH_N; p++) {
 		cJSON *k;
 		if (!g->ph_calls[p])

@@ -3229,6 +3229,16 @@ int ms_py_inv_state_json(struct ms_inv *inv, const char *ref, char **json,
 #define MS_TRAIN_MAX_STEPS 100000000ull
 #define MS_TRAIN_MAX_BATCH 65536u
 
+/* How the CUDA trainer runs the routed experts' frozen products on its
+ * bf16 path (mstrain --expert-gemm). */
+enum ms_expert_gemm {
+	MS_EXPERT_GEMM_PER_EXPERT,   /* one cuBLAS GEMM per expert (default) */
+	MS_EXPERT_GEMM_GROUPED,      /* one grouped launch a product over the
+					routing counts on the device */
+	MS_EXPERT_GEMM_FUSED,        /* grouped, decoding the NVFP4 weights
+					inside the GEMM (no bf16 copy) */
+};
+
 enum ms_colwise_mode {
 	MS_COLWISE_RESIDENT,         /* every layer's W^T built at build time */
 	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
@@ -3365,7 +3375,7 @@ struct ms_train_opts {
 	int nthreads;          /* 0: one per CPU */
 	enum ms_device device; /* where the model computes */
 	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
-	int gpu_grouped;       /* cuda: grouped expert GEMMs (model.h) */
+	int expert_gemm;       /* cuda: enum ms_expert_gemm */
 	const struct ms_train_launch *launch; /* NULL: not launched */
 	/* Told of every step and every checkpoint (may be NULL). on_step
 	 * returning other than MS_OK (err filled) stops the run with that

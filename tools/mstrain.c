@@ -221,12 +221,14 @@ static int cmd_train(int argc, char **argv)
 			break;
 		case 'G':
 			if (!strcmp(optarg, "grouped"))
-				o.gpu_grouped = 1;
+				o.expert_gemm = MS_EXPERT_GEMM_GROUPED;
+			else if (!strcmp(optarg, "fused"))
+				o.expert_gemm = MS_EXPERT_GEMM_FUSED;
 			else if (!strcmp(optarg, "per-expert"))
-				o.gpu_grouped = 0;
+				o.expert_gemm = MS_EXPERT_GEMM_PER_EXPERT;
 			else
-				return cli_usage("--expert-gemm: '%s' is not grouped or per-expert",
-						 optarg);
+				return cli_usage("--expert-gemm: '%s' is not per-expert, grouped or "
+						 "fused", optarg);
 			expert_gemm = 1;
 			break;
 		case 'c':
@@ -272,9 +274,9 @@ static int cmd_train(int argc, char **argv)
 		return cli_usage("--plan is required");
 	if ((profile || o.gpu_f32 || expert_gemm) && o.device != MS_DEVICE_CUDA)
 		return cli_usage("--profile, --gpu-f32 and --expert-gemm need --device cuda");
-	if (o.gpu_f32 && o.gpu_grouped)
-		return cli_usage("--expert-gemm grouped is a bf16 path; --gpu-f32 takes float32 "
-				 "GEMMs");
+	if (o.gpu_f32 && o.expert_gemm != MS_EXPERT_GEMM_PER_EXPERT)
+		return cli_usage("--expert-gemm %s is a bf16 path; --gpu-f32 takes float32 GEMMs",
+				 o.expert_gemm == MS_EXPERT_GEMM_FUSED ? "fused" : "grouped");
 	if ((rc = ms_train_launch_parse(environ, &launch, &err)) != MS_OK)
 		return cli_fail(rc, &err);
 	if ((rc = ms_inv_open(cli_db_path(db), 0, &inv, &err)) != MS_OK)
@@ -321,7 +323,7 @@ static const struct cli_cmd cmds[] = {
 	{ "train", cmd_train,
 	  "train --plan PLAN [--db PATH] [--device cpu|cuda] [--colwise resident|on-demand] [--ep N] "
 	  "[--steps N] [--resume CKPT] [--metrics FILE] [--profile FILE] [--gpu-f32] "
-	  "[--expert-gemm grouped|per-expert] [--json]",
+	  "[--expert-gemm per-expert|grouped|fused] [--json]",
 	  "train a LoRA adapter on the plan's verified states",
 	  "--plan PLAN\tthe run plan (states, train section, outputs)\n"
 	  "--device cpu|cuda\twhere to train: the CPU reference path, or one GPU (default cpu)\n"
@@ -332,8 +334,9 @@ static const struct cli_cmd cmds[] = {
 	  "--metrics FILE\tone JSON line of metrics per step\n"
 	  "--profile FILE\tcuda: time per phase and device memory held, as JSON\n"
 	  "--gpu-f32\tcuda: float32 GEMMs instead of bf16 tensor cores (the tests' mode)\n"
-	  "--expert-gemm grouped|per-expert\tcuda, bf16: each expert product as one grouped launch "
-	  "over the routing counts on the device, or one cuBLAS GEMM per expert (default)\n" },
+	  "--expert-gemm per-expert|grouped|fused\tcuda, bf16: one cuBLAS GEMM per expert (default), "
+	  "or each expert product as one grouped launch over the routing counts on the device, "
+	  "its NVFP4 weights decoded per layer (grouped) or inside the GEMM (fused)\n" },
 };
 
 int main(int argc, char **argv)

@@ -33,8 +33,11 @@ static uint64_t pad16(uint64_t x)
 	return (x + 15) / 16 * 16;
 }
 
-/* one frozen projection of nparts row blocks (rows[i] each) over in */
-static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int bias)
+/* one frozen projection of nparts row blocks (rows[i] each) over in;
+ * decoded: it has a place in the decode scratch (not an expert's under
+ * --expert-gemm fused, which decodes inside the GEMM) */
+static void lin_d(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int bias,
+		  int decoded)
 {
 	uint64_t out = 0;
 	for (int i = 0; i < nparts; i++)
@@ -46,7 +49,8 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 		p->m->dense += 2 * out * in * p->esz;
 		return;
 	}
-	p->wo += out * in;
+	if (decoded)
+		p->wo += out * in;
 	for (int i = 0; i < nparts; i++) {
 		uint64_t row = (uint64_t)rows[i] * (pad16(in) / 2 + pad16(in) / 16);
 		uint64_t col = (uint64_t)in * (pad16(rows[i]) / 2 + pad16(rows[i]) / 16);
@@ -58,16 +62,22 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 	}
 }
 
+static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int bias)
+{
+	lin_d(p, nparts, rows, in, bias, 1);
+}
+
 int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,
 		      uint32_t B, uint32_t S, enum ms_colwise_mode colwise, int f32,
-		      int grouped, struct ms_model_mem *out)
+		      int expert_gemm, struct ms_model_mem *out)
 {
 	struct gp p;
 	uint64_t H = c->hidden, V = c->vocab, E = c->n_experts, K = c->top_k;
 	uint64_t F = c->moe_ffn, hd = c->head_dim, dq = (uint64_t)c->n_heads * hd;
 	uint64_t dkv = (uint64_t)c->n_kv_heads * hd, r = lora->r, T = (uint64_t)B * S;
 	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0, nmoe = 0;
-	int anymoe = 0;
+	int anymoe = 0, eg = f32 ? MS_EXPERT_GEMM_PER_EXPERT : expert_gemm;
+	int grouped = eg != MS_EXPERT_GEMM_PER_EXPERT;
 	/* flash attention (kernels/flash.h) on the bf16 path for the head
 	 * dims its kernels cover: a per-layer LSE instead of S x S scratch */
 	int flash = !f32 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
@@ -108,8 +118,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 			if (c->router == MS_ROUTER_SIGMOID)
 				out->dense += E * 4;
 			for (uint64_t e = 0; e < E; e++) {
-				lin(&p, 2, gu, (uint32_t)H, 0);
-				lin(&p, 1, rh, (uint32_t)F, 0);
+				lin_d(&p, 2, gu, (uint32_t)H, 0, eg != MS_EXPERT_GEMM_FUSED);
+				lin_d(&p, 1, rh, (uint32_t)F, 0, eg != MS_EXPERT_GEMM_FUSED);
 			}
 			if (lora->targets & MS_LORA_EXPERTS)
 				ntot += E * r * H + 2 * F * r * E + E * r * F + H * r * E;
@@ -126,11 +136,13 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	}
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
-	/* grouped expert GEMMs (bf16 only): four weight-pointer arrays a MoE
-	 * layer (gg_pointers), and a layer's row and tile offsets (acts) */
-	grouped = grouped && !f32;
-	if (grouped)
+	/* grouped expert GEMMs (bf16 only): four arrays of E weight pointers
+	 * a MoE layer, or of E NVFP4 descriptors when fused (gg_pointers),
+	 * and a layer's row and tile offsets (acts) */
+	if (eg == MS_EXPERT_GEMM_GROUPED)
 		out->scratch += nmoe * 4 * E * sizeof(void *);
+	else if (eg == MS_EXPERT_GEMM_FUSED)
+		out->scratch += nmoe * 4 * E * MS_GMODEL_Q4_DESC;
 	if (p.ondemand)
 		out->nvfp4_colwise += p.colmax / 4 > p.partmax + 512 ? p.colmax / 4 : p.partmax + 512;
 	/* acts_alloc at the step's shape */

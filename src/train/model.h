@@ -165,10 +165,9 @@ struct ms_model_opts {
 					rounding), the mode the tests compare
 					with the CPU; 0: bf16 tensor-core
 					GEMMs, float32 everywhere else */
-	int gpu_grouped;             /* cuda, bf16: every expert product as
-					one grouped launch over device-resident
-					routing counts (kernels/ggemm.h); 0:
-					one cuBLAS GEMM per expert */
+	int expert_gemm;             /* cuda, bf16: enum ms_expert_gemm
+					(kernels/ggemm.h for the grouped
+					and fused ones) */
 };
 
 struct ms_model;
@@ -317,9 +316,13 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
  * planner's prediction. It assumes the quantized state holds every
  * attention, expert and shared projection whose input dimension is a
  * multiple of 16 and no other (msconvert's default selection). MS_OK. */
+/* the size of an expert's NVFP4 descriptor for the fused expert GEMMs
+ * (struct ms_ggemm_nvfp4, kernels/ggemm.h; train.cu asserts it) */
+#define MS_GMODEL_Q4_DESC 72u
+
 int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
 		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,
-		      int gpu_f32, int gpu_grouped, struct ms_model_mem *out);
+		      int gpu_f32, int expert_gemm, struct ms_model_mem *out);
 
 /* A CUDA model's time per phase over the steps so far (CUDA events), as
  * JSON {"steps": n, "step_ms": mean, "colwise_ms": ..., "kernels": [{"name",

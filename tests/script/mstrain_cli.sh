@@ -56,8 +56,8 @@ expect 2 "$B/mstrain" train --plan x.json --profile p.json
 has "need --device cuda" "$W/err" "--profile on the CPU"
 expect 2 "$B/mstrain" train --plan x.json --expert-gemm grouped
 has "need --device cuda" "$W/err" "--expert-gemm on the CPU"
-expect 2 "$B/mstrain" train --plan x.json --device cuda --expert-gemm fused
-has "is not grouped or per-expert" "$W/err" "unknown --expert-gemm"
+expect 2 "$B/mstrain" train --plan x.json --device cuda --expert-gemm cutlass
+has "is not per-expert, grouped or fused" "$W/err" "unknown --expert-gemm"
 expect 2 "$B/mstrain" train --plan x.json --device cuda --gpu-f32 --expert-gemm grouped
 has "is a bf16 path" "$W/err" "--expert-gemm grouped with --gpu-f32"
 expect 2 "$B/mstrain" train --plan x.json --colwise both

@@ -485,19 +485,4 @@ static const struct t_case cases[] = {
 };
 #endif
 
-int main(int argc, char **argv)
-{
-	int rc = t_gpu_skip(__FILE__);
-
-	if (rc >= 0)
-		return rc;
-#ifdef MS_HAVE_CUDA
-	if (argc > 1 && !strcmp(argv[1], "--bench"))
-		return bench() ? 1 : 0;
-	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
-#else
-	(void)argc;
-	(void)argv;
-	return 0;
-#endif
-}
+T_GPU_MAIN_BENCH(cases, bench)

@@ -15,6 +15,13 @@
  * sentinel that must survive. Each case runs twice and must be
  * bit-identical. Refused shapes and pointers give MS_EINVAL.
  *
+ * With an NVFP4 B (decoded inside the kernel): one part, two parts along
+ * N (gate and up stacked) and two along K (their transpose), random codes
+ * and scales, tensor scales that multiply and that divide; the reference's
+ * B is the project's NVFP4 reference decoder's bf16
+ * (ms_nvfp4_dequantize_ref), which the kernel's decode must equal, so the
+ * same tolerance holds.
+ *
  * Tolerance, per element: |gpu - ref| <= K 2^-23 mag + 1e-30, mag the sum
  * of |a b| over k: the inputs are bf16, so every product is exact in
  * float and the only error is float32 accumulation (at most about K u
@@ -28,8 +35,11 @@
  * model's shape (64 experts, 8192 tokens x top-8 rows routed unevenly,
  * hidden 2048, expert ffn 768), grouped against one cuBLAS GEMM per expert
  * (cublasGemmEx, bf16 in, float32 out, the counts on the host, as the
- * trainer's loop), each tile shape: the median of 20 runs of each after 3
- * warm-up runs, CUDA events around each run, and their TFLOP/s and ratio.
+ * trainer's loop), each tile shape, and with B in NVFP4: decoded inside
+ * the GEMM against decoded first into a bf16 scratch (the library's GPU
+ * decoder over the experts' stacked bytes, then the bf16 grouped GEMM):
+ * the median of 20 runs of each after 3 warm-up runs, CUDA events around
+ * each run, and their TFLOP/s and ratios.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -40,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include "ggemm.h"
+#include "nvfp4.h"
 #include "test_bf16.h"
 
 #define SENTINEL 12345.0f
@@ -48,6 +59,8 @@ struct gcase {
 	uint32_t E, N, K;
 	const uint32_t *cnt;        /* E counts, or NULL: random (0 .. 300) */
 	uint32_t lda_pad, ldc_pad;  /* strides past K and N */
+	int q;                      /* B: 0 bf16; NVFP4 of 1 part, 2 parts
+				       along N, 2 along K */
 };
 
 /* one case's data on the host and the device */
@@ -59,7 +72,7 @@ struct grun {
 	uint16_t *a, *b;
 	double *av, *bv, *ref, *mag;
 	float *c0, *c1, *c2;
-	void *ga, *gb, *gc, *gcnt, *goff, *gtiles, *gbp;
+	void *ga, *gb, *gc, *gcnt, *goff, *gtiles, *gbp, *gq, *gbq;
 };
 
 static void grun_free(struct grun *u)
@@ -81,6 +94,87 @@ static void grun_free(struct grun *u)
 	ms_gpu_free(u->goff);
 	ms_gpu_free(u->gtiles);
 	ms_gpu_free(u->gbp);
+	ms_gpu_free(u->gq);
+	ms_gpu_free(u->gbq);
+}
+
+static uint64_t pad16(uint64_t n)
+{
+	return (n + 15) / 16 * 16;
+}
+
+/*
+ * Every group's B in NVFP4 (u->c->q parts): random codes, scales of e4m3
+ * values between 2^-2 and 7.5, each part's tensor scale multiplying or
+ * dividing; u->bv becomes the reference decoder's bf16 of each part; the
+ * bytes and the descriptors go to the device.
+ */
+static int nvfp4_b(struct grun *u, struct ms_err *err)
+{
+	const struct gcase *c = u->c;
+	uint32_t N = c->N, K = c->K, E = c->E;
+	int along_k = c->q == 3, np = c->q == 1 ? 1 : 2;
+	uint32_t split = c->q == 1 ? (along_k ? K : N) : along_k ? K / 2 / 32 * 32 : N / 2 / 8 * 8;
+	struct ms_ggemm_nvfp4 *d = calloc(E, sizeof *d);
+	uint64_t total = 0, at = 0;
+	uint8_t *hb = NULL;
+	uint16_t *tmp = malloc((uint64_t)N * K * 2);
+	int rc = MS_ENOMEM;
+	if (!d || !tmp)
+		goto out;
+	for (uint32_t e = 0; e < E; e++)
+		for (int i = 0; i < np; i++) {
+			uint64_t rows = along_k || np == 1 ? N : i ? N - split : split;
+			uint64_t cols = !along_k || np == 1 ? K : i ? K - split : split;
+			total += pad16(rows * cols / 2) + pad16(rows * cols / 16);
+		}
+	if (!(hb = malloc(total)) || (rc = ms_gpu_malloc(&u->gq, total, err)) ||
+	    (rc = ms_gpu_malloc(&u->gbq, E * sizeof *d, err)))
+		goto out;
+	for (uint32_t e = 0; e < E; e++) {
+		d[e].split = split;
+		d[e].along_k = along_k;
+		for (int i = 0; i < np; i++) {
+			uint64_t rows = along_k || np == 1 ? N : i ? N - split : split;
+			uint64_t cols = !along_k || np == 1 ? K : i ? K - split : split;
+			uint64_t r0 = !along_k && i ? split : 0, k0 = along_k && i ? split : 0;
+			uint8_t *codes = hb + at, *scales = codes + pad16(rows * cols / 2);
+			struct ms_ggemm_q4 *q = &d[e].part[i];
+			for (uint64_t x = 0; x < rows * cols / 2; x++)
+				codes[x] = (uint8_t)rnd();
+			for (uint64_t x = 0; x < rows * cols / 16; x++)
+				scales[x] = (uint8_t)(0x28 + rnd() % 0x28);
+			q->tscale = rnd() % 2 ? 0.02f : 3.0f;
+			q->divide = (int)(rnd() % 2);
+			q->code_stride = (uint32_t)(cols / 2);
+			q->scale_stride = (uint32_t)(cols / 16);
+			if ((rc = ms_nvfp4_dequantize_ref(codes, scales, rows, cols, q->tscale,
+							  q->divide ? MS_NVFP4_TSCALE_DIV
+								    : MS_NVFP4_TSCALE_MUL,
+							  MS_DTYPE_BF16, tmp, err)))
+				goto out;
+			for (uint64_t r = 0; r < rows; r++)
+				for (uint64_t k = 0; k < cols; k++)
+					u->bv[((uint64_t)e * N + r0 + r) * K + k0 + k] =
+						from_bf16(tmp[r * cols + k]);
+			q->codes = (const uint8_t *)u->gq + at;
+			q->scales = (const uint8_t *)u->gq + (scales - hb);
+			at += pad16(rows * cols / 2) + pad16(rows * cols / 16);
+		}
+		if ((rc = ms_ggemm_nvfp4_check(&d[e], N, K, err)))
+			goto out;
+	}
+	if ((rc = ms_gpu_memcpy(u->gq, hb, total, err)) ||
+	    (rc = ms_gpu_memcpy(u->gbq, d, E * sizeof *d, err)))
+		goto out;
+	rc = MS_OK;
+out:
+	if (rc == MS_ENOMEM && !err->msg[0])
+		ms_err_set(err, MS_ENOMEM, "out of memory");
+	free(d);
+	free(hb);
+	free(tmp);
+	return rc;
 }
 
 /* C's host image before a launch: NaN where the kernel writes, the
@@ -144,8 +238,9 @@ static int check(const char *what, const struct grun *u, const float *got, const
 			if (mag > 0 && err / mag > worst)
 				worst = err / mag;
 		}
-	printf("ggemm %s %s E %u N %u K %u rows %llu: max err/mag %.3g\n",
-	       u->cfg == MS_GGEMM_WIDE ? "wide" : "narrow", what, c->E, c->N, c->K,
+	static const char *qn[] = {"bf16", "nvfp4", "nvfp4 2 parts along N", "nvfp4 2 parts along K"};
+	printf("ggemm %s %s %s E %u N %u K %u rows %llu: max err/mag %.3g\n",
+	       u->cfg == MS_GGEMM_WIDE ? "wide" : "narrow", qn[c->q], what, c->E, c->N, c->K,
 	       (unsigned long long)u->rows, worst);
 	return 0;
 }
@@ -158,6 +253,7 @@ static int launch(const struct grun *u, int acc, float *host, struct ms_err *err
 		.E = c->E, .N = c->N, .K = c->K, .rows = u->rows + u->slack, .off = u->goff,
 		.tiles = u->gtiles, .a = u->ga, .lda = u->lda, .b = (const void *const *)u->gbp,
 		.ldb = c->K, .c = u->gc, .ldc = u->ldc, .accumulate = acc, .cfg = u->cfg,
+		.bq = c->q ? u->gbq : NULL,
 	};
 	uint64_t nc = (u->rows + u->slack) * u->ldc * 4;
 	int rc;
@@ -202,6 +298,8 @@ static int run_case(const struct gcase *c, int cfg)
 		goto out;
 	fill(u.a, u.av, u.rows * u.lda, 1.0);
 	fill(u.b, u.bv, nb, 1.0);
+	if (c->q && nvfp4_b(&u, &err))
+		goto fail;
 	reference(&u);
 	if (ms_gpu_malloc(&u.ga, (u.rows + 1) * u.lda * 2, &err) ||
 	    ms_gpu_malloc(&u.gb, nb * 2 + 16, &err) || ms_gpu_malloc(&u.gc, nc * 4, &err) ||
@@ -257,13 +355,18 @@ static int test_ggemm_shapes(void)
 	static const uint32_t one[] = {200};
 	static const uint32_t none[] = {0, 0, 0};
 	static const struct gcase cs[] = {
-		{8, 8, 8, edge, 0, 0},
-		{8, 24, 40, edge, 8, 2},
-		{8, 136, 264, edge, 0, 8},
-		{1, 256, 64, one, 16, 0},
-		{3, 48, 16, none, 0, 0},
-		{64, 48, 24, NULL, 0, 0},
-		{5, 128, 32, NULL, 8, 0},
+		{8, 8, 8, edge, 0, 0, 0},
+		{8, 24, 40, edge, 8, 2, 0},
+		{8, 136, 264, edge, 0, 8, 0},
+		{1, 256, 64, one, 16, 0, 0},
+		{3, 48, 16, none, 0, 0, 0},
+		{64, 48, 24, NULL, 0, 0, 0},
+		{5, 128, 32, NULL, 8, 0, 0},
+		{8, 24, 32, edge, 0, 0, 1},
+		{8, 136, 96, edge, 8, 0, 2},
+		{8, 48, 128, edge, 0, 2, 3},
+		{3, 264, 64, NULL, 0, 0, 2},
+		{64, 16, 64, NULL, 0, 0, 3},
 	};
 	for (int cfg = MS_GGEMM_NARROW; cfg <= MS_GGEMM_WIDE; cfg++)
 		for (size_t i = 0; i < sizeof cs / sizeof *cs; i++)
@@ -306,6 +409,35 @@ static int test_ggemm_refuses(void)
 		bad = ok, bad.rows = 1ull << 24;
 		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
 		T_ASSERT(strstr(err.msg, "too many"));
+		/* NVFP4 B: K a multiple of 32, the layout's strides */
+		bad = ok, bad.bq = (const struct ms_ggemm_nvfp4 *)p, bad.K = 40, bad.lda = 40,
+		bad.ldb = 40;
+		T_ASSERT_EQ_INT(ms_ggemm_run(&bad, NULL, &err), MS_EINVAL);
+		T_ASSERT(strstr(err.msg, "multiple of 32"));
+		{
+			struct ms_ggemm_nvfp4 q = {
+				.part = {{.codes = p, .scales = p, .code_stride = 32,
+					  .scale_stride = 4, .tscale = 1}},
+				.split = 64,
+			}, qb;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&q, 64, 64, &err), MS_OK);
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&q, 64, 48, &err), MS_EINVAL);
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&q, 60, 64, &err), MS_EINVAL);
+			qb = q, qb.part[0].code_stride = 24;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_EINVAL);
+			qb = q, qb.part[0].scale_stride = 3;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_EINVAL);
+			qb = q, qb.part[0].codes = (const uint8_t *)p + 8;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_EINVAL);
+			/* a second part where the split leaves one: it is checked */
+			qb = q, qb.split = 32;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_EINVAL);
+			qb.part[1] = q.part[0];
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_OK);
+			qb.along_k = 1, qb.split = 48;
+			T_ASSERT_EQ_INT(ms_ggemm_nvfp4_check(&qb, 64, 64, &err), MS_EINVAL);
+			T_ASSERT(strstr(err.msg, "split"));
+		}
 		T_ASSERT_EQ_INT(ms_ggemm_index(d, 0, d, d, NULL, &err), MS_EINVAL);
 		T_ASSERT_EQ_INT(ms_ggemm_index(d, MS_GGEMM_MAX_E + 1, d, d, NULL, &err),
 				MS_EINVAL);
@@ -360,10 +492,22 @@ static int loop_run(cublasHandle_t h, const uint32_t *cnt, uint32_t E, uint32_t 
 	return 0;
 }
 
-/* the median ms of BENCH_RUNS runs of one side (0: grouped, p's shape;
- * 1: the loop) */
-static float bench_side(int side, const struct ms_ggemm *p, cublasHandle_t h,
-			const uint32_t *cnt, void *const *B, cudaEvent_t *ev)
+/* what a timed run does */
+enum side { S_GROUPED, S_LOOP, S_DECODE };
+
+/* the NVFP4 bytes of every expert stacked ([E N, K]: one tensor, as the
+ * decoder takes it) and where they decode to */
+struct q4set {
+	const uint8_t *codes, *scales;
+	uint64_t rows;
+	void *out;
+};
+
+/* the median ms of BENCH_RUNS runs of one side: the grouped GEMM (p, its
+ * shape and B), the per-expert loop over bf16 B, or the decode of q */
+static float bench_side(enum side side, const struct ms_ggemm *p, cublasHandle_t h,
+			const uint32_t *cnt, void *const *B, const struct q4set *q,
+			cudaEvent_t *ev)
 {
 	struct ms_err err = {0};
 	float ms[BENCH_RUNS];
@@ -371,10 +515,16 @@ static float bench_side(int side, const struct ms_ggemm *p, cublasHandle_t h,
 		int j = i - BENCH_WARM, bad;
 		if (j >= 0 && cudaEventRecord(ev[2 * j], NULL) != cudaSuccess)
 			return -1;
-		bad = side ? loop_run(h, cnt, p->E, p->N, p->K, p->a, B, p->c)
-			   : ms_ggemm_run(p, NULL, &err);
+		if (side == S_LOOP)
+			bad = loop_run(h, cnt, p->E, p->N, p->K, p->a, B, p->c);
+		else if (side == S_DECODE)
+			bad = ms_gpu_nvfp4_dequantize(q->codes, q->scales, q->rows, p->K, 0.02f,
+						      MS_NVFP4_TSCALE_MUL, MS_DTYPE_BF16, q->out,
+						      &err);
+		else
+			bad = ms_ggemm_run(p, NULL, &err);
 		if (bad) {
-			fprintf(stderr, "bench: %s\n", side ? "cublasGemmEx failed" : err.msg);
+			fprintf(stderr, "bench: %s\n", side == S_LOOP ? "cublasGemmEx failed" : err.msg);
 			return -1;
 		}
 		if (j >= 0 && cudaEventRecord(ev[2 * j + 1], NULL) != cudaSuccess)
@@ -388,6 +538,63 @@ static float bench_side(int side, const struct ms_ggemm *p, cublasHandle_t h,
 	return t_median(ms, BENCH_RUNS);
 }
 
+static const char *shape_name(int cfg)
+{
+	return cfg == MS_GGEMM_WIDE ? "wide" : "narrow";
+}
+
+/* one product at the bench shape: the loop and both shapes over bf16 B,
+ * then B in NVFP4: decoded into the bf16 B and the grouped GEMM, against
+ * both shapes decoding inside */
+static int bench_product(struct ms_ggemm *p, const char *what, cublasHandle_t hb,
+			 const uint32_t *cnt, void **bp, void *gb, const uint8_t *gq,
+			 struct ms_ggemm_nvfp4 *qd, void *gbq, cudaEvent_t *ev,
+			 struct ms_err *err)
+{
+	uint64_t rows = p->rows, nk = (uint64_t)p->N * p->K;
+	struct q4set q = {gq, gq + p->E * nk / 2, (uint64_t)p->E * p->N, gb};
+	double flop = 2.0 * rows * p->N * p->K;
+	float t[2][2], tl, td;
+#define TF(ms) (flop / ((ms) * 1e-3) / 1e12)
+	for (uint32_t e = 0; e < p->E; e++) {
+		bp[e] = (char *)gb + e * nk * 2;
+		memset(&qd[e], 0, sizeof qd[e]);
+		qd[e].part[0].codes = q.codes + e * nk / 2;
+		qd[e].part[0].scales = q.scales + e * nk / 16;
+		qd[e].part[0].code_stride = p->K / 2;
+		qd[e].part[0].scale_stride = p->K / 16;
+		qd[e].part[0].tscale = 0.02f;
+		qd[e].split = p->N;
+		if (ms_ggemm_nvfp4_check(&qd[e], p->N, p->K, err))
+			return -1;
+	}
+	if (ms_gpu_memcpy((void *)p->b, bp, p->E * sizeof(void *), err) ||
+	    ms_gpu_memcpy(gbq, qd, p->E * sizeof *qd, err))
+		return -1;
+	p->bq = NULL;
+	if ((tl = bench_side(S_LOOP, p, hb, cnt, bp, &q, ev)) < 0 ||
+	    (td = bench_side(S_DECODE, p, hb, cnt, bp, &q, ev)) < 0)
+		return -1;
+	printf("bench %s (64 experts, %llu rows, N %u, K %u): cuBLAS per expert %.3f ms "
+	       "%.1f TFLOP/s\n", what, (unsigned long long)rows, p->N, p->K, tl, TF(tl));
+	for (int f = 0; f < 2; f++)
+		for (p->cfg = MS_GGEMM_NARROW; p->cfg <= MS_GGEMM_WIDE; p->cfg++) {
+			p->bq = f ? gbq : NULL;
+			if ((t[f][p->cfg] = bench_side(S_GROUPED, p, hb, cnt, bp, &q, ev)) < 0)
+				return -1;
+		}
+	for (int c = MS_GGEMM_NARROW; c <= MS_GGEMM_WIDE; c++)
+		printf("bench %s: grouped %s, bf16 B: %.3f ms %.1f TFLOP/s, %.2fx the loop\n",
+		       what, shape_name(c), t[0][c], TF(t[0][c]), tl / t[0][c]);
+	for (int c = MS_GGEMM_NARROW; c <= MS_GGEMM_WIDE; c++)
+		printf("bench %s: NVFP4 B, grouped %s: decoded first (the library's GPU decoder, "
+		       "%.3f ms) %.3f ms, decoded inside %.3f ms %.1f TFLOP/s: inside / first "
+		       "%.2f\n", what, shape_name(c), td, td + t[0][c], t[1][c], TF(t[1][c]),
+		       t[1][c] / (td + t[0][c]));
+#undef TF
+	return 0;
+}
+
 static int bench(void)
 {
 	/* gate/up and down forward, then their input gradients (W^T) */
@@ -399,9 +606,11 @@ static int bench(void)
 	};
 	const uint32_t E = 64, T = 8192, TOPK = 8;
 	uint32_t cnt[64] = {0};
-	uint64_t rows = (uint64_t)T * TOPK, maxn = 2048, maxk = 2048;
+	uint64_t rows = (uint64_t)T * TOPK, maxnk = 2048 * 2048;
 	void *ga = NULL, *gb = NULL, *gc = NULL, *gcnt = NULL, *goff = NULL, *gt = NULL, *gbp = NULL;
+	void *gq = NULL, *gbq = NULL;
 	void *bp[64];
+	struct ms_ggemm_nvfp4 qd[64];
 	uint16_t *h = NULL;
 	cudaEvent_t ev[2 * BENCH_RUNS];
 	cublasHandle_t hb = NULL;
@@ -413,7 +622,7 @@ static int bench(void)
 		fprintf(stderr, "bench: cuBLAS: %s\n", why ? why : "cublasCreate failed");
 		return 1;
 	}
-	/* top-8 of 64 per token, skewed: expert e drawn with weight 1 + e / 16 */
+	/* top-8 of 64 per token, skewed: expert e drawn with weight 16 + e */
 	for (uint32_t t = 0; t < T; t++) {
 		uint64_t taken = 0;
 		for (uint32_t k = 0; k < TOPK; k++) {
@@ -430,18 +639,25 @@ static int bench(void)
 	for (; nev < 2 * BENCH_RUNS; nev++)
 		if (cudaEventCreate(&ev[nev]) != cudaSuccess)
 			goto out;
-	if (!(h = malloc(maxk * maxn * E * 2)) || ms_gpu_malloc(&ga, rows * maxk * 2, &err) ||
-	    ms_gpu_malloc(&gb, maxk * maxn * E * 2, &err) ||
-	    ms_gpu_malloc(&gc, rows * maxn * 4, &err) || ms_gpu_malloc(&gcnt, E * 4, &err) ||
-	    ms_gpu_malloc(&goff, (E + 1) * 4, &err) || ms_gpu_malloc(&gt, (E + 1) * 4, &err) ||
-	    ms_gpu_malloc(&gbp, E * sizeof(void *), &err))
+	/* A: random bf16 rows; the NVFP4 bytes: random codes, scales of
+	 * e4m3 values between 2^-2 and 7.5 (the same bytes serve every
+	 * product's shape) */
+	if (!(h = malloc(maxnk * E * 2)) || ms_gpu_malloc(&ga, rows * 2048 * 2, &err) ||
+	    ms_gpu_malloc(&gb, maxnk * E * 2, &err) || ms_gpu_malloc(&gc, rows * 2048 * 4, &err) ||
+	    ms_gpu_malloc(&gcnt, E * 4, &err) || ms_gpu_malloc(&goff, (E + 1) * 4, &err) ||
+	    ms_gpu_malloc(&gt, (E + 1) * 4, &err) || ms_gpu_malloc(&gbp, E * sizeof(void *), &err) ||
+	    ms_gpu_malloc(&gq, maxnk * E / 2 + maxnk * E / 16, &err) ||
+	    ms_gpu_malloc(&gbq, E * sizeof *qd, &err))
 		goto fail;
-	for (uint64_t i = 0; i < maxk * maxn * E; i++)
-		h[i] = to_bf16((float)(0.05 * gauss()));
-	if (ms_gpu_memcpy(gb, h, maxk * maxn * E * 2, &err) ||
-	    ms_gpu_memcpy(ga, h, rows * maxk * 2 < maxk * maxn * E * 2 ? rows * maxk * 2
-									: maxk * maxn * E * 2,
-			  &err) ||
+	for (uint64_t i = 0; i < rows * 2048; i++)
+		h[i] = to_bf16((float)gauss());
+	if (ms_gpu_memcpy(ga, h, rows * 2048 * 2, &err))
+		goto fail;
+	for (uint64_t i = 0; i < maxnk * E / 2; i++)
+		((uint8_t *)h)[i] = (uint8_t)rnd();
+	for (uint64_t i = 0; i < maxnk * E / 16; i++)
+		((uint8_t *)h)[maxnk * E / 2 + i] = (uint8_t)(0x28 + rnd() % 0x28);
+	if (ms_gpu_memcpy(gq, h, maxnk * E / 2 + maxnk * E / 16, &err) ||
 	    ms_gpu_memcpy(gcnt, cnt, E * 4, &err) ||
 	    ms_ggemm_index(gcnt, E, goff, gt, NULL, &err))
 		goto fail;
@@ -449,26 +665,14 @@ static int bench(void)
 		struct ms_ggemm p = {
 			.E = E, .N = pr[i].N, .K = pr[i].K, .rows = rows, .off = goff, .tiles = gt,
 			.a = ga, .lda = pr[i].K, .b = (const void *const *)gbp, .ldb = pr[i].K,
-			.c = gc, .ldc = pr[i].N, .accumulate = 0,
+			.c = gc, .ldc = pr[i].N,
 		};
-		double flop = 2.0 * rows * pr[i].N * pr[i].K;
-		float t[3];
-		for (uint32_t e = 0; e < E; e++)
-			bp[e] = (char *)gb + (uint64_t)e * pr[i].N * pr[i].K * 2;
-		if (ms_gpu_memcpy(gbp, bp, E * sizeof(void *), &err))
+		/* the bf16 B: the decoder's output of the NVFP4 bytes */
+		struct q4set q = {gq, (const uint8_t *)gq + (uint64_t)E * pr[i].N * pr[i].K / 2,
+				  (uint64_t)E * pr[i].N, gb};
+		if (bench_side(S_DECODE, &p, hb, cnt, bp, &q, ev) < 0 ||
+		    bench_product(&p, pr[i].what, hb, cnt, bp, gb, gq, qd, gbq, ev, &err))
 			goto fail;
-		if ((t[0] = bench_side(1, &p, hb, cnt, bp, ev)) < 0)
-			goto out;
-		printf("bench %s (64 experts, %llu rows, N %u, K %u): cuBLAS per expert %.3f ms "
-		       "%.1f TFLOP/s\n", pr[i].what, (unsigned long long)rows, pr[i].N, pr[i].K,
-		       t[0], flop / (t[0] * 1e-3) / 1e12);
-		for (p.cfg = MS_GGEMM_NARROW; p.cfg <= MS_GGEMM_WIDE; p.cfg++) {
-			if ((t[1 + p.cfg] = bench_side(0, &p, hb, cnt, bp, ev)) < 0)
-				goto out;
-			printf("bench %s: grouped %s %.3f ms %.1f TFLOP/s, %.2fx the loop\n",
-			       pr[i].what, p.cfg == MS_GGEMM_WIDE ? "wide" : "narrow", t[1 + p.cfg],
-			       flop / (t[1 + p.cfg] * 1e-3) / 1e12, t[0] / t[1 + p.cfg]);
-		}
 	}
 	rc = 0;
 	goto out;
@@ -486,6 +690,8 @@ out:
 	ms_gpu_free(goff);
 	ms_gpu_free(gt);
 	ms_gpu_free(gbp);
+	ms_gpu_free(gq);
+	ms_gpu_free(gbq);
 	return rc;
 }
 
@@ -495,19 +701,4 @@ static const struct t_case cases[] = {
 };
 #endif
 
-int main(int argc, char **argv)
-{
-	int rc = t_gpu_skip(__FILE__);
-
-	if (rc >= 0)
-		return rc;
-#ifdef MS_HAVE_CUDA
-	if (argc > 1 && !strcmp(argv[1], "--bench"))
-		return bench() ? 1 : 0;
-	return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), argc, argv);
-#else
-	(void)argc;
-	(void)argv;
-	return 0;
-#endif
-}
+T_GPU_MAIN_BENCH(cases, bench)

@@ -21,19 +21,22 @@
 /* the GPU model's GEMM modes: bf16 tensor cores with one cuBLAS GEMM per
  * expert, float32 GEMMs (the tests' mode), bf16 with the grouped expert
  * GEMMs (kernels/ggemm.h) */
-enum { M_BF16, M_F32, M_GROUPED };
+enum { M_BF16, M_F32, M_GROUPED, M_FUSED };
 
 static struct ms_model_opts gpu_opts(int mode)
 {
 	struct ms_model_opts o = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1,
 				  .device = MS_DEVICE_CUDA, .gpu_f32 = mode == M_F32,
-				  .gpu_grouped = mode == M_GROUPED};
+				  .expert_gemm = mode == M_GROUPED ? MS_EXPERT_GEMM_GROUPED
+					       : mode == M_FUSED ? MS_EXPERT_GEMM_FUSED
+								 : MS_EXPERT_GEMM_PER_EXPERT};
 	return o;
 }
 
 static const char *mode_name(int mode)
 {
-	return mode == M_F32 ? "f32" : mode == M_GROUPED ? "bf16 grouped" : "bf16";
+	return mode == M_F32 ? "f32" : mode == M_GROUPED ? "bf16 grouped"
+	       : mode == M_FUSED ? "bf16 fused" : "bf16";
 }
 
 static void ids_fill(int32_t *ids, uint32_t B, uint32_t S, uint32_t V)
@@ -87,6 +90,43 @@ bad:
 	fprintf(stderr, "  model: %s\n", err.msg);
 	ms_model_free(m);
 	return -1;
+}
+
+/* Two GPU runs of a family on the same ids whose loss, logits and every
+ * gradient must be bit for bit the same; *ma, *mb: what each model
+ * allocates when built */
+static int bitsame(const char *name, const struct ms_model_opts *oa,
+		   const struct ms_model_opts *ob, struct ms_model_mem *ma,
+		   struct ms_model_mem *mb)
+{
+	struct fam f;
+	struct res a, b;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	const struct ms_param *ps;
+	int32_t ids[2 * 16];
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	T_ASSERT(run(&f, oa, ids, NULL, 2, 16, &a) == 0);
+	T_ASSERT(run(&f, ob, ids, NULL, 2, 16, &b) == 0);
+	T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+	T_ASSERT(memcmp(a.logits, b.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
+	for (int k = 0; k < 2; k++) {
+		T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+					&f.lora, NULL, 0, k ? ob : oa, &err) == MS_OK);
+		ms_model_mem(m, k ? mb : ma);
+		ms_model_params(m, &ps);
+		for (size_t i = 0; i < a.np && !k; i++)
+			T_ASSERT_MSG(memcmp(a.g[i], b.g[i], ps[i].n * sizeof(float)) == 0,
+				     "%s %s: the gradients differ", name, ps[i].name);
+		ms_model_free(m);
+		m = NULL;
+	}
+	res_free(&a);
+	res_free(&b);
+	fam_close(&f);
+	return 0;
 }
 
 /*
@@ -265,40 +305,63 @@ static int grouped_vs_loop(const char *name)
 static int test_grouped_vs_loop_qwen3moe(void) { return grouped_vs_loop("qwen3moe"); }
 static int test_grouped_vs_loop_mixtral(void) { return grouped_vs_loop("mixtral"); }
 
+static int test_fused_qwen3moe(void) { return family("qwen3moe", M_FUSED); }
+static int test_fused_mixtral(void) { return family("mixtral", M_FUSED); }
+static int test_fused_glm4moe(void) { return family("glm4moe", M_FUSED); }
+
+/* The NVFP4 weights decoded inside the grouped GEMM against decoded into
+ * the bf16 scratch first: the same bf16 values (the decode's arithmetic
+ * is the same) through the same products in the same order, so logits,
+ * loss and every gradient are bit for bit the grouped path's. */
+static int fused_vs_grouped(const char *name)
+{
+	struct ms_model_opts og = gpu_opts(M_GROUPED), of = gpu_opts(M_FUSED);
+	struct ms_model_mem mg, mf;
+
+	T_ASSERT(bitsame(name, &og, &of, &mg, &mf) == 0);
+	/* and the experts take no room in the decode scratch */
+	fprintf(stderr, "  %s fused vs grouped: bit-identical; scratch %llu vs %llu bytes\n", name,
+		(unsigned long long)mf.scratch, (unsigned long long)mg.scratch);
+	T_ASSERT(mf.scratch < mg.scratch);
+	return 0;
+}
+
+static int test_fused_vs_grouped_qwen3moe(void) { return fused_vs_grouped("qwen3moe"); }
+static int test_fused_vs_grouped_glm4moe(void) { return fused_vs_grouped("glm4moe"); }
+
+/* what fused cannot do is refused at the build, in one message: sizes
+ * that are not multiples of 32, columnwise on demand */
+static int test_fused_refuses(void)
+{
+	struct fam f;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	struct ms_model_opts o = gpu_opts(M_FUSED);
+	T_ASSERT(fam_open(&f, "qwen3moe-var") == 0);
+	T_ASSERT_EQ_INT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				       &f.lora, NULL, 0, &o, &err), MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "multiples of 32"));
+	fam_close(&f);
+	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
+	o.colwise = MS_COLWISE_ON_DEMAND;
+	memset(&err, 0, sizeof err);
+	T_ASSERT_EQ_INT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+				       &f.lora, NULL, 0, &o, &err), MS_EINVAL);
+	T_ASSERT(strstr(err.msg, "--colwise resident"));
+	T_ASSERT(m == NULL);
+	fam_close(&f);
+	return 0;
+}
+
 /* resident and on-demand columnwise: loss, logits and gradients bit for
  * bit, and the NVFP4 bytes each mode holds (measured) */
 static int colwise(const char *name, int mode)
 {
-	struct fam f;
-	struct res a, b;
-	struct ms_model_opts ro = gpu_opts(mode);
-	struct ms_model_opts od = ro;
-	struct ms_model *m = NULL;
+	struct ms_model_opts ro = gpu_opts(mode), od = ro;
 	struct ms_model_mem mr, md;
-	struct ms_err err = {0};
-	const struct ms_param *ps;
-	int32_t ids[2 * 16];
 
 	od.colwise = MS_COLWISE_ON_DEMAND;
-	T_ASSERT(fam_open(&f, name) == 0);
-	ids_fill(ids, 2, 16, f.cfg.vocab);
-	T_ASSERT(run(&f, &ro, ids, NULL, 2, 16, &a) == 0);
-	T_ASSERT(run(&f, &od, ids, NULL, 2, 16, &b) == 0);
-	T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
-	T_ASSERT(memcmp(a.logits, b.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
-	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
-				NULL, 0, &ro, &err) == MS_OK);
-	ms_model_mem(m, &mr);
-	ms_model_params(m, &ps);
-	for (size_t i = 0; i < a.np; i++)
-		T_ASSERT_MSG(memcmp(a.g[i], b.g[i], ps[i].n * sizeof(float)) == 0,
-			     "%s: resident and on-demand gradients differ", ps[i].name);
-	ms_model_free(m);
-	m = NULL;
-	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
-				NULL, 0, &od, &err) == MS_OK);
-	ms_model_mem(m, &md);
-	ms_model_free(m);
+	T_ASSERT(bitsame(name, &ro, &od, &mr, &md) == 0);
 	fprintf(stderr, "  %s: bit-identical; NVFP4 held: resident %llu + %llu, on-demand "
 		"%llu + %llu bytes allocated\n", name,
 		(unsigned long long)mr.nvfp4_rowwise, (unsigned long long)mr.nvfp4_colwise,
@@ -306,9 +369,6 @@ static int colwise(const char *name, int mode)
 	T_ASSERT(mr.nvfp4_rowwise > 0 && mr.nvfp4_colwise >= mr.nvfp4_rowwise);
 	T_ASSERT(md.nvfp4_rowwise == mr.nvfp4_rowwise);
 	T_ASSERT(md.nvfp4_colwise < mr.nvfp4_colwise);
-	res_free(&a);
-	res_free(&b);
-	fam_close(&f);
 	return 0;
 }
 
@@ -322,21 +382,26 @@ static int predict(const char *name)
 	int32_t ids[2 * 16];
 	T_ASSERT(fam_open(&f, name) == 0);
 	ids_fill(ids, 2, 16, f.cfg.vocab);
-	for (int mode = 0; mode < 6; mode++) {
+	/* bf16, f32, grouped: both colwise modes; fused: resident (where the
+	 * family's sizes allow it) */
+	for (int mode = 0; mode < 7; mode++) {
 		struct ms_model_opts o = {.ep_size = 1, .device = MS_DEVICE_CUDA};
 		struct ms_model *m = NULL;
 		struct ms_model_mem got, want;
 		double loss;
 		uint64_t nt;
+		if (mode == 6 && (f.cfg.hidden % 32 || f.cfg.moe_ffn % 32))
+			continue;
 		o.colwise = mode & 1 ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT;
 		o.gpu_f32 = mode >> 1 == 1;
-		o.gpu_grouped = mode >> 1 == 2;
+		o.expert_gemm = mode >> 1 == 2 ? MS_EXPERT_GEMM_GROUPED
+				: mode >> 1 == 3 ? MS_EXPERT_GEMM_FUSED : MS_EXPERT_GEMM_PER_EXPERT;
 		T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
 					&f.lora, NULL, 0, &o, &err) == MS_OK);
 		T_ASSERT(ms_model_step(m, ids, NULL, 2, 16, 1.0, 0, &loss, &nt, &err) == MS_OK);
 		ms_model_mem(m, &got);
 		ms_model_free(m);
-		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, o.gpu_grouped,
+		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, o.expert_gemm,
 				  &want);
 		fprintf(stderr, "  %s %s %s: rowwise %llu/%llu colwise %llu/%llu dense %llu/%llu "
 			"lora %llu/%llu acts %llu/%llu scratch %llu/%llu (allocated/predicted)\n",
@@ -887,6 +952,12 @@ static const struct t_case cases[] = {
 	T_CASE(test_grouped_dropout),
 	T_CASE(test_grouped_vs_loop_qwen3moe),
 	T_CASE(test_grouped_vs_loop_mixtral),
+	T_CASE(test_fused_qwen3moe),
+	T_CASE(test_fused_mixtral),
+	T_CASE(test_fused_glm4moe),
+	T_CASE(test_fused_vs_grouped_qwen3moe),
+	T_CASE(test_fused_vs_grouped_glm4moe),
+	T_CASE(test_fused_refuses),
 	T_CASE(test_predict_qwen3moe),
 	T_CASE(test_predict_mixtral),
 	T_CASE(test_predict_glm4moe),

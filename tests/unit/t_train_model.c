@@ -1206,7 +1206,8 @@ static int test_predict_flash_attention(void)
 /* gpu_plan.c's prediction for the grouped expert GEMMs: per MoE layer four
  * arrays of E weight pointers (scratch) and E + 1 row offsets and E + 1
  * tile offsets (activations), nothing else; nothing in the float32 test
- * mode, which keeps cuBLAS; the same for either colwise mode */
+ * mode, which keeps cuBLAS; the same for either colwise mode. Fused: the
+ * same activations, less scratch (the experts are not decoded into it). */
 static int test_predict_grouped(void)
 {
 	const char *fams[] = {"qwen3moe", "glm4moe"};
@@ -1236,6 +1237,12 @@ static int test_predict_grouped(void)
 					 b.lora == a.lora);
 				T_ASSERT_EQ_INT((int64_t)(b.peak - a.peak),
 						(int64_t)(b.scratch - a.scratch + b.acts - a.acts));
+				/* fused: descriptors instead of pointers, and the
+				 * experts out of the decode scratch */
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32,
+							   MS_EXPERT_GEMM_FUSED, &a) == MS_OK);
+				T_ASSERT_EQ_INT((int64_t)a.acts, (int64_t)b.acts);
+				T_ASSERT(f32 ? a.scratch == b.scratch : a.scratch < b.scratch);
 			}
 		fam_close(&f);
 	}

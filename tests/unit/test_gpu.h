@@ -35,4 +35,27 @@ static inline int t_gpu_skip(const char *file)
 					 sizeof(cases) / sizeof(cases[0]), argc, argv); \
 	}
 
+/* The same with a --bench mode: `binary --bench` runs bench() (0: done)
+ * instead of the cases. A build without CUDA has neither: it only says it
+ * skipped. */
+#ifdef MS_HAVE_CUDA
+#define T_GPU_MAIN_BENCH(cases, bench)                                         \
+	int main(int argc, char **argv)                                        \
+	{                                                                      \
+		int rc_ = t_gpu_skip(__FILE__);                                \
+		if (rc_ >= 0)                                                  \
+			return rc_;                                            \
+		if (argc > 1 && !strcmp(argv[1], "--bench"))                   \
+			return bench() ? 1 : 0;                                \
+		return t_main(__FILE__, cases, sizeof(cases) / sizeof(cases[0]), \
+			      argc, argv);                                     \
+	}
+#else
+#define T_GPU_MAIN_BENCH(cases, bench)                                         \
+	int main(void)                                                         \
+	{                                                                      \
+		return t_gpu_skip(__FILE__);                                   \
+	}
+#endif
+
 #endif

@@ -160,11 +160,13 @@ else
 	echo "bench-train-gpu: this mstrain has no --profile: no peak memory, kernel table or base bytes for our rows" >&2
 fi
 # the runs: each colwise mode with one cuBLAS GEMM per expert, and the
-# resident one with the grouped expert GEMMs where this mstrain has them
+# resident one with the grouped expert GEMMs (bf16 weights decoded first,
+# and fused: decoded inside) where this mstrain has them
 case " $PARTS " in *" ours "*) MODES="resident on-demand";; *) MODES="";; esac
 if [ -n "$MODES" ] && [ "$DEV" = cuda ] &&
 	"$BUILD/mstrain" train --help 2>&1 | grep -q -e '--expert-gemm'; then
 	MODES="$MODES grouped"
+	"$BUILD/mstrain" train --help 2>&1 | grep -q -e 'grouped|fused' && MODES="$MODES fused"
 fi
 for c in $MODES; do
 	if [ -f "done-$c" ]; then
@@ -172,12 +174,12 @@ for c in $MODES; do
 		continue
 	fi
 	col=$c
-	[ "$c" = grouped ] && col=resident
+	case $c in grouped|fused) col=resident;; esac
 	plan "$c" "$col"
 	"$BUILD/msinv" footprint --json "plan-$c.json" >"footprint-$c.json" 2>"footprint-$c.err" ||
 		rm -f "footprint-$c.json"
 	set -- "$BUILD/mstrain" train --plan "plan-$c.json" --device "$DEV" --colwise "$col" --metrics "m-$c.jsonl"
-	[ "$c" = grouped ] && set -- "$@" --expert-gemm grouped
+	case $c in grouped|fused) set -- "$@" --expert-gemm "$c";; esac
 	[ $PROF = 1 ] && set -- "$@" --profile "prof-$c.json"
 	echo "bench-train-gpu: mstrain, $c, $STEPS steps of $BATCH x $SEQ" >&2
 	if ! "$BUILD/msinv" launch --plan "plan-$c.json" -- "$@" >"train-$c.log" 2>&1; then
@@ -219,6 +221,21 @@ print("grouped and per-expert expert GEMMs (colwise resident): %s" % (
     "the losses differ by at most %.3g relative over %d steps" % (d, len(a)) if d is not None
     else "the runs have different step counts"))' m-resident.jsonl m-grouped.jsonl)
 fi
+# decoding inside the GEMM makes the same bf16 weights: the same training
+# as grouped, bit for bit
+FUSED=""
+if [ -s m-grouped.jsonl ] && [ -s m-fused.jsonl ]; then
+	for c in grouped fused; do
+		sed 's/,"seconds":[^,]*,"tokens_per_s":[^}]*//' "m-$c.jsonl" >"losses-$c"
+	done
+	if cmp -s losses-grouped losses-fused; then
+		FUSED="fused and grouped expert GEMMs: the same losses, learning rates and gradient norms at every step, bit for bit"
+	else
+		echo "bench-train-gpu: fused and grouped trained differently (losses differ)" >&2
+		FUSED="fused and grouped expert GEMMs: the losses DIFFER"
+		status=1
+	fi
+fi
 
 case " $PARTS " in *" torch "*) RUN_TORCH=1;; *) RUN_TORCH=0;; esac
 [ -f done-torch ] && RUN_TORCH=0 && echo "bench-train-gpu: PyTorch reference: done before in $W" >&2
@@ -255,6 +272,9 @@ if [ -n "$SAME" ]; then
 fi
 if [ -n "$GROUPED" ]; then
 	printf '\n%s.\n' "$GROUPED" >>"$REP"
+fi
+if [ -n "$FUSED" ]; then
+	printf '\n%s.\n' "$FUSED" >>"$REP"
 fi
 echo
 cat "$REP"

@@ -6,9 +6,11 @@
     m-resident.jsonl         mstrain --metrics, one line per step
     m-on-demand.jsonl
     m-grouped.jsonl          (colwise resident, --expert-gemm grouped)
+    m-fused.jsonl            (colwise resident, --expert-gemm fused)
     prof-resident.json       mstrain --profile (optional): {"step_ms",
     prof-on-demand.json      "kernels": [{"name", "ms", "calls"}],
     prof-grouped.json
+    prof-fused.json
                              "colwise_ms", "base_bytes", "peak_bytes"}
     torch.txt                train_torch.py's output (optional)
     footprint-<mode>.json    msinv footprint --json (optional)
@@ -31,11 +33,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_flops  # noqa: E402
 
-MODES = ("resident", "on-demand", "grouped")
+MODES = ("resident", "on-demand", "grouped", "fused")
 # what each run is: its colwise mode, and for "grouped" the expert GEMMs
 RUN_NAME = {"resident": "colwise resident", "on-demand": "colwise on-demand",
-            "grouped": "colwise resident, grouped expert GEMMs"}
-RUN_ARGS = {"resident": "", "on-demand": "", "grouped": " --expert-gemm grouped"}
+            "grouped": "colwise resident, grouped expert GEMMs",
+            "fused": "colwise resident, grouped expert GEMMs decoding NVFP4 inside"}
+RUN_ARGS = {"resident": "", "on-demand": "", "grouped": " --expert-gemm grouped",
+            "fused": " --expert-gemm fused"}
 GIB = float(1 << 30)
 
 
@@ -231,7 +235,7 @@ def main():
             p = prof.get(m) or {}
             # msinv footprint predicts the per-expert GEMMs of each colwise
             # mode: the grouped run has no prediction of its own
-            f = fps[m] if isinstance(fps[m], dict) and m != "grouped" else {}
+            f = fps[m] if isinstance(fps[m], dict) and m in ("resident", "on-demand") else {}
             tr = f.get("trainer") if isinstance(f.get("trainer"), dict) else {}
             base, peak = p.get("base_bytes"), p.get("peak_bytes")
             meas = (p.get("mem") or {}).get("measured")
