@@ -309,6 +309,66 @@ __global__ void k_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, ui
 	}
 }
 
+#define GW_NTH 128    /* the weight gradient's block: a column each */
+#define GW_ROWS 32    /* rows of U staged in shared memory at a time */
+
+/* grid (column blocks of GW_NTH, E): the block's group's rows in chunks of
+ * GW_ROWS, their U rows in shared memory (every thread reads the same
+ * U[row, j]: a broadcast), X read once, coalesced; thread n keeps the R
+ * sums of column n in registers (predicated up to the bound) */
+__global__ void __launch_bounds__(GW_NTH) k_ggemm_wgrad(struct ms_ggemm_wgrad p)
+{
+	__shared__ float su[GW_ROWS][MS_GGEMM_WGRAD_MAX_R];
+	uint32_t e = blockIdx.y, n = blockIdx.x * GW_NTH + threadIdx.x;
+	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
+	float acc[MS_GGEMM_WGRAD_MAX_R];
+#pragma unroll
+	for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+		acc[j] = 0.0f;
+	for (uint32_t c = r0; c < r1; c += GW_ROWS) {
+		uint32_t nr = r1 - c < GW_ROWS ? r1 - c : GW_ROWS;
+		__syncthreads();   /* the previous chunk's readers are done */
+		for (uint32_t i = threadIdx.x; i < nr * p.R; i += GW_NTH)
+			su[i / p.R][i % p.R] = p.u[(uint64_t)(c + i / p.R) * p.ldu + i % p.R];
+		__syncthreads();
+		if (n >= p.N)
+			continue;
+		for (uint32_t i = 0; i < nr; i++) {
+			float x = p.x[(uint64_t)(c + i) * p.ldx + n];
+#pragma unroll
+			for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+				if (j < p.R)
+					acc[j] += su[i][j] * x;
+		}
+	}
+	if (n >= p.N)
+		return;
+	float *g = p.g + (uint64_t)e * p.gstride;
+#pragma unroll
+	for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+		if (j < p.R) {
+			float *d = p.trans ? g + (uint64_t)n * p.R + j : g + (uint64_t)j * p.N + n;
+			*d = p.alpha * acc[j] + (p.accumulate ? *d : 0.0f);
+		}
+}
+
+extern "C" int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!p->E || p->E > 65535 || !p->R || p->R > MS_GGEMM_WGRAD_MAX_R || !p->off || !p->u ||
+	    !p->x || !p->g || p->ldu < p->R || p->ldx < p->N)
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient: %u groups, rank %u "
+				  "(1 .. %u), N %u: not covered, or a NULL pointer or short "
+				  "stride", p->E, p->R, MS_GGEMM_WGRAD_MAX_R, p->N);
+	if (!p->N)
+		return MS_OK;
+	k_ggemm_wgrad<<<dim3((p->N + GW_NTH - 1) / GW_NTH, p->E), GW_NTH, 0,
+			(cudaStream_t)stream>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
 extern "C" int ms_ggemm_supported(uint32_t N, uint32_t K)
 {
 	return N % 8 == 0 && K % 8 == 0;

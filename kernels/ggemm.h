@@ -111,6 +111,36 @@ int ms_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, uint32_t *til
 /* The grouped product on stream. */
 int ms_ggemm_run(const struct ms_ggemm *p, void *stream, struct ms_err *err);
 
+/*
+ * The grouped weight gradient of a low-rank factor: for every group e,
+ *   G_e (+)= alpha U_e^T X_e     (a sum over the group's rows)
+ * U float [rows, R] (row stride ldu), X float [rows, N] (ldx), both over
+ * the rows off[e] .. off[e+1]-1; G_e at g + e * gstride, [R, N] or, with
+ * trans, [N, R]. The LoRA factors' gradients of every expert at once
+ * (gA_e = dU_e^T X_e; gB_e = s dY_e^T U_e, transposed), from the offsets
+ * routing left on the device, in float32 on the CUDA cores: the rank is
+ * small, so the sum is bound by reading X once, not by the multiplies.
+ * Each element sums its rows in order (deterministic).
+ */
+#define MS_GGEMM_WGRAD_MAX_R 32u
+
+struct ms_ggemm_wgrad {
+	uint32_t E, R, N;         /* groups, rank (1 .. MS_GGEMM_WGRAD_MAX_R),
+				     columns */
+	const uint32_t *off;      /* device [E + 1] */
+	const float *u;           /* device [rows, R] */
+	uint64_t ldu;
+	const float *x;           /* device [rows, N] */
+	uint64_t ldx;
+	float *g;                 /* device: G_e at g + e * gstride */
+	uint64_t gstride;
+	int trans;                /* G_e [N, R] instead of [R, N] */
+	float alpha;
+	int accumulate;           /* 1: G += ...; 0: G = ... */
+};
+
+int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1503,10 +1503,12 @@ __global__ void k_pad_rows(const float *src, float *dst, const uint32_t *pad, ui
  * products): dU and dX, whose row count varies per expert, as one grouped
  * launch each; gB and gA, which reduce over the expert's rows, one GEMM per
  * expert over its bucketed rows (grouped, with every expert's own length,
- * those ran slower on the H200). */
+ * those ran slower on the H200), or, where routing left the row offsets on
+ * the device (doff: the grouped expert GEMMs), ms_ggemm_wgrad over each
+ * expert's own rows in float32, reading dY and X once, with no padding. */
 static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
-			    const float *X, const float *U, const float *dY, float *dX,
-			    const int32_t *keys, uint64_t TK, struct ms_err *err)
+			    const uint32_t *doff, const float *X, const float *U, const float *dY,
+			    float *dX, const int32_t *keys, uint64_t TK, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t off = 0, r = L->r, in = L->in, out = L->out;
@@ -1525,6 +1527,15 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 				gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
 				gop{g->du, r, G_ROW}, err)))
 		return rc;
+	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
+		struct ms_ggemm_wgrad wb = {L->E, L->r, L->out, doff, U, r, dY, out, L->gB,
+					    out * r, 1, g->lscale, 1};
+		struct ms_ggemm_wgrad wa = {L->E, L->r, L->in, doff, g->du, r, X, in, L->gA,
+					    r * in, 0, 1.0f, 1};
+		if ((rc = ms_ggemm_wgrad(&wb, g->st, err)) || (rc = ms_ggemm_wgrad(&wa, g->st, err)))
+			return rc;
+		goto dx;
+	}
 	/* U and dU to a padded layout (each expert's block BUCKET-rounded,
 	 * zeros after its rows), so the two reductions run over bucketed row
 	 * counts whose shapes repeat (bucket()): the rows past an expert's
@@ -1558,6 +1569,7 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 				gop{X, in, G_ROW}, gop{g->dup, r, G_PADROW},
 				gop{L->gA, r * in, G_EXPERT}, err)))
 		return rc;
+dx:
 	/* dX_e (+)= dU_e A_e */
 	if ((rc = ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
 				gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW},
@@ -2972,8 +2984,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, PH_B_LORA);
 		if (d->ldn && !g->f32 &&
-		    (rc = lora_bwd_experts(g, d->ldn, a->cnt, al, a->udn, g->dye, g->dact, a->perm,
-					   TK, err)))
+		    (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL, al,
+					   a->udn, g->dye, g->dact, a->perm, TK, err)))
 			return rc;
 		ph(g, PH_B_EXPERTS);
 		k_swiglu_bwd<<<nblk(TK * F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, TK,
@@ -2999,8 +3011,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, PH_B_LORA);
 		if (d->lgu && !g->f32 &&
-		    (rc = lora_bwd_experts(g, d->lgu, a->cnt, xl, a->ugu, g->dgu, g->dxs, a->perm,
-					   TK, err)))
+		    (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL, xl,
+					   a->ugu, g->dgu, g->dxs, a->perm, TK, err)))
 			return rc;
 		ph(g, PH_B_ROUTE);
 		k_unperm_sum<<<nblk(T * H), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,

@@ -15,6 +15,10 @@
  * sentinel that must survive. Each case runs twice and must be
  * bit-identical. Refused shapes and pointers give MS_EINVAL.
  *
+ * The grouped weight gradient (ms_ggemm_wgrad) against a double
+ * reference: groups of 0 .. 300 rows, ranks 1, 3, 4, 16 and 32, columns
+ * within and past a block, both layouts of G, written and accumulated.
+ *
  * With an NVFP4 B (decoded inside the kernel): one part, two parts along
  * N (gate and up stacked) and two along K (their transpose), random codes
  * and scales, tensor scales that multiply and that divide; the reference's
@@ -374,6 +378,122 @@ static int test_ggemm_shapes(void)
 	return 0;
 }
 
+/* One case of the grouped weight gradient against a double reference:
+ * rows per group from cnt (NULL: random 0 .. 300), U and X random floats,
+ * G poisoned (written) or holding random values (accumulated), a
+ * sentinel between the groups' G that must survive. Tolerance: float32
+ * sums of float32 products, (rows + 2) 2^-23 of the sum of magnitudes. */
+static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
+		      int acc)
+{
+	uint32_t off[65];
+	uint64_t rows, ldu = R + 3, ldx = N + 1, gs = (uint64_t)R * N + 5, ng = E * gs;
+	float *u = NULL, *x = NULL, *g = NULL, *g0 = NULL;
+	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL;
+	struct ms_err err = {0};
+	double worst = 0;
+	int rc = 1;
+
+	off[0] = 0;
+	for (uint32_t e = 0; e < E; e++)
+		off[e + 1] = off[e] + (cnt ? cnt[e] : (uint32_t)(rnd() % 301));
+	rows = off[E];
+	u = malloc((rows + 1) * ldu * 4);
+	x = malloc((rows + 1) * ldx * 4);
+	g = malloc(ng * 4);
+	g0 = malloc(ng * 4);
+	T_ASSERT(u && x && g && g0);
+	for (uint64_t i = 0; i < rows * ldu; i++)
+		u[i] = (float)gauss();
+	for (uint64_t i = 0; i < rows * ldx; i++)
+		x[i] = (float)gauss();
+	for (uint64_t i = 0; i < ng; i++)
+		g0[i] = i % gs >= (uint64_t)R * N ? SENTINEL : acc ? (float)gauss() : NAN;
+	if (ms_gpu_malloc(&du, (rows + 1) * ldu * 4, &err) ||
+	    ms_gpu_malloc(&dx, (rows + 1) * ldx * 4, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
+	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) ||
+	    (rows && (ms_gpu_memcpy(du, u, rows * ldu * 4, &err) ||
+		      ms_gpu_memcpy(dx, x, rows * ldx * 4, &err))) ||
+	    ms_gpu_memcpy(dg, g0, ng * 4, &err) || ms_gpu_memcpy(doff, off, (E + 1) * 4, &err))
+		goto fail;
+	{
+		struct ms_ggemm_wgrad p = {
+			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
+			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
+			.accumulate = acc,
+		};
+		if (ms_ggemm_wgrad(&p, NULL, &err) || ms_gpu_sync(&err))
+			goto fail;
+	}
+	if (cudaMemcpy(g, dg, ng * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+		goto out;
+	for (uint32_t e = 0; e < E; e++) {
+		const float *ge = g + e * gs, *g0e = g0 + e * gs;
+		for (uint64_t i = (uint64_t)R * N; i < gs; i++)
+			if (ge[i] != SENTINEL) {
+				fprintf(stderr, "wgrad: group %u: past its G was written\n", e);
+				goto out;
+			}
+		for (uint32_t j = 0; j < R; j++)
+			for (uint32_t n = 0; n < N; n++) {
+				uint64_t at = trans ? (uint64_t)n * R + j : (uint64_t)j * N + n;
+				double s = 0, m = 0, want, err_;
+				for (uint64_t r = off[e]; r < off[e + 1]; r++) {
+					double t = (double)u[r * ldu + j] * x[r * ldx + n];
+					s += t;
+					m += fabs(t);
+				}
+				want = 0.5 * s + (acc ? g0e[at] : 0);
+				m = 0.5 * m + (acc ? fabs(g0e[at]) : 0);
+				err_ = fabs(ge[at] - want);
+				if (!(err_ <= (off[e + 1] - off[e] + 2) * 0x1p-23 * m + 1e-30)) {
+					fprintf(stderr, "wgrad E %u R %u N %u trans %d acc %d: group "
+						"%u (%u, %u): gpu %.9g ref %.9g mag %.3g\n", E, R, N,
+						trans, acc, e, j, n, (double)ge[at], want, m);
+					goto out;
+				}
+				if (m > 0 && err_ / m > worst)
+					worst = err_ / m;
+			}
+	}
+	printf("wgrad E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", E, R, N,
+	       (unsigned long long)rows, trans, acc ? "accumulate" : "write", worst);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "wgrad: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
+out:
+	free(u);
+	free(x);
+	free(g);
+	free(g0);
+	ms_gpu_free(du);
+	ms_gpu_free(dx);
+	ms_gpu_free(dg);
+	ms_gpu_free(doff);
+	return rc;
+}
+
+static int test_ggemm_wgrad(void)
+{
+	static const uint32_t edge[] = {0, 1, 31, 32, 33, 0, 300, 65};
+	struct ms_err err = {0};
+	struct ms_ggemm_wgrad bad = {.E = 1, .R = 33, .N = 8, .off = (const uint32_t *)8,
+				     .u = (const float *)8, .ldu = 33, .x = (const float *)8,
+				     .ldx = 8, .g = (float *)8};
+	T_ASSERT(wgrad_case(8, 16, 300, edge, 0, 1) == 0);
+	T_ASSERT(wgrad_case(8, 16, 300, edge, 1, 0) == 0);
+	T_ASSERT(wgrad_case(8, 1, 5, edge, 0, 0) == 0);
+	T_ASSERT(wgrad_case(8, 3, 128, edge, 1, 1) == 0);
+	T_ASSERT(wgrad_case(8, 32, 129, edge, 0, 1) == 0);
+	T_ASSERT(wgrad_case(64, 4, 48, NULL, 1, 1) == 0);
+	/* refused: a rank past the bound, a short stride */
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad(&bad, NULL, &err), MS_EINVAL);
+	bad.R = 4, bad.ldx = 7;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad(&bad, NULL, &err), MS_EINVAL);
+	return 0;
+}
+
 static int test_ggemm_refuses(void)
 {
 	struct ms_err err = {0};
@@ -698,6 +818,7 @@ out:
 static const struct t_case cases[] = {
 	T_CASE(test_ggemm_shapes),
 	T_CASE(test_ggemm_refuses),
+	T_CASE(test_ggemm_wgrad),
 };
 #endif
 
