@@ -152,6 +152,29 @@ __device__ __forceinline__ void gg_stage(bf16 *sa, const struct ms_ggemm &p, con
 	}
 }
 
+/* Row tile y of all groups: its group *e and rows *r0 .. min(r0 + GG_BM,
+ * *r1); 0 past the last tile (the grid's bound is above the real count).
+ * The group is found by a binary search for tiles[e] <= y < tiles[e + 1];
+ * groups without rows have tiles[e] == tiles[e + 1] and are passed over. */
+__device__ __forceinline__ int gg_tile(const uint32_t *off, const uint32_t *tiles, uint32_t E,
+				       uint32_t y, uint32_t *e, uint32_t *r0, uint32_t *r1)
+{
+	uint32_t lo = 0, hi = E;
+	if (y >= tiles[E])
+		return 0;
+	while (hi - lo > 1) {
+		uint32_t mid = (lo + hi) >> 1;
+		if (tiles[mid] <= y)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	*e = lo;
+	*r0 = off[lo] + (y - tiles[lo]) * GG_BM;
+	*r1 = off[lo + 1];
+	return 1;
+}
+
 template <class C, bool Q>
 __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 {
@@ -159,19 +182,9 @@ __global__ void __launch_bounds__(GG_NTH, C::MINB) k_ggemm(struct ms_ggemm p)
 	constexpr int SLOT = Q ? C::QSTAGE : C::STAGE;
 	extern __shared__ uint4 gg_smem[];
 	bf16 *sm = (bf16 *)gg_smem;
-	uint32_t y = blockIdx.y, lo = 0, hi = p.E;
-	if (y >= p.tiles[p.E])
+	uint32_t lo, r0, r1;
+	if (!gg_tile(p.off, p.tiles, p.E, blockIdx.y, &lo, &r0, &r1))
 		return;
-	/* the group: tiles[lo] <= y < tiles[lo + 1] (groups without rows
-	 * have tiles[e] == tiles[e + 1] and are passed over) */
-	while (hi - lo > 1) {
-		uint32_t mid = (lo + hi) >> 1;
-		if (p.tiles[mid] <= y)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	uint32_t r0 = p.off[lo] + (y - p.tiles[lo]) * GG_BM, r1 = p.off[lo + 1];
 	uint32_t n0 = blockIdx.x * BN;
 	const bf16 *A = (const bf16 *)p.a, *B = NULL;
 	const struct ms_ggemm_nvfp4 *q = NULL;
@@ -364,6 +377,108 @@ extern "C" int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, stru
 		return MS_OK;
 	k_ggemm_wgrad<<<dim3((p->N + GW_NTH - 1) / GW_NTH, p->E), GW_NTH, 0,
 			(cudaStream_t)stream>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+#define LR_KC 64    /* the down product's chunk of D staged at a time */
+
+/* down: a block a row tile of one group, a thread a row; W_e's chunk of D
+ * staged in shared memory as [d][j] (every thread reads the same element:
+ * a broadcast), the row's R sums in registers */
+__global__ void __launch_bounds__(GG_BM) k_lowrank_down(struct ms_ggemm_lowrank p)
+{
+	__shared__ float sw[LR_KC][MS_GGEMM_WGRAD_MAX_R];
+	uint32_t e, r0, r1;
+	if (!gg_tile(p.off, p.tiles, p.E, blockIdx.y, &e, &r0, &r1))
+		return;
+	uint64_t row = r0 + threadIdx.x;
+	int ok = row < r1;
+	const float *w = p.w + (uint64_t)e * p.wstride, *x = p.x + row * p.ldx;
+	float acc[MS_GGEMM_WGRAD_MAX_R];
+#pragma unroll
+	for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+		acc[j] = 0.0f;
+	for (uint32_t d0 = 0; d0 < p.D; d0 += LR_KC) {
+		uint32_t nd = p.D - d0 < LR_KC ? p.D - d0 : LR_KC;
+		__syncthreads();   /* the previous chunk's readers are done */
+		for (uint32_t i = threadIdx.x; i < nd * p.R; i += GG_BM) {
+			uint32_t d = i / p.R, j = i % p.R;
+			sw[d][j] = p.wt ? w[(uint64_t)(d0 + d) * p.R + j] : w[(uint64_t)j * p.D + d0 + d];
+		}
+		__syncthreads();
+		if (!ok)
+			continue;
+		for (uint32_t d = 0; d < nd; d++) {
+			float v = x[d0 + d];
+#pragma unroll
+			for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+				if (j < p.R)
+					acc[j] += sw[d][j] * v;
+		}
+	}
+	if (!ok)
+		return;
+	float *y = p.y + row * p.ldy;
+#pragma unroll
+	for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+		if (j < p.R)
+			y[j] = p.alpha * acc[j] + (p.accumulate ? y[j] : 0.0f);
+}
+
+/* up: grid (column blocks of GG_BM, row tiles); the tile's rows of X (R
+ * each) in shared memory, a thread a column with W_e's row of it in
+ * registers, the rows in order (coalesced across the threads) */
+__global__ void __launch_bounds__(GG_BM) k_lowrank_up(struct ms_ggemm_lowrank p)
+{
+	__shared__ float sx[GG_BM][MS_GGEMM_WGRAD_MAX_R];
+	uint32_t e, r0, r1;
+	if (!gg_tile(p.off, p.tiles, p.E, blockIdx.y, &e, &r0, &r1))
+		return;
+	uint32_t nr = r1 - r0 < GG_BM ? r1 - r0 : GG_BM, n = blockIdx.x * GG_BM + threadIdx.x;
+	const float *w = p.w + (uint64_t)e * p.wstride;
+	float wr[MS_GGEMM_WGRAD_MAX_R];
+	for (uint32_t i = threadIdx.x; i < nr * p.R; i += GG_BM)
+		sx[i / p.R][i % p.R] = p.x[(uint64_t)(r0 + i / p.R) * p.ldx + i % p.R];
+	__syncthreads();
+	if (n >= p.D)
+		return;
+#pragma unroll
+	for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+		wr[j] = j < p.R ? (p.wt ? w[(uint64_t)j * p.D + n] : w[(uint64_t)n * p.R + j]) : 0.0f;
+	for (uint32_t i = 0; i < nr; i++) {
+		float s = 0.0f, *y = p.y + (uint64_t)(r0 + i) * p.ldy + n;
+#pragma unroll
+		for (uint32_t j = 0; j < MS_GGEMM_WGRAD_MAX_R; j++)
+			if (j < p.R)
+				s += sx[i][j] * wr[j];
+		*y = p.alpha * s + (p.accumulate ? *y : 0.0f);
+	}
+}
+
+extern "C" int ms_ggemm_lowrank(const struct ms_ggemm_lowrank *p, void *stream,
+				struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t ytiles;
+	if (!p->E || p->E > MS_GGEMM_MAX_E || !p->R || p->R > MS_GGEMM_WGRAD_MAX_R || !p->off ||
+	    !p->tiles || !p->x || !p->w || !p->y || p->ldx < (p->up ? p->R : p->D) ||
+	    p->ldy < (p->up ? p->D : p->R))
+		return ms_err_set(err, MS_EINVAL, "grouped low-rank product: %u groups, rank %u "
+				  "(1 .. %u): not covered, or a NULL pointer or short stride",
+				  p->E, p->R, MS_GGEMM_WGRAD_MAX_R);
+	if (!p->rows || !p->D)
+		return MS_OK;
+	ytiles = (p->rows + GG_BM - 1) / GG_BM + p->E;
+	if (ytiles > 65535)
+		return ms_err_set(err, MS_EINVAL, "grouped low-rank product: %llu rows: too many",
+				  (unsigned long long)p->rows);
+	if (p->up)
+		k_lowrank_up<<<dim3((p->D + GG_BM - 1) / GG_BM, (unsigned)ytiles), GG_BM, 0,
+			       (cudaStream_t)stream>>>(*p);
+	else
+		k_lowrank_down<<<dim3(1, (unsigned)ytiles), GG_BM, 0, (cudaStream_t)stream>>>(*p);
 	CK(cudaGetLastError());
 out:
 	return rc;

@@ -141,6 +141,36 @@ struct ms_ggemm_wgrad {
 
 int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *err);
 
+/*
+ * The grouped low-rank products (a LoRA's two factors, every expert at
+ * once, over the rows and row tiles ms_ggemm_index left on the device),
+ * float32 on the CUDA cores: with a rank of at most
+ * MS_GGEMM_WGRAD_MAX_R each is bound by reading or writing its wide side
+ * once.
+ *   down (up 0): Y[row, 0:R] (+)= alpha X[row, 0:D] W_e^T, W_e [R, D]
+ *   up   (up 1): Y[row, 0:D] (+)= alpha X[row, 0:R] W_e^T, W_e [D, R]
+ * W_e at w + e * wstride, stored as above or, with wt, transposed
+ * ([D, R] for down, [R, D] for up: a LoRA's B in dU = dY B, its A in
+ * dX = dU A). Each output sums in a fixed order (deterministic).
+ */
+struct ms_ggemm_lowrank {
+	uint32_t E, R, D;         /* groups, rank, the wide dimension */
+	int up;                   /* 0: D -> R; 1: R -> D */
+	uint64_t rows;            /* a bound on off[E] */
+	const uint32_t *off, *tiles; /* device [E + 1] each (ms_ggemm_index) */
+	const float *x;           /* device [rows, D] (down) or [rows, R] (up) */
+	uint64_t ldx;
+	const float *w;           /* device: W_e at w + e * wstride */
+	uint64_t wstride;
+	int wt;                   /* W_e stored transposed */
+	float *y;                 /* device [rows, R] (down) or [rows, D] (up) */
+	uint64_t ldy;
+	float alpha;
+	int accumulate;           /* 1: Y += ...; 0: Y = ... */
+};
+
+int ms_ggemm_lowrank(const struct ms_ggemm_lowrank *p, void *stream, struct ms_err *err);
+
 #ifdef __cplusplus
 }
 #endif

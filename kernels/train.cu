@@ -1470,13 +1470,51 @@ static int ggemm_experts(struct ms_gmodel *g, const struct gg *o, uint32_t E,
 	return ggemm(g, o, q, mm, nn, kk, A, B, C, err);
 }
 
+/*
+ * One of a LoRA's two products over every expert's rows from the offsets
+ * routing left on the device (ms_ggemm_lowrank, float32): up 0 takes a
+ * row of the wide side (in or out) to the rank, up 1 a row of the rank to
+ * the wide side; W is the factor (A [r, in] or B [out, r] per expert), wt
+ * when the product reads it transposed (dU = dY B, dX = dU A). The wide
+ * side is in for A, out for B.
+ */
+static int lowrank(struct ms_gmodel *g, const struct dlora *L, const uint32_t *doff, int up,
+		   const float *X, const float *W, int wt, float *Y, float alpha, int acc,
+		   struct ms_err *err)
+{
+	struct ms_ggemm_lowrank p;
+	uint32_t D = W == L->A ? L->in : L->out;
+	memset(&p, 0, sizeof p);
+	p.E = L->E;
+	p.R = L->r;
+	p.D = D;
+	p.up = up;
+	p.rows = (uint64_t)g->T * g->K;
+	p.off = doff;
+	p.tiles = doff + L->E + 1;
+	p.x = X;
+	p.ldx = up ? L->r : D;
+	p.w = W;
+	p.wstride = (uint64_t)L->r * D;
+	p.wt = wt;
+	p.y = Y;
+	p.ldy = up ? D : L->r;
+	p.alpha = alpha;
+	p.accumulate = acc;
+	return ms_ggemm_lowrank(&p, g->st, err);
+}
+
 /* Expert LoRA forward over the sorted rows of every expert with rows:
  * U_e = X_e A_e^T, Y_e += s U_e B_e^T (lora_fwd, grouped) */
 static int lora_fwd_grouped(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
-			    const float *X, float *U, float *Y, struct ms_err *err)
+			    const uint32_t *doff, const float *X, float *U, float *Y,
+			    struct ms_err *err)
 {
 	int rc;
 	uint64_t r = L->r, in = L->in, out = L->out;
+	if (doff && r <= MS_GGEMM_WGRAD_MAX_R)
+		return (rc = lowrank(g, L, doff, 0, X, L->A, 0, U, 1.0f, 0, err)) ? rc
+			: lowrank(g, L, doff, 1, U, L->B, 0, Y, g->lscale, 1, err);
 	struct gg o1 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->in, (int)L->in, (int)L->r, 1.0f, 0.0f};
 	struct gg o2 = {CUBLAS_OP_T, CUBLAS_OP_N, (int)L->r, (int)L->r, (int)L->out, g->lscale,
 			1.0f};
@@ -1523,10 +1561,14 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 			 1.0f};
 	struct gg oga = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->r, (int)L->in, 1.0f, 1.0f};
 	/* dU_e = s dY_e B_e */
-	if ((rc = ggemm_experts(g, &odu, L->E, cnt, (int)r, G_ROWS, (int)out,
-				gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
-				gop{g->du, r, G_ROW}, err)))
+	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
+		if ((rc = lowrank(g, L, doff, 0, dY, L->B, 1, g->du, g->lscale, 0, err)))
+			return rc;
+	} else if ((rc = ggemm_experts(g, &odu, L->E, cnt, (int)r, G_ROWS, (int)out,
+				       gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
+				       gop{g->du, r, G_ROW}, err))) {
 		return rc;
+	}
 	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
 		struct ms_ggemm_wgrad wb = {L->E, L->r, L->out, doff, U, r, dY, out, L->gB,
 					    out * r, 1, g->lscale, 1};
@@ -1571,10 +1613,14 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 		return rc;
 dx:
 	/* dX_e (+)= dU_e A_e */
-	if ((rc = ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
-				gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW},
-				gop{dst, in, G_ROW}, err)))
+	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
+		if ((rc = lowrank(g, L, doff, 1, g->du, L->A, 1, dst, 1.0f, !drop, err)))
+			return rc;
+	} else if ((rc = ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
+				       gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW},
+				       gop{dst, in, G_ROW}, err))) {
 		return rc;
+	}
 	if (drop) {
 		k_drop<<<nblk(TK * L->in), NTH, 0, g->st>>>(g->tmp, dX, TK, L->in, keys, g->seed,
 							    g->step, L->id, g->pdrop, 1);
@@ -2699,11 +2745,17 @@ out:
 /*
  * The grouped path's routing: the counts, their running sums and the
  * stable sort all stay on the device (ms_ggemm_index writes the offsets
- * k_perm and the grouped GEMMs read); the counts are also copied to the
- * host, for the expert LoRA's cuBLAS calls, and cev marks their arrival,
- * so the host waits for them only where it needs them (egemm_counts),
- * with the gate/up GEMM already queued behind the copy.
+ * k_perm, the grouped GEMMs and the expert LoRA's kernels read). Only a
+ * rank past what those LoRA kernels cover takes the cuBLAS calls that need
+ * the counts on the host: then they are copied too, cev marks their
+ * arrival, and the host waits for them only where it needs them
+ * (egemm_counts), with the gate/up GEMM already queued behind the copy.
  */
+static int host_counts(const struct ms_gmodel *g)
+{
+	return !g->grouped || g->r > MS_GGEMM_WGRAD_MAX_R;
+}
+
 static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -2711,8 +2763,11 @@ static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, struct ms_err *er
 	uint32_t *dc = (uint32_t *)g->dsum;
 	k_count<<<g->E, NTH, 0, g->st>>>(a->sel, TK, dc);
 	LK();
-	CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->st));
-	CK(cudaEventRecord(g->cev, g->st));
+	if (host_counts(g)) {
+		CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+				   g->st));
+		CK(cudaEventRecord(g->cev, g->st));
+	}
 	if ((rc = ms_ggemm_index(dc, g->E, a->goff, a->goff + g->E + 1, g->st, err)))
 		return rc;
 	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, a->goff, a->perm, a->pos);
@@ -2725,7 +2780,7 @@ out:
 static int egemm_counts(struct ms_gmodel *g, struct ms_err *err)
 {
 	int rc = MS_OK;
-	if (g->grouped)
+	if (g->grouped && host_counts(g))
 		CK(cudaEventSynchronize(g->cev));
 out:
 	return rc;
@@ -2876,7 +2931,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		ph(g, PH_LORA);
 		if ((rc = egemm_counts(g, err)) ||
 		    (d->lgu && !g->f32 &&
-		     (rc = lora_fwd_grouped(g, d->lgu, a->cnt, xl, a->ugu, a->gu, err))))
+		     (rc = lora_fwd_grouped(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL, xl,
+					     a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
 		k_swiglu<<<nblk(TK * F), NTH, 0, g->st>>>(a->gu, a->act, TK, (uint32_t)F);
@@ -2900,7 +2956,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		}
 		ph(g, PH_LORA);
 		if (d->ldn && !g->f32 &&
-		    (rc = lora_fwd_grouped(g, d->ldn, a->cnt, al, a->udn, a->ye, err)))
+		    (rc = lora_fwd_grouped(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL, al,
+					    a->udn, a->ye, err)))
 			return rc;
 		ph(g, PH_COMBINE);
 		k_combine<<<nblk(T * H), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,

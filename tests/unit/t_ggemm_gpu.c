@@ -17,7 +17,9 @@
  *
  * The grouped weight gradient (ms_ggemm_wgrad) against a double
  * reference: groups of 0 .. 300 rows, ranks 1, 3, 4, 16 and 32, columns
- * within and past a block, both layouts of G, written and accumulated.
+ * within and past a block, both layouts of G, written and accumulated;
+ * and the grouped low-rank products (ms_ggemm_lowrank), down and up, with
+ * W stored and transposed, the same way.
  *
  * With an NVFP4 B (decoded inside the kernel): one part, two parts along
  * N (gate and up stacked) and two along K (their transpose), random codes
@@ -494,6 +496,133 @@ static int test_ggemm_wgrad(void)
 	return 0;
 }
 
+/* One case of the grouped low-rank product against a double reference
+ * (the offsets and tiles by ms_ggemm_index): Y poisoned (written) or
+ * random (accumulated), a sentinel in Y's columns past its width and in
+ * the rows past the groups (the row bound passed is past them too). */
+static int lowrank_case(uint32_t E, uint32_t R, uint32_t D, const uint32_t *cnt, int up, int wt,
+			int acc)
+{
+	uint32_t c[64], off[65];
+	uint64_t rows, slack = 5, xw = up ? R : D, yw = up ? D : R, ldx = xw + 2, ldy = yw + 3;
+	uint64_t ws = (uint64_t)R * D + 7, ny;
+	float *x = NULL, *w = NULL, *y = NULL, *y0 = NULL;
+	void *dx = NULL, *dw = NULL, *dy = NULL, *dc = NULL, *doff = NULL, *dt = NULL;
+	struct ms_err err = {0};
+	double worst = 0;
+	int rc = 1;
+
+	off[0] = 0;
+	for (uint32_t e = 0; e < E; e++) {
+		c[e] = cnt ? cnt[e] : (uint32_t)(rnd() % 301);
+		off[e + 1] = off[e] + c[e];
+	}
+	rows = off[E];
+	ny = (rows + slack) * ldy;
+	x = malloc((rows + 1) * ldx * 4);
+	w = malloc(E * ws * 4);
+	y = malloc(ny * 4);
+	y0 = malloc(ny * 4);
+	T_ASSERT(x && w && y && y0);
+	for (uint64_t i = 0; i < rows * ldx; i++)
+		x[i] = (float)gauss();
+	for (uint64_t i = 0; i < E * ws; i++)
+		w[i] = (float)gauss();
+	for (uint64_t i = 0; i < ny; i++)
+		y0[i] = i / ldy >= rows || i % ldy >= yw ? SENTINEL : acc ? (float)gauss() : NAN;
+	if (ms_gpu_malloc(&dx, (rows + 1) * ldx * 4, &err) || ms_gpu_malloc(&dw, E * ws * 4, &err) ||
+	    ms_gpu_malloc(&dy, ny * 4, &err) || ms_gpu_malloc(&dc, E * 4, &err) ||
+	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) || ms_gpu_malloc(&dt, (E + 1) * 4, &err) ||
+	    (rows && ms_gpu_memcpy(dx, x, rows * ldx * 4, &err)) ||
+	    ms_gpu_memcpy(dw, w, E * ws * 4, &err) || ms_gpu_memcpy(dy, y0, ny * 4, &err) ||
+	    ms_gpu_memcpy(dc, c, E * 4, &err) || ms_ggemm_index(dc, E, doff, dt, NULL, &err))
+		goto fail;
+	{
+		struct ms_ggemm_lowrank p = {
+			.E = E, .R = R, .D = D, .up = up, .rows = rows + slack, .off = doff,
+			.tiles = dt, .x = dx, .ldx = ldx, .w = dw, .wstride = ws, .wt = wt,
+			.y = dy, .ldy = ldy, .alpha = 0.5f, .accumulate = acc,
+		};
+		if (ms_ggemm_lowrank(&p, NULL, &err) || ms_gpu_sync(&err))
+			goto fail;
+	}
+	if (cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+		goto out;
+	for (uint32_t e = 0; e < E; e++) {
+		const float *we = w + e * ws;
+		for (uint64_t r = off[e]; r < off[e + 1]; r++)
+			for (uint64_t o = 0; o < yw; o++) {
+				double s = 0, m = 0, want, er;
+				uint64_t K = up ? R : D;
+				for (uint64_t k = 0; k < K; k++) {
+					/* W_e [yw, K] as stored, or transposed */
+					double t = (double)x[r * ldx + k] *
+						   (wt ? we[k * yw + o] : we[o * K + k]);
+					s += t;
+					m += fabs(t);
+				}
+				want = 0.5 * s + (acc ? y0[r * ldy + o] : 0);
+				m = 0.5 * m + (acc ? fabs(y0[r * ldy + o]) : 0);
+				er = fabs(y[r * ldy + o] - want);
+				if (!(er <= (K + 2) * 0x1p-23 * m + 1e-30)) {
+					fprintf(stderr, "lowrank %s E %u R %u D %u wt %d acc %d: row "
+						"%llu column %llu: gpu %.9g ref %.9g mag %.3g\n",
+						up ? "up" : "down", E, R, D, wt, acc,
+						(unsigned long long)r, (unsigned long long)o,
+						(double)y[r * ldy + o], want, m);
+					goto out;
+				}
+				if (m > 0 && er / m > worst)
+					worst = er / m;
+			}
+	}
+	for (uint64_t i = 0; i < ny; i++)
+		if ((i / ldy >= rows || i % ldy >= yw) && y[i] != SENTINEL) {
+			fprintf(stderr, "lowrank: element %llu outside the groups' rows and width "
+				"was written\n", (unsigned long long)i);
+			goto out;
+		}
+	printf("lowrank %s E %u R %u D %u rows %llu wt %d %s: max err/mag %.3g\n",
+	       up ? "up" : "down", E, R, D, (unsigned long long)rows, wt,
+	       acc ? "accumulate" : "write", worst);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "lowrank: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
+out:
+	free(x);
+	free(w);
+	free(y);
+	free(y0);
+	ms_gpu_free(dx);
+	ms_gpu_free(dw);
+	ms_gpu_free(dy);
+	ms_gpu_free(dc);
+	ms_gpu_free(doff);
+	ms_gpu_free(dt);
+	return rc;
+}
+
+static int test_ggemm_lowrank(void)
+{
+	static const uint32_t edge[] = {0, 1, 127, 128, 129, 0, 300, 5};
+	struct ms_err err = {0};
+	struct ms_ggemm_lowrank bad = {.E = 1, .R = 33, .D = 8, .off = (const uint32_t *)8,
+				       .tiles = (const uint32_t *)8, .x = (const float *)8,
+				       .ldx = 8, .w = (const float *)8, .y = (float *)8, .ldy = 33};
+	for (int up = 0; up < 2; up++) {
+		T_ASSERT(lowrank_case(8, 16, 200, edge, up, 0, 0) == 0);
+		T_ASSERT(lowrank_case(8, 16, 200, edge, up, 1, 1) == 0);
+		T_ASSERT(lowrank_case(8, 1, 7, edge, up, 0, 1) == 0);
+		T_ASSERT(lowrank_case(8, 32, 129, edge, up, 1, 0) == 0);
+		T_ASSERT(lowrank_case(64, 3, 48, NULL, up, 0, 1) == 0);
+	}
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank(&bad, NULL, &err), MS_EINVAL);
+	bad.R = 4, bad.ldx = 7;
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank(&bad, NULL, &err), MS_EINVAL);
+	return 0;
+}
+
 static int test_ggemm_refuses(void)
 {
 	struct ms_err err = {0};
@@ -819,6 +948,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_ggemm_shapes),
 	T_CASE(test_ggemm_refuses),
 	T_CASE(test_ggemm_wgrad),
+	T_CASE(test_ggemm_lowrank),
 };
 #endif
 
