@@ -385,39 +385,24 @@ static int test_flash_refuses(void)
 	return 0;
 }
 
-#define BENCH_WARM 3
-#define BENCH_RUNS 20
+/* one launch of one direction over the buffers g */
+struct fl_run {
+	int bwd;
+	const struct ms_flash_shape *fs;
+	void **g;
+};
 
-/* the median time in ms of BENCH_RUNS launches of one direction (after
- * BENCH_WARM), CUDA events around each; < 0 on error */
-static float bench_one(int bwd, const struct ms_flash_shape *fs, void **g,
-		       cudaEvent_t *ev)
+static int fl_once(void *ctx)
 {
+	const struct fl_run *r = ctx;
+	void **g = r->g;
 	struct ms_err err = {0};
-	float ms[BENCH_RUNS];
-
-	for (int i = 0; i < BENCH_WARM + BENCH_RUNS; i++) {
-		int j = i - BENCH_WARM, rc;
-		if (j >= 0 && cudaEventRecord(ev[2 * j], NULL) != cudaSuccess)
-			return -1;
-		if (bwd)
-			rc = ms_flash_bwd(fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7], g[8],
-					  g[9], NULL, &err);
-		else
-			rc = ms_flash_fwd(fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
-		if (rc) {
-			fprintf(stderr, "bench: %s\n", err.msg);
-			return -1;
-		}
-		if (j >= 0 && cudaEventRecord(ev[2 * j + 1], NULL) != cudaSuccess)
-			return -1;
-	}
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		return -1;
-	for (int j = 0; j < BENCH_RUNS; j++)
-		if (cudaEventElapsedTime(&ms[j], ev[2 * j], ev[2 * j + 1]) != cudaSuccess)
-			return -1;
-	return t_median(ms, BENCH_RUNS);
+	int rc = r->bwd ? ms_flash_bwd(r->fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7], g[8],
+				       g[9], NULL, &err)
+			: ms_flash_fwd(r->fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
+	if (rc)
+		fprintf(stderr, "bench: %s\n", err.msg);
+	return rc;
 }
 
 /* --bench: both directions at the trainer's shapes */
@@ -456,7 +441,7 @@ static int bench(void)
 			bad = ms_flash_fwd(fs, g[0], g[1], g[2], g[4], g[5], NULL, &err) ||
 			      ms_gpu_sync(&err);
 		for (int d = 0; d < 2 && !bad; d++)
-			bad = (t[d] = bench_one(d, fs, g, ev)) < 0;
+			bad = (t[d] = t_bench(fl_once, &(struct fl_run){d, fs, g}, ev)) < 0;
 		if (!bad) {
 			for (int d = 0; d < 2; d++)
 				printf("bench B %u S %u heads %u/%u hd %u %s: %.3f ms %.1f TFLOP/s\n",

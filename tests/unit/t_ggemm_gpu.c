@@ -697,9 +697,6 @@ static int test_ggemm_refuses(void)
 
 /* ---- --bench ------------------------------------------------------------------------- */
 
-#define BENCH_WARM 3
-#define BENCH_RUNS 20
-
 /* cuBLAS, opened as the trainer opens it (the library is not linked) */
 static struct {
 	void *so;
@@ -752,39 +749,45 @@ struct q4set {
 	void *out;
 };
 
-/* the median ms of BENCH_RUNS runs of one side: the grouped GEMM (p, its
- * shape and B), the per-expert loop over bf16 B, or the decode of q */
+/* one timed run of one side: the grouped GEMM (p, its shape and B), the
+ * per-expert loop over bf16 B, or the decode of q */
+struct gg_run {
+	enum side side;
+	const struct ms_ggemm *p;
+	cublasHandle_t h;
+	const uint32_t *cnt;
+	void *const *B;
+	const struct q4set *q;
+};
+
+static int gg_once(void *ctx)
+{
+	const struct gg_run *r = ctx;
+	const struct ms_ggemm *p = r->p;
+	struct ms_err err = {0};
+	if (r->side == S_LOOP) {
+		if (loop_run(r->h, r->cnt, p->E, p->N, p->K, p->a, r->B, p->c)) {
+			fprintf(stderr, "bench: cublasGemmEx failed\n");
+			return -1;
+		}
+		return 0;
+	}
+	if (r->side == S_DECODE ? ms_gpu_nvfp4_dequantize(r->q->codes, r->q->scales, r->q->rows,
+							   p->K, 0.02f, MS_NVFP4_TSCALE_MUL,
+							   MS_DTYPE_BF16, r->q->out, &err)
+				: ms_ggemm_run(p, NULL, &err)) {
+		fprintf(stderr, "bench: %s\n", err.msg);
+		return -1;
+	}
+	return 0;
+}
+
 static float bench_side(enum side side, const struct ms_ggemm *p, cublasHandle_t h,
 			const uint32_t *cnt, void *const *B, const struct q4set *q,
 			cudaEvent_t *ev)
 {
-	struct ms_err err = {0};
-	float ms[BENCH_RUNS];
-	for (int i = 0; i < BENCH_WARM + BENCH_RUNS; i++) {
-		int j = i - BENCH_WARM, bad;
-		if (j >= 0 && cudaEventRecord(ev[2 * j], NULL) != cudaSuccess)
-			return -1;
-		if (side == S_LOOP)
-			bad = loop_run(h, cnt, p->E, p->N, p->K, p->a, B, p->c);
-		else if (side == S_DECODE)
-			bad = ms_gpu_nvfp4_dequantize(q->codes, q->scales, q->rows, p->K, 0.02f,
-						      MS_NVFP4_TSCALE_MUL, MS_DTYPE_BF16, q->out,
-						      &err);
-		else
-			bad = ms_ggemm_run(p, NULL, &err);
-		if (bad) {
-			fprintf(stderr, "bench: %s\n", side == S_LOOP ? "cublasGemmEx failed" : err.msg);
-			return -1;
-		}
-		if (j >= 0 && cudaEventRecord(ev[2 * j + 1], NULL) != cudaSuccess)
-			return -1;
-	}
-	if (cudaDeviceSynchronize() != cudaSuccess)
-		return -1;
-	for (int j = 0; j < BENCH_RUNS; j++)
-		if (cudaEventElapsedTime(&ms[j], ev[2 * j], ev[2 * j + 1]) != cudaSuccess)
-			return -1;
-	return t_median(ms, BENCH_RUNS);
+	struct gg_run r = {side, p, h, cnt, B, q};
+	return t_bench(gg_once, &r, ev);
 }
 
 static const char *shape_name(int cfg)
