@@ -5,8 +5,9 @@
 #   make demo       the main job on the bundled fixtures
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
-#   make check-kernels-emu  the grouped GEMM's kernel test on the CPU, its
-#                   kernel emulated thread by thread (tools/kemu; no GPU)
+#   make check-kernels-emu  the grouped GEMM's and flash attention's kernel
+#                   tests on the CPU, the kernels emulated thread by thread
+#                   (tools/kemu; no GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
 #   make bench-train-gpu  the LoRA step of mstrain --device cuda against
 #                   transformers + PEFT on the same GPU (PYTHON: one with torch)
@@ -272,6 +273,7 @@ test-gpu: all $(SHLIB) $(UNIT_BIN)
 # not a substitute for test-gpu (tools/kemu/README.md says what it misses).
 check-kernels-emu:
 	@BUILD=$(BUILD) sh tools/kemu/run.sh
+	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel flash
 
 demo: deps
 	@$(MAKE) --no-print-directory all
