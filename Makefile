@@ -5,6 +5,9 @@
 #   make demo       the main job on the bundled fixtures
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
+#   make check-kernels-emu  the grouped GEMM's and flash attention's kernel
+#                   tests on the CPU, the kernels emulated thread by thread
+#                   (tools/kemu; no GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
 #   make bench-train-gpu  the LoRA step of mstrain --device cuda against
 #                   transformers + PEFT on the same GPU (PYTHON: one with torch)
@@ -99,7 +102,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fz_*.c)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
-.PHONY: all shlib python deps pkgcheck test demo check-asan test-gpu test-interop bench bench-gpu bench-train-gpu bench-bins install clean venv fault goldens-train
+.PHONY: all shlib python deps pkgcheck test demo check-asan check-kernels-emu test-gpu test-interop bench bench-gpu bench-train-gpu bench-bins install clean venv fault goldens-train
 
 all: $(LIB) $(TOOLS)
 
@@ -265,6 +268,12 @@ test-interop: all
 
 test-gpu: all $(SHLIB) $(UNIT_BIN)
 	@BUILD=$(BUILD) MS_TEST_GPU=1 sh tests/run.sh gpu
+
+# Not in `make test` (minutes of CPU): a developer aid between GPU runs,
+# not a substitute for test-gpu (tools/kemu/README.md says what it misses).
+check-kernels-emu:
+	@BUILD=$(BUILD) sh tools/kemu/run.sh
+	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel flash
 
 demo: deps
 	@$(MAKE) --no-print-directory all
