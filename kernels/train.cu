@@ -1538,46 +1538,30 @@ __global__ void k_pad_rows(const float *src, float *dst, const uint32_t *pad, ui
 }
 
 /* Expert LoRA backward over every expert with rows (lora_bwd's four
- * products): dU and dX, whose row count varies per expert, as one grouped
- * launch each; gB and gA, which reduce over the expert's rows, one GEMM per
- * expert over its bucketed rows (grouped, with every expert's own length,
- * those ran slower on the H200), or, where routing left the row offsets on
- * the device (doff: the grouped expert GEMMs), ms_ggemm_wgrad over each
- * expert's own rows in float32, reading dY and X once, with no padding. */
-static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
-			    const uint32_t *doff, const float *X, const float *U, const float *dY,
-			    float *dX, const int32_t *keys, uint64_t TK, struct ms_err *err)
+ * products) on cuBLAS: dU and dX, whose row count varies per expert, as
+ * one grouped launch each; gB and gA, which reduce over the expert's rows,
+ * one GEMM per expert over its bucketed rows (grouped, with every expert's
+ * own length, those ran slower on the H200). dX goes to dst (+= unless
+ * set). */
+static int lora_bwd_blas(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+			 const float *X, const float *U, const float *dY, float *dst, int set,
+			 uint64_t TK, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t off = 0, r = L->r, in = L->in, out = L->out;
-	int drop = g->train && g->pdrop > 0;
-	float *dst = drop ? g->tmp : dX;
 	struct gg odu = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->r, (int)L->out, (int)L->r, g->lscale,
 			 0.0f};
 	struct gg odx = {CUBLAS_OP_N, CUBLAS_OP_N, (int)L->in, (int)L->r, (int)L->in, 1.0f,
-			 drop ? 0.0f : 1.0f};
+			 set ? 0.0f : 1.0f};
 	/* gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e over bucketed rows */
 	struct gg ogb = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->r, (int)L->out, (int)L->r, g->lscale,
 			 1.0f};
 	struct gg oga = {CUBLAS_OP_N, CUBLAS_OP_T, (int)L->in, (int)L->r, (int)L->in, 1.0f, 1.0f};
 	/* dU_e = s dY_e B_e */
-	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
-		if ((rc = lowrank(g, L, doff, 0, dY, L->B, 1, g->du, g->lscale, 0, err)))
-			return rc;
-	} else if ((rc = ggemm_experts(g, &odu, L->E, cnt, (int)r, G_ROWS, (int)out,
-				       gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
-				       gop{g->du, r, G_ROW}, err))) {
+	if ((rc = ggemm_experts(g, &odu, L->E, cnt, (int)r, G_ROWS, (int)out,
+				gop{L->B, out * r, G_EXPERT}, gop{dY, out, G_ROW},
+				gop{g->du, r, G_ROW}, err)))
 		return rc;
-	}
-	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
-		struct ms_ggemm_wgrad wb = {L->E, L->r, L->out, doff, U, r, dY, out, L->gB,
-					    out * r, 1, g->lscale, 1};
-		struct ms_ggemm_wgrad wa = {L->E, L->r, L->in, doff, g->du, r, X, in, L->gA,
-					    r * in, 0, 1.0f, 1};
-		if ((rc = ms_ggemm_wgrad(&wb, g->st, err)) || (rc = ms_ggemm_wgrad(&wa, g->st, err)))
-			return rc;
-		goto dx;
-	}
 	/* U and dU to a padded layout (each expert's block BUCKET-rounded,
 	 * zeros after its rows), so the two reductions run over bucketed row
 	 * counts whose shapes repeat (bucket()): the rows past an expert's
@@ -1587,7 +1571,6 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 		/* pageable: the copy has read it when cudaMemcpyAsync returns */
 		uint32_t h[3 * MAXE];
 		uint64_t po = 0;
-		off = 0;
 		for (uint32_t e = 0; e < L->E; e++) {
 			h[e] = (uint32_t)off;
 			h[L->E + e] = (uint32_t)po;
@@ -1611,16 +1594,48 @@ static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const ui
 				gop{X, in, G_ROW}, gop{g->dup, r, G_PADROW},
 				gop{L->gA, r * in, G_EXPERT}, err)))
 		return rc;
-dx:
 	/* dX_e (+)= dU_e A_e */
-	if (doff && r <= MS_GGEMM_WGRAD_MAX_R) {
-		if ((rc = lowrank(g, L, doff, 1, g->du, L->A, 1, dst, 1.0f, !drop, err)))
-			return rc;
-	} else if ((rc = ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
-				       gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW},
-				       gop{dst, in, G_ROW}, err))) {
+	return ggemm_experts(g, &odx, L->E, cnt, (int)in, G_ROWS, (int)r,
+			     gop{L->A, r * in, G_EXPERT}, gop{g->du, r, G_ROW}, gop{dst, in, G_ROW},
+			     err);
+out:
+	return rc;
+}
+
+/* The same where routing left the row offsets on the device (doff: the
+ * grouped expert GEMMs): the four products by the grouped float32
+ * kernels over each expert's own rows (ms_ggemm_lowrank for dU and dX,
+ * ms_ggemm_wgrad for gB and gA), reading dY and X once, no padding. */
+static int lora_bwd_dev(struct ms_gmodel *g, const struct dlora *L, const uint32_t *doff,
+			const float *X, const float *U, const float *dY, float *dst, int set,
+			struct ms_err *err)
+{
+	int rc;
+	uint64_t r = L->r, in = L->in, out = L->out;
+	struct ms_ggemm_wgrad wb = {L->E, L->r, L->out, doff, U, r, dY, out, L->gB, out * r, 1,
+				    g->lscale, 1};
+	struct ms_ggemm_wgrad wa = {L->E, L->r, L->in, doff, g->du, r, X, in, L->gA, r * in, 0,
+				    1.0f, 1};
+	if ((rc = lowrank(g, L, doff, 0, dY, L->B, 1, g->du, g->lscale, 0, err)) ||
+	    (rc = ms_ggemm_wgrad(&wb, g->st, err)) || (rc = ms_ggemm_wgrad(&wa, g->st, err)))
 		return rc;
-	}
+	return lowrank(g, L, doff, 1, g->du, L->A, 1, dst, 1.0f, !set, err);
+}
+
+/* Expert LoRA backward over every expert with rows: on the device
+ * offsets where there are some and the rank is one their kernels cover,
+ * else on cuBLAS; then the dropout mask on dX's share. */
+static int lora_bwd_experts(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+			    const uint32_t *doff, const float *X, const float *U, const float *dY,
+			    float *dX, const int32_t *keys, uint64_t TK, struct ms_err *err)
+{
+	int rc = MS_OK;
+	int drop = g->train && g->pdrop > 0;
+	float *dst = drop ? g->tmp : dX;
+	if ((rc = doff && L->r <= MS_GGEMM_WGRAD_MAX_R
+			  ? lora_bwd_dev(g, L, doff, X, U, dY, dst, drop, err)
+			  : lora_bwd_blas(g, L, cnt, X, U, dY, dst, drop, TK, err)))
+		return rc;
 	if (drop) {
 		k_drop<<<nblk(TK * L->in), NTH, 0, g->st>>>(g->tmp, dX, TK, L->in, keys, g->seed,
 							    g->step, L->id, g->pdrop, 1);
