@@ -228,7 +228,7 @@ def main():
                  "part for that colwise mode (the whole GPU trainer: NVFP4, float "
                  "weights, LoRA with gradients and AdamW, activations, scratch).")
         L.append("")
-        L.append("| colwise | NVFP4 base bytes | peak allocated | cudaMemGetInfo | "
+        L.append("| run | NVFP4 base bytes | peak allocated | cudaMemGetInfo | "
                  "msinv footprint | footprint / allocated | footprint / cudaMemGetInfo |")
         L.append("|---|---:|---:|---:|---:|---:|---:|")
         for m in MODES:
