@@ -2536,6 +2536,26 @@ __global__ void k_group_sum(const float *src, float *dst, uint32_t S, uint32_t n
  * LSE kept between the two. Otherwise per sequence, one batched GEMM over
  * the heads for each product (query head h reads KV head h / rep), the
  * softmax kernels between */
+/* One batched GEMM over the heads: C_h = op(A_h) op(B_h) for h < nh, A_h at
+ * A + h * as and B_h at B + (h / bdiv) * bs (elements of the GEMM type;
+ * bdiv the GQA group, where query heads share a KV head, else 1), C_h at
+ * C + h * cs (floats) */
+static int heads_gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
+		      const void *A, uint64_t as, uint32_t lda, const void *B, uint64_t bs,
+		      uint32_t bdiv, uint32_t ldb, float *C, uint64_t cs, uint32_t ldc,
+		      struct ms_err *err)
+{
+	const void *pa[MAXE], *pb[MAXE];
+	void *pc[MAXE];
+	for (uint32_t h = 0; h < g->nh; h++) {
+		pa[h] = OFF(A, h * as);
+		pb[h] = OFF(B, (h / bdiv) * bs);
+		pc[h] = C + h * cs;
+	}
+	return gemm_ptrs(g, ta, tb, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, pc, ldc, (int)g->nh,
+			 g->gt, err);
+}
+
 static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -2545,8 +2565,6 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 	const void *Q = NULL, *Kk = NULL, *Vv = NULL, *dO = NULL;
 	void *vbuf = g->f32 ? NULL : g->tmp;
 	uint64_t SS = (uint64_t)S * S;
-	const void *pa[MAXE], *pb[MAXE];
-	void *pc[MAXE];
 	if (nh > MAXE)
 		return ms_err_set(err, MS_EINVAL, "attention: more than %u heads", MAXE);
 	if ((rc = opnd(g, a->q, (uint64_t)g->T * dq, g->cB, &Q, err)) ||
@@ -2567,13 +2585,8 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 		const void *Vb = OFF(Vv, (uint64_t)b * S * dkv);
 		const void *dOb = bwd ? OFF(dO, (uint64_t)b * S * dq) : NULL;
 		/* scores S_h = Q_h K_g^T */
-		for (uint32_t h = 0; h < nh; h++) {
-			pa[h] = OFF(Qb, h * hd);
-			pb[h] = OFF(Kb, (h / rep) * hd);
-			pc[h] = g->sc + h * SS;
-		}
-		if ((rc = gemm_ptrs(g, 0, 1, S, S, hd, 1.0f, pa, dq, pb, dkv, 0.0f, pc, S, (int)nh,
-				    g->gt, err)))
+		if ((rc = heads_gemm(g, 0, 1, S, S, hd, Qb, hd, dq, Kb, hd, rep, dkv, g->sc, SS, S,
+				     err)))
 			return rc;
 		if (!bwd) {
 			if (g->f32)
@@ -2584,24 +2597,14 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 					g->sc, (__nv_bfloat16 *)g->pg, S, scale);
 			LK();
 			/* context O_h = P_h V_g */
-			for (uint32_t h = 0; h < nh; h++) {
-				pa[h] = OFF(g->pg, h * SS);
-				pb[h] = OFF(Vb, (h / rep) * hd);
-				pc[h] = a->ctx + (uint64_t)b * S * dq + h * hd;
-			}
-			if ((rc = gemm_ptrs(g, 0, 0, S, hd, S, 1.0f, pa, S, pb, dkv, 0.0f, pc, dq,
-					    (int)nh, g->gt, err)))
+			if ((rc = heads_gemm(g, 0, 0, S, hd, S, g->pg, SS, S, Vb, hd, rep, dkv,
+					     a->ctx + (uint64_t)b * S * dq, hd, dq, err)))
 				return rc;
 			continue;
 		}
 		/* dP_h = dO_h V_g^T */
-		for (uint32_t h = 0; h < nh; h++) {
-			pa[h] = OFF(dOb, h * hd);
-			pb[h] = OFF(Vb, (h / rep) * hd);
-			pc[h] = g->dp + h * SS;
-		}
-		if ((rc = gemm_ptrs(g, 0, 1, S, S, hd, 1.0f, pa, dq, pb, dkv, 0.0f, pc, S, (int)nh,
-				    g->gt, err)))
+		if ((rc = heads_gemm(g, 0, 1, S, S, hd, dOb, hd, dq, Vb, hd, rep, dkv, g->dp, SS, S,
+				     err)))
 			return rc;
 		if (g->f32)
 			k_softmax_bwd<float, true><<<nh * S, NTH, 0, g->st>>>(
@@ -2614,32 +2617,16 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 		/* per query head: dV_h = P_h^T dO_h and dK_h = dS_h^T Q_h into
 		 * [S, nh*hd] scratch (summed over each KV head's group after),
 		 * dQ_h = dS_h K_g straight into dqv */
-		for (uint32_t h = 0; h < nh; h++) {
-			pa[h] = OFF(g->pg, h * SS);
-			pb[h] = OFF(dOb, h * hd);
-			pc[h] = g->dctx2 + h * hd;
-		}
-		if ((rc = gemm_ptrs(g, 1, 0, S, hd, S, 1.0f, pa, S, pb, dq, 0.0f, pc, dq, (int)nh,
-				    g->gt, err)))
+		if ((rc = heads_gemm(g, 1, 0, S, hd, S, g->pg, SS, S, dOb, hd, 1, dq, g->dctx2, hd,
+				     dq, err)))
 			return rc;
 		k_group_sum<<<nblk((uint64_t)S * dkv), NTH, 0, g->st>>>(
 			g->dctx2, g->dvv + (uint64_t)b * S * dkv, S, nkv, rep, hd);
 		LK();
-		for (uint32_t h = 0; h < nh; h++) {
-			pa[h] = OFF(g->dsg, h * SS);
-			pb[h] = OFF(Kb, (h / rep) * hd);
-			pc[h] = g->dqv + (uint64_t)b * S * dq + h * hd;
-		}
-		if ((rc = gemm_ptrs(g, 0, 0, S, hd, S, 1.0f, pa, S, pb, dkv, 0.0f, pc, dq, (int)nh,
-				    g->gt, err)))
-			return rc;
-		for (uint32_t h = 0; h < nh; h++) {
-			pa[h] = OFF(g->dsg, h * SS);
-			pb[h] = OFF(Qb, h * hd);
-			pc[h] = g->dctx2 + h * hd;
-		}
-		if ((rc = gemm_ptrs(g, 1, 0, S, hd, S, 1.0f, pa, S, pb, dq, 0.0f, pc, dq, (int)nh,
-				    g->gt, err)))
+		if ((rc = heads_gemm(g, 0, 0, S, hd, S, g->dsg, SS, S, Kb, hd, rep, dkv,
+				     g->dqv + (uint64_t)b * S * dq, hd, dq, err)) ||
+		    (rc = heads_gemm(g, 1, 0, S, hd, S, g->dsg, SS, S, Qb, hd, 1, dq, g->dctx2, hd,
+				     dq, err)))
 			return rc;
 		k_group_sum<<<nblk((uint64_t)S * dkv), NTH, 0, g->st>>>(
 			g->dctx2, g->dkk + (uint64_t)b * S * dkv, S, nkv, rep, hd);
