@@ -16,6 +16,7 @@
 #                 a status, never a bare `!`)
 #   has PATTERN FILE WHAT, hasnt PATTERN FILE WHAT   grep in a file
 #   one_line [WHAT]  stderr ($W/err) is exactly one line
+#   inv_query SQL  rows of the inventory $MSINV_DB (Python's sqlite3)
 # and ends with its own totals line, "NAME: N passed, N failed", which
 # tests/run.sh reads. A test whose helper checks more than these (msinv_cli's
 # expect also checks the one-line message) defines its own after sourcing.
@@ -57,4 +58,10 @@ hasnt() { # PATTERN FILE WHAT
 one_line() { # [WHAT]
 	if [ "$(wc -l <"$W/err")" -eq 1 ]; then ok; else
 		bad "${1:+$1: }stderr is not one line"; cat "$W/err"; fi
+}
+inv_query() { # SQL: rows of $MSINV_DB, fields joined by '|', through Python's
+	# sqlite3 (GPU hosts often lack the sqlite3 CLI)
+	python3 -c 'import sqlite3, sys
+for r in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
+    print("|".join(map(str, r)))' "$MSINV_DB" "$1"
 }

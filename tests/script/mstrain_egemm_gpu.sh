@@ -13,12 +13,6 @@
 nvidia-smi -L >/dev/null 2>&1 || skip "no GPU"
 export MSINV_DB="$W/inv.db"
 
-# the inventory read with Python's sqlite3 (GPU hosts often lack the CLI)
-q() {
-	python3 -c 'import sqlite3, sys
-for r in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
-    print("|".join(map(str, r)))' "$MSINV_DB" "$1"
-}
 # a plan: FILE BASE QUANT (its label and outputs from FILE's name)
 plan() {
 	cat >"$1" <<P
@@ -63,11 +57,11 @@ d = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print("grouped vs per-expert: losses within %.3g relative" % d)
 sys.exit(d > 1e-3)' m-per-expert.jsonl m-grouped.jsonl && ok ||
 	bad "grouped and per-expert losses differ by more than float rounding"
-[ "$(q "SELECT COUNT(*) FROM states WHERE label LIKE 'fused%'")" -ge 1 ] && ok ||
+[ "$(inv_query "SELECT COUNT(*) FROM states WHERE label LIKE 'fused%'")" -ge 1 ] && ok ||
 	bad "the fused run registered no adapter"
 
 # refused at the build, one line, exit 2, nothing registered
-n0=$(q "SELECT COUNT(*) FROM states")
+n0=$(inv_query "SELECT COUNT(*) FROM states")
 plan od.json base quant
 expect 2 msinv launch --plan od.json -- mstrain train --plan od.json --device cuda \
 	--expert-gemm fused --colwise on-demand
@@ -76,6 +70,6 @@ plan var.json vbase vquant
 expect 2 msinv launch --plan var.json -- mstrain train --plan var.json --device cuda \
 	--expert-gemm fused
 has "multiples of 32" "$W/err" "fused on sizes that are not multiples of 32"
-[ "$(q "SELECT COUNT(*) FROM states")" = "$n0" ] && ok || bad "a refused run registered a state"
+[ "$(inv_query "SELECT COUNT(*) FROM states")" = "$n0" ] && ok || bad "a refused run registered a state"
 echo "$t_name: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

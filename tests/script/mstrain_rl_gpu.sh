@@ -10,12 +10,6 @@
 nvidia-smi -L >/dev/null 2>&1 || skip "no GPU"
 export MSINV_DB="$W/inv.db"
 
-# the inventory read with Python's sqlite3 (GPU hosts often lack the CLI)
-q() {
-	python3 -c 'import sqlite3, sys
-for r in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
-    print("|".join(map(str, r)))' "$MSINV_DB" "$1"
-}
 # a plan: FILE STEPS KL STOP
 plan() {
 	cat >"$1" <<P
@@ -50,25 +44,25 @@ expect 0 "$B/msinv" add --label quant quant
 plan h.json 40 0 false
 expect 0 "$B/msinv" launch --plan h.json -- "$B/mstrain" train --plan h.json --device cuda \
 	--metrics h.jsonl
-run=$(q "SELECT max(id) FROM runs")
+run=$(inv_query "SELECT max(id) FROM runs")
 first=$(mean h.jsonl 1 10); last=$(mean h.jsonl 31 40)
 echo "  GPU GRPO, no KL: mean reward $first (steps 1-10) -> $last (31-40)"
 python3 -c "import sys; sys.exit(0 if $last > $first + 0.1 else 1)" && ok ||
 	bad "healthy GPU GRPO run did not learn: mean reward $first -> $last"
-[ "$(q "SELECT count(*) FROM events WHERE run_id = $run AND kind = 'rl_collapse'")" = 0 ] && ok ||
+[ "$(inv_query "SELECT count(*) FROM events WHERE run_id = $run AND kind = 'rl_collapse'")" = 0 ] && ok ||
 	bad "an event on the healthy GPU run"
-[ "$(q "SELECT status FROM runs WHERE id = $run")" = ok ] && ok || bad "healthy GPU run not ok"
+[ "$(inv_query "SELECT status FROM runs WHERE id = $run")" = ok ] && ok || bad "healthy GPU run not ok"
 
 # KL 5 with monitor.stop: the rule fires, exit 4 after a checkpoint
 plan s.json 20 5 true
 expect 4 "$B/msinv" launch --plan s.json -- "$B/mstrain" train --plan s.json --device cuda \
 	--metrics s.jsonl
-run=$(q "SELECT max(id) FROM runs")
+run=$(inv_query "SELECT max(id) FROM runs")
 has '{"event":{"rule":"reg_share"' s.jsonl "GPU event in the metrics file"
 step=$(python3 -c 'import json; print([json.loads(l)["event"]["step"] for l in open("s.jsonl") if "event" in l][0])')
 echo "  GPU GRPO, KL 5: reg_share fired at step $step"
 [ -d "runs/s/step-$(printf %06d "$step")" ] && ok || bad "no checkpoint at the stopping step $step"
-[ "$(q "SELECT count(*) FROM events WHERE run_id = $run AND kind = 'rl_collapse'")" -ge 1 ] && ok ||
+[ "$(inv_query "SELECT count(*) FROM events WHERE run_id = $run AND kind = 'rl_collapse'")" -ge 1 ] && ok ||
 	bad "no rl_collapse event on the GPU run"
 echo "mstrain_rl_gpu: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
