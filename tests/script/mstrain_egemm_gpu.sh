@@ -5,7 +5,8 @@
 # plan; fused's losses, learning rates and gradient norms are grouped's
 # bit for bit (the same bf16 weights through the same products), grouped's
 # are per-expert's to float rounding (other summation orders); each run's
-# profile names its mode; the fused adapter is registered like any other;
+# profile names its mode; fused saves grouped's adapter, byte for byte
+# (one state in the inventory);
 # fused with columnwise on demand, and fused on a model whose sizes are not
 # multiples of 32, are refused with exit 2 and the reason, nothing
 # registered. Skipped without a GPU.
@@ -57,11 +58,17 @@ d = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print("grouped vs per-expert: losses within %.3g relative" % d)
 sys.exit(d > 1e-3)' m-per-expert.jsonl m-grouped.jsonl && ok ||
 	bad "grouped and per-expert losses differ by more than float rounding"
-[ "$(inv_query "SELECT COUNT(*) FROM states WHERE label LIKE 'fused%'")" -ge 1 ] && ok ||
-	bad "the fused run registered no adapter"
+# the same training makes the same adapter bytes: one state, registered by
+# the grouped run and found again by the fused one
+cmp -s runs/grouped/step-000006/adapter/adapter_model.safetensors \
+	runs/fused/step-000006/adapter/adapter_model.safetensors && ok ||
+	bad "fused and grouped saved different adapters"
+[ "$(inv_query "SELECT COUNT(*) FROM states WHERE label = 'grouped-step6'")" = 1 ] && ok ||
+	bad "the grouped run registered no adapter"
 
 # refused at the build, one line, exit 2, nothing registered
 n0=$(inv_query "SELECT COUNT(*) FROM states")
+[ "$n0" -ge 5 ] && ok || bad "the inventory cannot be read ('$n0' states)"
 plan od.json base quant
 expect 2 msinv launch --plan od.json -- mstrain train --plan od.json --device cuda \
 	--expert-gemm fused --colwise on-demand

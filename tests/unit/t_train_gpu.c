@@ -252,7 +252,14 @@ static int test_grouped_mixtral(void) { return family("mixtral", M_GROUPED); }
 static int test_grouped_glm4moe(void) { return family("glm4moe", M_GROUPED); }
 static int test_grouped_qwen3moe_var(void) { return family("qwen3moe-var", M_GROUPED); }
 static int test_grouped_glm4moe_var(void) { return family("glm4moe-var", M_GROUPED); }
-static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0.25); }
+/* bf16 with dropout at 0.3: at 0.1 and 0.25 the dropped LoRA inputs put a
+ * token of this tiny random model at a near tie of its top-8 in the second
+ * layer in bf16 (both GEMM paths alike, every gradient tensor off by the
+ * same few percent and the float32 run exact; 0.2, 0.3 and 0.5 within the
+ * usual bf16 error; measured on the H200), the case the tolerance above
+ * leaves out */
+static int test_bf16_dropout(void) { return family_p("qwen3moe", M_BF16, 0.3); }
+static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0.3); }
 
 /* The grouped expert GEMMs against one cuBLAS GEMM per expert, both bf16:
  * the same operands, float32 sums in another order, so the two differ by
@@ -949,6 +956,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_grouped_glm4moe),
 	T_CASE(test_grouped_qwen3moe_var),
 	T_CASE(test_grouped_glm4moe_var),
+	T_CASE(test_bf16_dropout),
 	T_CASE(test_grouped_dropout),
 	T_CASE(test_grouped_vs_loop_qwen3moe),
 	T_CASE(test_grouped_vs_loop_mixtral),
