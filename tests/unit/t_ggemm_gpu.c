@@ -739,7 +739,7 @@ static int loop_run(cublasHandle_t h, const uint32_t *cnt, uint32_t E, uint32_t 
 }
 
 /* what a timed run does */
-enum side { S_GROUPED, S_LOOP, S_DECODE };
+enum side { S_GROUPED, S_LOOP, S_DECODE, S_LOWRANK, S_WGRAD };
 
 /* the NVFP4 bytes of every expert stacked ([E N, K]: one tensor, as the
  * decoder takes it) and where they decode to */
@@ -754,6 +754,8 @@ struct q4set {
 struct gg_run {
 	enum side side;
 	const struct ms_ggemm *p;
+	const struct ms_ggemm_lowrank *lr;
+	const struct ms_ggemm_wgrad *wg;
 	cublasHandle_t h;
 	const uint32_t *cnt;
 	void *const *B;
@@ -772,6 +774,14 @@ static int gg_once(void *ctx)
 		}
 		return 0;
 	}
+	if (r->side == S_LOWRANK || r->side == S_WGRAD) {
+		if (r->side == S_LOWRANK ? ms_ggemm_lowrank(r->lr, NULL, &err)
+					 : ms_ggemm_wgrad(r->wg, NULL, &err)) {
+			fprintf(stderr, "bench: %s\n", err.msg);
+			return -1;
+		}
+		return 0;
+	}
 	if (r->side == S_DECODE ? ms_gpu_nvfp4_dequantize(r->q->codes, r->q->scales, r->q->rows,
 							   p->K, 0.02f, MS_NVFP4_TSCALE_MUL,
 							   MS_DTYPE_BF16, r->q->out, &err)
@@ -786,7 +796,7 @@ static float bench_side(enum side side, const struct ms_ggemm *p, cublasHandle_t
 			const uint32_t *cnt, void *const *B, const struct q4set *q,
 			cudaEvent_t *ev)
 {
-	struct gg_run r = {side, p, h, cnt, B, q};
+	struct gg_run r = {side, p, NULL, NULL, h, cnt, B, q};
 	return t_bench(gg_once, &r, ev);
 }
 
@@ -844,6 +854,52 @@ static int bench_product(struct ms_ggemm *p, const char *what, cublasHandle_t hb
 		       "%.2f\n", what, shape_name(c), td, td + t[0][c], t[1][c], TF(t[1][c]),
 		       t[1][c] / (td + t[0][c]));
 #undef TF
+	return 0;
+}
+
+/* The expert LoRA's kernels at the bench shape (rank 16 over the same
+ * rows): each product's time and the bandwidth of its wide side (read,
+ * or read and written), the bound these kernels are meant to meet. */
+static int bench_lora(const uint32_t *goff, const uint32_t *gt, uint64_t rows, uint32_t E,
+		      float *wide, float *narrow, float *w, float *g, cudaEvent_t *ev)
+{
+	const uint32_t R = 16;
+	static const struct { uint32_t D; int up, wt; const char *what; } lr[] = {
+		{2048, 0, 0, "U = X A^T (in 2048)"},
+		{1536, 0, 1, "dU = s dY B (out 1536)"},
+		{2048, 1, 0, "Y += s U B^T (out 2048)"},
+		{2048, 1, 1, "dX += dU A (in 2048)"},
+	};
+	for (size_t i = 0; i < sizeof lr / sizeof *lr; i++) {
+		struct ms_ggemm_lowrank p = {
+			.E = E, .R = R, .D = lr[i].D, .up = lr[i].up, .rows = rows, .off = goff,
+			.tiles = gt, .x = lr[i].up ? narrow : wide, .ldx = lr[i].up ? R : lr[i].D,
+			.w = w, .wstride = (uint64_t)R * lr[i].D, .wt = lr[i].wt,
+			.y = lr[i].up ? wide : narrow, .ldy = lr[i].up ? lr[i].D : R, .alpha = 1.0f,
+			.accumulate = lr[i].up,
+		};
+		struct gg_run r = {S_LOWRANK, NULL, &p, NULL, NULL, NULL, NULL, NULL};
+		double bytes = (double)rows * lr[i].D * 4 * (lr[i].up ? 2 : 1);
+		float t = t_bench(gg_once, &r, ev);
+		if (t < 0)
+			return -1;
+		printf("bench LoRA %s: %.3f ms, %.0f GB/s of its wide side\n", lr[i].what, t,
+		       bytes / (t * 1e-3) / 1e9);
+	}
+	for (int tr = 0; tr < 2; tr++) {
+		uint32_t N = tr ? 1536 : 2048;
+		struct ms_ggemm_wgrad p = {
+			.E = E, .R = R, .N = N, .off = goff, .u = narrow, .ldu = R, .x = wide, .ldx = N,
+			.g = g, .gstride = (uint64_t)R * N, .trans = tr, .alpha = 1.0f, .accumulate = 1,
+		};
+		struct gg_run r = {S_WGRAD, NULL, NULL, &p, NULL, NULL, NULL, NULL};
+		float t = t_bench(gg_once, &r, ev);
+		if (t < 0)
+			return -1;
+		printf("bench LoRA %s: %.3f ms, %.0f GB/s of X\n",
+		       tr ? "gB = s dY^T U (out 1536)" : "gA = dU^T X (in 2048)", t,
+		       (double)rows * N * 4 / (t * 1e-3) / 1e9);
+	}
 	return 0;
 }
 
@@ -926,6 +982,12 @@ static int bench(void)
 		    bench_product(&p, pr[i].what, hb, cnt, bp, gb, gq, qd, gbq, ev, &err))
 			goto fail;
 	}
+	/* the LoRA kernels over buffers the products are done with: the
+	 * wide side in gc, the rank side, the factors and their gradients in
+	 * gb */
+	if (bench_lora(goff, gt, rows, E, gc, (float *)gb, (float *)gb + rows * 16,
+		       (float *)gb + rows * 16 + (uint64_t)E * 16 * 2048, ev))
+		goto fail;
 	rc = 0;
 	goto out;
 fail:
