@@ -747,28 +747,56 @@ __device__ __forceinline__ float silu_d(float g)
 	return g / (1.0f + expf(-g));
 }
 
-__global__ void k_swiglu(const float *gu, float *act, uint64_t n, uint32_t F)
+__global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *tw, uint64_t n,
+			 uint32_t F)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * F;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t r = i / F;
-		uint32_t c = (uint32_t)(i % F);
-		act[i] = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
-	}
+	/* a block a row at a time; tw: the bf16 twin (k_gather's) */
+	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
+		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
+			float v = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
+			act[r * F + c] = v;
+			if (tw)
+				tw[r * F + c] = __float2bfloat16_rn(v);
+		}
 }
 
 __global__ void k_swiglu_bwd(const float *dact, const float *gu, float *dgu,
-			     uint64_t n, uint32_t F)
+			     __nv_bfloat16 *tw, uint64_t n, uint32_t F)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * F;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t r = i / F;
-		uint32_t c = (uint32_t)(i % F);
-		float gg = gu[r * 2 * F + c], sg = 1.0f / (1.0f + expf(-gg));
-		float sl = gg * sg;
-		dgu[r * 2 * F + c] = dact[i] * gu[r * 2 * F + F + c] * (sg * (1.0f + gg * (1.0f - sg)));
-		dgu[r * 2 * F + F + c] = dact[i] * sl;
-	}
+	/* a block a row at a time; tw: the bf16 twin (k_gather's) */
+	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
+		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
+			float gg = gu[r * 2 * F + c], sg = 1.0f / (1.0f + expf(-gg));
+			float sl = gg * sg, da = dact[r * F + c];
+			float d0 = da * gu[r * 2 * F + F + c] * (sg * (1.0f + gg * (1.0f - sg)));
+			float d1 = da * sl;
+			dgu[r * 2 * F + c] = d0;
+			dgu[r * 2 * F + F + c] = d1;
+			if (tw) {
+				tw[r * 2 * F + c] = __float2bfloat16_rn(d0);
+				tw[r * 2 * F + F + c] = __float2bfloat16_rn(d1);
+			}
+		}
+}
+
+/* the grid of a row-per-block kernel over n rows */
+static unsigned rows_grid(uint64_t n)
+{
+	return (unsigned)(n < (1u << 20) ? (n ? n : 1) : (1u << 20));
+}
+
+/* Where a producer writes its output's bf16 twin (the GEMM operand
+ * scratch cA: the next GEMM reads it there, no cast pass); NULL in the
+ * float32 mode, whose GEMMs read the float32 output itself */
+static __nv_bfloat16 *twin_buf(const struct ms_gmodel *g)
+{
+	return g->f32 ? NULL : (__nv_bfloat16 *)g->cA;
+}
+
+/* the GEMM operand of x, which a producer wrote with twin_buf */
+static const void *twin_of(const struct ms_gmodel *g, const float *x)
+{
+	return g->f32 ? (const void *)x : g->cA;
 }
 
 __global__ void k_bias(float *y, const float *b, uint64_t n, uint32_t out)
@@ -1013,12 +1041,19 @@ __global__ void k_perm(const int32_t *sel, uint32_t n, const uint32_t *off,
 
 /* dst[j] = src[perm[j] / K] (a row of H) */
 __global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, float *dst,
-			 uint64_t n, uint32_t H)
+			 __nv_bfloat16 *tw, uint64_t n, uint32_t H)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * H;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t j = i / H;
-		dst[i] = src[(uint64_t)(perm[j] / K) * H + i % H];
+	/* a block a row at a time (no 64-bit division an element); with tw,
+	 * the rows' bf16 twin too: the expert GEMMs' operand, without a cast
+	 * pass reading dst again */
+	for (uint64_t j = blockIdx.x; j < n; j += gridDim.x) {
+		const float *s = src + (uint64_t)(perm[j] / K) * H;
+		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
+			float v = s[c];
+			dst[j * H + c] = v;
+			if (tw)
+				tw[j * H + c] = __float2bfloat16_rn(v);
+		}
 	}
 }
 
@@ -1041,8 +1076,8 @@ __global__ void k_combine(const float *ye, const int32_t *pos, const float *w, f
 /* combine's backward: dye[pos[t,k]] = dxo[t] * w[t,k]; dw[t,k] = dxo[t].ye
  * (double); one block a token */
 __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *pos,
-			      const float *w, float *dye, float *dw, uint32_t K,
-			      uint32_t H)
+			      const float *w, float *dye, __nv_bfloat16 *tw, float *dw,
+			      uint32_t K, uint32_t H)
 {
 	__shared__ double sh[33];
 	uint64_t t = blockIdx.x;
@@ -1054,6 +1089,8 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 			float g = dxo[t * H + i];
 			d += (double)g * ye[row + i];
 			dye[row + i] = g * wk;
+			if (tw)   /* the bf16 twin (k_gather's) */
+				tw[row + i] = __float2bfloat16_rn(g * wk);
 		}
 		d = block_sum(d, sh);
 		if (threadIdx.x == 0)
@@ -2909,12 +2946,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		LK();
 		if ((rc = g->grouped ? moe_route_dev(g, a, err) : moe_sort(g, a, err)))
 			return rc;
-		k_gather<<<nblk(TK * H), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, TK,
-							  (uint32_t)H);
+		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs,
+							    twin_buf(g), TK, (uint32_t)H);
 		LK();
 		ph(g, PH_EXPERTS);
-		if ((rc = opnd(g, g->xs, TK * H, g->cA, &X, err)) ||
-		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
+		X = twin_of(g, g->xs);
+		if ((rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
 			return rc;
 		if (g->grouped && (rc = egemm(g, d, a, 0, X, 2 * g->F, g->H, a->gu, err)))
 			return rc;
@@ -2937,10 +2974,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					     a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
-		k_swiglu<<<nblk(TK * F), NTH, 0, g->st>>>(a->gu, a->act, TK, (uint32_t)F);
+		k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, twin_buf(g), TK,
+							    (uint32_t)F);
 		LK();
-		if ((rc = opnd(g, a->act, TK * F, g->cA, &X, err)) ||
-		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
+		X = twin_of(g, a->act);
+		if ((rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
 		if (g->grouped && (rc = egemm(g, d, a, 1, X, g->H, g->F, a->ye, err)))
 			return rc;
@@ -2972,10 +3010,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, a->h2, T * H, g->cA, &X, err)) ||
 		    (rc = lin_fwd(g, &d->sgu, X, T, a->sgu, 0, err)))
 			return rc;
-		k_swiglu<<<nblk(T * Fs), NTH, 0, g->st>>>(a->sgu, a->sact, T, Fs);
+		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, twin_buf(g), T, Fs);
 		LK();
-		if ((rc = opnd(g, a->sact, T * Fs, g->cA, &X, err)) ||
-		    (rc = lin_fwd(g, &d->sdn, X, T, d->moe ? g->y2 : g->y, 0, err)))
+		if ((rc = lin_fwd(g, &d->sdn, twin_of(g, a->sact), T, d->moe ? g->y2 : g->y, 0,
+				  err)))
 			return rc;
 		if (d->moe) {
 			k_add<<<nblk(T * H), NTH, 0, g->st>>>(g->y, g->y, g->y2, T * H);
@@ -3008,8 +3046,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		uint32_t off = 0;
 		const float *al;
 		ph(g, PH_B_ROUTE);
+		/* dye's bf16 twin in cA: the expert dgrad's operand (nothing
+		 * writes cA before it reads it) */
 		k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts, g->dye,
-							      g->dw, g->K, (uint32_t)H);
+							      twin_buf(g), g->dw, g->K,
+							      (uint32_t)H);
 		LK();
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
@@ -3019,11 +3060,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
 			return rc;
 		ph(g, PH_B_EXPERTS);
-		k_gather<<<nblk(TK * H), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, TK,
-							  (uint32_t)H);
+		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL, TK,
+							    (uint32_t)H);
 		LK();
-		if ((rc = opnd(g, g->dye, TK * H, g->cA, &X, err)) ||
-		    (rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)) ||
+		X = twin_of(g, g->dye);
+		if ((rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)) ||
 		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
 		if (g->grouped && (rc = egemm(g, d, a, 3, X, g->F, g->H, g->dact, err)))
@@ -3047,11 +3088,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 					   a->udn, g->dye, g->dact, a->perm, TK, err)))
 			return rc;
 		ph(g, PH_B_EXPERTS);
-		k_swiglu_bwd<<<nblk(TK * F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, TK,
-							      (uint32_t)F);
+		k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, twin_buf(g),
+								TK, (uint32_t)F);
 		LK();
-		if ((rc = opnd(g, g->dgu, TK * 2 * F, g->cA, &X, err)))
-			return rc;
+		X = twin_of(g, g->dgu);
 		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
 			return rc;
 		off = 0;
@@ -3086,10 +3126,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if ((rc = opnd(g, dxo, T * H, g->cA, &X, err)) ||
 		    (rc = lin_dgrad(g, &d->sdn, X, T, g->dact, 0, err)))
 			return rc;
-		k_swiglu_bwd<<<nblk(T * Fs), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu, T, Fs);
+		k_swiglu_bwd<<<rows_grid(T), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu, twin_buf(g),
+							       T, Fs);
 		LK();
-		if ((rc = opnd(g, g->dgu, T * 2 * Fs, g->cA, &X, err)) ||
-		    (rc = lin_dgrad(g, &d->sgu, X, T, g->dh2, 1.0f, err)))
+		if ((rc = lin_dgrad(g, &d->sgu, twin_of(g, g->dgu), T, g->dh2, 1.0f, err)))
 			return rc;
 	}
 	ph(g, PH_B_NORM);
