@@ -640,15 +640,18 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 }
 
 /* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
+/* I: the index type, 32-bit where the tensor allows it (a 64-bit division
+ * an element costs as much as the rest of the kernel) */
+template <typename I>
 __global__ void k_rope(const float *x, float *y, uint32_t T, uint32_t nhead,
 		       uint32_t hd, uint32_t half, uint32_t S, const float *cs,
 		       const float *sn, int bwd)
 {
-	uint64_t n = (uint64_t)T * nhead * hd;
-	for (uint64_t idx = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
-	     idx += (uint64_t)gridDim.x * blockDim.x) {
+	I n = (I)T * nhead * hd;
+	for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+	     idx += (I)gridDim.x * blockDim.x) {
 		uint32_t i = (uint32_t)(idx % hd);
-		uint64_t row = idx / hd;
+		I row = idx / hd;
 		uint32_t pos = (uint32_t)((row / nhead) % S);
 		const float *xr = x + row * hd;
 		float out;
@@ -1062,15 +1065,14 @@ __global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, floa
 __global__ void k_combine(const float *ye, const int32_t *pos, const float *w, float *y,
 			  uint32_t T, uint32_t K, uint32_t H)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (uint64_t)T * H;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t t = i / H;
-		uint32_t c = (uint32_t)(i % H);
-		double s = 0;
-		for (uint32_t k = 0; k < K; k++)
-			s += (double)(ye[(uint64_t)pos[t * K + k] * H + c] * w[t * K + k]);
-		y[i] = (float)s;
-	}
+	/* a block a token at a time (no 64-bit division an element) */
+	for (uint64_t t = blockIdx.x; t < T; t += gridDim.x)
+		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
+			double s = 0;
+			for (uint32_t k = 0; k < K; k++)
+				s += (double)(ye[(uint64_t)pos[t * K + k] * H + c] * w[t * K + k]);
+			y[t * H + c] = (float)s;
+		}
 }
 
 /* combine's backward: dye[pos[t,k]] = dxo[t] * w[t,k]; dw[t,k] = dxo[t].ye
@@ -1102,14 +1104,14 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 __global__ void k_unperm_sum(const float *dxs, const int32_t *pos, float *dh, uint32_t T,
 			     uint32_t K, uint32_t H)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (uint64_t)T * H;
-	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t t = i / H;
-		double s = 0;
-		for (uint32_t k = 0; k < K; k++)
-			s += dxs[(uint64_t)pos[t * K + k] * H + i % H];
-		dh[i] += (float)s;
-	}
+	/* a block a token at a time, as k_combine */
+	for (uint64_t t = blockIdx.x; t < T; t += gridDim.x)
+		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
+			double s = 0;
+			for (uint32_t k = 0; k < K; k++)
+				s += dxs[(uint64_t)pos[t * K + k] * H + c];
+			dh[t * H + c] += (float)s;
+		}
 }
 
 /* model.c's mix64 / unif: the dropout generator */
@@ -2851,6 +2853,25 @@ static int egemm(struct ms_gmodel *g, const struct dlayer *d, const struct dacts
 	return ms_ggemm_run(&p, g->st, err);
 }
 
+/* RoPE over T rows of nhead heads (k_rope), its index 32-bit where the
+ * tensor and the grid's stride fit */
+static int rope(struct ms_gmodel *g, const float *x, float *y, uint32_t T, uint32_t nhead,
+		uint32_t half, const float *cs, const float *sn, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t n = (uint64_t)T * nhead * g->hd;
+	unsigned grid = nblk(n);
+	if (n + (uint64_t)grid * NTH <= 0xffffffffull)
+		k_rope<uint32_t><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs, sn,
+							   bwd);
+	else
+		k_rope<uint64_t><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs, sn,
+							   bwd);
+	LK();
+out:
+	return rc;
+}
+
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
 		     const struct kvdec *dc, struct ms_err *err)
 {
@@ -2901,12 +2922,9 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		/* a decode (S = 1) reads the tables' row of its position */
 		const float *rcs = g->rope_c + (dc ? (uint64_t)dc->pos * half : 0);
 		const float *rsn = g->rope_s + (dc ? (uint64_t)dc->pos * half : 0);
-		k_rope<<<nblk(T * g->dq), NTH, 0, g->st>>>(qs, a->q, (uint32_t)T, g->nh, g->hd, half,
-							   g->S, rcs, rsn, 0);
-		LK();
-		k_rope<<<nblk(T * g->dkv), NTH, 0, g->st>>>(ks, a->k, (uint32_t)T, g->nkv, g->hd,
-							    half, g->S, rcs, rsn, 0);
-		LK();
+		if ((rc = rope(g, qs, a->q, (uint32_t)T, g->nh, half, rcs, rsn, 0, err)) ||
+		    (rc = rope(g, ks, a->k, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err)))
+			return rc;
 	}
 	ph(g, PH_ATT_CORE);
 	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, err)))
@@ -3000,7 +3018,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					    a->udn, a->ye, err)))
 			return rc;
 		ph(g, PH_COMBINE);
-		k_combine<<<nblk(T * H), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
+		k_combine<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
 							  (uint32_t)T, g->K, (uint32_t)H);
 		LK();
 	}
@@ -3114,7 +3132,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 					   a->ugu, g->dgu, g->dxs, a->perm, TK, err)))
 			return rc;
 		ph(g, PH_B_ROUTE);
-		k_unperm_sum<<<nblk(T * H), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
+		k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
 							     g->K, (uint32_t)H);
 		LK();
 	} else {
@@ -3150,14 +3168,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	ph(g, PH_B_NORM);
 	{
 		uint32_t half = m->cfg.rotary_dim / 2;
-		k_rope<<<nblk(T * g->dq), NTH, 0, g->st>>>(g->dqv, g->dq0, (uint32_t)T, g->nh,
-							   g->hd, half, g->S, g->rope_c, g->rope_s,
-							   1);
-		LK();
-		k_rope<<<nblk(T * g->dkv), NTH, 0, g->st>>>(g->dkk, g->dk0, (uint32_t)T, g->nkv,
-							    g->hd, half, g->S, g->rope_c, g->rope_s,
-							    1);
-		LK();
+		if ((rc = rope(g, g->dqv, g->dq0, (uint32_t)T, g->nh, half, g->rope_c, g->rope_s, 1,
+			       err)) ||
+		    (rc = rope(g, g->dkk, g->dk0, (uint32_t)T, g->nkv, half, g->rope_c, g->rope_s, 1,
+			       err)))
+			return rc;
 		if (d->qn) {
 			/* dq0 holds d(normed q); the norm's input gradient replaces it */
 			CK(cudaMemcpyAsync(g->dqv, g->dq0, T * g->dq * 4, cudaMemcpyDeviceToDevice,
