@@ -6,11 +6,14 @@
  * The trainer's expert products are per-expert GEMMs over each expert's
  * rows of the sorted token copies. Run as one cuBLAS call per expert they
  * need every count on the host (a synchronisation after routing) and 64
- * launches a product, and the host's time to queue them is as long as the
- * GPU's to run them; cuBLAS's own grouped GEMM takes its shapes from the
+ * launches a product; cuBLAS's own grouped GEMM takes its shapes from the
  * host too and has no float32 output. Here one launch covers every expert:
  * its grid is sized by a bound on the rows, and each block finds its
  * expert and row tile from the offsets on the device (ms_ggemm_index).
+ * On mma.sync it reaches about half of cuBLAS's (wgmma) rate on an H200,
+ * more than the host waiting it removes: the trainer keeps cuBLAS per
+ * expert by default and offers this as mstrain --expert-gemm grouped and
+ * fused (tools/bench/NOTES.md has the measurements).
  *
  *   group e (0 <= e < E) owns rows off[e] .. off[e+1]-1 of A and C:
  *   C[row, 0:N] (+)= A[row, 0:K] B_e^T,  B_e [N, K] row-major
