@@ -188,6 +188,9 @@ struct dlin {
 	float *bias;
 	uint64_t woff;               /* elements into the decode scratch */
 	uint32_t pst, sst;           /* columnwise row strides (codes, scales) */
+	uint32_t fr;                 /* an expert's LoRA rank folded into its
+					GEMMs' K (fold_tails): W [out, in + fr]
+					forward, W^T [in, out + fr] backward */
 };
 
 struct dlora {
@@ -277,6 +280,9 @@ struct ms_gmodel {
 	int f32;                     /* GEMM operands float32 */
 	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
 	int fused;                   /* ... decoding NVFP4 inside them */
+	int fold;                    /* the expert LoRA may fold (fold_tails) */
+	int folded;                  /* ... and some layer's does */
+	__nv_bfloat16 *fab;          /* a LoRA factor of every expert, bf16 */
 	void *gbp;                   /* every MoE layer's gbp or gbq */
 	cudaEvent_t cev;             /* a layer's expert counts reached the host */
 	cudaDataType_t gt;           /* GEMM operand type */
@@ -316,6 +322,8 @@ struct ms_gmodel {
 	void *fws;                   /* its backward's workspace */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
 	uint32_t *dpad;              /* its offsets */
+	float *wpart;                /* fold_wgrad's per-chunk partials */
+	void **wptr;                 /* ... and its pointer arrays */
 	double *lossrow, *dsum;
 	double *dnorm;               /* the optimizer's sum of squares */
 	void *cA, *cB, *cC, *pg, *dsg;
@@ -751,33 +759,38 @@ __device__ __forceinline__ float silu_d(float g)
 }
 
 __global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *tw, uint64_t n,
-			 uint32_t F)
+			 uint32_t F, uint32_t ldt)
 {
-	/* a block a row at a time; tw: the bf16 twin (k_gather's) */
+	/* a block a row at a time; tw: the bf16 twin (k_gather's), row
+	 * stride ldt */
 	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
 		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
 			float v = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
 			act[r * F + c] = v;
 			if (tw)
-				tw[r * F + c] = __float2bfloat16_rn(v);
+				tw[r * ldt + c] = __float2bfloat16_rn(v);
 		}
 }
 
 __global__ void k_swiglu_bwd(const float *dact, const float *gu, float *dgu,
-			     __nv_bfloat16 *tw, uint64_t n, uint32_t F)
+			     __nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
 {
-	/* a block a row at a time; tw: the bf16 twin (k_gather's) */
+	/* a block a row at a time; tw: the bf16 twin (k_gather's), row
+	 * stride ldt; dgu NULL: the twin only (the folded LoRA reads no
+	 * float32 copy) */
 	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
 		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
 			float gg = gu[r * 2 * F + c], sg = 1.0f / (1.0f + expf(-gg));
 			float sl = gg * sg, da = dact[r * F + c];
 			float d0 = da * gu[r * 2 * F + F + c] * (sg * (1.0f + gg * (1.0f - sg)));
 			float d1 = da * sl;
-			dgu[r * 2 * F + c] = d0;
-			dgu[r * 2 * F + F + c] = d1;
+			if (dgu) {
+				dgu[r * 2 * F + c] = d0;
+				dgu[r * 2 * F + F + c] = d1;
+			}
 			if (tw) {
-				tw[r * 2 * F + c] = __float2bfloat16_rn(d0);
-				tw[r * 2 * F + F + c] = __float2bfloat16_rn(d1);
+				tw[r * ldt + c] = __float2bfloat16_rn(d0);
+				tw[r * ldt + F + c] = __float2bfloat16_rn(d1);
 			}
 		}
 }
@@ -1044,18 +1057,20 @@ __global__ void k_perm(const int32_t *sel, uint32_t n, const uint32_t *off,
 
 /* dst[j] = src[perm[j] / K] (a row of H) */
 __global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, float *dst,
-			 __nv_bfloat16 *tw, uint64_t n, uint32_t H)
+			 __nv_bfloat16 *tw, uint64_t n, uint32_t H, uint32_t ldt)
 {
 	/* a block a row at a time (no 64-bit division an element); with tw,
-	 * the rows' bf16 twin too: the expert GEMMs' operand, without a cast
-	 * pass reading dst again */
+	 * the rows' bf16 twin too (row stride ldt): the expert GEMMs'
+	 * operand, without a cast pass reading dst again; dst NULL: the twin
+	 * only */
 	for (uint64_t j = blockIdx.x; j < n; j += gridDim.x) {
 		const float *s = src + (uint64_t)(perm[j] / K) * H;
 		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
 			float v = s[c];
-			dst[j * H + c] = v;
+			if (dst)
+				dst[j * H + c] = v;
 			if (tw)
-				tw[j * H + c] = __float2bfloat16_rn(v);
+				tw[j * ldt + c] = __float2bfloat16_rn(v);
 		}
 	}
 }
@@ -1079,8 +1094,9 @@ __global__ void k_combine(const float *ye, const int32_t *pos, const float *w, f
  * (double); one block a token */
 __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *pos,
 			      const float *w, float *dye, __nv_bfloat16 *tw, float *dw,
-			      uint32_t K, uint32_t H)
+			      uint32_t K, uint32_t H, uint32_t ldt)
 {
+	/* dye NULL: the bf16 twin only (row stride ldt) */
 	__shared__ double sh[33];
 	uint64_t t = blockIdx.x;
 	for (uint32_t k = 0; k < K; k++) {
@@ -1090,9 +1106,10 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
 			float g = dxo[t * H + i];
 			d += (double)g * ye[row + i];
-			dye[row + i] = g * wk;
+			if (dye)
+				dye[row + i] = g * wk;
 			if (tw)   /* the bf16 twin (k_gather's) */
-				tw[row + i] = __float2bfloat16_rn(g * wk);
+				tw[(uint64_t)pos[t * K + k] * ldt + i] = __float2bfloat16_rn(g * wk);
 		}
 		d = block_sum(d, sh);
 		if (threadIdx.x == 0)
@@ -1319,13 +1336,16 @@ static const void *lin_w(struct ms_gmodel *g, const struct dlin *l, int bwd)
 	return (const char *)g->wbuf + l->woff * g->esz;
 }
 
-/* Y [n, out] = X [n, in] W^T (+ b); X already a GEMM operand */
+/* Y [n, out] = X [n, in] W^T (+ b); X already a GEMM operand. Folded
+ * (fr): X [n, in + fr] = [X | U], W [out, in + fr] = [W | s B]: the LoRA's
+ * s U B^T is the GEMM's last fr steps of K. */
 static int lin_fwd(struct ms_gmodel *g, const struct dlin *l, const void *X, uint64_t n,
 		   float *Y, float beta, struct ms_err *err)
 {
 	int rc;
-	if ((rc = gemm(g, 0, 1, (uint32_t)n, l->out, l->in, 1.0f, X, l->in, lin_w(g, l, 0),
-		       l->in, beta, Y, l->out, g->gt, g->ct_base, err)))
+	uint32_t k = l->in + l->fr;
+	if ((rc = gemm(g, 0, 1, (uint32_t)n, l->out, k, 1.0f, X, k, lin_w(g, l, 0), k, beta, Y,
+		       l->out, g->gt, g->ct_base, err)))
 		return rc;
 	if (l->bias) {
 		k_bias<<<nblk(n * l->out), NTH, 0, g->st>>>(Y, l->bias, n, l->out);
@@ -1336,12 +1356,15 @@ out:
 	return rc;
 }
 
-/* dX [n, in] (+)= dY [n, out] W, reading W^T [in, out] */
+/* dX [n, in] (+)= dY [n, out] W, reading W^T [in, out]. Folded (fr):
+ * [dY | dU] [n, out + fr] and W^T [in, out + fr] = [W^T | A^T]: dX gets the
+ * LoRA's dU A in the same GEMM. */
 static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, uint64_t n,
 		     float *dX, float beta, struct ms_err *err)
 {
-	return gemm(g, 0, 1, (uint32_t)n, l->in, l->out, 1.0f, dY, l->out, lin_w(g, l, 1),
-		    l->out, beta, dX, l->in, g->gt, g->ct_base, err);
+	uint32_t k = l->out + l->fr;
+	return gemm(g, 0, 1, (uint32_t)n, l->in, k, 1.0f, dY, k, lin_w(g, l, 1), k, beta, dX,
+		    l->in, g->gt, g->ct_base, err);
 }
 
 /*
@@ -1361,6 +1384,12 @@ static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, 
 static uint32_t bucket(uint32_t n)
 {
 	return (n + BUCKET - 1) / BUCKET * BUCKET;
+}
+
+/* the most chunks fold_wgrad cuts TK rows of E experts into */
+static uint64_t fold_chunks(uint64_t TK, uint64_t E)
+{
+	return TK / BUCKET + E;
 }
 
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
@@ -1417,14 +1446,16 @@ out:
 	return rc;
 }
 
-/* One cuBLAS grouped GEMM (column-major terms, float32, TF32 tensor cores)
- * over the experts with rows: expert e's C_e = alpha op(A_e) op(B_e) + beta
- * C_e. One launch instead of one per expert: the LoRA products are too
- * small for a launch each to keep the GPU busy. */
+/* One cuBLAS grouped GEMM (column-major terms, float32, TF32 tensor cores;
+ * bf: bf16 operands and result, float32 accumulation, the one bf16 form
+ * cuBLAS groups) over the experts with rows: expert e's C_e = alpha
+ * op(A_e) op(B_e) + beta C_e. One launch instead of one per expert: the
+ * LoRA products are too small for a launch each to keep the GPU busy. */
 struct gg {
 	cublasOperation_t ta, tb;
 	int lda, ldb, ldc;
 	float alpha, beta;
+	int bf;
 };
 
 static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
@@ -1435,6 +1466,7 @@ static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
 	cublasOperation_t ta[MAXE], tb[MAXE];
 	int lda[MAXE], ldb[MAXE], ldc[MAXE], gs[MAXE];
 	float al[MAXE], be[MAXE];
+	cudaDataType_t ty = o->bf ? CUDA_R_16BF : CUDA_R_32F;
 	if (!cnt)
 		return MS_OK;
 	for (int i = 0; i < cnt; i++) {
@@ -1458,10 +1490,10 @@ static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
 	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
 	CK(cudaEventRecord(g->pev[g->pslot], g->st));
 	g->pslot = (g->pslot + 1) % PSLOTS;
-	CB(blas.gemm_grouped(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr,
-				      CUDA_R_32F, lda, (const void *const *)(g->parr + MAXE),
-				      CUDA_R_32F, ldb, be, g->parr + 2 * MAXE, CUDA_R_32F, ldc, cnt,
-				      gs, g->ct_lora));
+	CB(blas.gemm_grouped(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr, ty,
+			     lda, (const void *const *)(g->parr + MAXE), ty, ldb, be,
+			     g->parr + 2 * MAXE, ty, ldc, cnt, gs,
+			     o->bf ? CUBLAS_COMPUTE_32F : g->ct_lora));
 out:
 	return rc;
 }
@@ -1471,8 +1503,8 @@ out:
  * where every expert's block is bucket()-rounded). */
 enum gby { G_EXPERT, G_ROW, G_PADROW };
 struct gop {
-	const float *base;
-	uint64_t s;
+	const void *base;
+	uint64_t s;                  /* elements (float, or bf16 under gg.bf) */
 	enum gby by;
 };
 
@@ -1490,7 +1522,7 @@ static int ggemm_experts(struct ms_gmodel *g, const struct gg *o, uint32_t E,
 	int mm[MAXE], nn[MAXE], kk[MAXE], q = 0;
 	const void *A[MAXE], *B[MAXE];
 	void *C[MAXE];
-	uint64_t off = 0, po = 0;
+	uint64_t off = 0, po = 0, es = o->bf ? 2 : 4;
 	for (uint32_t e = 0; e < E; e++) {
 		if (cnt[e]) {
 			int rows = (int)cnt[e], pad = (int)bucket(cnt[e]);
@@ -1498,9 +1530,9 @@ static int ggemm_experts(struct ms_gmodel *g, const struct gg *o, uint32_t E,
 			mm[q] = m == G_ROWS ? rows : m == G_PADDED ? pad : m;
 			nn[q] = n == G_ROWS ? rows : n == G_PADDED ? pad : n;
 			kk[q] = k == G_ROWS ? rows : k == G_PADDED ? pad : k;
-			A[q] = a.base + a.s * at[a.by];
-			B[q] = b.base + b.s * at[b.by];
-			C[q] = (void *)(c.base + c.s * at[c.by]);
+			A[q] = (const char *)a.base + es * a.s * at[a.by];
+			B[q] = (const char *)b.base + es * b.s * at[b.by];
+			C[q] = (void *)((const char *)c.base + es * c.s * at[c.by]);
 			q++;
 		}
 		off += cnt[e];
@@ -1753,6 +1785,14 @@ out:
 	return rc;
 }
 
+/* the decode scratch a folded projection takes past out * in: fr columns
+ * of its forward W [out, in + fr] or of its W^T [in, out + fr], whichever
+ * is larger (the two share the place) */
+static uint64_t fold_extra(const struct dlin *l)
+{
+	return (uint64_t)l->fr * (l->out > l->in ? l->out : l->in);
+}
+
 /* one frozen projection: its NVFP4 parts (rowwise, and columnwise through
  * the validating transpose: kept when resident, else only checked) or its
  * float weight in both orientations */
@@ -1871,10 +1911,10 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 			struct ddesc *f = &hf[n], *b = &hb[n];
 			f->pk = d->pk;
 			f->sc = d->sc;
-			f->out = OFF(g->wbuf, l->woff + ro * l->in);
+			f->out = OFF(g->wbuf, l->woff + ro * (l->in + l->fr));
 			f->rows = (uint32_t)d->rows;
 			f->cols = l->in;
-			f->ld = l->in;
+			f->ld = l->in + l->fr;
 			f->pst = d->rpst;
 			f->sst = d->rsst;
 			f->tscale = d->tscale;
@@ -1886,7 +1926,7 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 			b->out = OFF(g->wbuf, l->woff + ro);
 			b->rows = l->in;
 			b->cols = (uint32_t)d->rows;
-			b->ld = l->out;
+			b->ld = l->out + l->fr;
 			b->pst = d->pst;
 			b->sst = d->sst;
 			b->spst = d->rpst;
@@ -2030,6 +2070,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	g->lscale = (float)(m->lora.alpha / m->lora.r);
 	g->pdrop = m->lora.dropout;
 	g->seed = m->lora.seed;
+	/* the bf16 per-expert path folds the expert LoRA into the frozen
+	 * GEMMs (fold_tails); dropout masks the LoRA's share of dX alone, so
+	 * it keeps the separate products */
+	g->fold = !g->f32 && !g->grouped && g->pdrop <= 0 && g->r > 0;
 	if (g->grouped && (!ms_ggemm_supported(2 * g->F, g->H) || !ms_ggemm_supported(g->F, g->H))) {
 		rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: the hidden size (%u) and "
 				"the expert ffn (%u) must be multiples of 8", g->H, g->F);
@@ -2148,10 +2192,24 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			/* fused: the experts decode inside their GEMMs and take
 			 * no room in the decode scratch */
 			uint64_t wox = 0, *wex = g->fused ? &wox : &wo;
+			/* the expert LoRA folds where both products have it and
+			 * every expert's weights decode (fold_tails): each
+			 * decoded matrix then has fr more columns */
+			uint32_t fr = g->fold && d->lgu && d->ldn ? g->r : 0;
 			for (uint32_t e = 0; e < g->E; e++)
-				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], wex, &cb, err)) ||
-				    (rc = up_lin(g, m, &ex[e].down, &d->edn[e], wex, &cb, err)))
+				if (!ex[e].gu.nparts || !ex[e].down.nparts)
+					fr = 0;
+			for (uint32_t e = 0; e < g->E; e++) {
+				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], wex, &cb, err)))
 					goto out;
+				d->egu[e].fr = fr;
+				*wex += fold_extra(&d->egu[e]);
+				if ((rc = up_lin(g, m, &ex[e].down, &d->edn[e], wex, &cb, err)))
+					goto out;
+				d->edn[e].fr = fr;
+				*wex += fold_extra(&d->edn[e]);
+			}
+			g->folded |= fr > 0;
 		}
 		if (L->sh.gu.out) {
 			d->sh = 1;
@@ -2167,6 +2225,9 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			colmax = cb;
 	}
 	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
+	if (g->folded)
+		DM(g->fab, (uint64_t)g->E * g->r * (g->H > 2 * g->F ? g->H : 2 * g->F) * 2,
+		   MC_SCRATCH);
 	for (uint32_t l = 0; l < g->L; l++) {
 		if ((rc = build_descs(g, m, &g->ly[l], err)))
 			goto out;
@@ -2261,7 +2322,11 @@ static void acts_release(struct ms_gmodel *g)
 	g->dk0 = g->xs = g->xsd = g->actd = g->dye = g->dact = g->dgu = g->dxs = NULL;
 	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = NULL;
 	dfree(g, g->dpad, MC_SCRATCH);
+	dfree(g, g->wpart, MC_SCRATCH);
+	dfree(g, g->wptr, MC_SCRATCH);
 	g->dpad = NULL;
+	g->wpart = NULL;
+	g->wptr = NULL;
 	g->lossrow = g->dsum = NULL;
 	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = NULL;
 	g->dids = NULL;
@@ -2397,7 +2462,12 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	if (TK) {
 		DM(g->up, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
-		DM(g->dpad, 3 * (uint64_t)g->E * 4, MC_SCRATCH);
+		DM(g->dpad, 4 * (uint64_t)g->E * 4, MC_SCRATCH);
+		if (g->folded) {
+			uint64_t mc = fold_chunks(TK, g->E);
+			DM(g->wpart, mc * r * u64max(H, 2 * F) * 4, MC_SCRATCH);
+			DM(g->wptr, 6 * mc * sizeof(void *), MC_SCRATCH);
+		}
 	}
 	if (g->flash) {
 		DM(g->fws, ms_flash_workspace_bytes(&fs), MC_SCRATCH);
@@ -2408,7 +2478,9 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->dsg, att * g->esz, MC_SCRATCH);
 	}
 	if (!g->f32) {
-		DM(g->cA, u64max(rows * wide, T * g->V) * g->esz, MC_SCRATCH);
+		/* folded expert LoRA: the expert rows' twins are r wider */
+		DM(g->cA, u64max(rows * (wide + (g->folded ? r : 0)), T * g->V) * g->esz,
+		   MC_SCRATCH);
 		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
 		DM(g->cC, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
 	}
@@ -2460,7 +2532,7 @@ static struct rcfg rcfg_of(const struct ms_model *m)
 /* decode a layer's projections: forward W from the rowwise bytes; backward
  * W^T from the columnwise bytes (on demand: transposed a chunk of parts at a
  * time into colbuf first) */
-static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct ms_err *err)
+static int decode_parts(struct ms_gmodel *g, struct dlayer *d, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
 	if (!d->nfwd)
@@ -2522,6 +2594,17 @@ static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 	}
 out:
 	return rc;
+}
+
+static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd,
+		      struct ms_err *err);
+
+/* a layer's frozen weights for its forward (bwd 0) or backward, with the
+ * folded expert LoRA's factors */
+static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct ms_err *err)
+{
+	int rc = decode_parts(g, d, bwd, err);
+	return rc ? rc : fold_tails(g, d, bwd, err);
 }
 
 /* Row-major batched GEMM over explicit operand pointers (one per item of
@@ -2872,6 +2955,244 @@ out:
 	return rc;
 }
 
+/*
+ * The folded expert LoRA (g->fold: bf16, per-expert GEMMs, no dropout).
+ * Y = X W^T + s (X A^T) B^T is one GEMM over a K fr columns longer: the
+ * operand's twin carries U = X A^T in its last fr columns and the decoded
+ * W carries s B in its (k_fold_tail); backward, dX = dY W + dU A the same
+ * way with [dY | dU] and [W^T | A^T]. What stays apart is U and dU (one
+ * grouped bf16 launch each) and the adapter's gradients (fold_wgrad): no
+ * float32 pass over the expert rows' outputs, which the separate
+ * products' accumulation into Y and dX cost (measured on the H200 at the
+ * bench shapes: 0.28-0.38 ms a product a layer, against a K 16 longer
+ * costing the frozen GEMM 0.02-0.07 ms).
+ */
+__global__ void k_cast_bf(const float *x, __nv_bfloat16 *y, uint64_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] = __float2bfloat16_rn(x[i]);
+}
+
+/* every expert's (blockIdx.y) matrix at base + e * es, row stride ld: row
+ * i, column c0 + k <- s * src [e * ss + i * rs + k * ks], i < rows, k < r */
+__global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint32_t c0,
+			    uint32_t rows, uint32_t r, const float *src, uint64_t ss, uint32_t rs,
+			    uint32_t ks, float s)
+{
+	uint64_t e = blockIdx.y;
+	uint32_t n = rows * r;
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		uint32_t row = i / r, k = i - row * r;
+		base[e * es + (uint64_t)row * ld + c0 + k] =
+			__float2bfloat16_rn(s * src[e * ss + (uint64_t)row * rs + (uint64_t)k * ks]);
+	}
+}
+
+/* rows of expert e (blockIdx.x): src [(off_e + j) * lds + k] -> dst [(poff_e
+ * + j) * r + k], zeros for j in [cnt_e, bucket(cnt_e)) (pad: off [E], poff
+ * [E], cnt [E]) */
+__global__ void k_pad_bf(const __nv_bfloat16 *src, uint32_t lds, __nv_bfloat16 *dst,
+			 const uint32_t *pad, uint32_t E, uint32_t r)
+{
+	uint32_t e = blockIdx.x, off = pad[e], po = pad[E + e], n = pad[2 * E + e];
+	uint32_t nb = (n + BUCKET - 1) / BUCKET * BUCKET;
+	for (uint32_t i = threadIdx.x; i < nb * r; i += blockDim.x) {
+		uint32_t j = i / r, k = i - j * r;
+		dst[(uint64_t)(po + j) * r + k] = j < n ? src[(uint64_t)(off + j) * lds + k]
+							: __float2bfloat16_rn(0.0f);
+	}
+}
+
+/* The folded factors of a layer's experts into the decode scratch, after
+ * the decode: forward s B [out, r] right of W [out, in]; backward A^T [in,
+ * r] right of W^T [in, out]. The adapter changes every step; the frozen
+ * part is decoded every layer anyway. */
+static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!d->moe || !g->E || !d->egu[0].fr)
+		return MS_OK;
+	const struct dlin *ls[2] = {d->egu, d->edn};
+	const struct dlora *Ls[2] = {d->lgu, d->ldn};
+	for (int i = 0; i < 2; i++) {
+		const struct dlin *l = ls[i];
+		const struct dlora *L = Ls[i];
+		/* the experts' places are evenly spaced: the same shapes in order */
+		uint64_t es = g->E > 1 ? l[1].woff - l[0].woff : 0;
+		uint32_t rows = bwd ? l->in : l->out, c0 = bwd ? l->out : l->in;
+		k_fold_tail<<<dim3(nblk((uint64_t)rows * l->fr), g->E), NTH, 0, g->st>>>(
+			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, l->fr,
+			bwd ? L->A : L->B, (uint64_t)L->r * (bwd ? L->in : L->out), bwd ? 1 : L->r,
+			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
+		LK();
+	}
+out:
+	return rc;
+}
+
+/* forward: U_e = X_e A_e^T over each expert's rows of the twin X (row
+ * stride ld), into its last r columns, and compact into Us (bf16 [TK, r])
+ * for the backward */
+static int fold_u(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+		  const void *X, uint32_t ld, void *Us, uint64_t TK, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t r = L->r, in = L->in, n = (uint64_t)L->E * r * in;
+	const char *tail = (const char *)X + in * 2;
+	struct gg o = {CUBLAS_OP_T, CUBLAS_OP_N, (int)in, (int)ld, (int)ld, 1.0f, 0.0f, 1};
+	k_cast_bf<<<nblk(n), NTH, 0, g->st>>>(L->A, g->fab, n);
+	LK();
+	if ((rc = ggemm_experts(g, &o, L->E, cnt, (int)r, G_ROWS, (int)in,
+				gop{g->fab, r * in, G_EXPERT}, gop{X, ld, G_ROW},
+				gop{tail, ld, G_ROW}, err)))
+		return rc;
+	CK(cudaMemcpy2DAsync(Us, r * 2, tail, (uint64_t)ld * 2, r * 2, TK,
+			     cudaMemcpyDeviceToDevice, g->st));
+out:
+	return rc;
+}
+
+/* backward: dU_e = s dY_e B_e over each expert's rows of the twin dY (row
+ * stride ld), into its last r columns (the dgrad's extra K) */
+static int fold_du(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+		   const void *dY, uint32_t ld, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t r = L->r, out = L->out, n = (uint64_t)L->E * out * r;
+	struct gg o = {CUBLAS_OP_N, CUBLAS_OP_N, (int)r, (int)ld, (int)ld, g->lscale, 0.0f, 1};
+	k_cast_bf<<<nblk(n), NTH, 0, g->st>>>(L->B, g->fab, n);
+	LK();
+	return ggemm_experts(g, &o, L->E, cnt, (int)r, G_ROWS, (int)out,
+			     gop{g->fab, out * r, G_EXPERT}, gop{dY, ld, G_ROW},
+			     gop{(const char *)dY + out * 2, ld, G_ROW}, err);
+out:
+	return rc;
+}
+
+/* fold_wgrad's pointer arrays: expert e (blockIdx.x) has its rows in
+ * chunks of BUCKET, chunk i its co_e + i-th (tab: off [E], poff [E], cnt
+ * [E], co [E]; poff_e = BUCKET co_e); p holds six arrays of maxc: the gB
+ * product's A, B, C, then the gA product's */
+__global__ void k_chunk_ptrs(const uint32_t *tab, uint32_t E, const void **p, uint32_t maxc,
+			     const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *up,
+			     const __nv_bfloat16 *dup, const __nv_bfloat16 *Xb, uint32_t in,
+			     uint32_t out, uint32_t r, float *part)
+{
+	uint32_t e = blockIdx.x, off = tab[e], n = tab[2 * E + e], co = tab[3 * E + e];
+	for (uint32_t i = threadIdx.x; i < (n + BUCKET - 1) / BUCKET; i += blockDim.x) {
+		uint64_t c = co + i, row = off + (uint64_t)i * BUCKET, prow = c * BUCKET;
+		p[c] = dY + row * ld;
+		p[maxc + c] = up + prow * r;
+		p[2 * maxc + c] = part + c * out * r;
+		p[3 * maxc + c] = dup + prow * r;
+		p[4 * maxc + c] = Xb + row * in;
+		p[5 * maxc + c] = part + c * r * in;
+	}
+}
+
+/* G_e (+)= alpha * the sum of expert e's (blockIdx.y) chunk partials, in
+ * chunk order (deterministic), sz elements each */
+__global__ void k_chunk_sum(const float *part, const uint32_t *tab, uint32_t E, uint32_t sz,
+			    float *G, float alpha)
+{
+	uint32_t e = blockIdx.y, co = tab[3 * E + e], nc = (tab[2 * E + e] + BUCKET - 1) / BUCKET;
+	for (uint32_t x = blockIdx.x * blockDim.x + threadIdx.x; x < sz;
+	     x += gridDim.x * blockDim.x) {
+		float s = 0.0f;
+		for (uint32_t c = 0; c < nc; c++)
+			s += part[(uint64_t)(co + c) * sz + x];
+		G[(uint64_t)e * sz + x] += alpha * s;
+	}
+}
+
+/* row-major C_i = alpha op(A_i) op(B_i) + beta C_i over device pointer
+ * arrays (bf16 operands, float32 C) */
+static int gemm_batched_dev(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N,
+			    uint32_t K, float alpha, const void *const *A, uint32_t lda,
+			    const void *const *B, uint32_t ldb, float beta, void *const *C,
+			    uint32_t ldc, int batch, struct ms_err *err)
+{
+	int rc = MS_OK;
+	CB(blas.gemm_batched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+			     (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF, (int)ldb, A,
+			     CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, batch,
+			     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+out:
+	return rc;
+}
+
+/*
+ * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e (bf16 operands,
+ * float32 gradients). cuBLAS groups bf16 products only into a bf16
+ * result, and one batched launch per distinct row count cost more host
+ * time than the products (the bench model's experts have many counts), so
+ * every expert's rows are cut into chunks of BUCKET: one batched launch a
+ * product over all chunks (the same shape), each chunk's product into its
+ * own float32 partial, then the partials summed per expert in chunk order
+ * (k_chunk_sum). U and dU go to the padded layout (zeros past each
+ * expert's rows); dY's and X's rows past an expert's are the next
+ * expert's or the zeroed slack, meeting those zeros. dY: the twin (row
+ * stride ld, dU in its last r columns); Us: fold_u's U; Xb: the input,
+ * row stride in.
+ */
+static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
+		      const __nv_bfloat16 *Xb, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, h[4 * MAXE];
+	uint64_t off = 0, nc = 0, maxc = fold_chunks((uint64_t)g->T * g->K, E);
+	__nv_bfloat16 *up = (__nv_bfloat16 *)g->up, *dup = (__nv_bfloat16 *)g->dup;
+	const void **p = (const void **)g->wptr;
+	for (uint32_t e = 0; e < E; e++) {
+		h[e] = (uint32_t)off;
+		h[E + e] = (uint32_t)(nc * BUCKET);
+		h[2 * E + e] = cnt[e];
+		h[3 * E + e] = (uint32_t)nc;
+		off += cnt[e];
+		nc += (cnt[e] + BUCKET - 1) / BUCKET;
+	}
+	if (!nc)
+		return MS_OK;
+	/* pageable: the copy has read it when cudaMemcpyAsync returns */
+	CK(cudaMemcpyAsync(g->dpad, h, 4 * E * sizeof(uint32_t), cudaMemcpyHostToDevice, g->st));
+	k_pad_bf<<<E, NTH, 0, g->st>>>(Us, r, up, g->dpad, E, r);
+	LK();
+	k_pad_bf<<<E, NTH, 0, g->st>>>(dY + out, ld, dup, g->dpad, E, r);
+	LK();
+	k_chunk_ptrs<<<E, 32, 0, g->st>>>(g->dpad, E, p, (uint32_t)maxc, dY, ld, up, dup, Xb, in,
+					   out, r, g->wpart);
+	LK();
+	/* gB_e [out, r] = s sum_c dY_c^T [out, BUCKET] U_c [BUCKET, r] */
+	if ((rc = gemm_batched_dev(g, 1, 0, out, r, BUCKET, 1.0f, p, ld, p + maxc, r, 0.0f,
+				   (void *const *)(p + 2 * maxc), r, (int)nc, err)))
+		return rc;
+	k_chunk_sum<<<dim3(nblk((uint64_t)out * r), E), NTH, 0, g->st>>>(g->wpart, g->dpad, E,
+									  out * r, L->gB, g->lscale);
+	LK();
+	/* gA_e [r, in] = sum_c dU_c^T [r, BUCKET] X_c [BUCKET, in] */
+	if ((rc = gemm_batched_dev(g, 1, 0, r, in, BUCKET, 1.0f, p + 3 * maxc, r, p + 4 * maxc, in,
+				   0.0f, (void *const *)(p + 5 * maxc), in, (int)nc, err)))
+		return rc;
+	k_chunk_sum<<<dim3(nblk((uint64_t)r * in), E), NTH, 0, g->st>>>(g->wpart, g->dpad, E,
+									 r * in, L->gA, 1.0f);
+	LK();
+out:
+	return rc;
+}
+
+/* the bf16 rows [TK, TK + BUCKET) of a buffer of row stride ld to zeros:
+ * the bucketed reductions read them (fold_wgrad) */
+static int zero_slack(struct ms_gmodel *g, void *x, uint64_t TK, uint32_t ld,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	CK(cudaMemsetAsync((char *)x + TK * ld * 2, 0, (uint64_t)BUCKET * ld * 2, g->st));
+out:
+	return rc;
+}
+
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
 		     const struct kvdec *dc, struct ms_err *err)
 {
@@ -2964,18 +3285,30 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		LK();
 		if ((rc = g->grouped ? moe_route_dev(g, a, err) : moe_sort(g, a, err)))
 			return rc;
-		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs,
-							    twin_buf(g), TK, (uint32_t)H);
+		/* folded (fr): the twins have fr more columns, U's; the
+		 * float32 copy only the separate LoRA reads is not made */
+		uint32_t fr = g->E ? d->egu[0].fr : 0;
+		uint64_t ldx = H + fr, lda = F + fr;
+		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, fr ? NULL : g->xs,
+							    twin_buf(g), TK, (uint32_t)H,
+							    (uint32_t)ldx);
 		LK();
 		ph(g, PH_EXPERTS);
 		X = twin_of(g, g->xs);
 		if ((rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
 			return rc;
+		if (fr) {
+			ph(g, PH_LORA);
+			if ((rc = egemm_counts(g, err)) ||
+			    (rc = fold_u(g, d->lgu, a->cnt, X, (uint32_t)ldx, a->ugu, TK, err)))
+				return rc;
+			ph(g, PH_EXPERTS);
+		}
 		if (g->grouped && (rc = egemm(g, d, a, 0, X, 2 * g->F, g->H, a->gu, err)))
 			return rc;
 		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * H), bucket(n),
+			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * ldx), bucket(n),
 						a->gu + (uint64_t)off * 2 * F, 0, err)) ||
 				  (d->lgu && g->f32 &&
 				   (rc = lora_fwd(g, d->lgu, e, xl + (uint64_t)off * H, n,
@@ -2987,23 +3320,29 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		/* the bf16 path adds every expert's LoRA in two grouped launches */
 		ph(g, PH_LORA);
 		if ((rc = egemm_counts(g, err)) ||
-		    (d->lgu && !g->f32 &&
+		    (d->lgu && !g->f32 && !fr &&
 		     (rc = lora_fwd_grouped(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL, xl,
 					     a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
 		k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, twin_buf(g), TK,
-							    (uint32_t)F);
+							    (uint32_t)F, (uint32_t)lda);
 		LK();
 		X = twin_of(g, a->act);
 		if ((rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
+		if (fr) {
+			ph(g, PH_LORA);
+			if ((rc = fold_u(g, d->ldn, a->cnt, X, (uint32_t)lda, a->udn, TK, err)))
+				return rc;
+			ph(g, PH_EXPERTS);
+		}
 		if (g->grouped && (rc = egemm(g, d, a, 1, X, g->H, g->F, a->ye, err)))
 			return rc;
 		off = 0;
 		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * F), bucket(n),
+			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * lda), bucket(n),
 						a->ye + (uint64_t)off * H, 0, err)) ||
 				  (d->ldn && g->f32 &&
 				   (rc = lora_fwd(g, d->ldn, e, al + (uint64_t)off * F, n,
@@ -3013,7 +3352,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			off += n;
 		}
 		ph(g, PH_LORA);
-		if (d->ldn && !g->f32 &&
+		if (d->ldn && !g->f32 && !fr &&
 		    (rc = lora_fwd_grouped(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL, al,
 					    a->udn, a->ye, err)))
 			return rc;
@@ -3028,7 +3367,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, a->h2, T * H, g->cA, &X, err)) ||
 		    (rc = lin_fwd(g, &d->sgu, X, T, a->sgu, 0, err)))
 			return rc;
-		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, twin_buf(g), T, Fs);
+		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, twin_buf(g), T, Fs, Fs);
 		LK();
 		if ((rc = lin_fwd(g, &d->sdn, twin_of(g, a->sact), T, d->moe ? g->y2 : g->y, 0,
 				  err)))
@@ -3065,10 +3404,15 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		const float *al;
 		ph(g, PH_B_ROUTE);
 		/* dye's bf16 twin in cA: the expert dgrad's operand (nothing
-		 * writes cA before it reads it) */
-		k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts, g->dye,
-							      twin_buf(g), g->dw, g->K,
-							      (uint32_t)H);
+		 * writes cA before it reads it); folded (fr), fr columns
+		 * wider (dU's) and no float32 copy */
+		uint32_t fr = g->E ? d->egu[0].fr : 0;
+		uint64_t ldy = H + fr, ldg = 2 * F + fr;
+		__nv_bfloat16 *xb = (__nv_bfloat16 *)g->xs;
+		k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
+							      fr ? NULL : g->dye, twin_buf(g),
+							      g->dw, g->K, (uint32_t)H,
+							      (uint32_t)ldy);
 		LK();
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
@@ -3078,18 +3422,27 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
 			return rc;
 		ph(g, PH_B_EXPERTS);
-		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL, TK,
-							    (uint32_t)H);
-		LK();
+		if (!fr) {
+			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL,
+								    TK, (uint32_t)H, (uint32_t)H);
+			LK();
+		}
 		X = twin_of(g, g->dye);
 		if ((rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)) ||
 		    (rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
+		if (fr) {
+			ph(g, PH_B_LORA);
+			if ((rc = zero_slack(g, g->cA, TK, (uint32_t)ldy, err)) ||
+			    (rc = fold_du(g, d->ldn, a->cnt, X, (uint32_t)ldy, err)))
+				return rc;
+			ph(g, PH_B_EXPERTS);
+		}
 		if (g->grouped && (rc = egemm(g, d, a, 3, X, g->F, g->H, g->dact, err)))
 			return rc;
 		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * H), bucket(n),
+			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * ldy), bucket(n),
 						  g->dact + (uint64_t)off * F, 0, err)) ||
 				  (d->ldn && g->f32 &&
 				   (rc = lora_bwd(g, d->ldn, e, al + (uint64_t)off * F,
@@ -3101,21 +3454,39 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 
 		ph(g, PH_B_LORA);
-		if (d->ldn && !g->f32 &&
-		    (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL, al,
-					   a->udn, g->dye, g->dact, a->perm, TK, err)))
+		if (fr) {
+			/* the adapter's gradients read act in bf16 (its float32
+			 * slack rows are zeros: they are never written) */
+			k_cast_bf<<<nblk((TK + BUCKET) * F), NTH, 0, g->st>>>(a->act, xb,
+									       (TK + BUCKET) * F);
+			LK();
+			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
+					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, xb, err)))
+				return rc;
+		} else if (d->ldn && !g->f32 &&
+			   (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL,
+						  al, a->udn, g->dye, g->dact, a->perm, TK, err))) {
 			return rc;
+		}
 		ph(g, PH_B_EXPERTS);
-		k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu, twin_buf(g),
-								TK, (uint32_t)F);
+		k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, fr ? NULL : g->dgu,
+								twin_buf(g), TK, (uint32_t)F,
+								(uint32_t)ldg);
 		LK();
 		X = twin_of(g, g->dgu);
+		if (fr) {
+			ph(g, PH_B_LORA);
+			if ((rc = zero_slack(g, g->cA, TK, (uint32_t)ldg, err)) ||
+			    (rc = fold_du(g, d->lgu, a->cnt, X, (uint32_t)ldg, err)))
+				return rc;
+			ph(g, PH_B_EXPERTS);
+		}
 		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
 			return rc;
 		off = 0;
 		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
-			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * 2 * F), bucket(n),
+			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * ldg), bucket(n),
 						  g->dxs + (uint64_t)off * H, 0, err)) ||
 				  (d->lgu && g->f32 &&
 				   (rc = lora_bwd(g, d->lgu, e, xl + (uint64_t)off * H,
@@ -3127,10 +3498,19 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 
 		ph(g, PH_B_LORA);
-		if (d->lgu && !g->f32 &&
-		    (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL, xl,
-					   a->ugu, g->dgu, g->dxs, a->perm, TK, err)))
+		if (fr) {
+			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, NULL, xb, TK,
+								    (uint32_t)H, (uint32_t)H);
+			LK();
+			if ((rc = zero_slack(g, xb, TK, (uint32_t)H, err)) ||
+			    (rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
+					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, err)))
+				return rc;
+		} else if (d->lgu && !g->f32 &&
+			   (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL,
+						  xl, a->ugu, g->dgu, g->dxs, a->perm, TK, err))) {
 			return rc;
+		}
 		ph(g, PH_B_ROUTE);
 		k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
 							     g->K, (uint32_t)H);
@@ -3145,7 +3525,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		    (rc = lin_dgrad(g, &d->sdn, X, T, g->dact, 0, err)))
 			return rc;
 		k_swiglu_bwd<<<rows_grid(T), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu, twin_buf(g),
-							       T, Fs);
+							       T, Fs, 2 * Fs);
 		LK();
 		if ((rc = lin_dgrad(g, &d->sgu, twin_of(g, g->dgu), T, g->dh2, 1.0f, err)))
 			return rc;
@@ -3698,6 +4078,7 @@ static void gfree(struct ms_gmodel *g)
 	dfree(g, g->Vo, MC_LORA);
 	dfree(g, g->dnorm, MC_SCRATCH);
 	dfree(g, g->wbuf, MC_SCRATCH);
+	dfree(g, g->fab, MC_SCRATCH);
 	dfree(g, g->colbuf, MC_COL);
 	for (int i = 0; i < 4096; i++)
 		if (g->evs[i])

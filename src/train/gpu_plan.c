@@ -78,6 +78,11 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	uint64_t ntot = 0, TK = 0, Fs = 0, rows, wide, att, acts = 0, nmoe = 0;
 	int anymoe = 0, eg = f32 ? MS_EXPERT_GEMM_PER_EXPERT : expert_gemm;
 	int grouped = eg != MS_EXPERT_GEMM_PER_EXPERT;
+	/* the expert LoRA folded into the frozen GEMMs (train.cu's fold_tails):
+	 * bf16, per expert, no dropout, both expert products quantized */
+	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 &&
+		   (lora->targets & MS_LORA_EXPERTS) && H % 16 == 0 && F % 16 == 0;
+	int folded = 0;
 	/* flash attention (kernels/flash.h) on the bf16 path for the head
 	 * dims its kernels cover: a per-layer LSE instead of S x S scratch */
 	int flash = !f32 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
@@ -120,7 +125,11 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 			for (uint64_t e = 0; e < E; e++) {
 				lin_d(&p, 2, gu, (uint32_t)H, 0, eg != MS_EXPERT_GEMM_FUSED);
 				lin_d(&p, 1, rh, (uint32_t)F, 0, eg != MS_EXPERT_GEMM_FUSED);
+				/* a folded matrix's r more columns, W's or W^T's */
+				if (fold)
+					p.wo += r * u64max(2 * F, H) + r * u64max(H, F);
 			}
+			folded |= fold;
 			if (lora->targets & MS_LORA_EXPERTS)
 				ntot += E * r * H + 2 * F * r * E + E * r * F + H * r * E;
 		}
@@ -136,6 +145,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	}
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
+	if (folded)
+		out->scratch += E * r * u64max(H, 2 * F) * 2;
 	/* grouped expert GEMMs (bf16 only): four arrays of E weight pointers
 	 * a MoE layer, or of E NVFP4 descriptors when fused (gg_pointers),
 	 * and a layer's row and tile offsets (acts) */
@@ -181,14 +192,17 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		out->scratch += rows * wide * 4 + rows * u64max(F, Fs) * 4;
 	if (TK)
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
-				2 * (TK + E * GP_BUCKET) * r * 4 + 3 * E * 4;
+				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4;
+	/* the folded LoRA's gradients: per-chunk partials, six pointer arrays */
+	if (TK && folded)
+		out->scratch += (TK / GP_BUCKET + E) * (r * u64max(H, 2 * F) * 4 + 6 * sizeof(void *));
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
 	if (flash)
 		out->scratch += T * c->n_heads * 4; /* ms_flash_workspace_bytes */
 	else
 		out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
 	if (!f32)
-		out->scratch += u64max(rows * wide, T * V) * p.esz +
+		out->scratch += u64max(rows * (wide + (folded ? r : 0)), T * V) * p.esz +
 				2 * T * u64max(dq, dkv) * p.esz;
 	out->scratch += T * 8 + T * 4 + T + 1;
 	/* the RoPE tables, allocated at the first step */

@@ -262,9 +262,13 @@ static int test_bf16_dropout(void) { return family_p("qwen3moe", M_BF16, 0.3); }
 static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0.3); }
 
 /* The grouped expert GEMMs against one cuBLAS GEMM per expert, both bf16:
- * the same operands, float32 sums in another order, so the two differ by
- * float rounding that a later bf16 cast may round either way (logits
- * within 1e-2, every gradient tensor's cosine above 0.9999). */
+ * the same frozen operands, float32 sums in another order. The per-expert
+ * path folds the expert LoRA into those GEMMs in bf16 (U and dU rounded to
+ * bf16, its gradients from bf16 operands) where the grouped path keeps the
+ * LoRA's products in float32 (TF32): logits within 1e-2, every gradient
+ * tensor's cosine above 0.9995 (measured on the H200: 0.99994 on qwen3moe
+ * and 0.99982 on mixtral, where both paths' separate products gave
+ * 0.9999+; each path against the CPU is checked by the family cases). */
 static int grouped_vs_loop(const char *name)
 {
 	struct fam f;
@@ -302,7 +306,7 @@ static int grouped_vs_loop(const char *name)
 	T_ASSERT_MSG(wl < 1e-2, "logits differ by %g", wl);
 	T_ASSERT_MSG(fabs(a.loss - b.loss) <= 1e-3 * fabs(a.loss), "loss %.9g vs %.9g", b.loss,
 		     a.loss);
-	T_ASSERT_MSG(mincos > 0.9999, "gradient cosine %.7f", mincos);
+	T_ASSERT_MSG(mincos > 0.9995, "gradient cosine %.7f", mincos);
 	res_free(&a);
 	res_free(&b);
 	fam_close(&f);

@@ -1207,7 +1207,10 @@ static int test_predict_flash_attention(void)
  * arrays of E weight pointers (scratch) and E + 1 row offsets and E + 1
  * tile offsets (activations), nothing else; nothing in the float32 test
  * mode, which keeps cuBLAS; the same for either colwise mode. Fused: the
- * same activations, less scratch (the experts are not decoded into it). */
+ * same activations, less scratch (the experts are not decoded into it).
+ * Compared with LoRA dropout on, which keeps the per-expert path's LoRA
+ * unfolded; folded (dropout 0, bf16), that path holds more scratch (the
+ * factors' columns, its gradients' partials) and nothing else. */
 static int test_predict_grouped(void)
 {
 	const char *fams[] = {"qwen3moe", "glm4moe"};
@@ -1215,6 +1218,25 @@ static int test_predict_grouped(void)
 		struct fam f;
 		int64_t nmoe = 0, E;
 		T_ASSERT(fam_open(&f, fams[i]) == 0);
+		{
+			/* dropout's own scratch, from the float32 mode (which never
+			 * folds), then what folding adds in bf16 */
+			struct ms_model_mem u[2], fo[2];
+			struct ms_lora_cfg l0 = f.lora;
+			l0.dropout = 0;
+			f.lora.dropout = 0.1;
+			for (int f32 = 0; f32 < 2; f32++) {
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, MS_COLWISE_RESIDENT,
+							   f32, 0, &u[f32]) == MS_OK);
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &l0, 2, 16, MS_COLWISE_RESIDENT, f32,
+							   0, &fo[f32]) == MS_OK);
+				T_ASSERT(fo[f32].acts == u[f32].acts && fo[f32].dense == u[f32].dense &&
+					 fo[f32].lora == u[f32].lora &&
+					 fo[f32].nvfp4_rowwise == u[f32].nvfp4_rowwise);
+			}
+			T_ASSERT(u[1].scratch > fo[1].scratch);
+			T_ASSERT(fo[0].scratch > u[0].scratch - (u[1].scratch - fo[1].scratch));
+		}
 		E = f.cfg.n_experts;
 		for (uint32_t l = 0; l < f.cfg.n_layers; l++)
 			nmoe += !f.cfg.dense[l];
