@@ -255,7 +255,8 @@ enum phase {
 	PH_EMBED, PH_NORM, PH_ATT_PROJ, PH_ATT_CORE, PH_ROUTE, PH_EXPERTS,
 	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
-	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA, PH_N
+	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA,
+	PH_B_LORA_GRAD, PH_N
 };
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
@@ -267,6 +268,7 @@ static const char *phase_name[PH_N] = {
 	"bwd attention core", "bwd attention projections (+LoRA)",
 	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
 	"expert LoRA (grouped)", "bwd expert LoRA",
+	"bwd expert LoRA gradients (folded)",
 };
 
 struct dreg {
@@ -281,6 +283,7 @@ struct ms_gmodel {
 	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
 	int fused;                   /* ... decoding NVFP4 inside them */
 	int fold;                    /* the expert LoRA may fold (fold_tails) */
+	int cnt_wait;                /* a layer's counts on their way to the host */
 	int folded;                  /* ... and some layer's does */
 	__nv_bfloat16 *fab;          /* a LoRA factor of every expert, bf16 */
 	void *gbp;                   /* every MoE layer's gbp or gbq */
@@ -500,6 +503,36 @@ template <typename T>
 __global__ void k_decode(const struct ddesc *d, int nd)
 {
 	const struct ddesc j = d[blockIdx.y];
+	uint32_t ng = j.cols / 16;
+	/* bf16 with aligned rows: a thread a scale block (8 bytes of codes in,
+	 * two 16-byte stores of 16 bf16 out), over the job's blocks as one
+	 * range; the per-code path below wrote 2 bytes a store and left most
+	 * of a block's threads idle on short rows (measured on the H200: the
+	 * decode phases 9.5 ms a step each at the bench shape) */
+	if (sizeof(T) == 2 && j.cols % 16 == 0 && j.ld % 8 == 0 && j.pst % 8 == 0 &&
+	    !((uintptr_t)j.out & 15) && !((uintptr_t)j.pk & 7) &&
+	    (uint64_t)j.rows * ng + (uint64_t)gridDim.x * blockDim.x <= 0xffffffffull) {
+		uint32_t n = j.rows * ng;
+		for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+		     i += gridDim.x * blockDim.x) {
+			uint32_t r = i / ng, q = i - r * ng;
+			float s = e4m3v(j.sc[(uint64_t)r * j.sst + q]);
+			float f = j.kind == MS_NVFP4_TSCALE_DIV ? s / j.tscale : s * j.tscale;
+			uint2 v = *(const uint2 *)(j.pk + (uint64_t)r * j.pst + 8 * (uint64_t)q);
+			uint32_t w[8];
+#pragma unroll
+			for (int k = 0; k < 8; k++) {
+				uint32_t src = k < 4 ? v.x : v.y, sh = 8 * (k & 3);
+				__nv_bfloat162 h = __floats2bfloat162_rn(e2m1v((src >> sh) & 15) * f,
+									 e2m1v((src >> (sh + 4)) & 15) * f);
+				w[k] = *(uint32_t *)&h;
+			}
+			uint4 *o = (uint4 *)((__nv_bfloat16 *)j.out + (uint64_t)r * j.ld + 16 * (uint64_t)q);
+			o[0] = make_uint4(w[0], w[1], w[2], w[3]);
+			o[1] = make_uint4(w[4], w[5], w[6], w[7]);
+		}
+		return;
+	}
 	/* a block a row at a time; a thread two bytes (four codes) of it */
 	for (uint32_t r = blockIdx.x; r < j.rows; r += gridDim.x) {
 		const uint8_t *pk = j.pk + (uint64_t)r * j.pst;
@@ -645,6 +678,51 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 	double c = r * r * r * dot / H;
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
 		dx[o + i] += (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+}
+
+/* The q/k norms (a head's hd values a row) a warp a row, the sums by
+ * shuffles: a 64-thread block a row with a block-wide sum left most of
+ * each block's time to its barriers */
+__global__ void k_rms_rows(const float *x, const float *w, float *y, float *rstd,
+			   uint64_t rows, uint32_t n, float eps)
+{
+	uint32_t lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+	for (uint64_t row = (uint64_t)blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
+	     row += (uint64_t)gridDim.x * wpb) {
+		const float *xr = x + row * n;
+		float *yr = y + row * n;
+		double ss = 0;
+		for (uint32_t i = lane; i < n; i += 32)
+			ss += (double)xr[i] * xr[i];
+		for (int o = 16; o; o >>= 1)
+			ss += __shfl_xor_sync(0xffffffffu, ss, o);
+		float var = (float)(ss / n);
+		float r = (float)(1.0 / sqrt((double)(var + eps)));
+		if (!lane)
+			rstd[row] = r;
+		for (uint32_t i = lane; i < n; i += 32)
+			yr[i] = w[i] * (xr[i] * r);
+	}
+}
+
+/* k_rms_bwd a warp a row, dx set (not accumulated) */
+__global__ void k_rms_bwd_rows(const float *x, const float *w, const float *rstd,
+			       const float *dy, float *dx, uint64_t rows, uint32_t n)
+{
+	uint32_t lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+	for (uint64_t row = (uint64_t)blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
+	     row += (uint64_t)gridDim.x * wpb) {
+		uint64_t o = row * n;
+		double dot = 0;
+		for (uint32_t i = lane; i < n; i += 32)
+			dot += (double)w[i] * dy[o + i] * x[o + i];
+		for (int k = 16; k; k >>= 1)
+			dot += __shfl_xor_sync(0xffffffffu, dot, k);
+		double r = rstd[row];
+		double c = r * r * r * dot / n;
+		for (uint32_t i = lane; i < n; i += 32)
+			dx[o + i] = (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+	}
 }
 
 /* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
@@ -1096,23 +1174,28 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 			      const float *w, float *dye, __nv_bfloat16 *tw, float *dw,
 			      uint32_t K, uint32_t H, uint32_t ldt)
 {
-	/* dye NULL: the bf16 twin only (row stride ldt) */
-	__shared__ double sh[33];
+	/* dye NULL: the bf16 twin only (row stride ldt). A block a token, a
+	 * warp a slot of it: the dot product's sum by shuffles, no barrier
+	 * (a block-wide sum a slot made the phase three times its bytes'
+	 * time on the H200) */
 	uint64_t t = blockIdx.x;
-	for (uint32_t k = 0; k < K; k++) {
-		uint64_t row = (uint64_t)pos[t * K + k] * H;
+	uint32_t lane = threadIdx.x & 31;
+	for (uint32_t k = threadIdx.x >> 5; k < K; k += blockDim.x >> 5) {
+		uint64_t p = (uint64_t)pos[t * K + k], row = p * H;
 		float wk = w[t * K + k];
 		double d = 0;
-		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+#pragma unroll 4
+		for (uint32_t i = lane; i < H; i += 32) {
 			float g = dxo[t * H + i];
 			d += (double)g * ye[row + i];
 			if (dye)
 				dye[row + i] = g * wk;
 			if (tw)   /* the bf16 twin (k_gather's) */
-				tw[(uint64_t)pos[t * K + k] * ldt + i] = __float2bfloat16_rn(g * wk);
+				tw[p * ldt + i] = __float2bfloat16_rn(g * wk);
 		}
-		d = block_sum(d, sh);
-		if (threadIdx.x == 0)
+		for (int o = 16; o; o >>= 1)
+			d += __shfl_xor_sync(0xffffffffu, d, o);
+		if (!lane)
 			dw[t * K + k] = (float)d;
 	}
 }
@@ -2880,7 +2963,14 @@ static int host_counts(const struct ms_gmodel *g)
 	return !g->grouped || g->r > MS_GGEMM_WGRAD_MAX_R;
 }
 
-static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
+/* off: 2 (E + 1) words of device memory for the offsets (the grouped
+ * path keeps a layer's, a->goff; the per-expert path's are transient).
+ * The bf16 per-expert path routes here too: the host then waits for the
+ * counts only before its first expert GEMM (egemm_counts), with the sort
+ * and the gather already queued, where moe_sort's two synchronizations
+ * left the GPU idle for the host's round trip each layer. */
+static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, uint32_t *off,
+			 struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint32_t TK = g->T * g->K;
@@ -2891,10 +2981,11 @@ static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, struct ms_err *er
 		CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost,
 				   g->st));
 		CK(cudaEventRecord(g->cev, g->st));
+		g->cnt_wait = 1;
 	}
-	if ((rc = ms_ggemm_index(dc, g->E, a->goff, a->goff + g->E + 1, g->st, err)))
+	if ((rc = ms_ggemm_index(dc, g->E, off, off + g->E + 1, g->st, err)))
 		return rc;
-	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, a->goff, a->perm, a->pos);
+	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, off, a->perm, a->pos);
 	LK();
 out:
 	return rc;
@@ -2904,8 +2995,9 @@ out:
 static int egemm_counts(struct ms_gmodel *g, struct ms_err *err)
 {
 	int rc = MS_OK;
-	if (g->grouped && host_counts(g))
+	if (g->cnt_wait)
 		CK(cudaEventSynchronize(g->cev));
+	g->cnt_wait = 0;
 out:
 	return rc;
 }
@@ -3231,11 +3323,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		const float *qs = a->q0, *ks = a->k0;
 		uint32_t half = m->cfg.rotary_dim / 2;
 		if (d->qn) {
-			k_rms<<<(unsigned)(T * g->nh), 64, 0, g->st>>>(a->q0, d->qn, g->dqv, a->rq,
-								       g->hd, (float)m->cfg.rms_eps);
+			k_rms_rows<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
+				a->q0, d->qn, g->dqv, a->rq, T * g->nh, g->hd, (float)m->cfg.rms_eps);
 			LK();
-			k_rms<<<(unsigned)(T * g->nkv), 64, 0, g->st>>>(a->k0, d->kn, g->dkk, a->rk,
-									g->hd, (float)m->cfg.rms_eps);
+			k_rms_rows<<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
+				a->k0, d->kn, g->dkk, a->rk, T * g->nkv, g->hd, (float)m->cfg.rms_eps);
 			LK();
 			qs = g->dqv;
 			ks = g->dkk;
@@ -3283,7 +3375,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		k_route<<<nblk(T, 64), 64, 0, g->st>>>(rc_, g->dz, d->ecb, a->probs, a->sel,
 						       a->wts, (uint32_t)T);
 		LK();
-		if ((rc = g->grouped ? moe_route_dev(g, a, err) : moe_sort(g, a, err)))
+		/* the float32 test mode keeps the host's running sum */
+		if ((rc = g->f32 ? moe_sort(g, a, err)
+				 : moe_route_dev(g, a, g->grouped ? a->goff : (uint32_t *)g->dpad,
+						 err)))
 			return rc;
 		/* folded (fr): the twins have fr more columns, U's; the
 		 * float32 copy only the separate LoRA reads is not made */
@@ -3305,6 +3400,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			ph(g, PH_EXPERTS);
 		}
 		if (g->grouped && (rc = egemm(g, d, a, 0, X, 2 * g->F, g->H, a->gu, err)))
+			return rc;
+		if (!g->grouped && (rc = egemm_counts(g, err)))
 			return rc;
 		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
 			uint32_t n = a->cnt[e];
@@ -3453,7 +3550,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			off += n;
 		}
 
-		ph(g, PH_B_LORA);
+		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
 			/* the adapter's gradients read act in bf16 (its float32
 			 * slack rows are zeros: they are never written) */
@@ -3497,7 +3594,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			off += n;
 		}
 
-		ph(g, PH_B_LORA);
+		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
 			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, NULL, xb, TK,
 								    (uint32_t)H, (uint32_t)H);
@@ -3554,19 +3651,22 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			       err)))
 			return rc;
 		if (d->qn) {
-			/* dq0 holds d(normed q); the norm's input gradient replaces it */
-			CK(cudaMemcpyAsync(g->dqv, g->dq0, T * g->dq * 4, cudaMemcpyDeviceToDevice,
-					   g->st));
-			CK(cudaMemcpyAsync(g->dkk, g->dk0, T * g->dkv * 4, cudaMemcpyDeviceToDevice,
-					   g->st));
-			CK(cudaMemsetAsync(g->dq0, 0, T * g->dq * 4, g->st));
-			CK(cudaMemsetAsync(g->dk0, 0, T * g->dkv * 4, g->st));
-			k_rms_bwd<<<(unsigned)(T * g->nh), 64, 0, g->st>>>(a->q0, d->qn, a->rq,
-									   g->dqv, g->dq0, g->hd);
+			/* dq0 holds d(normed q); the norm's input gradient goes to
+			 * dqv (set, not accumulated), and the two scratch buffers
+			 * (the same size) trade names, so dq0 holds it after */
+			float *t;
+			k_rms_bwd_rows<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
+				a->q0, d->qn, a->rq, g->dq0, g->dqv, T * g->nh, g->hd);
 			LK();
-			k_rms_bwd<<<(unsigned)(T * g->nkv), 64, 0, g->st>>>(a->k0, d->kn, a->rk,
-									    g->dkk, g->dk0, g->hd);
+			k_rms_bwd_rows<<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
+				a->k0, d->kn, a->rk, g->dk0, g->dkk, T * g->nkv, g->hd);
 			LK();
+			t = g->dq0;
+			g->dq0 = g->dqv;
+			g->dqv = t;
+			t = g->dk0;
+			g->dk0 = g->dkk;
+			g->dkk = t;
 		}
 	}
 	ph(g, PH_B_ATT_PROJ);
