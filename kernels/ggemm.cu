@@ -386,6 +386,147 @@ out:
 	return rc;
 }
 
+#define WB_NT 128   /* columns of X a block: four warps of 32 */
+#define WB_KC 32    /* rows a stage */
+#define WB_NTH 128
+
+/* one stage of k_wgrad_bf: rows rb .. rb + WB_KC - 1 of X's block columns
+ * and of U into shared memory, past r1 (or N) zeros */
+template <int R>
+__device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[R + 8],
+					 const struct ms_ggemm_wgrad_bf16 &p, uint32_t rb,
+					 uint32_t r1, uint32_t n0)
+{
+	const bf16 *X = (const bf16 *)p.x, *U = (const bf16 *)p.u;
+	for (int i = threadIdx.x; i < WB_KC * (WB_NT / 8); i += WB_NTH) {
+		int rr = i / (WB_NT / 8), cc = i % (WB_NT / 8) * 8;
+		uint32_t row = rb + rr, col = n0 + cc;
+		int ok = row < r1 && col < p.N;
+		cp16(&sx[rr][cc], ok ? X + (uint64_t)row * p.ldx + col : X, ok ? 16 : 0);
+	}
+	for (int i = threadIdx.x; i < WB_KC * (R / 8); i += WB_NTH) {
+		int rr = i / (R / 8), cc = i % (R / 8) * 8;
+		uint32_t row = rb + rr;
+		int ok = row < r1;
+		cp16(&su[rr][cc], ok ? U + (uint64_t)row * p.ldu + cc : U, ok ? 16 : 0);
+	}
+	cp_commit();
+}
+
+/* grid (column slices of WB_NT, E): the product as C [n, j] = sum_row
+ * X[row, n] U[row, j], X^T the mma's A (ldmatrix .trans of X's rows), U
+ * its B; warp w owns columns w*32 .. +31 (two m16 tiles) and all R */
+template <int R>
+__global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
+{
+	/* dynamic, as uint4: 16-byte aligned for cp.async and ldmatrix
+	 * (wb_smem_bytes) */
+	extern __shared__ uint4 wb_smem[];
+	bf16 (*sx)[WB_KC][WB_NT + 8] = (bf16 (*)[WB_KC][WB_NT + 8])wb_smem;
+	bf16 (*su)[WB_KC][R + 8] = (bf16 (*)[WB_KC][R + 8])(wb_smem + 2 * WB_KC * (WB_NT + 8) / 8);
+	uint32_t e = blockIdx.y, n0 = blockIdx.x * WB_NT;
+	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
+	uint32_t nst = (r1 - r0 + WB_KC - 1) / WB_KC;
+	int w = threadIdx.x >> 5, l = threadIdx.x & 31, i4 = l >> 3;
+	float acc[2][R / 8][4];
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int q = 0; q < R / 8; q++)
+#pragma unroll
+			for (int c = 0; c < 4; c++)
+				acc[t][q][c] = 0.0f;
+	if (nst)
+		wb_stage<R>(sx[0], su[0], p, r0, r1, n0);
+	for (uint32_t s = 0; s < nst; s++) {
+		int b = s & 1;
+		if (s + 1 < nst) {
+			wb_stage<R>(sx[b ^ 1], su[b ^ 1], p, r0 + (s + 1) * WB_KC, r1, n0);
+			cp_wait<1>();
+		} else {
+			cp_wait<0>();
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k0 = 0; k0 < WB_KC; k0 += 16) {
+			uint32_t a[2][4];
+#pragma unroll
+			for (int t = 0; t < 2; t++)
+				ldsm4t(a[t], &sx[b][k0 + (l & 7) + 8 * (i4 >> 1)]
+						[w * 32 + 16 * t + 8 * (i4 & 1)]);
+#pragma unroll
+			for (int q = 0; q < R / 16; q++) {
+				uint32_t bb[4];
+				ldsm_bk(bb, &su[b][0][0], R + 8, k0, 16 * q);
+#pragma unroll
+				for (int t = 0; t < 2; t++) {
+					mma16816(acc[t][2 * q], a[t], bb);
+					mma16816(acc[t][2 * q + 1], a[t], bb + 2);
+				}
+			}
+		}
+		/* the stage's readers are done before it is refilled */
+		__syncthreads();
+	}
+	float *g = p.g + (uint64_t)e * p.gstride;
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int q = 0; q < R / 8; q++)
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				uint32_t n = n0 + w * 32 + 16 * t + (l >> 2) + 8 * (c >> 1);
+				uint32_t j = 8 * q + 2 * (l & 3) + (c & 1);
+				if (n >= p.N)
+					continue;
+				float *d = p.trans ? g + (uint64_t)n * R + j : g + (uint64_t)j * p.N + n;
+				*d = p.alpha * acc[t][q][c] + (p.accumulate ? *d : 0.0f);
+			}
+}
+
+/* k_wgrad_bf's shared memory: two stages of X's and U's rows */
+static size_t wb_smem_bytes(uint32_t R)
+{
+	return (size_t)(2 * WB_KC * (WB_NT + 8) + 2 * WB_KC * (R + 8)) * sizeof(bf16);
+}
+
+extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
+				   struct ms_err *err)
+{
+	int rc = MS_OK;
+	dim3 grid((p->N + WB_NT - 1) / WB_NT, p->E);
+	if (!p->E || p->E > 65535 || !p->off || !p->u || !p->x || !p->g)
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups or "
+				  "a NULL pointer", p->E);
+	if ((p->R != 16 && p->R != 32 && p->R != 48 && p->R != 64) || p->N % 8 ||
+	    p->ldu % 8 || p->ldx % 8 || p->ldu < p->R || p->ldx < p->N ||
+	    (uintptr_t)p->u % 16 || (uintptr_t)p->x % 16)
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): rank %u (16, "
+				  "32, 48 or 64), N %u and strides %llu, %llu (multiples of 8, "
+				  "at least R and N), operands 16-byte aligned: not covered",
+				  p->R, p->N, (unsigned long long)p->ldu,
+				  (unsigned long long)p->ldx);
+	if (!p->N)
+		return MS_OK;
+	switch (p->R) {
+	case 16:
+		k_wgrad_bf<16><<<grid, WB_NTH, wb_smem_bytes(16), (cudaStream_t)stream>>>(*p);
+		break;
+	case 32:
+		k_wgrad_bf<32><<<grid, WB_NTH, wb_smem_bytes(32), (cudaStream_t)stream>>>(*p);
+		break;
+	case 48:
+		k_wgrad_bf<48><<<grid, WB_NTH, wb_smem_bytes(48), (cudaStream_t)stream>>>(*p);
+		break;
+	default:
+		k_wgrad_bf<64><<<grid, WB_NTH, wb_smem_bytes(64), (cudaStream_t)stream>>>(*p);
+		break;
+	}
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
 #define LR_KC 64    /* the down product's chunk of D staged at a time */
 
 /* down: a block a row tile of one group, a thread a row; W_e's chunk of D

@@ -145,6 +145,35 @@ struct ms_ggemm_wgrad {
 int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *err);
 
 /*
+ * The same sum with bf16 U and X on the tensor cores (mma.sync, float32
+ * accumulation): G_e (+)= alpha U_e^T X_e over the rows off[e] ..
+ * off[e+1]-1, G_e [R, N] or, with trans, [N, R]. A block a 128-column
+ * slice of one group, its rows streamed through shared memory in two
+ * cp.async stages (rows past the group's end are zero-filled, not read),
+ * each element's rows summed in the same order every run. The folded
+ * expert LoRA's gradients (train.cu): a read of X once, at the bench
+ * shapes far below the float32 kernel's and cuBLAS's time. Covered: R of
+ * 16, 32, 48 or 64; N, ldu and ldx multiples of 8, u and x 16-byte
+ * aligned (ms_ggemm_wgrad_bf16 says which it is not).
+ */
+struct ms_ggemm_wgrad_bf16 {
+	uint32_t E, R, N;
+	const uint32_t *off;      /* device [E + 1] */
+	const void *u;            /* device bf16 [rows, R] */
+	uint64_t ldu;
+	const void *x;            /* device bf16 [rows, N] */
+	uint64_t ldx;
+	float *g;                 /* device: G_e at g + e * gstride */
+	uint64_t gstride;
+	int trans;                /* G_e [N, R] instead of [R, N] */
+	float alpha;
+	int accumulate;           /* 1: G += ...; 0: G = ... */
+};
+
+int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
+			struct ms_err *err);
+
+/*
  * The grouped low-rank products (a LoRA's two factors, every expert at
  * once, over the rows and row tiles ms_ggemm_index left on the device),
  * float32 on the CUDA cores: with a rank of at most

@@ -325,8 +325,6 @@ struct ms_gmodel {
 	void *fws;                   /* its backward's workspace */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
 	uint32_t *dpad;              /* its offsets */
-	float *wpart;                /* fold_wgrad's per-chunk partials */
-	void **wptr;                 /* ... and its pointer arrays */
 	double *lossrow, *dsum;
 	double *dnorm;               /* the optimizer's sum of squares */
 	void *cA, *cB, *cC, *pg, *dsg;
@@ -1469,11 +1467,6 @@ static uint32_t bucket(uint32_t n)
 	return (n + BUCKET - 1) / BUCKET * BUCKET;
 }
 
-/* the most chunks fold_wgrad cuts TK rows of E experts into */
-static uint64_t fold_chunks(uint64_t TK, uint64_t E)
-{
-	return TK / BUCKET + E;
-}
 
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
  * X is the (dropped) input in float32. */
@@ -2155,8 +2148,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	g->seed = m->lora.seed;
 	/* the bf16 per-expert path folds the expert LoRA into the frozen
 	 * GEMMs (fold_tails); dropout masks the LoRA's share of dX alone, so
-	 * it keeps the separate products */
-	g->fold = !g->f32 && !g->grouped && g->pdrop <= 0 && g->r > 0;
+	 * it keeps the separate products, as does a rank the gradients'
+	 * kernel does not cover (ms_ggemm_wgrad_bf16) */
+	g->fold = !g->f32 && !g->grouped && g->pdrop <= 0 && g->r % 16 == 0 && g->r > 0 &&
+		  g->r <= 64;
 	if (g->grouped && (!ms_ggemm_supported(2 * g->F, g->H) || !ms_ggemm_supported(g->F, g->H))) {
 		rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: the hidden size (%u) and "
 				"the expert ffn (%u) must be multiples of 8", g->H, g->F);
@@ -2405,11 +2400,7 @@ static void acts_release(struct ms_gmodel *g)
 	g->dk0 = g->xs = g->xsd = g->actd = g->dye = g->dact = g->dgu = g->dxs = NULL;
 	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = NULL;
 	dfree(g, g->dpad, MC_SCRATCH);
-	dfree(g, g->wpart, MC_SCRATCH);
-	dfree(g, g->wptr, MC_SCRATCH);
 	g->dpad = NULL;
-	g->wpart = NULL;
-	g->wptr = NULL;
 	g->lossrow = g->dsum = NULL;
 	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = NULL;
 	g->dids = NULL;
@@ -2546,11 +2537,6 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->up, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dpad, 4 * (uint64_t)g->E * 4, MC_SCRATCH);
-		if (g->folded) {
-			uint64_t mc = fold_chunks(TK, g->E);
-			DM(g->wpart, mc * r * u64max(H, 2 * F) * 4, MC_SCRATCH);
-			DM(g->wptr, 6 * mc * sizeof(void *), MC_SCRATCH);
-		}
 	}
 	if (g->flash) {
 		DM(g->fws, ms_flash_workspace_bytes(&fs), MC_SCRATCH);
@@ -3081,21 +3067,6 @@ __global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint3
 	}
 }
 
-/* rows of expert e (blockIdx.x): src [(off_e + j) * lds + k] -> dst [(poff_e
- * + j) * r + k], zeros for j in [cnt_e, bucket(cnt_e)) (pad: off [E], poff
- * [E], cnt [E]) */
-__global__ void k_pad_bf(const __nv_bfloat16 *src, uint32_t lds, __nv_bfloat16 *dst,
-			 const uint32_t *pad, uint32_t E, uint32_t r)
-{
-	uint32_t e = blockIdx.x, off = pad[e], po = pad[E + e], n = pad[2 * E + e];
-	uint32_t nb = (n + BUCKET - 1) / BUCKET * BUCKET;
-	for (uint32_t i = threadIdx.x; i < nb * r; i += blockDim.x) {
-		uint32_t j = i / r, k = i - j * r;
-		dst[(uint64_t)(po + j) * r + k] = j < n ? src[(uint64_t)(off + j) * lds + k]
-							: __float2bfloat16_rn(0.0f);
-	}
-}
-
 /* The folded factors of a layer's experts into the decode scratch, after
  * the decode: forward s B [out, r] right of W [out, in]; backward A^T [in,
  * r] right of W^T [in, out]. The adapter changes every step; the frozen
@@ -3162,125 +3133,38 @@ out:
 	return rc;
 }
 
-/* fold_wgrad's pointer arrays: expert e (blockIdx.x) has its rows in
- * chunks of BUCKET, chunk i its co_e + i-th (tab: off [E], poff [E], cnt
- * [E], co [E]; poff_e = BUCKET co_e); p holds six arrays of maxc: the gB
- * product's A, B, C, then the gA product's */
-__global__ void k_chunk_ptrs(const uint32_t *tab, uint32_t E, const void **p, uint32_t maxc,
-			     const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *up,
-			     const __nv_bfloat16 *dup, const __nv_bfloat16 *Xb, uint32_t in,
-			     uint32_t out, uint32_t r, float *part)
-{
-	uint32_t e = blockIdx.x, off = tab[e], n = tab[2 * E + e], co = tab[3 * E + e];
-	for (uint32_t i = threadIdx.x; i < (n + BUCKET - 1) / BUCKET; i += blockDim.x) {
-		uint64_t c = co + i, row = off + (uint64_t)i * BUCKET, prow = c * BUCKET;
-		p[c] = dY + row * ld;
-		p[maxc + c] = up + prow * r;
-		p[2 * maxc + c] = part + c * out * r;
-		p[3 * maxc + c] = dup + prow * r;
-		p[4 * maxc + c] = Xb + row * in;
-		p[5 * maxc + c] = part + c * r * in;
-	}
-}
-
-/* G_e (+)= alpha * the sum of expert e's (blockIdx.y) chunk partials, in
- * chunk order (deterministic), sz elements each */
-__global__ void k_chunk_sum(const float *part, const uint32_t *tab, uint32_t E, uint32_t sz,
-			    float *G, float alpha)
-{
-	uint32_t e = blockIdx.y, co = tab[3 * E + e], nc = (tab[2 * E + e] + BUCKET - 1) / BUCKET;
-	for (uint32_t x = blockIdx.x * blockDim.x + threadIdx.x; x < sz;
-	     x += gridDim.x * blockDim.x) {
-		float s = 0.0f;
-		for (uint32_t c = 0; c < nc; c++)
-			s += part[(uint64_t)(co + c) * sz + x];
-		G[(uint64_t)e * sz + x] += alpha * s;
-	}
-}
-
-/* row-major C_i = alpha op(A_i) op(B_i) + beta C_i over device pointer
- * arrays (bf16 operands, float32 C) */
-static int gemm_batched_dev(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N,
-			    uint32_t K, float alpha, const void *const *A, uint32_t lda,
-			    const void *const *B, uint32_t ldb, float beta, void *const *C,
-			    uint32_t ldc, int batch, struct ms_err *err)
-{
-	int rc = MS_OK;
-	CB(blas.gemm_batched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-			     (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF, (int)ldb, A,
-			     CUDA_R_16BF, (int)lda, &beta, C, CUDA_R_32F, (int)ldc, batch,
-			     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-out:
-	return rc;
-}
-
 /*
- * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e (bf16 operands,
- * float32 gradients). cuBLAS groups bf16 products only into a bf16
- * result, and one batched launch per distinct row count cost more host
- * time than the products (the bench model's experts have many counts), so
- * every expert's rows are cut into chunks of BUCKET: one batched launch a
- * product over all chunks (the same shape), each chunk's product into its
- * own float32 partial, then the partials summed per expert in chunk order
- * (k_chunk_sum). U and dU go to the padded layout (zeros past each
- * expert's rows); dY's and X's rows past an expert's are the next
- * expert's or the zeroed slack, meeting those zeros. dY: the twin (row
- * stride ld, dU in its last r columns); Us: fold_u's U; Xb: the input,
- * row stride in.
+ * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e, bf16 operands and
+ * float32 gradients, each one launch over every expert's own rows
+ * (ms_ggemm_wgrad_bf16, tensor cores). cuBLAS offered neither in one
+ * launch: it groups bf16 products only into a bf16 result, and its
+ * batched form wants one shape, which took either a launch per distinct
+ * row count (host-bound: the bench model's experts have many) or the rows
+ * cut into equal chunks with partial sums (23.6 ms a step on the H200 for
+ * what reads 1.2 GB a layer). dY: the twin (row stride ld, dU in its last
+ * r columns); Us: fold_u's U; Xb: the input, row stride in.
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
 		      const __nv_bfloat16 *Xb, struct ms_err *err)
 {
 	int rc = MS_OK;
-	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, h[4 * MAXE];
-	uint64_t off = 0, nc = 0, maxc = fold_chunks((uint64_t)g->T * g->K, E);
-	__nv_bfloat16 *up = (__nv_bfloat16 *)g->up, *dup = (__nv_bfloat16 *)g->dup;
-	const void **p = (const void **)g->wptr;
-	for (uint32_t e = 0; e < E; e++) {
-		h[e] = (uint32_t)off;
-		h[E + e] = (uint32_t)(nc * BUCKET);
-		h[2 * E + e] = cnt[e];
-		h[3 * E + e] = (uint32_t)nc;
-		off += cnt[e];
-		nc += (cnt[e] + BUCKET - 1) / BUCKET;
-	}
-	if (!nc)
-		return MS_OK;
+	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, h[MAXE + 1];
+	h[0] = 0;
+	for (uint32_t e = 0; e < E; e++)
+		h[e + 1] = h[e] + cnt[e];
 	/* pageable: the copy has read it when cudaMemcpyAsync returns */
-	CK(cudaMemcpyAsync(g->dpad, h, 4 * E * sizeof(uint32_t), cudaMemcpyHostToDevice, g->st));
-	k_pad_bf<<<E, NTH, 0, g->st>>>(Us, r, up, g->dpad, E, r);
-	LK();
-	k_pad_bf<<<E, NTH, 0, g->st>>>(dY + out, ld, dup, g->dpad, E, r);
-	LK();
-	k_chunk_ptrs<<<E, 32, 0, g->st>>>(g->dpad, E, p, (uint32_t)maxc, dY, ld, up, dup, Xb, in,
-					   out, r, g->wpart);
-	LK();
-	/* gB_e [out, r] = s sum_c dY_c^T [out, BUCKET] U_c [BUCKET, r] */
-	if ((rc = gemm_batched_dev(g, 1, 0, out, r, BUCKET, 1.0f, p, ld, p + maxc, r, 0.0f,
-				   (void *const *)(p + 2 * maxc), r, (int)nc, err)))
-		return rc;
-	k_chunk_sum<<<dim3(nblk((uint64_t)out * r), E), NTH, 0, g->st>>>(g->wpart, g->dpad, E,
-									  out * r, L->gB, g->lscale);
-	LK();
-	/* gA_e [r, in] = sum_c dU_c^T [r, BUCKET] X_c [BUCKET, in] */
-	if ((rc = gemm_batched_dev(g, 1, 0, r, in, BUCKET, 1.0f, p + 3 * maxc, r, p + 4 * maxc, in,
-				   0.0f, (void *const *)(p + 5 * maxc), in, (int)nc, err)))
-		return rc;
-	k_chunk_sum<<<dim3(nblk((uint64_t)r * in), E), NTH, 0, g->st>>>(g->wpart, g->dpad, E,
-									 r * in, L->gA, 1.0f);
-	LK();
-out:
-	return rc;
-}
-
-/* the bf16 rows [TK, TK + BUCKET) of a buffer of row stride ld to zeros:
- * the bucketed reductions read them (fold_wgrad) */
-static int zero_slack(struct ms_gmodel *g, void *x, uint64_t TK, uint32_t ld,
-		      struct ms_err *err)
-{
-	int rc = MS_OK;
-	CK(cudaMemsetAsync((char *)x + TK * ld * 2, 0, (uint64_t)BUCKET * ld * 2, g->st));
+	CK(cudaMemcpyAsync(g->dpad, h, (E + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice,
+			   g->st));
+	{
+		struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
+						 (uint64_t)out * r, 1, g->lscale, 1};
+		struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, in, L->gA,
+						 (uint64_t)r * in, 0, 1.0f, 1};
+		if ((rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
+			return rc;
+		return ms_ggemm_wgrad_bf16(&wa, g->st, err);
+	}
 out:
 	return rc;
 }
@@ -3530,8 +3414,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		if (fr) {
 			ph(g, PH_B_LORA);
-			if ((rc = zero_slack(g, g->cA, TK, (uint32_t)ldy, err)) ||
-			    (rc = fold_du(g, d->ldn, a->cnt, X, (uint32_t)ldy, err)))
+			if ((rc = fold_du(g, d->ldn, a->cnt, X, (uint32_t)ldy, err)))
 				return rc;
 			ph(g, PH_B_EXPERTS);
 		}
@@ -3552,10 +3435,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
-			/* the adapter's gradients read act in bf16 (its float32
-			 * slack rows are zeros: they are never written) */
-			k_cast_bf<<<nblk((TK + BUCKET) * F), NTH, 0, g->st>>>(a->act, xb,
-									       (TK + BUCKET) * F);
+			/* the adapter's gradients read act in bf16 */
+			k_cast_bf<<<nblk(TK * F), NTH, 0, g->st>>>(a->act, xb, TK * F);
 			LK();
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, xb, err)))
@@ -3573,8 +3454,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		X = twin_of(g, g->dgu);
 		if (fr) {
 			ph(g, PH_B_LORA);
-			if ((rc = zero_slack(g, g->cA, TK, (uint32_t)ldg, err)) ||
-			    (rc = fold_du(g, d->lgu, a->cnt, X, (uint32_t)ldg, err)))
+			if ((rc = fold_du(g, d->lgu, a->cnt, X, (uint32_t)ldg, err)))
 				return rc;
 			ph(g, PH_B_EXPERTS);
 		}
@@ -3599,8 +3479,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, NULL, xb, TK,
 								    (uint32_t)H, (uint32_t)H);
 			LK();
-			if ((rc = zero_slack(g, xb, TK, (uint32_t)H, err)) ||
-			    (rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
+			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, err)))
 				return rc;
 		} else if (d->lgu && !g->f32 &&

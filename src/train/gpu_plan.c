@@ -79,8 +79,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	int anymoe = 0, eg = f32 ? MS_EXPERT_GEMM_PER_EXPERT : expert_gemm;
 	int grouped = eg != MS_EXPERT_GEMM_PER_EXPERT;
 	/* the expert LoRA folded into the frozen GEMMs (train.cu's fold_tails):
-	 * bf16, per expert, no dropout, both expert products quantized */
-	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 &&
+	 * bf16, per expert, no dropout, a rank its gradients' kernel covers,
+	 * both expert products quantized */
+	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r % 16 == 0 && r <= 64 &&
 		   (lora->targets & MS_LORA_EXPERTS) && H % 16 == 0 && F % 16 == 0;
 	int folded = 0;
 	/* flash attention (kernels/flash.h) on the bf16 path for the head
@@ -193,9 +194,6 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	if (TK)
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
 				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4;
-	/* the folded LoRA's gradients: per-chunk partials, six pointer arrays */
-	if (TK && folded)
-		out->scratch += (TK / GP_BUCKET + E) * (r * u64max(H, 2 * F) * 4 + 6 * sizeof(void *));
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
 	if (flash)
 		out->scratch += T * c->n_heads * 4; /* ms_flash_workspace_bytes */

@@ -18,6 +18,8 @@
  * The grouped weight gradient (ms_ggemm_wgrad) against a double
  * reference: groups of 0 .. 300 rows, ranks 1, 3, 4, 16 and 32, columns
  * within and past a block, both layouts of G, written and accumulated;
+ * its bf16 tensor-core form (ms_ggemm_wgrad_bf16) the same way over the
+ * ranks it covers (16, 32, 48, 64);
  * and the grouped low-rank products (ms_ggemm_lowrank), down and up, with
  * W stored and transposed, the same way.
  *
@@ -496,6 +498,131 @@ static int test_ggemm_wgrad(void)
 	return 0;
 }
 
+/* One case of the bf16 grouped weight gradient against a double reference
+ * of the same bf16 values: rows per group from cnt (NULL: random 0 ..
+ * 300), U and X with row strides past their widths, G poisoned (written)
+ * or random (accumulated), sentinels between the groups' G. Tolerance:
+ * float32 sums of exact products, (rows + 2) 2^-22 of the sum of
+ * magnitudes (the tensor cores' accumulation order is the hardware's). */
+static int wgrad_bf_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
+			 int acc)
+{
+	uint32_t off[65];
+	uint64_t rows, ldu = R + 8, ldx = N + 16, gs = (uint64_t)R * N + 5, ng = E * gs;
+	uint16_t *u = NULL, *x = NULL;
+	double *uv = NULL, *xv = NULL;
+	float *g = NULL, *g0 = NULL;
+	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL;
+	struct ms_err err = {0};
+	double worst = 0;
+	int rc = 1;
+
+	off[0] = 0;
+	for (uint32_t e = 0; e < E; e++)
+		off[e + 1] = off[e] + (cnt ? cnt[e] : (uint32_t)(rnd() % 301));
+	rows = off[E];
+	u = malloc((rows + 1) * ldu * 2);
+	x = malloc((rows + 1) * ldx * 2);
+	uv = malloc((rows + 1) * ldu * 8);
+	xv = malloc((rows + 1) * ldx * 8);
+	g = malloc(ng * 4);
+	g0 = malloc(ng * 4);
+	T_ASSERT(u && x && uv && xv && g && g0);
+	fill(u, uv, rows * ldu, 1.0);
+	fill(x, xv, rows * ldx, 1.0);
+	for (uint64_t i = 0; i < ng; i++)
+		g0[i] = i % gs >= (uint64_t)R * N ? SENTINEL : acc ? (float)gauss() : NAN;
+	if (ms_gpu_malloc(&du, (rows + 1) * ldu * 2, &err) ||
+	    ms_gpu_malloc(&dx, (rows + 1) * ldx * 2, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
+	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) ||
+	    (rows && (ms_gpu_memcpy(du, u, rows * ldu * 2, &err) ||
+		      ms_gpu_memcpy(dx, x, rows * ldx * 2, &err))) ||
+	    ms_gpu_memcpy(dg, g0, ng * 4, &err) || ms_gpu_memcpy(doff, off, (E + 1) * 4, &err))
+		goto fail;
+	{
+		struct ms_ggemm_wgrad_bf16 p = {
+			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
+			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
+			.accumulate = acc,
+		};
+		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
+			goto fail;
+	}
+	if (cudaMemcpy(g, dg, ng * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+		goto out;
+	for (uint32_t e = 0; e < E; e++) {
+		const float *ge = g + e * gs, *g0e = g0 + e * gs;
+		for (uint64_t i = (uint64_t)R * N; i < gs; i++)
+			if (ge[i] != SENTINEL) {
+				fprintf(stderr, "wgrad bf16: group %u: past its G was written\n", e);
+				goto out;
+			}
+		for (uint32_t j = 0; j < R; j++)
+			for (uint32_t n = 0; n < N; n++) {
+				uint64_t at = trans ? (uint64_t)n * R + j : (uint64_t)j * N + n;
+				double s = 0, m = 0, want, err_;
+				for (uint64_t r = off[e]; r < off[e + 1]; r++) {
+					double t = uv[r * ldu + j] * xv[r * ldx + n];
+					s += t;
+					m += fabs(t);
+				}
+				want = 0.5 * s + (acc ? g0e[at] : 0);
+				m = 0.5 * m + (acc ? fabs(g0e[at]) : 0);
+				err_ = fabs(ge[at] - want);
+				if (!(err_ <= (off[e + 1] - off[e] + 2) * 0x1p-22 * m + 1e-30)) {
+					fprintf(stderr, "wgrad bf16 E %u R %u N %u trans %d acc %d: "
+						"group %u (%u, %u): gpu %.9g ref %.9g mag %.3g\n", E, R,
+						N, trans, acc, e, j, n, (double)ge[at], want, m);
+					goto out;
+				}
+				if (m > 0 && err_ / m > worst)
+					worst = err_ / m;
+			}
+	}
+	printf("wgrad bf16 E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", E, R, N,
+	       (unsigned long long)rows, trans, acc ? "accumulate" : "write", worst);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "wgrad bf16: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
+out:
+	free(u);
+	free(x);
+	free(uv);
+	free(xv);
+	free(g);
+	free(g0);
+	ms_gpu_free(du);
+	ms_gpu_free(dx);
+	ms_gpu_free(dg);
+	ms_gpu_free(doff);
+	return rc;
+}
+
+/* every rank it covers, groups empty and across a stage (32 rows), N
+ * under, at and across the block's 128 columns, both G layouts; refused:
+ * a rank it does not cover, a stride not a multiple of 8 */
+static int test_ggemm_wgrad_bf16(void)
+{
+	static const uint32_t edge[] = {0, 1, 31, 32, 33, 0, 300, 65};
+	struct ms_err err = {0};
+	struct ms_ggemm_wgrad_bf16 bad = {.E = 1, .R = 8, .N = 8, .off = (const uint32_t *)8,
+					  .u = (const void *)16, .ldu = 8,
+					  .x = (const void *)16, .ldx = 8, .g = (float *)8};
+	T_ASSERT(wgrad_bf_case(8, 16, 136, edge, 1, 1) == 0);
+	T_ASSERT(wgrad_bf_case(8, 16, 64, edge, 0, 0) == 0);
+	T_ASSERT(wgrad_bf_case(8, 32, 128, edge, 0, 1) == 0);
+	T_ASSERT(wgrad_bf_case(4, 48, 40, NULL, 1, 0) == 0);
+	T_ASSERT(wgrad_bf_case(4, 64, 264, NULL, 0, 1) == 0);
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.ldx = 8;
+	bad.N = 0;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_OK);
+	return 0;
+}
+
 /* One case of the grouped low-rank product against a double reference
  * (the offsets and tiles by ms_ggemm_index): Y poisoned (written) or
  * random (accumulated), a sentinel in Y's columns past its width and in
@@ -739,7 +866,7 @@ static int loop_run(cublasHandle_t h, const uint32_t *cnt, uint32_t E, uint32_t 
 }
 
 /* what a timed run does */
-enum side { S_GROUPED, S_LOOP, S_DECODE, S_LOWRANK, S_WGRAD };
+enum side { S_GROUPED, S_LOOP, S_DECODE, S_LOWRANK, S_WGRAD, S_WGRAD_BF };
 
 /* the NVFP4 bytes of every expert stacked ([E N, K]: one tensor, as the
  * decoder takes it) and where they decode to */
@@ -760,6 +887,7 @@ struct gg_run {
 	const uint32_t *cnt;
 	void *const *B;
 	const struct q4set *q;
+	const struct ms_ggemm_wgrad_bf16 *wb;
 };
 
 static int gg_once(void *ctx)
@@ -774,9 +902,10 @@ static int gg_once(void *ctx)
 		}
 		return 0;
 	}
-	if (r->side == S_LOWRANK || r->side == S_WGRAD) {
-		if (r->side == S_LOWRANK ? ms_ggemm_lowrank(r->lr, NULL, &err)
-					 : ms_ggemm_wgrad(r->wg, NULL, &err)) {
+	if (r->side == S_LOWRANK || r->side == S_WGRAD || r->side == S_WGRAD_BF) {
+		if (r->side == S_LOWRANK  ? ms_ggemm_lowrank(r->lr, NULL, &err)
+		    : r->side == S_WGRAD ? ms_ggemm_wgrad(r->wg, NULL, &err)
+					 : ms_ggemm_wgrad_bf16(r->wb, NULL, &err)) {
 			fprintf(stderr, "bench: %s\n", err.msg);
 			return -1;
 		}
@@ -796,7 +925,7 @@ static float bench_side(enum side side, const struct ms_ggemm *p, cublasHandle_t
 			const uint32_t *cnt, void *const *B, const struct q4set *q,
 			cudaEvent_t *ev)
 {
-	struct gg_run r = {side, p, NULL, NULL, h, cnt, B, q};
+	struct gg_run r = {side, p, NULL, NULL, h, cnt, B, q, NULL};
 	return t_bench(gg_once, &r, ev);
 }
 
@@ -878,7 +1007,7 @@ static int bench_lora(const uint32_t *goff, const uint32_t *gt, uint64_t rows, u
 			.y = lr[i].up ? wide : narrow, .ldy = lr[i].up ? lr[i].D : R, .alpha = 1.0f,
 			.accumulate = lr[i].up,
 		};
-		struct gg_run r = {S_LOWRANK, NULL, &p, NULL, NULL, NULL, NULL, NULL};
+		struct gg_run r = {S_LOWRANK, NULL, &p, NULL, NULL, NULL, NULL, NULL, NULL};
 		double bytes = (double)rows * lr[i].D * 4 * (lr[i].up ? 2 : 1);
 		float t = t_bench(gg_once, &r, ev);
 		if (t < 0)
@@ -892,13 +1021,29 @@ static int bench_lora(const uint32_t *goff, const uint32_t *gt, uint64_t rows, u
 			.E = E, .R = R, .N = N, .off = goff, .u = narrow, .ldu = R, .x = wide, .ldx = N,
 			.g = g, .gstride = (uint64_t)R * N, .trans = tr, .alpha = 1.0f, .accumulate = 1,
 		};
-		struct gg_run r = {S_WGRAD, NULL, NULL, &p, NULL, NULL, NULL, NULL};
+		struct gg_run r = {S_WGRAD, NULL, NULL, &p, NULL, NULL, NULL, NULL, NULL};
 		float t = t_bench(gg_once, &r, ev);
 		if (t < 0)
 			return -1;
 		printf("bench LoRA %s: %.3f ms, %.0f GB/s of X\n",
 		       tr ? "gB = s dY^T U (out 1536)" : "gA = dU^T X (in 2048)", t,
 		       (double)rows * N * 4 / (t * 1e-3) / 1e9);
+	}
+	/* the same sums with bf16 operands on the tensor cores (the folded
+	 * expert LoRA's) */
+	for (int tr = 0; tr < 2; tr++) {
+		uint32_t N = tr ? 1536 : 2048;
+		struct ms_ggemm_wgrad_bf16 p = {
+			.E = E, .R = R, .N = N, .off = goff, .u = narrow, .ldu = R, .x = wide, .ldx = N,
+			.g = g, .gstride = (uint64_t)R * N, .trans = tr, .alpha = 1.0f, .accumulate = 1,
+		};
+		struct gg_run r = {S_WGRAD_BF, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &p};
+		float t = t_bench(gg_once, &r, ev);
+		if (t < 0)
+			return -1;
+		printf("bench LoRA %s, bf16 tensor cores: %.3f ms, %.0f GB/s of X\n",
+		       tr ? "gB = s dY^T U (out 1536)" : "gA = dU^T X (in 2048)", t,
+		       (double)rows * N * 2 / (t * 1e-3) / 1e9);
 	}
 	return 0;
 }
@@ -1013,6 +1158,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_ggemm_shapes),
 	T_CASE(test_ggemm_refuses),
 	T_CASE(test_ggemm_wgrad),
+	T_CASE(test_ggemm_wgrad_bf16),
 	T_CASE(test_ggemm_lowrank),
 };
 #endif
