@@ -391,9 +391,11 @@ out:
 #define WB_NTH 128
 
 /* one stage of k_wgrad_bf: rows rb .. rb + WB_KC - 1 of X's block columns
- * and of U into shared memory, past r1 (or N) zeros */
-template <int R>
-__device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[R + 8],
+ * (cp.async) and of U's R columns padded to RP (plain loads: U's rows need
+ * not be 16-byte aligned, and it is a sixteenth of the bytes) into shared
+ * memory, past r1, N or R zeros */
+template <int RP>
+__device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 8],
 					 const struct ms_ggemm_wgrad_bf16 &p, uint32_t rb,
 					 uint32_t r1, uint32_t n0)
 {
@@ -404,18 +406,19 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[R + 8
 		int ok = row < r1 && col < p.N;
 		cp16(&sx[rr][cc], ok ? X + (uint64_t)row * p.ldx + col : X, ok ? 16 : 0);
 	}
-	for (int i = threadIdx.x; i < WB_KC * (R / 8); i += WB_NTH) {
-		int rr = i / (R / 8), cc = i % (R / 8) * 8;
-		uint32_t row = rb + rr;
-		int ok = row < r1;
-		cp16(&su[rr][cc], ok ? U + (uint64_t)row * p.ldu + cc : U, ok ? 16 : 0);
-	}
 	cp_commit();
+	for (int i = threadIdx.x; i < WB_KC * RP; i += WB_NTH) {
+		int rr = i / RP, cc = i % RP;
+		uint32_t row = rb + rr;
+		su[rr][cc] = row < r1 && (uint32_t)cc < p.R ? U[(uint64_t)row * p.ldu + cc]
+							 : __float2bfloat16_rn(0.0f);
+	}
 }
 
 /* grid (column slices of WB_NT, E): the product as C [n, j] = sum_row
  * X[row, n] U[row, j], X^T the mma's A (ldmatrix .trans of X's rows), U
- * its B; warp w owns columns w*32 .. +31 (two m16 tiles) and all R */
+ * its B; warp w owns columns w*32 .. +31 (two m16 tiles) and all of the
+ * rank, padded to R (a multiple of 16) with zero columns */
 template <int R>
 __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 {
@@ -477,9 +480,9 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 			for (int c = 0; c < 4; c++) {
 				uint32_t n = n0 + w * 32 + 16 * t + (l >> 2) + 8 * (c >> 1);
 				uint32_t j = 8 * q + 2 * (l & 3) + (c & 1);
-				if (n >= p.N)
+				if (n >= p.N || j >= p.R)
 					continue;
-				float *d = p.trans ? g + (uint64_t)n * R + j : g + (uint64_t)j * p.N + n;
+				float *d = p.trans ? g + (uint64_t)n * p.R + j : g + (uint64_t)j * p.N + n;
 				*d = p.alpha * acc[t][q][c] + (p.accumulate ? *d : 0.0f);
 			}
 }
@@ -498,17 +501,16 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 	if (!p->E || p->E > 65535 || !p->off || !p->u || !p->x || !p->g)
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups or "
 				  "a NULL pointer", p->E);
-	if ((p->R != 16 && p->R != 32 && p->R != 48 && p->R != 64) || p->N % 8 ||
-	    p->ldu % 8 || p->ldx % 8 || p->ldu < p->R || p->ldx < p->N ||
-	    (uintptr_t)p->u % 16 || (uintptr_t)p->x % 16)
-		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): rank %u (16, "
-				  "32, 48 or 64), N %u and strides %llu, %llu (multiples of 8, "
-				  "at least R and N), operands 16-byte aligned: not covered",
-				  p->R, p->N, (unsigned long long)p->ldu,
-				  (unsigned long long)p->ldx);
+	if (!p->R || p->R > MS_GGEMM_WGRAD_BF16_MAX_R || p->N % 8 || p->ldx % 8 ||
+	    p->ldu < p->R || p->ldx < p->N || (uintptr_t)p->x % 16 || (uintptr_t)p->u % 2)
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): rank %u (1 .. "
+				  "%u), N %u and X's stride %llu (multiples of 8, at least N), "
+				  "U's stride %llu (at least R), X 16-byte aligned: not covered",
+				  p->R, MS_GGEMM_WGRAD_BF16_MAX_R, p->N,
+				  (unsigned long long)p->ldx, (unsigned long long)p->ldu);
 	if (!p->N)
 		return MS_OK;
-	switch (p->R) {
+	switch ((p->R + 15) / 16 * 16) {
 	case 16:
 		k_wgrad_bf<16><<<grid, WB_NTH, wb_smem_bytes(16), (cudaStream_t)stream>>>(*p);
 		break;

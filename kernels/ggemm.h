@@ -151,11 +151,13 @@ int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *
  * slice of one group, its rows streamed through shared memory in two
  * cp.async stages (rows past the group's end are zero-filled, not read),
  * each element's rows summed in the same order every run. The folded
- * expert LoRA's gradients (train.cu): a read of X once, at the bench
- * shapes far below the float32 kernel's and cuBLAS's time. Covered: R of
- * 16, 32, 48 or 64; N, ldu and ldx multiples of 8, u and x 16-byte
- * aligned (ms_ggemm_wgrad_bf16 says which it is not).
+ * expert LoRA's gradients (train.cu): a read of X once. Covered: R of 1
+ * .. MS_GGEMM_WGRAD_BF16_MAX_R (padded with zeros to a multiple of 16 in
+ * shared memory), N and ldx multiples of 8, x 16-byte aligned, ldu at
+ * least R (ms_ggemm_wgrad_bf16 says which it is not).
  */
+#define MS_GGEMM_WGRAD_BF16_MAX_R 64u
+
 struct ms_ggemm_wgrad_bf16 {
 	uint32_t E, R, N;
 	const uint32_t *off;      /* device [E + 1] */

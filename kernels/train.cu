@@ -1467,6 +1467,13 @@ static uint32_t bucket(uint32_t n)
 	return (n + BUCKET - 1) / BUCKET * BUCKET;
 }
 
+/* the columns a folded LoRA of rank r adds to its GEMMs' K: r padded with
+ * zeros to a multiple of 16 (16-byte aligned rows, whole mma steps) */
+static uint32_t fold_width(uint32_t r)
+{
+	return (r + 15) / 16 * 16;
+}
+
 
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
  * X is the (dropped) input in float32. */
@@ -2150,8 +2157,8 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	 * GEMMs (fold_tails); dropout masks the LoRA's share of dX alone, so
 	 * it keeps the separate products, as does a rank the gradients'
 	 * kernel does not cover (ms_ggemm_wgrad_bf16) */
-	g->fold = !g->f32 && !g->grouped && g->pdrop <= 0 && g->r % 16 == 0 && g->r > 0 &&
-		  g->r <= 64;
+	g->fold = !g->f32 && !g->grouped && g->pdrop <= 0 && g->r > 0 &&
+		  g->r <= MS_GGEMM_WGRAD_BF16_MAX_R;
 	if (g->grouped && (!ms_ggemm_supported(2 * g->F, g->H) || !ms_ggemm_supported(g->F, g->H))) {
 		rc = ms_err_set(err, MS_EINVAL, "grouped expert GEMMs: the hidden size (%u) and "
 				"the expert ffn (%u) must be multiples of 8", g->H, g->F);
@@ -2273,7 +2280,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			/* the expert LoRA folds where both products have it and
 			 * every expert's weights decode (fold_tails): each
 			 * decoded matrix then has fr more columns */
-			uint32_t fr = g->fold && d->lgu && d->ldn ? g->r : 0;
+			uint32_t fr = g->fold && d->lgu && d->ldn ? fold_width(g->r) : 0;
 			for (uint32_t e = 0; e < g->E; e++)
 				if (!ex[e].gu.nparts || !ex[e].down.nparts)
 					fr = 0;
@@ -2304,7 +2311,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	}
 	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
 	if (g->folded)
-		DM(g->fab, (uint64_t)g->E * g->r * (g->H > 2 * g->F ? g->H : 2 * g->F) * 2,
+		DM(g->fab, (uint64_t)g->E * fold_width(g->r) * (g->H > 2 * g->F ? g->H : 2 * g->F) * 2,
 		   MC_SCRATCH);
 	for (uint32_t l = 0; l < g->L; l++) {
 		if ((rc = build_descs(g, m, &g->ly[l], err)))
@@ -2548,7 +2555,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	if (!g->f32) {
 		/* folded expert LoRA: the expert rows' twins are r wider */
-		DM(g->cA, u64max(rows * (wide + (g->folded ? r : 0)), T * g->V) * g->esz,
+		DM(g->cA, u64max(rows * (wide + (g->folded ? fold_width(g->r) : 0)), T * g->V) *
+				  g->esz,
 		   MC_SCRATCH);
 		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
 		DM(g->cC, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
@@ -3035,15 +3043,18 @@ out:
 
 /*
  * The folded expert LoRA (g->fold: bf16, per-expert GEMMs, no dropout).
- * Y = X W^T + s (X A^T) B^T is one GEMM over a K fr columns longer: the
+ * Y = X W^T + s (X A^T) B^T is one GEMM over a K fr columns longer (fr:
+ * the rank padded with zeros to a multiple of 16, fold_width): the
  * operand's twin carries U = X A^T in its last fr columns and the decoded
  * W carries s B in its (k_fold_tail); backward, dX = dY W + dU A the same
  * way with [dY | dU] and [W^T | A^T]. What stays apart is U and dU (one
- * grouped bf16 launch each) and the adapter's gradients (fold_wgrad): no
- * float32 pass over the expert rows' outputs, which the separate
- * products' accumulation into Y and dX cost (measured on the H200 at the
- * bench shapes: 0.28-0.38 ms a product a layer, against a K 16 longer
- * costing the frozen GEMM 0.02-0.07 ms).
+ * grouped bf16 launch each) and the adapter's gradients (fold_wgrad, on
+ * the tensor cores): no float32 pass over the expert rows' outputs, which
+ * the separate products' accumulation into Y and dX cost (measured on the
+ * H200 at the bench shapes: 0.28-0.38 ms a product a layer, against a K
+ * 16 longer costing the frozen GEMM 0.02-0.07 ms). Its rounding is no
+ * coarser than PyTorch's under bf16 autocast: U and dU in bf16 as there,
+ * the sums and the factors' gradients in float32.
  */
 __global__ void k_cast_bf(const float *x, __nv_bfloat16 *y, uint64_t n)
 {
@@ -3053,17 +3064,34 @@ __global__ void k_cast_bf(const float *x, __nv_bfloat16 *y, uint64_t n)
 }
 
 /* every expert's (blockIdx.y) matrix at base + e * es, row stride ld: row
- * i, column c0 + k <- s * src [e * ss + i * rs + k * ks], i < rows, k < r */
+ * i, column c0 + k <- s * src [e * ss + i * rs + k * ks], i < rows, k < r;
+ * zeros for k in [r, fr) */
 __global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint32_t c0,
-			    uint32_t rows, uint32_t r, const float *src, uint64_t ss, uint32_t rs,
-			    uint32_t ks, float s)
+			    uint32_t rows, uint32_t r, uint32_t fr, const float *src, uint64_t ss,
+			    uint32_t rs, uint32_t ks, float s)
 {
 	uint64_t e = blockIdx.y;
-	uint32_t n = rows * r;
+	uint32_t n = rows * fr;
 	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-		uint32_t row = i / r, k = i - row * r;
-		base[e * es + (uint64_t)row * ld + c0 + k] =
-			__float2bfloat16_rn(s * src[e * ss + (uint64_t)row * rs + (uint64_t)k * ks]);
+		uint32_t row = i / fr, k = i - row * fr;
+		base[e * es + (uint64_t)row * ld + c0 + k] = __float2bfloat16_rn(
+			k < r ? s * src[e * ss + (uint64_t)row * rs + (uint64_t)k * ks] : 0.0f);
+	}
+}
+
+/* a LoRA factor of every expert as bf16 with zero rows and columns to
+ * [rd, cd] (from [rs_, cs]): fold_u's A [E, fr, in], fold_du's B [E, out, fr] */
+__global__ void k_pad_factor(const float *src, __nv_bfloat16 *dst, uint32_t E, uint32_t rs_,
+			     uint32_t cs, uint32_t rd, uint32_t cd)
+{
+	uint64_t n = (uint64_t)E * rd * cd;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t c = (uint32_t)(i % cd);
+		uint64_t er = i / cd;
+		uint32_t r = (uint32_t)(er % rd), e = (uint32_t)(er / rd);
+		dst[i] = __float2bfloat16_rn(r < rs_ && c < cs ? src[((uint64_t)e * rs_ + r) * cs + c]
+							     : 0.0f);
 	}
 }
 
@@ -3085,7 +3113,7 @@ static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, stru
 		uint64_t es = g->E > 1 ? l[1].woff - l[0].woff : 0;
 		uint32_t rows = bwd ? l->in : l->out, c0 = bwd ? l->out : l->in;
 		k_fold_tail<<<dim3(nblk((uint64_t)rows * l->fr), g->E), NTH, 0, g->st>>>(
-			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, l->fr,
+			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, L->r, l->fr,
 			bwd ? L->A : L->B, (uint64_t)L->r * (bwd ? L->in : L->out), bwd ? 1 : L->r,
 			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
 		LK();
@@ -3095,19 +3123,21 @@ out:
 }
 
 /* forward: U_e = X_e A_e^T over each expert's rows of the twin X (row
- * stride ld), into its last r columns, and compact into Us (bf16 [TK, r])
- * for the backward */
+ * stride ld), into its last fr columns (A padded with zero rows to fr, so
+ * those past r are zeros), and U's r columns compact into Us (bf16 [TK,
+ * r]) for the backward */
 static int fold_u(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		  const void *X, uint32_t ld, void *Us, uint64_t TK, struct ms_err *err)
 {
 	int rc = MS_OK;
-	uint64_t r = L->r, in = L->in, n = (uint64_t)L->E * r * in;
+	uint64_t r = L->r, fr = fold_width(L->r), in = L->in, n = (uint64_t)L->E * fr * in;
 	const char *tail = (const char *)X + in * 2;
 	struct gg o = {CUBLAS_OP_T, CUBLAS_OP_N, (int)in, (int)ld, (int)ld, 1.0f, 0.0f, 1};
-	k_cast_bf<<<nblk(n), NTH, 0, g->st>>>(L->A, g->fab, n);
+	k_pad_factor<<<nblk(n), NTH, 0, g->st>>>(L->A, g->fab, L->E, L->r, L->in, (uint32_t)fr,
+						  L->in);
 	LK();
-	if ((rc = ggemm_experts(g, &o, L->E, cnt, (int)r, G_ROWS, (int)in,
-				gop{g->fab, r * in, G_EXPERT}, gop{X, ld, G_ROW},
+	if ((rc = ggemm_experts(g, &o, L->E, cnt, (int)fr, G_ROWS, (int)in,
+				gop{g->fab, fr * in, G_EXPERT}, gop{X, ld, G_ROW},
 				gop{tail, ld, G_ROW}, err)))
 		return rc;
 	CK(cudaMemcpy2DAsync(Us, r * 2, tail, (uint64_t)ld * 2, r * 2, TK,
@@ -3117,17 +3147,19 @@ out:
 }
 
 /* backward: dU_e = s dY_e B_e over each expert's rows of the twin dY (row
- * stride ld), into its last r columns (the dgrad's extra K) */
+ * stride ld), into its last fr columns (the dgrad's extra K; B padded
+ * with zero columns to fr) */
 static int fold_du(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		   const void *dY, uint32_t ld, struct ms_err *err)
 {
 	int rc = MS_OK;
-	uint64_t r = L->r, out = L->out, n = (uint64_t)L->E * out * r;
-	struct gg o = {CUBLAS_OP_N, CUBLAS_OP_N, (int)r, (int)ld, (int)ld, g->lscale, 0.0f, 1};
-	k_cast_bf<<<nblk(n), NTH, 0, g->st>>>(L->B, g->fab, n);
+	uint64_t fr = fold_width(L->r), out = L->out, n = (uint64_t)L->E * out * fr;
+	struct gg o = {CUBLAS_OP_N, CUBLAS_OP_N, (int)fr, (int)ld, (int)ld, g->lscale, 0.0f, 1};
+	k_pad_factor<<<nblk(n), NTH, 0, g->st>>>(L->B, g->fab, L->E, L->out, L->r, L->out,
+						  (uint32_t)fr);
 	LK();
-	return ggemm_experts(g, &o, L->E, cnt, (int)r, G_ROWS, (int)out,
-			     gop{g->fab, out * r, G_EXPERT}, gop{dY, ld, G_ROW},
+	return ggemm_experts(g, &o, L->E, cnt, (int)fr, G_ROWS, (int)out,
+			     gop{g->fab, out * fr, G_EXPERT}, gop{dY, ld, G_ROW},
 			     gop{(const char *)dY + out * 2, ld, G_ROW}, err);
 out:
 	return rc;

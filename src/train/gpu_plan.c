@@ -80,8 +80,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	int grouped = eg != MS_EXPERT_GEMM_PER_EXPERT;
 	/* the expert LoRA folded into the frozen GEMMs (train.cu's fold_tails):
 	 * bf16, per expert, no dropout, a rank its gradients' kernel covers,
-	 * both expert products quantized */
-	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r % 16 == 0 && r <= 64 &&
+	 * both expert products quantized; fr: the rank padded to 16 */
+	uint64_t fr = (r + 15) / 16 * 16;
+	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r <= 64 &&
 		   (lora->targets & MS_LORA_EXPERTS) && H % 16 == 0 && F % 16 == 0;
 	int folded = 0;
 	/* flash attention (kernels/flash.h) on the bf16 path for the head
@@ -128,7 +129,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 				lin_d(&p, 1, rh, (uint32_t)F, 0, eg != MS_EXPERT_GEMM_FUSED);
 				/* a folded matrix's r more columns, W's or W^T's */
 				if (fold)
-					p.wo += r * u64max(2 * F, H) + r * u64max(H, F);
+					p.wo += fr * u64max(2 * F, H) + fr * u64max(H, F);
 			}
 			folded |= fold;
 			if (lora->targets & MS_LORA_EXPERTS)
@@ -147,7 +148,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
 	if (folded)
-		out->scratch += E * r * u64max(H, 2 * F) * 2;
+		out->scratch += E * fr * u64max(H, 2 * F) * 2;
 	/* grouped expert GEMMs (bf16 only): four arrays of E weight pointers
 	 * a MoE layer, or of E NVFP4 descriptors when fused (gg_pointers),
 	 * and a layer's row and tile offsets (acts) */
@@ -200,7 +201,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	else
 		out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
 	if (!f32)
-		out->scratch += u64max(rows * (wide + (folded ? r : 0)), T * V) * p.esz +
+		out->scratch += u64max(rows * (wide + (folded ? fr : 0)), T * V) * p.esz +
 				2 * T * u64max(dq, dkv) * p.esz;
 	out->scratch += T * 8 + T * 4 + T + 1;
 	/* the RoPE tables, allocated at the first step */

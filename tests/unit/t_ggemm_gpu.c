@@ -18,8 +18,8 @@
  * The grouped weight gradient (ms_ggemm_wgrad) against a double
  * reference: groups of 0 .. 300 rows, ranks 1, 3, 4, 16 and 32, columns
  * within and past a block, both layouts of G, written and accumulated;
- * its bf16 tensor-core form (ms_ggemm_wgrad_bf16) the same way over the
- * ranks it covers (16, 32, 48, 64);
+ * its bf16 tensor-core form (ms_ggemm_wgrad_bf16) the same way, ranks 3
+ * to 64;
  * and the grouped low-rank products (ms_ggemm_lowrank), down and up, with
  * W stored and transposed, the same way.
  *
@@ -599,14 +599,15 @@ out:
 	return rc;
 }
 
-/* every rank it covers, groups empty and across a stage (32 rows), N
- * under, at and across the block's 128 columns, both G layouts; refused:
- * a rank it does not cover, a stride not a multiple of 8 */
+/* ranks that fill the padded width and ranks that do not (3, 4, 8: U's
+ * rows then not 16-byte aligned), groups empty and across a stage (32
+ * rows), N under, at and across the block's 128 columns, both G layouts;
+ * refused: a rank past the bound, an X stride not a multiple of 8 */
 static int test_ggemm_wgrad_bf16(void)
 {
 	static const uint32_t edge[] = {0, 1, 31, 32, 33, 0, 300, 65};
 	struct ms_err err = {0};
-	struct ms_ggemm_wgrad_bf16 bad = {.E = 1, .R = 8, .N = 8, .off = (const uint32_t *)8,
+	struct ms_ggemm_wgrad_bf16 bad = {.E = 1, .R = 65, .N = 8, .off = (const uint32_t *)8,
 					  .u = (const void *)16, .ldu = 8,
 					  .x = (const void *)16, .ldx = 8, .g = (float *)8};
 	T_ASSERT(wgrad_bf_case(8, 16, 136, edge, 1, 1) == 0);
@@ -614,6 +615,9 @@ static int test_ggemm_wgrad_bf16(void)
 	T_ASSERT(wgrad_bf_case(8, 32, 128, edge, 0, 1) == 0);
 	T_ASSERT(wgrad_bf_case(4, 48, 40, NULL, 1, 0) == 0);
 	T_ASSERT(wgrad_bf_case(4, 64, 264, NULL, 0, 1) == 0);
+	T_ASSERT(wgrad_bf_case(8, 3, 136, edge, 1, 1) == 0);
+	T_ASSERT(wgrad_bf_case(8, 4, 64, edge, 0, 0) == 0);
+	T_ASSERT(wgrad_bf_case(4, 8, 40, NULL, 1, 0) == 0);
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);

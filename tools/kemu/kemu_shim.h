@@ -69,6 +69,11 @@ static inline __nv_bfloat16 kemu_float_to_bf16(float f)
 	return {(uint16_t)(u >> 16)};
 }
 
+static inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+	return kemu_float_to_bf16(f);
+}
+
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi)
 {
 	return {kemu_float_to_bf16(lo), kemu_float_to_bf16(hi)};
