@@ -33,6 +33,11 @@
  * is ceil(rows / 128) + E, the real count known only on the device) return
  * at once. Column tiles vary fastest, so the blocks running together share
  * their A tile in L2 and walk one expert's B at a time.
+ *
+ * Also here, over the same device offsets: the LoRA factors' grouped
+ * weight gradients, in float32 on the CUDA cores (ms_ggemm_wgrad) and in
+ * bf16 on the tensor cores (ms_ggemm_wgrad_bf16, the folded expert LoRA's
+ * in train.cu), and the float32 low-rank products (ms_ggemm_lowrank).
  */
 #include <cuda_bf16.h>
 
