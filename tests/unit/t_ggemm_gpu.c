@@ -383,44 +383,66 @@ static int test_ggemm_shapes(void)
 }
 
 /* One case of the grouped weight gradient against a double reference:
- * rows per group from cnt (NULL: random 0 .. 300), U and X random floats,
- * G poisoned (written) or holding random values (accumulated), a
- * sentinel between the groups' G that must survive. Tolerance: float32
- * sums of float32 products, (rows + 2) 2^-23 of the sum of magnitudes. */
-static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
-		      int acc)
+ * rows per group from cnt (NULL: random 0 .. 300), U and X random (float32,
+ * or with bf bf16 values through ms_ggemm_wgrad_bf16) with row strides past
+ * their widths, G poisoned (written) or holding random values
+ * (accumulated), a sentinel between the groups' G that must survive.
+ * Tolerance: float32 sums of exact (bf16) or float32 products, (rows + 2)
+ * 2^-23 (float32) or 2^-22 (the tensor cores' accumulation order is the
+ * hardware's) of the sum of magnitudes. */
+static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
+		     int trans, int acc)
 {
 	uint32_t off[65];
-	uint64_t rows, ldu = R + 3, ldx = N + 1, gs = (uint64_t)R * N + 5, ng = E * gs;
-	float *u = NULL, *x = NULL, *g = NULL, *g0 = NULL;
+	uint64_t rows, ldu = bf ? R + 8 : R + 3, ldx = bf ? N + 16 : N + 1;
+	uint64_t gs = (uint64_t)R * N + 5, ng = E * gs, esz = bf ? 2 : 4;
+	void *u = NULL, *x = NULL;
+	double *uv = NULL, *xv = NULL;
+	float *g = NULL, *g0 = NULL;
 	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL;
+	const char *what = bf ? "wgrad bf16" : "wgrad";
 	struct ms_err err = {0};
-	double worst = 0;
+	double worst = 0, ulp = bf ? 0x1p-22 : 0x1p-23;
 	int rc = 1;
 
 	off[0] = 0;
 	for (uint32_t e = 0; e < E; e++)
 		off[e + 1] = off[e] + (cnt ? cnt[e] : (uint32_t)(rnd() % 301));
 	rows = off[E];
-	u = malloc((rows + 1) * ldu * 4);
-	x = malloc((rows + 1) * ldx * 4);
+	u = malloc((rows + 1) * ldu * esz);
+	x = malloc((rows + 1) * ldx * esz);
+	uv = malloc((rows + 1) * ldu * 8);
+	xv = malloc((rows + 1) * ldx * 8);
 	g = malloc(ng * 4);
 	g0 = malloc(ng * 4);
-	T_ASSERT(u && x && g && g0);
-	for (uint64_t i = 0; i < rows * ldu; i++)
-		u[i] = (float)gauss();
-	for (uint64_t i = 0; i < rows * ldx; i++)
-		x[i] = (float)gauss();
+	T_ASSERT(u && x && uv && xv && g && g0);
+	if (bf) {
+		fill(u, uv, rows * ldu, 1.0);
+		fill(x, xv, rows * ldx, 1.0);
+	} else {
+		for (uint64_t i = 0; i < rows * ldu; i++)
+			uv[i] = ((float *)u)[i] = (float)gauss();
+		for (uint64_t i = 0; i < rows * ldx; i++)
+			xv[i] = ((float *)x)[i] = (float)gauss();
+	}
 	for (uint64_t i = 0; i < ng; i++)
 		g0[i] = i % gs >= (uint64_t)R * N ? SENTINEL : acc ? (float)gauss() : NAN;
-	if (ms_gpu_malloc(&du, (rows + 1) * ldu * 4, &err) ||
-	    ms_gpu_malloc(&dx, (rows + 1) * ldx * 4, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
+	if (ms_gpu_malloc(&du, (rows + 1) * ldu * esz, &err) ||
+	    ms_gpu_malloc(&dx, (rows + 1) * ldx * esz, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
 	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) ||
-	    (rows && (ms_gpu_memcpy(du, u, rows * ldu * 4, &err) ||
-		      ms_gpu_memcpy(dx, x, rows * ldx * 4, &err))) ||
+	    (rows && (ms_gpu_memcpy(du, u, rows * ldu * esz, &err) ||
+		      ms_gpu_memcpy(dx, x, rows * ldx * esz, &err))) ||
 	    ms_gpu_memcpy(dg, g0, ng * 4, &err) || ms_gpu_memcpy(doff, off, (E + 1) * 4, &err))
 		goto fail;
-	{
+	if (bf) {
+		struct ms_ggemm_wgrad_bf16 p = {
+			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
+			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
+			.accumulate = acc,
+		};
+		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
+			goto fail;
+	} else {
 		struct ms_ggemm_wgrad p = {
 			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
 			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
@@ -435,7 +457,7 @@ static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, i
 		const float *ge = g + e * gs, *g0e = g0 + e * gs;
 		for (uint64_t i = (uint64_t)R * N; i < gs; i++)
 			if (ge[i] != SENTINEL) {
-				fprintf(stderr, "wgrad: group %u: past its G was written\n", e);
+				fprintf(stderr, "%s: group %u: past its G was written\n", what, e);
 				goto out;
 			}
 		for (uint32_t j = 0; j < R; j++)
@@ -443,16 +465,16 @@ static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, i
 				uint64_t at = trans ? (uint64_t)n * R + j : (uint64_t)j * N + n;
 				double s = 0, m = 0, want, err_;
 				for (uint64_t r = off[e]; r < off[e + 1]; r++) {
-					double t = (double)u[r * ldu + j] * x[r * ldx + n];
+					double t = uv[r * ldu + j] * xv[r * ldx + n];
 					s += t;
 					m += fabs(t);
 				}
 				want = 0.5 * s + (acc ? g0e[at] : 0);
 				m = 0.5 * m + (acc ? fabs(g0e[at]) : 0);
 				err_ = fabs(ge[at] - want);
-				if (!(err_ <= (off[e + 1] - off[e] + 2) * 0x1p-23 * m + 1e-30)) {
-					fprintf(stderr, "wgrad E %u R %u N %u trans %d acc %d: group "
-						"%u (%u, %u): gpu %.9g ref %.9g mag %.3g\n", E, R, N,
+				if (!(err_ <= (off[e + 1] - off[e] + 2) * ulp * m + 1e-30)) {
+					fprintf(stderr, "%s E %u R %u N %u trans %d acc %d: group %u "
+						"(%u, %u): gpu %.9g ref %.9g mag %.3g\n", what, E, R, N,
 						trans, acc, e, j, n, (double)ge[at], want, m);
 					goto out;
 				}
@@ -460,15 +482,17 @@ static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, i
 					worst = err_ / m;
 			}
 	}
-	printf("wgrad E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", E, R, N,
+	printf("%s E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", what, E, R, N,
 	       (unsigned long long)rows, trans, acc ? "accumulate" : "write", worst);
 	rc = 0;
 	goto out;
 fail:
-	fprintf(stderr, "wgrad: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
+	fprintf(stderr, "%s: %s\n", what, err.msg[0] ? err.msg : "a CUDA copy failed");
 out:
 	free(u);
 	free(x);
+	free(uv);
+	free(xv);
 	free(g);
 	free(g0);
 	ms_gpu_free(du);
@@ -476,6 +500,18 @@ out:
 	ms_gpu_free(dg);
 	ms_gpu_free(doff);
 	return rc;
+}
+
+static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
+		      int acc)
+{
+	return wgrad_run(0, E, R, N, cnt, trans, acc);
+}
+
+static int wgrad_bf_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
+			 int acc)
+{
+	return wgrad_run(1, E, R, N, cnt, trans, acc);
 }
 
 static int test_ggemm_wgrad(void)
@@ -496,107 +532,6 @@ static int test_ggemm_wgrad(void)
 	bad.R = 4, bad.ldx = 7;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad(&bad, NULL, &err), MS_EINVAL);
 	return 0;
-}
-
-/* One case of the bf16 grouped weight gradient against a double reference
- * of the same bf16 values: rows per group from cnt (NULL: random 0 ..
- * 300), U and X with row strides past their widths, G poisoned (written)
- * or random (accumulated), sentinels between the groups' G. Tolerance:
- * float32 sums of exact products, (rows + 2) 2^-22 of the sum of
- * magnitudes (the tensor cores' accumulation order is the hardware's). */
-static int wgrad_bf_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
-			 int acc)
-{
-	uint32_t off[65];
-	uint64_t rows, ldu = R + 8, ldx = N + 16, gs = (uint64_t)R * N + 5, ng = E * gs;
-	uint16_t *u = NULL, *x = NULL;
-	double *uv = NULL, *xv = NULL;
-	float *g = NULL, *g0 = NULL;
-	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL;
-	struct ms_err err = {0};
-	double worst = 0;
-	int rc = 1;
-
-	off[0] = 0;
-	for (uint32_t e = 0; e < E; e++)
-		off[e + 1] = off[e] + (cnt ? cnt[e] : (uint32_t)(rnd() % 301));
-	rows = off[E];
-	u = malloc((rows + 1) * ldu * 2);
-	x = malloc((rows + 1) * ldx * 2);
-	uv = malloc((rows + 1) * ldu * 8);
-	xv = malloc((rows + 1) * ldx * 8);
-	g = malloc(ng * 4);
-	g0 = malloc(ng * 4);
-	T_ASSERT(u && x && uv && xv && g && g0);
-	fill(u, uv, rows * ldu, 1.0);
-	fill(x, xv, rows * ldx, 1.0);
-	for (uint64_t i = 0; i < ng; i++)
-		g0[i] = i % gs >= (uint64_t)R * N ? SENTINEL : acc ? (float)gauss() : NAN;
-	if (ms_gpu_malloc(&du, (rows + 1) * ldu * 2, &err) ||
-	    ms_gpu_malloc(&dx, (rows + 1) * ldx * 2, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
-	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) ||
-	    (rows && (ms_gpu_memcpy(du, u, rows * ldu * 2, &err) ||
-		      ms_gpu_memcpy(dx, x, rows * ldx * 2, &err))) ||
-	    ms_gpu_memcpy(dg, g0, ng * 4, &err) || ms_gpu_memcpy(doff, off, (E + 1) * 4, &err))
-		goto fail;
-	{
-		struct ms_ggemm_wgrad_bf16 p = {
-			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
-			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
-			.accumulate = acc,
-		};
-		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
-			goto fail;
-	}
-	if (cudaMemcpy(g, dg, ng * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
-		goto out;
-	for (uint32_t e = 0; e < E; e++) {
-		const float *ge = g + e * gs, *g0e = g0 + e * gs;
-		for (uint64_t i = (uint64_t)R * N; i < gs; i++)
-			if (ge[i] != SENTINEL) {
-				fprintf(stderr, "wgrad bf16: group %u: past its G was written\n", e);
-				goto out;
-			}
-		for (uint32_t j = 0; j < R; j++)
-			for (uint32_t n = 0; n < N; n++) {
-				uint64_t at = trans ? (uint64_t)n * R + j : (uint64_t)j * N + n;
-				double s = 0, m = 0, want, err_;
-				for (uint64_t r = off[e]; r < off[e + 1]; r++) {
-					double t = uv[r * ldu + j] * xv[r * ldx + n];
-					s += t;
-					m += fabs(t);
-				}
-				want = 0.5 * s + (acc ? g0e[at] : 0);
-				m = 0.5 * m + (acc ? fabs(g0e[at]) : 0);
-				err_ = fabs(ge[at] - want);
-				if (!(err_ <= (off[e + 1] - off[e] + 2) * 0x1p-22 * m + 1e-30)) {
-					fprintf(stderr, "wgrad bf16 E %u R %u N %u trans %d acc %d: "
-						"group %u (%u, %u): gpu %.9g ref %.9g mag %.3g\n", E, R,
-						N, trans, acc, e, j, n, (double)ge[at], want, m);
-					goto out;
-				}
-				if (m > 0 && err_ / m > worst)
-					worst = err_ / m;
-			}
-	}
-	printf("wgrad bf16 E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", E, R, N,
-	       (unsigned long long)rows, trans, acc ? "accumulate" : "write", worst);
-	rc = 0;
-	goto out;
-fail:
-	fprintf(stderr, "wgrad bf16: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
-out:
-	free(u);
-	free(x);
-	free(uv);
-	free(xv);
-	free(g);
-	free(g0);
-	ms_gpu_free(du);
-	ms_gpu_free(dx);
-	ms_gpu_free(dg);
-	ms_gpu_free(doff);
-	return rc;
 }
 
 /* ranks that fill the padded width and ranks that do not (3, 4, 8: U's
