@@ -188,8 +188,9 @@ struct dlin {
 	float *bias;
 	uint64_t woff;               /* elements into the decode scratch */
 	uint32_t pst, sst;           /* columnwise row strides (codes, scales) */
-	uint32_t fr;                 /* an expert's LoRA rank folded into its
-					GEMMs' K (fold_tails): W [out, in + fr]
+	uint32_t fr;                 /* the columns an expert's folded LoRA
+					adds to its GEMMs' K (fold_width of the
+					rank; fold_tails): W [out, in + fr]
 					forward, W^T [in, out + fr] backward */
 };
 
@@ -2555,7 +2556,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->dsg, att * g->esz, MC_SCRATCH);
 	}
 	if (!g->f32) {
-		/* folded expert LoRA: the expert rows' twins are r wider */
+		/* folded expert LoRA: the expert rows' twins are fold_width(r)
+		 * wider */
 		DM(g->cA, u64max(rows * (wide + (g->folded ? fold_width(g->r) : 0)), T * g->V) *
 				  g->esz,
 		   MC_SCRATCH);
