@@ -325,7 +325,12 @@ struct ms_gmodel {
 					a head dim it covers): no S x S scratch */
 	void *fws;                   /* its backward's workspace */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
-	uint32_t *dpad;              /* its offsets */
+	uint32_t *dpad;              /* 4 E words of device offsets: the
+					unfolded LoRA backward's padding table
+					(3 E), the folded one's row offsets
+					(E + 1, fold_wgrad), the bf16
+					per-expert routing's offsets and tiles
+					(2 (E + 1), moe_route_dev) */
 	double *lossrow, *dsum;
 	double *dnorm;               /* the optimizer's sum of squares */
 	void *cA, *cB, *cC, *pg, *dsg;
