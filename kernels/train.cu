@@ -39,6 +39,7 @@
  * function on both devices.
  */
 #include <cjson/cJSON.h>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <dlfcn.h>
@@ -74,11 +75,14 @@ extern "C" {
 #define MS_STR2(x) #x
 #define MS_STR(x) MS_STR2(x)
 static const char blas_lib[] = "libcublas.so." MS_STR(CUBLAS_VER_MAJOR);
+/* cuBLASLt ships with cuBLAS (which itself loads it) */
+static const char lt_lib[] = "libcublasLt.so." MS_STR(CUBLAS_VER_MAJOR);
 
 static struct {
 	decltype(&cublasCreate_v2) create;
 	decltype(&cublasDestroy_v2) destroy;
 	decltype(&cublasSetStream_v2) set_stream;
+	decltype(&cublasSetWorkspace_v2) set_workspace;
 	/* (C++ sees a second, cudaDataType-compute overload of these two:
 	 * the ones with cublasComputeType_t, which the calls use) */
 	cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
@@ -91,6 +95,18 @@ static struct {
 				       void *const[], cudaDataType, int, int, cublasComputeType_t,
 				       cublasGemmAlgo_t);
 	decltype(&cublasGemmGroupedBatchedEx) gemm_grouped;
+	decltype(&cublasLtCreate) lt_create;
+	decltype(&cublasLtDestroy) lt_destroy;
+	decltype(&cublasLtMatmulDescCreate) lt_desc_create;
+	decltype(&cublasLtMatmulDescDestroy) lt_desc_destroy;
+	decltype(&cublasLtMatmulDescSetAttribute) lt_desc_set;
+	decltype(&cublasLtMatrixLayoutCreate) lt_layout_create;
+	decltype(&cublasLtMatrixLayoutDestroy) lt_layout_destroy;
+	decltype(&cublasLtMatmulPreferenceCreate) lt_pref_create;
+	decltype(&cublasLtMatmulPreferenceDestroy) lt_pref_destroy;
+	decltype(&cublasLtMatmulPreferenceSetAttribute) lt_pref_set;
+	decltype(&cublasLtMatmulAlgoGetHeuristic) lt_heuristic;
+	decltype(&cublasLtMatmul) lt_matmul;
 	int state;                   /* 0 not tried, 1 loaded, -1 failed */
 	char why[200];
 } blas;
@@ -107,7 +123,7 @@ static_assert(sizeof(static_cast<decltype(blas.gemm_batched)>(&cublasGemmBatched
 	do {                                                                   \
 		if (!(blas.field = (decltype(blas.field))dlsym(h, name))) {    \
 			snprintf(blas.why, sizeof blas.why, "%s: no symbol %s",  \
-				 blas_lib, name);                              \
+				 lib, name);                                   \
 			goto done;                                             \
 		}                                                              \
 	} while (0)
@@ -115,6 +131,7 @@ static_assert(sizeof(static_cast<decltype(blas.gemm_batched)>(&cublasGemmBatched
 extern "C" int ms_gmodel_blas_load(struct ms_err *err)
 {
 	void *h;
+	const char *lib = blas_lib;
 	pthread_mutex_lock(&blas_mu);
 	if (blas.state) {
 		pthread_mutex_unlock(&blas_mu);
@@ -128,9 +145,27 @@ extern "C" int ms_gmodel_blas_load(struct ms_err *err)
 	BLAS_SYM(create, "cublasCreate_v2");
 	BLAS_SYM(destroy, "cublasDestroy_v2");
 	BLAS_SYM(set_stream, "cublasSetStream_v2");
+	BLAS_SYM(set_workspace, "cublasSetWorkspace_v2");
 	BLAS_SYM(gemm, "cublasGemmEx");
 	BLAS_SYM(gemm_batched, "cublasGemmBatchedEx");
 	BLAS_SYM(gemm_grouped, "cublasGemmGroupedBatchedEx");
+	lib = lt_lib;
+	if (!(h = dlopen(lt_lib, RTLD_NOW | RTLD_LOCAL))) {
+		snprintf(blas.why, sizeof blas.why, "%s", dlerror());
+		goto done;
+	}
+	BLAS_SYM(lt_create, "cublasLtCreate");
+	BLAS_SYM(lt_destroy, "cublasLtDestroy");
+	BLAS_SYM(lt_desc_create, "cublasLtMatmulDescCreate");
+	BLAS_SYM(lt_desc_destroy, "cublasLtMatmulDescDestroy");
+	BLAS_SYM(lt_desc_set, "cublasLtMatmulDescSetAttribute");
+	BLAS_SYM(lt_layout_create, "cublasLtMatrixLayoutCreate");
+	BLAS_SYM(lt_layout_destroy, "cublasLtMatrixLayoutDestroy");
+	BLAS_SYM(lt_pref_create, "cublasLtMatmulPreferenceCreate");
+	BLAS_SYM(lt_pref_destroy, "cublasLtMatmulPreferenceDestroy");
+	BLAS_SYM(lt_pref_set, "cublasLtMatmulPreferenceSetAttribute");
+	BLAS_SYM(lt_heuristic, "cublasLtMatmulAlgoGetHeuristic");
+	BLAS_SYM(lt_matmul, "cublasLtMatmul");
 	blas.state = 1;
 done:
 	pthread_mutex_unlock(&blas_mu);
@@ -257,11 +292,11 @@ enum phase {
 	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
 	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA,
-	PH_B_LORA_GRAD, PH_N
+	PH_B_LORA_GRAD, PH_ATT_LORA, PH_B_ATT_LORA, PH_TOPK, PH_N
 };
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
-	"attention core (scores, softmax, context)", "router + top-k + sort",
+	"attention core (scores, softmax, context)", "router logits",
 	"expert GEMMs (+LoRA)", "combine", "shared/dense MLP",
 	"decode NVFP4 rowwise", "decode NVFP4 columnwise",
 	"columnwise transpose (on demand)", "lm_head", "cross-entropy",
@@ -269,7 +304,8 @@ static const char *phase_name[PH_N] = {
 	"bwd attention core", "bwd attention projections (+LoRA)",
 	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
 	"expert LoRA (grouped)", "bwd expert LoRA",
-	"bwd expert LoRA gradients (folded)",
+	"bwd expert LoRA gradients (folded)", "attention LoRA", "bwd attention LoRA",
+	"top-k + sort",
 };
 
 struct dreg {
@@ -277,9 +313,60 @@ struct dreg {
 	uint64_t n;
 };
 
+/*
+ * A bf16 GEMM's shape, its operands' alignment, and what cuBLASLt chose for
+ * it (lt_get). cublasGemmEx looks its kernel up again at every call: with a
+ * GEMM per expert the host's time set the pace of the expert phases
+ * (measured on the H200 at the bench shapes: the forward's 54 ms of host
+ * time a step against 51 of GPU, some 25 us a call). Kept descriptors and
+ * algorithm brought that to 32 ms (the step 182.8 -> 179.9 ms); the rest is
+ * cuBLASLt's own work a call.
+ */
+struct ltkey {
+	uint32_t M, N, K, lda, ldb, ldc;
+	int ta, tb, ct;
+	uint32_t al[3];              /* A's, B's, C's alignment, up to 16 */
+};
+
+struct ltent {
+	struct ltkey k;
+	int state;                   /* 0 empty, 1 kept, -1 cublasGemmEx's */
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulAlgo_t algo;
+};
+
+#define LT_SLOTS 2048u
+
+/* where a GEMM goes: a stream, the cuBLAS handles on it (lt NULL: no
+ * kept plans) and the workspace both use */
+struct gctx {
+	cudaStream_t st;
+	cublasHandle_t bl;
+	cublasLtHandle_t lt;
+	void *ws;
+};
+
+/* an expert's share of a product on the lanes (expert_gemms): its rows
+ * from off, in one or two GEMMs of part rows */
+struct lplan {
+	uint32_t e, lane, part[2];
+	uint64_t off;
+};
+
 struct ms_gmodel {
 	cublasHandle_t blas;
 	cudaStream_t st;
+	/* the per-expert bf16 path's frozen expert GEMMs (expert_gemms): nlane
+	 * lanes, each a stream with its handles and workspace; lev [0] forks
+	 * them off st, lev [1 + i] joins lane i back. The main stream's bf16
+	 * GEMMs use lane 0's handles and workspace too (st never runs beside
+	 * lane 0). */
+	uint32_t nlane;
+	struct gctx lane[MS_GMODEL_LANES];
+	cudaEvent_t lev[MS_GMODEL_LANES + 1];
+	struct ltent *ltc;           /* [LT_SLOTS] */
+	struct lplan *plan;          /* [E] */
 	int f32;                     /* GEMM operands float32 */
 	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
 	int fused;                   /* ... decoding NVFP4 inside them */
@@ -948,87 +1035,132 @@ struct rcfg {
 	float rsf;
 };
 
-/* model.c route_row after the logits: one thread a token */
+/*
+ * model.c route_row after the logits: a warp a token, RW tokens a block.
+ * One thread a token kept a block of 64 threads on an SM with the scores
+ * in local memory (measured on the H200 at the bench shapes: the routing's
+ * top-k phase 0.5 ms a layer). The sums stay serial in model.c's order (lane
+ * 0) and the arg-max takes the first of equal values as the serial scan
+ * does, so the probabilities, picks and weights are the one-thread form's
+ * bit for bit. Shared memory: RW * E * 16 bytes (exp terms, choice scores,
+ * probabilities).
+ */
+#define RW 4
+
 __global__ void k_route(const struct rcfg c, const float *z, const float *ecb,
 			float *probs, int32_t *sel, float *wts, uint32_t T)
 {
-	uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+	extern __shared__ double rsh[];
+	const uint32_t FULL = 0xffffffffu;
+	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31, E = c.E, K = c.K;
+	uint64_t t = (uint64_t)blockIdx.x * RW + w;
 	if (t >= T)
 		return;
-	const float *zr = z + (uint64_t)t * c.E;
-	float *p = probs + (uint64_t)t * c.E;
-	float choice[MAXE];
-	uint32_t E = c.E, K = c.K;
+	double *ex = rsh + (uint64_t)w * E;
+	float *ch = (float *)(rsh + (uint64_t)RW * E) + (uint64_t)w * E;
+	float *pp = (float *)(rsh + (uint64_t)RW * E) + (uint64_t)(RW + w) * E;
+	const float *zr = z + t * E;
+	float *p = probs + t * E;
 	if (!c.sigmoid) {
-		float mx = zr[0];
-		double sum = 0;
-		for (uint32_t e = 1; e < E; e++)
+		float mx = -INFINITY;
+		for (uint32_t e = lane; e < E; e += 32)
 			if (zr[e] > mx)
 				mx = zr[e];
-		for (uint32_t e = 0; e < E; e++)
-			sum += exp((double)zr[e] - mx);
-		for (uint32_t e = 0; e < E; e++) {
-			p[e] = (float)(exp((double)zr[e] - mx) / sum);
-			choice[e] = p[e];
+		for (uint32_t o = 16; o; o >>= 1) {
+			float y = __shfl_xor_sync(FULL, mx, o);
+			if (y > mx)
+				mx = y;
 		}
+		for (uint32_t e = lane; e < E; e += 32)
+			ex[e] = exp((double)zr[e] - mx);
+		__syncwarp();
+		double sum = 0;
+		if (lane == 0)
+			for (uint32_t e = 0; e < E; e++)
+				sum += ex[e];
+		sum = __shfl_sync(FULL, sum, 0);
+		for (uint32_t e = lane; e < E; e += 32) {
+			float v = (float)(ex[e] / sum);
+			p[e] = pp[e] = ch[e] = v;
+		}
+		__syncwarp();
 	} else {
-		uint32_t G = c.G, per = E / G;
-		float gs[64];
-		int keep[64];
-		for (uint32_t e = 0; e < E; e++) {
-			p[e] = 1.0f / (1.0f + expf(-zr[e]));
-			choice[e] = p[e] + ecb[e];
+		for (uint32_t e = lane; e < E; e += 32) {
+			float v = 1.0f / (1.0f + expf(-zr[e]));
+			p[e] = pp[e] = v;
+			ch[e] = v + ecb[e];
 		}
-		for (uint32_t gi = 0; gi < G; gi++) {
-			float b1 = -INFINITY, b2 = -INFINITY;
-			for (uint32_t e = gi * per; e < (gi + 1) * per; e++) {
-				if (choice[e] > b1) {
-					b2 = b1;
-					b1 = choice[e];
-				} else if (choice[e] > b2) {
-					b2 = choice[e];
+		__syncwarp();
+		if (lane == 0) {
+			uint32_t G = c.G, per = E / G;
+			float gs[64];
+			int keep[64];
+			for (uint32_t gi = 0; gi < G; gi++) {
+				float b1 = -INFINITY, b2 = -INFINITY;
+				for (uint32_t e = gi * per; e < (gi + 1) * per; e++) {
+					if (ch[e] > b1) {
+						b2 = b1;
+						b1 = ch[e];
+					} else if (ch[e] > b2) {
+						b2 = ch[e];
+					}
 				}
+				gs[gi] = per >= 2 ? b1 + b2 : b1;
+				keep[gi] = 0;
 			}
-			gs[gi] = per >= 2 ? b1 + b2 : b1;
-			keep[gi] = 0;
+			for (uint32_t k = 0; k < c.topk_group; k++) {
+				int best = -1;
+				for (uint32_t gi = 0; gi < G; gi++)
+					if (!keep[gi] && (best < 0 || gs[gi] > gs[best]))
+						best = (int)gi;
+				keep[best] = 1;
+			}
+			for (uint32_t e = 0; e < E; e++)
+				if (!keep[e / per])
+					ch[e] = -INFINITY;
 		}
-		for (uint32_t k = 0; k < c.topk_group; k++) {
-			int best = -1;
-			for (uint32_t gi = 0; gi < G; gi++)
-				if (!keep[gi] && (best < 0 || gs[gi] > gs[best]))
-					best = (int)gi;
-			keep[best] = 1;
-		}
-		for (uint32_t e = 0; e < E; e++)
-			if (!keep[e / per])
-				choice[e] = -INFINITY;
+		__syncwarp();
 	}
-	int32_t *s = sel + (uint64_t)t * K;
-	float *w = wts + (uint64_t)t * K;
+	int32_t *s = sel + t * K;
+	float *wk = wts + t * K;
+	uint32_t used = 0;           /* bit j: expert lane + 32 j taken */
 	for (uint32_t k = 0; k < K; k++) {
-		int best = -1;
-		for (uint32_t e = 0; e < E; e++) {
-			int used = 0;
-			for (uint32_t q = 0; q < k; q++)
-				used |= s[q] == (int32_t)e;
-			if (!used && (best < 0 || choice[e] > choice[best]))
-				best = (int)e;
+		float bv = 0;
+		int bi = -1;
+		for (uint32_t e = lane, j = 0; e < E; e += 32, j++)
+			if (!(used >> j & 1) && (bi < 0 || ch[e] > bv)) {
+				bv = ch[e];
+				bi = (int)e;
+			}
+		for (uint32_t o = 16; o; o >>= 1) {
+			float ov = __shfl_xor_sync(FULL, bv, o);
+			int oi = __shfl_xor_sync(FULL, bi, o);
+			if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+				bv = ov;
+				bi = oi;
+			}
 		}
-		s[k] = best;
-		w[k] = p[best];
+		if (bi >= 0 && (uint32_t)bi % 32 == lane)
+			used |= 1u << (bi / 32);
+		if (lane == 0) {
+			s[k] = bi;
+			wk[k] = bi >= 0 ? pp[bi] : 0.0f;
+		}
 	}
+	if (lane)
+		return;
 	if (c.norm) {
 		float sm = 0;
 		for (uint32_t k = 0; k < K; k++)
-			sm += w[k];
+			sm += wk[k];
 		if (c.sigmoid)
 			sm += 1e-20f;
 		for (uint32_t k = 0; k < K; k++)
-			w[k] /= sm;
+			wk[k] /= sm;
 	}
 	if (c.sigmoid)
 		for (uint32_t k = 0; k < K; k++)
-			w[k] = w[k] * c.rsf;
+			wk[k] = wk[k] * c.rsf;
 }
 
 /* model.c route_bwd_row up to dz (the GEMM with the router follows) */
@@ -1082,60 +1214,101 @@ __global__ void k_route_bwd(const struct rcfg c, const float *probs, const int32
 	}
 }
 
-/* rows per expert; one block an expert */
-__global__ void k_count(const int32_t *sel, uint32_t n, uint32_t *cnt)
+/*
+ * The stable sort of the selections by expert, in chunks of SCH (a block
+ * each): k_hist counts each chunk's picks of each expert, k_hscan turns
+ * those into each chunk's first place inside its expert's block (and the
+ * experts' totals), k_scatter places each selection: its chunk's place,
+ * the earlier warps' picks of its expert in the chunk, the earlier lanes'
+ * in its warp (__match_any_sync). Every expert's rows come out in
+ * increasing selection index, as a serial pass would place them. One
+ * block an expert scanning every selection (the form before) left most of
+ * the H200 idle: 0.4 ms a layer at the bench shapes.
+ */
+#define SCH 256u
+
+static uint32_t sort_chunks(uint64_t n)
 {
-	__shared__ double sh[33];
-	double c = 0;
-	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
-		c += sel[i] == (int32_t)blockIdx.x;
-	c = block_sum(c, sh);
-	if (threadIdx.x == 0)
-		cnt[blockIdx.x] = (uint32_t)c;
+	return (uint32_t)((n + SCH - 1) / SCH);
 }
 
-/* stable placement: expert e's rows in increasing id at off[e].. (one block
- * an expert, a scan per chunk of 1024 ids) */
-__global__ void k_perm(const int32_t *sel, uint32_t n, const uint32_t *off,
-		       int32_t *perm, int32_t *pos)
+/* hc [e * nc + c]: chunk c's picks of expert e (shared memory: E words) */
+__global__ void k_hist(const int32_t *sel, uint32_t n, uint32_t E, uint32_t nc, uint32_t *hc)
 {
-	/* a chunk of 1024 entries at a time: each warp's matches ranked by a
-	 * ballot, the 32 warps' counts by one warp's shuffle scan, so a chunk
-	 * costs three barriers where a Hillis-Steele scan over the block took
-	 * twenty (measured: the router phase 17.9 -> 17.4 ms a step on the
-	 * bench model; the sort is not where that phase's time goes) */
-	__shared__ uint32_t wsum[32];
-	__shared__ uint32_t tot;
-	uint32_t e = blockIdx.x, base = off[e];
-	uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-	for (uint32_t c0 = 0; c0 < n; c0 += 1024) {
-		uint32_t i = c0 + threadIdx.x;
-		uint32_t f = i < n && sel[i] == (int32_t)e;
-		uint32_t m = __ballot_sync(0xffffffffu, f);
-		uint32_t pre = __popc(m & ((1u << lane) - 1));
-		if (lane == 0)
-			wsum[w] = __popc(m);
+	extern __shared__ uint32_t hsh[];
+	uint32_t i = blockIdx.x * SCH + threadIdx.x;
+	for (uint32_t e = threadIdx.x; e < E; e += blockDim.x)
+		hsh[e] = 0;
+	__syncthreads();
+	if (i < n)
+		atomicAdd(&hsh[sel[i]], 1u);
+	__syncthreads();
+	for (uint32_t e = threadIdx.x; e < E; e += blockDim.x)
+		hc[(uint64_t)e * nc + blockIdx.x] = hsh[e];
+}
+
+/* a block an expert: its chunks' counts to exclusive running sums in
+ * place, the total to cnt [e] */
+__global__ void k_hscan(uint32_t *hc, uint32_t nc, uint32_t *cnt)
+{
+	__shared__ uint32_t ws[32];
+	uint32_t *h = hc + (uint64_t)blockIdx.x * nc;
+	uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	uint32_t carry = 0;
+	for (uint32_t c0 = 0; c0 < nc; c0 += blockDim.x) {
+		uint32_t c = c0 + threadIdx.x, v = c < nc ? h[c] : 0, x = v;
+		for (uint32_t o = 1; o < 32; o <<= 1) {
+			uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+			if (lane >= o)
+				x += y;
+		}
+		if (lane == 31)
+			ws[w] = x;
 		__syncthreads();
 		if (w == 0) {
-			uint32_t v = wsum[lane], x = v;
+			uint32_t t = lane < nw ? ws[lane] : 0;
 			for (uint32_t o = 1; o < 32; o <<= 1) {
-				uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+				uint32_t y = __shfl_up_sync(0xffffffffu, t, o);
 				if (lane >= o)
-					x += y;
+					t += y;
 			}
-			wsum[lane] = x - v;      /* exclusive */
-			if (lane == 31)
-				tot = x;
+			if (lane < nw)
+				ws[lane] = t;  /* inclusive over warps */
 		}
 		__syncthreads();
-		if (f) {
-			uint32_t q = base + wsum[w] + pre;
-			perm[q] = (int32_t)i;
-			pos[i] = (int32_t)q;
-		}
-		base += tot;
+		if (c < nc)
+			h[c] = carry + (w ? ws[w - 1] : 0) + x - v;
+		carry += ws[nw - 1];
 		__syncthreads();
 	}
+	if (threadIdx.x == 0)
+		cnt[blockIdx.x] = carry;
+}
+
+/* selection i to its place q: perm [q] = i, pos [i] = q (blocks of SCH
+ * threads; shared memory: SCH / 32 * E words) */
+__global__ void k_scatter(const int32_t *sel, uint32_t n, uint32_t E, uint32_t nc,
+			  const uint32_t *hc, const uint32_t *off, int32_t *perm, int32_t *pos)
+{
+	extern __shared__ uint32_t wc[];
+	uint32_t i = blockIdx.x * SCH + threadIdx.x;
+	uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+	for (uint32_t j = threadIdx.x; j < SCH / 32 * E; j += blockDim.x)
+		wc[j] = 0;
+	__syncthreads();
+	int e = i < n ? sel[i] : -1;
+	uint32_t peers = __match_any_sync(0xffffffffu, e);
+	uint32_t r = __popc(peers & ((1u << lane) - 1));
+	if (e >= 0 && r == 0)
+		wc[w * E + (uint32_t)e] = __popc(peers);
+	__syncthreads();
+	if (e < 0)
+		return;
+	uint32_t q = off[e] + hc[(uint64_t)e * nc + blockIdx.x] + r;
+	for (uint32_t v = 0; v < w; v++)
+		q += wc[v * E + (uint32_t)e];
+	perm[q] = (int32_t)i;
+	pos[i] = (int32_t)q;
 }
 
 /* dst[j] = src[perm[j] / K] (a row of H) */
@@ -1377,10 +1550,112 @@ __global__ void k_bperm(const float *src, float *dst, uint32_t out, uint32_t r,
 /* Row-major C [M, N] = alpha op(A) op(B) + beta C: A [M, K] (ta 0) or
  * [K, M] (ta 1) with row stride lda, B [K, N] or [N, K]; cuBLAS is
  * column-major, so it computes C^T = op(B)^T op(A)^T. */
-static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
-		float alpha, const void *A, uint32_t lda, const void *B, uint32_t ldb,
-		float beta, float *C, uint32_t ldc, cudaDataType_t ty,
-		cublasComputeType_t ct, struct ms_err *err)
+static void lt_drop(struct ltent *e)
+{
+	if (e->op)
+		blas.lt_desc_destroy(e->op);
+	if (e->la)
+		blas.lt_layout_destroy(e->la);
+	if (e->lb)
+		blas.lt_layout_destroy(e->lb);
+	if (e->lc)
+		blas.lt_layout_destroy(e->lc);
+	memset(e, 0, sizeof *e);
+}
+
+/* the largest power of two up to 16 that divides p's address */
+static uint32_t align16(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	uint32_t b = 16;
+	while (b > 1 && a % b)
+		b /= 2;
+	return b;
+}
+
+/* The kept cuBLASLt plan of gemm()'s bf16 C [M, N] (float) = op(A) op(B)^T
+ * in its row-major terms (cuBLASLt's column-major A is our B and its B our
+ * A), made at the shape's first call: NULL (and *rc MS_OK) where it is to
+ * take cublasGemmEx (no algorithm, or the table full). */
+static struct ltent *lt_get(struct ms_gmodel *g, cublasLtHandle_t lt, int ta, int tb, uint32_t M,
+			    uint32_t N, uint32_t K, const void *A, uint32_t lda, const void *B,
+			    uint32_t ldb, const float *C, uint32_t ldc, cublasComputeType_t ct,
+			    int *rc, struct ms_err *err)
+{
+	struct ltkey k;
+	uint64_t h = 1469598103934665603ull;
+	memset(&k, 0, sizeof k);
+	k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
+	k.ta = ta, k.tb = tb, k.ct = (int)ct;
+	k.al[0] = align16(B), k.al[1] = align16(A), k.al[2] = align16(C);
+	for (size_t i = 0; i < sizeof k; i++)
+		h = (h ^ ((const unsigned char *)&k)[i]) * 1099511628211ull;
+	*rc = MS_OK;
+	for (uint32_t p = 0; p < LT_SLOTS; p++) {
+		struct ltent *e = &g->ltc[(h + p) % LT_SLOTS];
+		if (e->state && memcmp(&e->k, &k, sizeof k))
+			continue;
+		if (e->state)
+			return e->state > 0 ? e : NULL;
+		/* a new shape */
+		cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+		cublasOperation_t ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+		cublasLtMatmulPreference_t pref = NULL;
+		cublasLtMatmulHeuristicResult_t res;
+		uint64_t ws = MS_GMODEL_LANE_WS;
+		int nres = 0;
+		e->k = k;
+		e->state = -1;
+		if (blas.lt_desc_create(&e->op, ct, CUDA_R_32F) ||
+		    blas.lt_desc_set(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa) ||
+		    blas.lt_desc_set(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob) ||
+		    blas.lt_layout_create(&e->la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb) ||
+		    blas.lt_layout_create(&e->lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda) ||
+		    blas.lt_layout_create(&e->lc, CUDA_R_32F, N, M, ldc) ||
+		    blas.lt_pref_create(&pref) ||
+		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
+		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k.al[0],
+				     sizeof k.al[0]) ||
+		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k.al[1],
+				     sizeof k.al[1]) ||
+		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k.al[2],
+				     sizeof k.al[2]) ||
+		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.al[2],
+				     sizeof k.al[2])) {
+			if (pref)
+				blas.lt_pref_destroy(pref);
+			lt_drop(e);
+			*rc = ms_err_set(err, MS_EIO, "cuBLASLt: describing a %ux%ux%u GEMM failed",
+					 M, N, K);
+			return NULL;
+		}
+		if (blas.lt_heuristic(lt, e->op, e->la, e->lb, e->lc, e->lc, pref, 1, &res,
+				      &nres) == CUBLAS_STATUS_SUCCESS &&
+		    nres > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+			e->algo = res.algo;
+			e->state = 1;
+		}
+		blas.lt_pref_destroy(pref);
+		return e->state > 0 ? e : NULL;
+	}
+	return NULL;
+}
+
+/* the main stream's GEMM context */
+static struct gctx main_ctx(const struct ms_gmodel *g)
+{
+	struct gctx c = {g->st, g->blas, NULL, NULL};
+	if (g->nlane) {
+		c.lt = g->lane[0].lt;
+		c.ws = g->lane[0].ws;
+	}
+	return c;
+}
+
+static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, uint32_t M,
+		   uint32_t N, uint32_t K, float alpha, const void *A, uint32_t lda, const void *B,
+		   uint32_t ldb, float beta, float *C, uint32_t ldc, cudaDataType_t ty,
+		   cublasComputeType_t ct, struct ms_err *err)
 {
 	int rc = MS_OK;
 	if (!M || !N)
@@ -1388,14 +1663,36 @@ static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uin
 	if (!K) {
 		if (beta == 0)
 			for (uint32_t i = 0; i < M; i++)
-				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), g->st));
+				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), c->st));
 		return MS_OK;
 	}
-	CB(blas.gemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+	if (c->lt && ty == CUDA_R_16BF) {
+		struct ltent *e = lt_get(g, c->lt, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, ct, &rc,
+					 err);
+		if (rc)
+			return rc;
+		if (e && blas.lt_matmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc,
+					C, e->lc, &e->algo, c->ws, MS_GMODEL_LANE_WS,
+					c->st) == CUBLAS_STATUS_SUCCESS)
+			return MS_OK;
+		/* refused: this shape takes cublasGemmEx from now on */
+		if (e)
+			e->state = -1;
+	}
+	CB(blas.gemm(c->bl, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
 			CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
 out:
 	return rc;
+}
+
+static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uint32_t K,
+		float alpha, const void *A, uint32_t lda, const void *B, uint32_t ldb,
+		float beta, float *C, uint32_t ldc, cudaDataType_t ty,
+		cublasComputeType_t ct, struct ms_err *err)
+{
+	struct gctx c = main_ctx(g);
+	return gemm_on(g, &c, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ty, ct, err);
 }
 
 /* x (float, n elements) as a GEMM operand: itself in float32 mode, else cast
@@ -1427,16 +1724,16 @@ static const void *lin_w(struct ms_gmodel *g, const struct dlin *l, int bwd)
 /* Y [n, out] = X [n, in] W^T (+ b); X already a GEMM operand. Folded
  * (fr): X [n, in + fr] = [X | U], W [out, in + fr] = [W | s B]: the LoRA's
  * s U B^T is the GEMM's last fr steps of K. */
-static int lin_fwd(struct ms_gmodel *g, const struct dlin *l, const void *X, uint64_t n,
-		   float *Y, float beta, struct ms_err *err)
+static int lin_fwd_on(struct ms_gmodel *g, const struct gctx *c, const struct dlin *l,
+		      const void *X, uint64_t n, float *Y, float beta, struct ms_err *err)
 {
 	int rc;
 	uint32_t k = l->in + l->fr;
-	if ((rc = gemm(g, 0, 1, (uint32_t)n, l->out, k, 1.0f, X, k, lin_w(g, l, 0), k, beta, Y,
-		       l->out, g->gt, g->ct_base, err)))
+	if ((rc = gemm_on(g, c, 0, 1, (uint32_t)n, l->out, k, 1.0f, X, k, lin_w(g, l, 0), k, beta,
+			  Y, l->out, g->gt, g->ct_base, err)))
 		return rc;
 	if (l->bias) {
-		k_bias<<<nblk(n * l->out), NTH, 0, g->st>>>(Y, l->bias, n, l->out);
+		k_bias<<<nblk(n * l->out), NTH, 0, c->st>>>(Y, l->bias, n, l->out);
 		CK(cudaGetLastError());
 	}
 	return MS_OK;
@@ -1444,15 +1741,29 @@ out:
 	return rc;
 }
 
+static int lin_fwd(struct ms_gmodel *g, const struct dlin *l, const void *X, uint64_t n,
+		   float *Y, float beta, struct ms_err *err)
+{
+	struct gctx c = main_ctx(g);
+	return lin_fwd_on(g, &c, l, X, n, Y, beta, err);
+}
+
 /* dX [n, in] (+)= dY [n, out] W, reading W^T [in, out]. Folded (fr):
  * [dY | dU] [n, out + fr] and W^T [in, out + fr] = [W^T | A^T]: dX gets the
  * LoRA's dU A in the same GEMM. */
+static int lin_dgrad_on(struct ms_gmodel *g, const struct gctx *c, const struct dlin *l,
+			const void *dY, uint64_t n, float *dX, float beta, struct ms_err *err)
+{
+	uint32_t k = l->out + l->fr;
+	return gemm_on(g, c, 0, 1, (uint32_t)n, l->in, k, 1.0f, dY, k, lin_w(g, l, 1), k, beta,
+		       dX, l->in, g->gt, g->ct_base, err);
+}
+
 static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, uint64_t n,
 		     float *dX, float beta, struct ms_err *err)
 {
-	uint32_t k = l->out + l->fr;
-	return gemm(g, 0, 1, (uint32_t)n, l->in, k, 1.0f, dY, k, lin_w(g, l, 1), k, beta, dX,
-		    l->in, g->gt, g->ct_base, err);
+	struct gctx c = main_ctx(g);
+	return lin_dgrad_on(g, &c, l, dY, n, dX, beta, err);
 }
 
 /*
@@ -1472,6 +1783,114 @@ static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, 
 static uint32_t bucket(uint32_t n)
 {
 	return (n + BUCKET - 1) / BUCKET * BUCKET;
+}
+
+/*
+ * The per-expert path's frozen GEMMs of one product on several streams.
+ * One expert's GEMM is too small to fill the H200: at the bench shapes
+ * (about 1024 rows, N 1536 or 2048) cuBLAS's tiles cover about half of
+ * its 132 SMs, and one after another the experts' GEMMs ran at about a
+ * quarter of the bf16 matrix rate. The experts are cut into nlane runs
+ * of consecutive experts with about equal rows, one run a stream, each
+ * with its own cuBLAS handles and workspace (two streams sharing a
+ * workspace would race in it). Measured on the H200 (bench model, with
+ * cublasGemmEx): 188.7 ms a step on one stream, 183.3 on two, 182.8 on
+ * four. Less than hoped: what is left is mostly the host's time a call
+ * (ltent), which a thread a lane launching did not shorten (a pool of
+ * them measured no faster and is not kept). What bucket() relies on, an
+ * expert's rows written
+ * after the previous expert's overreach, holds inside a run; an expert
+ * whose bucketed rows would reach into the next run's instead takes its
+ * rows as a bucketed part and an exact rest, two GEMMs that write only
+ * its own rows. Each expert's rows are written by exactly the GEMMs of
+ * its run in the same order whatever the streams' timing: the result does
+ * not depend on it.
+ */
+static int lanes_init(struct ms_gmodel *g, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!(g->ltc = (struct ltent *)calloc(LT_SLOTS, sizeof *g->ltc)) ||
+	    !(g->plan = (struct lplan *)calloc(g->E, sizeof *g->plan)))
+		return ms_err_nomem(err);
+	for (uint32_t i = 0; i <= MS_GMODEL_LANES; i++)
+		CK(cudaEventCreateWithFlags(&g->lev[i], cudaEventDisableTiming));
+	for (uint32_t i = 0; i < MS_GMODEL_LANES; i++) {
+		struct gctx *c = &g->lane[i];
+		CK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+		if (blas.create(&c->bl) != CUBLAS_STATUS_SUCCESS) {
+			c->bl = NULL;
+			rc = ms_err_set(err, MS_EIO, "cuBLAS: cublasCreate failed");
+			goto out;
+		}
+		if (blas.lt_create(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+			c->lt = NULL;
+			rc = ms_err_set(err, MS_EIO, "cuBLAS: cublasLtCreate failed");
+			goto out;
+		}
+		DM(c->ws, MS_GMODEL_LANE_WS, MC_SCRATCH);
+		CB(blas.set_stream(c->bl, c->st));
+		CB(blas.set_workspace(c->bl, c->ws, MS_GMODEL_LANE_WS));
+	}
+	g->nlane = MS_GMODEL_LANES;
+out:
+	return rc;
+}
+
+/* Product ls [e] of every expert with rows (cnt [E], in expert order) on
+ * the lanes: forward (bwd 0) Y = X W_e^T, backward dX = dY W_e (lin_fwd,
+ * lin_dgrad) over rows of ldx and ldy elements; X already a GEMM operand */
+static int expert_gemms(struct ms_gmodel *g, const struct dlin *ls, int bwd, const uint32_t *cnt,
+			const void *X, uint64_t ldx, float *Y, uint64_t ldy, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t tot = 0, off = 0;
+	uint32_t lane = 0, nl = g->nlane, n = 0;
+	for (uint32_t e = 0; e < g->E; e++)
+		tot += cnt[e];
+	for (uint32_t e = 0; e < g->E; e++) {
+		uint32_t c = cnt[e];
+		if (!c)
+			continue;
+		/* a run ends where its share of the rows does */
+		while (lane + 1 < nl && off >= tot * (lane + 1) / nl)
+			lane++;
+		uint64_t end = lane + 1 < nl ? tot * (lane + 1) / nl : UINT64_MAX;
+		if (end < off + c)
+			end = off + c;
+		struct lplan *p = &g->plan[n++];
+		p->e = e;
+		p->lane = lane;
+		p->off = off;
+		p->part[0] = bucket(c);
+		p->part[1] = 0;
+		if (lane + 1 < nl && off + bucket(c) > end) {
+			p->part[0] = c / BUCKET * BUCKET;
+			p->part[1] = c - p->part[0];
+		}
+		off += c;
+	}
+	CK(cudaEventRecord(g->lev[0], g->st));
+	for (uint32_t i = 0; i < nl; i++)
+		CK(cudaStreamWaitEvent(g->lane[i].st, g->lev[0], 0));
+	for (uint32_t q = 0; q < n; q++) {
+		const struct lplan *p = &g->plan[q];
+		const struct gctx *c = &g->lane[p->lane];
+		for (uint32_t k = 0, r0 = 0; k < 2; r0 += p->part[k], k++) {
+			if (!p->part[k])
+				continue;
+			const void *x = (const char *)X + (p->off + r0) * ldx * g->esz;
+			float *y = Y + (p->off + r0) * ldy;
+			if ((rc = bwd ? lin_dgrad_on(g, c, &ls[p->e], x, p->part[k], y, 0, err)
+				      : lin_fwd_on(g, c, &ls[p->e], x, p->part[k], y, 0, err)))
+				return rc;
+		}
+	}
+	for (uint32_t i = 0; i < nl; i++) {
+		CK(cudaEventRecord(g->lev[1 + i], g->lane[i].st));
+		CK(cudaStreamWaitEvent(g->st, g->lev[1 + i], 0));
+	}
+out:
+	return rc;
 }
 
 /* the columns a folded LoRA of rank r adds to its GEMMs' K: r padded with
@@ -2320,6 +2739,9 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	if (g->folded)
 		DM(g->fab, (uint64_t)g->E * fold_width(g->r) * (g->H > 2 * g->F ? g->H : 2 * g->F) * 2,
 		   MC_SCRATCH);
+	for (uint32_t l = 0; l < g->L && !g->f32 && !g->grouped && g->E && !g->nlane; l++)
+		if (g->ly[l].moe && (rc = lanes_init(g, err)))
+			goto out;
 	for (uint32_t l = 0; l < g->L; l++) {
 		if ((rc = build_descs(g, m, &g->ly[l], err)))
 			goto out;
@@ -2541,7 +2963,7 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->dxs, (TK + BUCKET) * H * 4, MC_SCRATCH);
 		DM(g->dz, T * g->E * 4, MC_SCRATCH);
 		DM(g->dw, TK * 4, MC_SCRATCH);
-		DM(g->dsum, (g->E + 1) * 8, MC_SCRATCH);
+		DM(g->dsum, (g->E + 1) * 8 + (uint64_t)g->E * sort_chunks(TK) * 4, MC_SCRATCH);
 	}
 	DM(g->dact, rows * u64max(F, Fs) * 4, MC_SCRATCH);
 	DM(g->dgu, rows * 2 * u64max(F, Fs) * 4, MC_SCRATCH);
@@ -2929,22 +3351,55 @@ out:
 	return rc;
 }
 
+/* the sort's chunk counts: after dsum's E + 1 doubles (E sort_chunks
+ * words) */
+static uint32_t *sort_hist(struct ms_gmodel *g)
+{
+	return (uint32_t *)((char *)g->dsum + (g->E + 1) * 8);
+}
+
+/* the layer's rows per expert to cnt [E] (device), the chunks' places kept */
+static int sort_counts(struct ms_gmodel *g, struct dacts *a, uint32_t *cnt, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t TK = g->T * g->K, nc = sort_chunks(TK);
+	k_hist<<<nc, SCH, g->E * 4, g->st>>>(a->sel, TK, g->E, nc, sort_hist(g));
+	LK();
+	k_hscan<<<g->E, NTH, 0, g->st>>>(sort_hist(g), nc, cnt);
+	LK();
+out:
+	return rc;
+}
+
+/* the stable placement from the experts' offsets off [E] (device) */
+static int sort_place(struct ms_gmodel *g, struct dacts *a, const uint32_t *off,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t TK = g->T * g->K, nc = sort_chunks(TK);
+	k_scatter<<<nc, SCH, SCH / 32 * g->E * 4, g->st>>>(a->sel, TK, g->E, nc, sort_hist(g), off,
+							   a->perm, a->pos);
+	LK();
+out:
+	return rc;
+}
+
 /* rows per expert to the host, offsets back, then the stable sort */
 static int moe_sort(struct ms_gmodel *g, struct dacts *a, struct ms_err *err)
 {
 	int rc = MS_OK;
-	uint32_t TK = g->T * g->K, off[MAXE + 1];
+	uint32_t off[MAXE + 1];
 	uint32_t *dc = (uint32_t *)g->dsum;
-	k_count<<<g->E, NTH, 0, g->st>>>(a->sel, TK, dc);
-	LK();
+	if ((rc = sort_counts(g, a, dc, err)))
+		return rc;
 	CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost, g->st));
 	CK(cudaStreamSynchronize(g->st));
 	off[0] = 0;
 	for (uint32_t e = 0; e < g->E; e++)
 		off[e + 1] = off[e] + a->cnt[e];
 	CK(cudaMemcpyAsync(dc, off, (g->E + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice, g->st));
-	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, dc, a->perm, a->pos);
-	LK();
+	if ((rc = sort_place(g, a, dc, err)))
+		return rc;
 	/* the upload reads off before this function's frame is gone */
 	CK(cudaStreamSynchronize(g->st));
 out:
@@ -2975,10 +3430,9 @@ static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, uint32_t *off,
 			 struct ms_err *err)
 {
 	int rc = MS_OK;
-	uint32_t TK = g->T * g->K;
 	uint32_t *dc = (uint32_t *)g->dsum;
-	k_count<<<g->E, NTH, 0, g->st>>>(a->sel, TK, dc);
-	LK();
+	if ((rc = sort_counts(g, a, dc, err)))
+		return rc;
 	if (host_counts(g)) {
 		CK(cudaMemcpyAsync(a->cnt, dc, g->E * sizeof(uint32_t), cudaMemcpyDeviceToHost,
 				   g->st));
@@ -2987,8 +3441,8 @@ static int moe_route_dev(struct ms_gmodel *g, struct dacts *a, uint32_t *off,
 	}
 	if ((rc = ms_ggemm_index(dc, g->E, off, off + g->E + 1, g->st, err)))
 		return rc;
-	k_perm<<<g->E, 1024, 0, g->st>>>(a->sel, TK, off, a->perm, a->pos);
-	LK();
+	if ((rc = sort_place(g, a, off, err)))
+		return rc;
 out:
 	return rc;
 }
@@ -3231,6 +3685,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	    (rc = lin_fwd(g, &d->k, X, T, a->k0, 0, err)) ||
 	    (rc = lin_fwd(g, &d->v, X, T, a->v, 0, err)))
 		return rc;
+	ph(g, PH_ATT_LORA);
 	{
 		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
 		float *us[3] = {a->uq, a->uk, a->uv}, *ys[3] = {a->q0, a->k0, a->v};
@@ -3270,9 +3725,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)) ||
 	    (rc = lin_fwd(g, &d->o, X, T, g->y, 0, err)))
 		return rc;
+	ph(g, PH_ATT_LORA);
 	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
 		      (rc = lora_fwd(g, d->lo, 0, xl, T, a->uo, g->y, err))))
 		return rc;
+	ph(g, PH_ATT_PROJ);
 	k_add<<<nblk(T * H), NTH, 0, g->st>>>(a->x2, a->x, g->y, T * H);
 	LK();
 	ph(g, PH_NORM);
@@ -3296,8 +3753,9 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
 			return rc;
 		}
-		k_route<<<nblk(T, 64), 64, 0, g->st>>>(rc_, g->dz, d->ecb, a->probs, a->sel,
-						       a->wts, (uint32_t)T);
+		ph(g, PH_TOPK);
+		k_route<<<(unsigned)((T + RW - 1) / RW), 32 * RW, RW * g->E * 16, g->st>>>(
+			rc_, g->dz, d->ecb, a->probs, a->sel, a->wts, (uint32_t)T);
 		LK();
 		/* the float32 test mode keeps the host's running sum */
 		if ((rc = g->f32 ? moe_sort(g, a, err)
@@ -3327,7 +3785,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			return rc;
 		if (!g->grouped && (rc = egemm_counts(g, err)))
 			return rc;
-		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
+		if (!g->grouped && !g->f32 &&
+		    (rc = expert_gemms(g, d->egu, 0, a->cnt, X, ldx, a->gu, 2 * F, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_fwd(g, &d->egu[e], OFF(X, (uint64_t)off * ldx), bucket(n),
 						a->gu + (uint64_t)off * 2 * F, 0, err)) ||
@@ -3360,8 +3821,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		}
 		if (g->grouped && (rc = egemm(g, d, a, 1, X, g->H, g->F, a->ye, err)))
 			return rc;
+		if (!g->grouped && !g->f32 &&
+		    (rc = expert_gemms(g, d->edn, 0, a->cnt, X, lda, a->ye, H, err)))
+			return rc;
 		off = 0;
-		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
+		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_fwd(g, &d->edn[e], OFF(X, (uint64_t)off * lda), bucket(n),
 						a->ye + (uint64_t)off * H, 0, err)) ||
@@ -3460,7 +3924,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 		if (g->grouped && (rc = egemm(g, d, a, 3, X, g->F, g->H, g->dact, err)))
 			return rc;
-		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
+		if (!g->grouped && !g->f32 &&
+		    (rc = expert_gemms(g, d->edn, 1, a->cnt, X, ldy, g->dact, F, err)))
+			return rc;
+		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->edn[e], OFF(X, (uint64_t)off * ldy), bucket(n),
 						  g->dact + (uint64_t)off * F, 0, err)) ||
@@ -3500,8 +3967,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
 			return rc;
+		if (!g->grouped && !g->f32 &&
+		    (rc = expert_gemms(g, d->egu, 1, a->cnt, X, ldg, g->dxs, H, err)))
+			return rc;
 		off = 0;
-		for (uint32_t e = 0; e < g->E && !g->grouped; e++) {
+		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
 			if (n && ((rc = lin_dgrad(g, &d->egu[e], OFF(X, (uint64_t)off * ldg), bucket(n),
 						  g->dxs + (uint64_t)off * H, 0, err)) ||
@@ -3555,6 +4025,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	if ((rc = opnd(g, g->dx2, T * H, g->cA, &X, err)) ||
 	    (rc = lin_dgrad(g, &d->o, X, T, g->dctx, 0, err)))
 		return rc;
+	ph(g, PH_B_ATT_LORA);
 	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
 		      (rc = lora_bwd(g, d->lo, 0, xl, a->uo, g->dx2, T, g->dctx, NULL, err))))
 		return rc;
@@ -3596,6 +4067,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	    (rc = opnd(g, g->dvv, T * g->dkv, g->cA, &X, err)) ||
 	    (rc = lin_dgrad(g, &d->v, X, T, g->dh1, 1.0f, err)))
 		return rc;
+	ph(g, PH_B_ATT_LORA);
 	{
 		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
 		float *us[3] = {a->uq, a->uk, a->uv}, *dys[3] = {g->dq0, g->dk0, g->dvv};
@@ -4114,6 +4586,23 @@ static void gfree(struct ms_gmodel *g)
 		cudaEventDestroy(g->st0);
 	if (g->st1)
 		cudaEventDestroy(g->st1);
+	for (uint32_t i = 0; g->ltc && i < LT_SLOTS; i++)
+		lt_drop(&g->ltc[i]);
+	free(g->ltc);
+	free(g->plan);
+	for (uint32_t i = 0; i < MS_GMODEL_LANES; i++) {
+		struct gctx *c = &g->lane[i];
+		if (c->lt)
+			blas.lt_destroy(c->lt);
+		if (c->bl)
+			blas.destroy(c->bl);
+		if (c->st)
+			cudaStreamDestroy(c->st);
+		dfree(g, c->ws, MC_SCRATCH);
+	}
+	for (uint32_t i = 0; i <= MS_GMODEL_LANES; i++)
+		if (g->lev[i])
+			cudaEventDestroy(g->lev[i]);
 	if (g->blas)
 		blas.destroy(g->blas);
 	if (g->st)

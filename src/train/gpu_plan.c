@@ -152,6 +152,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	/* grouped expert GEMMs (bf16 only): four arrays of E weight pointers
 	 * a MoE layer, or of E NVFP4 descriptors when fused (gg_pointers),
 	 * and a layer's row and tile offsets (acts) */
+	/* the per-expert bf16 path's expert GEMM streams' cuBLAS workspaces */
+	if (!f32 && !grouped && nmoe && E)
+		out->scratch += (uint64_t)MS_GMODEL_LANES * MS_GMODEL_LANE_WS;
 	if (eg == MS_EXPERT_GEMM_GROUPED)
 		out->scratch += nmoe * 4 * E * sizeof(void *);
 	else if (eg == MS_EXPERT_GEMM_FUSED)
@@ -194,6 +197,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		out->scratch += rows * wide * 4 + rows * u64max(F, Fs) * 4;
 	if (TK)
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
+				E * ((TK + 255) / 256) * 4 + /* the sort's chunk counts */
 				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4;
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
 	if (flash)

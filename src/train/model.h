@@ -319,6 +319,11 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 /* the size of an expert's NVFP4 descriptor for the fused expert GEMMs
  * (struct ms_ggemm_nvfp4, kernels/ggemm.h; train.cu asserts it) */
 #define MS_GMODEL_Q4_DESC 72u
+/* the per-expert bf16 path's frozen expert GEMMs run on this many streams,
+ * each with its own cuBLAS handle and a workspace of MS_GMODEL_LANE_WS
+ * bytes (train.cu's expert_gemms) */
+#define MS_GMODEL_LANES 4u
+#define MS_GMODEL_LANE_WS (32u << 20)
 
 int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
 		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,

@@ -32,7 +32,8 @@
 # PyTorch runs) is not done again, so a run cut short continues, and the
 # parts can run in separate calls: MS_BENCH_PARTS (default "ours torch")
 # names those to run this time ("" prepares only); the table is written
-# from everything the directory holds.
+# from everything the directory holds. MS_BENCH_MODES: which of our runs
+# (resident on-demand grouped fused; default all this mstrain has).
 # Exit 0; 1 when a run failed (its row left out); 2 on bad usage; 3 when
 # something needed is missing.
 set -u
@@ -167,6 +168,17 @@ if [ -n "$MODES" ] && [ "$DEV" = cuda ] &&
 	"$BUILD/mstrain" train --help 2>&1 | grep -q -e '--expert-gemm'; then
 	MODES="$MODES grouped"
 	"$BUILD/mstrain" train --help 2>&1 | grep -q -e 'grouped|fused' && MODES="$MODES fused"
+fi
+# MS_BENCH_MODES: only these of them (a quicker look at one change)
+if [ -n "${MS_BENCH_MODES:-}" ] && [ -n "$MODES" ]; then
+	sel=
+	for c in $MS_BENCH_MODES; do
+		case " $MODES " in
+		*" $c "*) sel="$sel $c";;
+		*) echo "bench-train-gpu: MS_BENCH_MODES: '$c' is none of:$MODES" >&2; exit 2;;
+		esac
+	done
+	MODES=$sel
 fi
 for c in $MODES; do
 	if [ -f "done-$c" ]; then
