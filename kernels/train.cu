@@ -2543,6 +2543,46 @@ out:
 	return rc;
 }
 
+/* The expert sort alone (t_train_gpu's check of its stability): n
+ * selections sel [n] (host) of E experts to perm [n], pos [n] and cnt [E]
+ * (host) as the routing computes them. */
+int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *perm, int32_t *pos,
+			 uint32_t *cnt, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t nc = sort_chunks(n);
+	int32_t *ds = NULL, *dp = NULL, *dq = NULL;
+	uint32_t *dh = NULL, *dc = NULL, *doff = NULL;
+	if (!n || !E || E > MAXE)
+		return ms_err_set(err, MS_EINVAL, "sort check: %u selections of %u experts", n, E);
+	CK(cudaMalloc(&ds, (size_t)n * 4));
+	CK(cudaMalloc(&dp, (size_t)n * 4));
+	CK(cudaMalloc(&dq, (size_t)n * 4));
+	CK(cudaMalloc(&dh, (size_t)E * nc * 4));
+	CK(cudaMalloc(&dc, (size_t)E * 4));
+	CK(cudaMalloc(&doff, 2 * ((size_t)E + 1) * 4));
+	CK(cudaMemcpy(ds, sel, (size_t)n * 4, cudaMemcpyHostToDevice));
+	k_hist<<<nc, SCH, E * 4>>>(ds, n, E, nc, dh);
+	LK();
+	k_hscan<<<E, NTH>>>(dh, nc, dc);
+	LK();
+	if ((rc = ms_ggemm_index(dc, E, doff, doff + E + 1, 0, err)))
+		goto out;
+	k_scatter<<<nc, SCH, SCH / 32 * E * 4>>>(ds, n, E, nc, dh, doff, dp, dq);
+	LK();
+	CK(cudaMemcpy(perm, dp, (size_t)n * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(pos, dq, (size_t)n * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(cnt, dc, (size_t)E * 4, cudaMemcpyDeviceToHost));
+out:
+	cudaFree(ds);
+	cudaFree(dp);
+	cudaFree(dq);
+	cudaFree(dh);
+	cudaFree(dc);
+	cudaFree(doff);
+	return rc;
+}
+
 int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;

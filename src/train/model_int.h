@@ -157,6 +157,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err);
 /* Open cuBLAS and find every function the GPU model calls (no GPU needed:
  * the library and its symbols only). MS_ENODEV saying what is missing. */
 int ms_gmodel_blas_load(struct ms_err *err);
+/* the GPU routing's expert sort alone (train.cu; t_train_gpu): perm, pos,
+ * cnt as a layer's routing computes them from sel [n] */
+int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *perm, int32_t *pos,
+			 uint32_t *cnt, struct ms_err *err);
 void ms_gmodel_free(struct ms_gmodel *g);
 int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_mask,
 		   uint32_t batch, uint32_t seq, double grad_scale, uint64_t step,

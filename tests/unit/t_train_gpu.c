@@ -13,6 +13,7 @@
 
 #include "test_gpu.h"
 #include "train/model.h"
+#include "train/model_int.h"
 #include "train/optim.h"
 #include "train/rl.h"
 
@@ -339,6 +340,57 @@ static int fused_vs_grouped(const char *name)
 
 static int test_fused_vs_grouped_qwen3moe(void) { return fused_vs_grouped("qwen3moe"); }
 static int test_fused_vs_grouped_glm4moe(void) { return fused_vs_grouped("glm4moe"); }
+
+/* the routing's expert sort (k_hist, k_hscan, k_scatter) against a serial
+ * stable counting sort: every expert's rows in increasing selection index,
+ * pos its inverse, the counts; sizes under, at and across the 256-entry
+ * chunks, one expert taking everything, skewed and uniform picks, the
+ * largest expert count */
+static int test_expert_sort(void)
+{
+	static const uint32_t cs[][3] = {{1, 1, 0},    {255, 3, 1},    {256, 64, 1},
+					 {1000, 8, 2}, {3000, 16, 3},  {65613, 64, 1},
+					 {5000, 512, 1}, {70000, 128, 2}};
+	for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+		uint32_t n = cs[c][0], E = cs[c][1], kind = cs[c][2];
+		int32_t *sel = malloc(n * 4), *perm = malloc(n * 4), *pos = malloc(n * 4);
+		int32_t *want = malloc(n * 4);
+		uint32_t *cnt = malloc(E * 4), *wc = calloc(E + 1, 4);
+		struct ms_err err = {0};
+		uint64_t x = 0x9e3779b97f4a7c15ull + c;
+		T_ASSERT(sel && perm && pos && want && cnt && wc);
+		for (uint32_t i = 0; i < n; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			uint32_t r = (uint32_t)(x >> 33);
+			/* 0 uniform, 1 uniform, 2 skewed to the low experts, 3 one expert */
+			sel[i] = (int32_t)(kind == 3 ? E / 2
+					   : kind == 2 ? (r % E) * (r % E) / E
+						       : r % E);
+		}
+		for (uint32_t i = 0; i < n; i++)
+			wc[sel[i] + 1]++;
+		for (uint32_t e = 0; e < E; e++)
+			wc[e + 1] += wc[e];
+		for (uint32_t i = 0; i < n; i++)
+			want[wc[sel[i]]++] = (int32_t)i;
+		T_ASSERT_MSG(ms_gmodel_sort_check(sel, n, E, perm, pos, cnt, &err) == MS_OK, "%s",
+			     err.msg);
+		/* wc [e] now ends expert e's block: its count is the difference */
+		for (uint32_t e = 0; e < E; e++)
+			T_ASSERT_EQ_INT(cnt[e], wc[e] - (e ? wc[e - 1] : 0));
+		for (uint32_t q = 0; q < n; q++) {
+			T_ASSERT_EQ_INT(perm[q], want[q]);
+			T_ASSERT_EQ_INT(pos[perm[q]], q);
+		}
+		free(sel);
+		free(perm);
+		free(pos);
+		free(want);
+		free(cnt);
+		free(wc);
+	}
+	return 0;
+}
 
 /* what fused cannot do is refused at the build, in one message: sizes
  * that are not multiples of 32, columnwise on demand */
@@ -970,6 +1022,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_fused_vs_grouped_qwen3moe),
 	T_CASE(test_fused_vs_grouped_glm4moe),
 	T_CASE(test_fused_refuses),
+	T_CASE(test_expert_sort),
 	T_CASE(test_predict_qwen3moe),
 	T_CASE(test_predict_mixtral),
 	T_CASE(test_predict_glm4moe),
