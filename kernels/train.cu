@@ -314,9 +314,10 @@ struct dreg {
 };
 
 /*
- * A bf16 GEMM's shape, its operands' alignment, and what cuBLASLt chose for
- * it (lt_get). cublasGemmEx looks its kernel up again at every call: with a
- * GEMM per expert the host's time set the pace of the expert phases
+ * A GEMM's shape (bf16, or float32 on TF32), its operands' alignment, and
+ * what cuBLASLt chose for it (lt_get). cublasGemmEx looks its kernel up
+ * again at every call: with a GEMM per expert the host's time set the pace
+ * of the expert phases
  * (measured on the H200 at the bench shapes: the forward's 54 ms of host
  * time a step against 51 of GPU, some 25 us a call). Kept descriptors and
  * algorithm brought that to 32 ms (the step 182.8 -> 179.9 ms); the rest is
@@ -324,7 +325,7 @@ struct dreg {
  */
 struct ltkey {
 	uint32_t M, N, K, lda, ldb, ldc;
-	int ta, tb, ct;
+	int ta, tb, ct, ty;          /* ty: the operands' type */
 	uint32_t al[3];              /* A's, B's, C's alignment, up to 16 */
 };
 
@@ -1573,20 +1574,20 @@ static uint32_t align16(const void *p)
 	return b;
 }
 
-/* The kept cuBLASLt plan of gemm()'s bf16 C [M, N] (float) = op(A) op(B)^T
+/* The kept cuBLASLt plan of gemm()'s C [M, N] (float) = op(A) op(B)^T
  * in its row-major terms (cuBLASLt's column-major A is our B and its B our
  * A), made at the shape's first call: NULL (and *rc MS_OK) where it is to
  * take cublasGemmEx (no algorithm, or the table full). */
 static struct ltent *lt_get(struct ms_gmodel *g, cublasLtHandle_t lt, int ta, int tb, uint32_t M,
 			    uint32_t N, uint32_t K, const void *A, uint32_t lda, const void *B,
-			    uint32_t ldb, const float *C, uint32_t ldc, cublasComputeType_t ct,
-			    int *rc, struct ms_err *err)
+			    uint32_t ldb, const float *C, uint32_t ldc, cudaDataType_t ty,
+			    cublasComputeType_t ct, int *rc, struct ms_err *err)
 {
 	struct ltkey k;
 	uint64_t h = 1469598103934665603ull;
 	memset(&k, 0, sizeof k);
 	k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
-	k.ta = ta, k.tb = tb, k.ct = (int)ct;
+	k.ta = ta, k.tb = tb, k.ct = (int)ct, k.ty = (int)ty;
 	k.al[0] = align16(B), k.al[1] = align16(A), k.al[2] = align16(C);
 	for (size_t i = 0; i < sizeof k; i++)
 		h = (h ^ ((const unsigned char *)&k)[i]) * 1099511628211ull;
@@ -1609,8 +1610,8 @@ static struct ltent *lt_get(struct ms_gmodel *g, cublasLtHandle_t lt, int ta, in
 		if (blas.lt_desc_create(&e->op, ct, CUDA_R_32F) ||
 		    blas.lt_desc_set(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa) ||
 		    blas.lt_desc_set(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob) ||
-		    blas.lt_layout_create(&e->la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb) ||
-		    blas.lt_layout_create(&e->lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda) ||
+		    blas.lt_layout_create(&e->la, ty, tb ? K : N, tb ? N : K, ldb) ||
+		    blas.lt_layout_create(&e->lb, ty, ta ? M : K, ta ? K : M, lda) ||
 		    blas.lt_layout_create(&e->lc, CUDA_R_32F, N, M, ldc) ||
 		    blas.lt_pref_create(&pref) ||
 		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
@@ -1666,9 +1667,12 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), c->st));
 		return MS_OK;
 	}
-	if (c->lt && ty == CUDA_R_16BF) {
-		struct ltent *e = lt_get(g, c->lt, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, ct, &rc,
-					 err);
+	/* kept plans for the bf16 GEMMs and the adapters' TF32 ones; the
+	 * router's exact float32 GEMMs keep cublasGemmEx's kernels */
+	if (c->lt && (ty == CUDA_R_16BF ||
+		      (ty == CUDA_R_32F && ct == CUBLAS_COMPUTE_32F_FAST_TF32))) {
+		struct ltent *e = lt_get(g, c->lt, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, ty, ct,
+					 &rc, err);
 		if (rc)
 			return rc;
 		if (e && blas.lt_matmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc,
