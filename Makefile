@@ -168,6 +168,28 @@ $(BUILD)/src/inventory.o: ALL_CFLAGS += -I$(BUILD)/src
 $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) | $(BUILD)/kernels pkgcheck
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
+# kernels/xgemm.cu: CUTLASS's Hopper grouped GEMM (the trainer's expert
+# products), its headers fetched once into .deps by tools/fetch_cutlass.sh
+# (PyPI's nvidia-cutlass, pinned); sm_90a for wgmma and TMA. Without the
+# headers it compiles to the stub that refuses, and the trainer keeps its
+# per-expert cuBLAS loop. No -Ikernels: kernels/mma.h would stand in for
+# CUDA's <mma.h>, which CUTLASS includes.
+CUTLASS_DIR = .deps/cutlass-4.2.0.0
+XGFLAGS ?= -O3 -std=c++17 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
+           --expt-relaxed-constexpr -Xcompiler -fPIC -Isrc
+$(BUILD)/cutlass.stamp: tools/fetch_cutlass.sh | $(BUILD)/kernels
+	@sh tools/fetch_cutlass.sh $(CUTLASS_DIR)
+	@touch $@
+$(BUILD)/kernels/xgemm.o: kernels/xgemm.cu $(wildcard kernels/*.h) $(wildcard src/*.h) \
+		$(BUILD)/cutlass.stamp | $(BUILD)/kernels pkgcheck
+	@if [ -f $(CUTLASS_DIR)/include/cutlass/cutlass.h ]; then \
+	  echo "$(NVCC) $(XGFLAGS) -DMS_HAVE_CUTLASS -I$(CUTLASS_DIR)/include -c -o $@ $<"; \
+	  $(NVCC) $(XGFLAGS) -DMS_HAVE_CUTLASS -I$(CUTLASS_DIR)/include -c -o $@ $<; \
+	else \
+	  echo "$(NVCC) $(NVFLAGS) -c -o $@ $<"; \
+	  $(NVCC) $(NVFLAGS) -c -o $@ $<; \
+	fi
+
 $(LIB): $(LIB_OBJ) $(KERN_OBJ)
 	rm -f $@
 	ar rcs $@ $^

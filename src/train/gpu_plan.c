@@ -154,7 +154,7 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	 * and a layer's row and tile offsets (acts) */
 	/* the per-expert bf16 path's expert GEMM streams' cuBLAS workspaces */
 	if (!f32 && !grouped && nmoe && E)
-		out->scratch += (uint64_t)MS_GMODEL_LANES * MS_GMODEL_LANE_WS;
+		out->scratch += (uint64_t)MS_GMODEL_LANES * MS_GMODEL_LANE_WS + MS_GMODEL_XGEMM_WS;
 	if (eg == MS_EXPERT_GEMM_GROUPED)
 		out->scratch += nmoe * 4 * E * sizeof(void *);
 	else if (eg == MS_EXPERT_GEMM_FUSED)

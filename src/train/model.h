@@ -324,6 +324,9 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
  * bytes (train.cu's expert_gemms) */
 #define MS_GMODEL_LANES 4u
 #define MS_GMODEL_LANE_WS (32u << 20)
+/* ... and the scratch of its grouped CUTLASS form (kernels/xgemm.h's
+ * MS_XGEMM_SCRATCH; allocated whether or not the build and device run it) */
+#define MS_GMODEL_XGEMM_WS (1u << 20)
 
 int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
 		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,

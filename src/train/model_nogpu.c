@@ -25,6 +25,13 @@ int ms_gmodel_blas_load(struct ms_err *err)
 	return nodev(err);
 }
 
+int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
+			  uint32_t N, uint32_t K, float *y, struct ms_err *err)
+{
+	(void)x, (void)w, (void)cnt, (void)E, (void)N, (void)K, (void)y;
+	return nodev(err);
+}
+
 int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *perm, int32_t *pos,
 			 uint32_t *cnt, struct ms_err *err)
 {

@@ -10,6 +10,7 @@
  * set, a missing GPU is a failure).
  */
 #include <math.h>
+#include <string.h>
 
 #include "test_gpu.h"
 #include "train/model.h"
@@ -340,6 +341,80 @@ static int fused_vs_grouped(const char *name)
 
 static int test_fused_vs_grouped_qwen3moe(void) { return fused_vs_grouped("qwen3moe"); }
 static int test_fused_vs_grouped_glm4moe(void) { return fused_vs_grouped("glm4moe"); }
+
+/* bf16 bits of x, rounded to nearest even */
+static uint16_t bf16_of(float x)
+{
+	uint32_t u;
+	memcpy(&u, &x, 4);
+	return (uint16_t)((u + 0x7fffu + (u >> 16 & 1)) >> 16);
+}
+
+static float f32_of(uint16_t b)
+{
+	uint32_t u = (uint32_t)b << 16;
+	float x;
+	memcpy(&x, &u, 4);
+	return x;
+}
+
+/* the grouped CUTLASS expert GEMM (kernels/xgemm.h, the bf16 per-expert
+ * path's expert products) against a double-precision product of the same
+ * bf16 values: empty groups, one row, rows across its 128-row tiles, N
+ * across its 256-column tiles; every row of every group written (the
+ * output starts as NaN bits) */
+static int test_xgemm(void)
+{
+	static const uint32_t cnt[] = {0, 1, 130, 77, 0, 256, 3};
+	static const uint32_t nk[][2] = {{64, 80}, {264, 48}, {1536, 2064}};
+	uint32_t E = sizeof cnt / sizeof *cnt, rows = 0;
+	for (uint32_t e = 0; e < E; e++)
+		rows += cnt[e];
+	for (size_t c = 0; c < sizeof nk / sizeof *nk; c++) {
+		uint32_t N = nk[c][0], K = nk[c][1];
+		uint16_t *x = malloc((size_t)rows * K * 2), *w = malloc((size_t)E * N * K * 2);
+		float *y = malloc((size_t)rows * N * 4);
+		struct ms_err err = {0};
+		uint64_t s = 7 + c;
+		double worst = 0;
+		T_ASSERT(x && w && y);
+		for (size_t i = 0; i < (size_t)rows * K; i++) {
+			s = s * 6364136223846793005ull + 1442695040888963407ull;
+			x[i] = bf16_of((float)((s >> 40) % 2001) / 1000.0f - 1.0f);
+		}
+		for (size_t i = 0; i < (size_t)E * N * K; i++) {
+			s = s * 6364136223846793005ull + 1442695040888963407ull;
+			w[i] = bf16_of((float)((s >> 40) % 2001) / 1000.0f - 1.0f);
+		}
+		int rc = ms_gmodel_xgemm_check(x, w, cnt, E, N, K, y, &err);
+		if (rc == MS_EINVAL) {
+			fprintf(stderr, "  grouped CUTLASS GEMM: NOT CHECKED (%s)\n", err.msg);
+			free(x), free(w), free(y);
+			return 0;
+		}
+		T_ASSERT_MSG(rc == MS_OK, "%s", err.msg);
+		for (uint32_t e = 0, r0 = 0; e < E; r0 += cnt[e], e++)
+			for (uint32_t i = r0; i < r0 + cnt[e]; i++)
+				for (uint32_t n = 0; n < N; n++) {
+					double ref = 0, mag = 0;
+					for (uint32_t k = 0; k < K; k++) {
+						double p = (double)f32_of(x[(size_t)i * K + k]) *
+							   f32_of(w[((size_t)e * N + n) * K + k]);
+						ref += p;
+						mag += fabs(p);
+					}
+					double d = fabs(y[(size_t)i * N + n] - ref) / (mag + 1e-30);
+					T_ASSERT_MSG(d < 1e-5, "group %u row %u col %u: %g against %g", e,
+						     i - r0, n, y[(size_t)i * N + n], ref);
+					if (d > worst)
+						worst = d;
+				}
+		fprintf(stderr, "  grouped CUTLASS GEMM N %u K %u: worst error / magnitude %.2e\n", N,
+			K, worst);
+		free(x), free(w), free(y);
+	}
+	return 0;
+}
 
 /* the routing's expert sort (k_hist, k_hscan, k_scatter) against a serial
  * stable counting sort: every expert's rows in increasing selection index,
@@ -1023,6 +1098,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_fused_vs_grouped_glm4moe),
 	T_CASE(test_fused_refuses),
 	T_CASE(test_expert_sort),
+	T_CASE(test_xgemm),
 	T_CASE(test_predict_qwen3moe),
 	T_CASE(test_predict_mixtral),
 	T_CASE(test_predict_glm4moe),

@@ -1256,7 +1256,8 @@ static int test_predict_grouped(void)
 						f32 ? 0
 						    : nmoe * 4 * E * (int64_t)sizeof(void *) -
 							      (int64_t)MS_GMODEL_LANES *
-								      MS_GMODEL_LANE_WS);
+								      MS_GMODEL_LANE_WS -
+							      MS_GMODEL_XGEMM_WS);
 				T_ASSERT_EQ_INT((int64_t)(b.acts - a.acts),
 						f32 ? 0 : nmoe * 2 * (E + 1) * 4);
 				T_ASSERT(b.nvfp4_rowwise == a.nvfp4_rowwise &&

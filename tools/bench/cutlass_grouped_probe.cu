@@ -1,0 +1,306 @@
+/*
+ * cutlass_grouped_probe.cu: CUTLASS's Hopper grouped GEMM (TMA, wgmma,
+ * warp-specialised, the problem sizes read on the device) against one
+ * cublasGemmEx per expert, for the trainer benchmark's four expert
+ * products (64 experts, 65536 routed rows, bf16 operands, float32 out, K
+ * with the folded LoRA's 16 columns): GPU time per layer call (CUDA events
+ * over 20 calls), host time to queue it, TFLOP/s, and the largest
+ * difference between the two. The question it answers: would one launch a
+ * product, with the row counts staying on the device, beat the per-expert
+ * loop the trainer runs now (tools/bench/NOTES.md). Not built by make: it
+ * needs CUTLASS's headers (PyPI's nvidia-cutlass carries them) and sm_90a:
+ *
+ *   pip download --no-deps nvidia-cutlass==4.2.0.0 && unzip -q nvidia_cutlass-*.whl -d cutlass
+ *   I=cutlass/cutlass_library/source
+ *   nvcc -O2 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I$I/include -I$I/tools/util/include \
+ *        -o cutlass_grouped_probe tools/bench/cutlass_grouped_probe.cu -lcublas
+ */
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+using namespace cute;
+
+#define CK(x)                                                                                  \
+	do {                                                                                   \
+		cudaError_t e_ = (x);                                                          \
+		if (e_) {                                                                      \
+			printf("cuda %s line %d\n", cudaGetErrorString(e_), __LINE__);         \
+			exit(1);                                                               \
+		}                                                                              \
+	} while (0)
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using EA = cutlass::bfloat16_t;
+using ED = float;
+using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
+using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major: K x N column-major */
+using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
+
+template <class Tile, class Cluster, class KSched, class ESched> struct Grouped {
+	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LD *, 4, ED, LD *, 4,
+		ESched, cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
+	using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EA, LB *, 8, float,
+		Tile, Cluster,
+		cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+			sizeof(typename Epi::SharedStorage))>,
+		KSched>::CollectiveOp;
+	using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Main, Epi>;
+	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+using Coop = Grouped<Shape<_128, _128, _64>, Shape<_1, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using CoopW = Grouped<Shape<_128, _256, _64>, Shape<_1, _1, _1>,
+		      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using Ping = Grouped<Shape<_64, _128, _64>, Shape<_1, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+
+__global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		unsigned h = (unsigned)i * 2654435761u ^ seed;
+		h ^= h >> 13;
+		h *= 0x5bd1e995;
+		h ^= h >> 15;
+		p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f));
+	}
+}
+
+/* what the trainer would run before each product: the groups' sizes and
+ * pointers from the row offsets on the device (no host round trip) */
+template <class SA, class SB, class SD>
+__global__ void groups(const int *off, int E, int N, int K, const EA *X, const EA *W, ED *Y,
+		       ProblemShape::UnderlyingProblemShape *ps, const EA **pa, const EA **pb,
+		       ED **pd, SA *sa, SB *sb, SD *sd)
+{
+	int e = blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= E)
+		return;
+	int m = off[e + 1] - off[e];
+	ps[e] = {m, N, K};
+	pa[e] = X + (size_t)off[e] * K;
+	pb[e] = W + (size_t)e * N * K;
+	pd[e] = Y + (size_t)off[e] * N;
+	sa[e] = cutlass::make_cute_packed_stride(SA{}, {m, K, 1});
+	sb[e] = cutlass::make_cute_packed_stride(SB{}, {N, K, 1});
+	sd[e] = cutlass::make_cute_packed_stride(SD{}, {m, N, 1});
+}
+
+static double now()
+{
+	return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+		.count();
+}
+
+template <class G>
+static void grouped(const char *name, int E, const std::vector<int> &cnt, int N, int K,
+		    const int *doff, const EA *X, const EA *W, ED *Y, const float *ref,
+		    double flop)
+{
+	using Gemm = typename G::Gemm;
+	using SA = typename Gemm::GemmKernel::InternalStrideA;
+	using SB = typename Gemm::GemmKernel::InternalStrideB;
+	using SD = typename Gemm::GemmKernel::InternalStrideD;
+	ProblemShape::UnderlyingProblemShape *ps;
+	const EA **pa, **pb;
+	ED **pd;
+	SA *sa;
+	SB *sb;
+	SD *sd;
+	CK(cudaMalloc(&ps, E * sizeof *ps));
+	CK(cudaMalloc(&pa, E * sizeof *pa));
+	CK(cudaMalloc(&pb, E * sizeof *pb));
+	CK(cudaMalloc(&pd, E * sizeof *pd));
+	CK(cudaMalloc(&sa, E * sizeof *sa));
+	CK(cudaMalloc(&sb, E * sizeof *sb));
+	CK(cudaMalloc(&sd, E * sizeof *sd));
+	cutlass::KernelHardwareInfo hw;
+	hw.device_id = 0;
+	hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
+	typename Gemm::Arguments args;
+	decltype(args.epilogue.thread) fa;
+	fa.alpha = 1.0f;
+	fa.beta = 0.0f;
+	fa.alpha_ptr = nullptr;
+	fa.beta_ptr = nullptr;
+	fa.alpha_ptr_array = nullptr;
+	fa.beta_ptr_array = nullptr;
+	fa.dAlpha = {cute::_0{}, cute::_0{}, 0};
+	fa.dBeta = {cute::_0{}, cute::_0{}, 0};
+	args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+					{E, ps, nullptr},
+					{pa, sa, pb, sb},
+					{fa, (const ED **)pd, sd, pd, sd},
+					hw};
+	Gemm gemm;
+	size_t ws = Gemm::get_workspace_size(args);
+	void *wsp = nullptr;
+	CK(cudaMalloc(&wsp, ws ? ws : 16));
+	if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
+		printf("%s N %d K %d: CUTLASS cannot implement it\n", name, N, K);
+		return;
+	}
+	if (gemm.initialize(args, wsp) != cutlass::Status::kSuccess) {
+		printf("%s N %d K %d: initialize failed\n", name, N, K);
+		return;
+	}
+	CK(cudaMemset(Y, 0, (size_t)(65536 + 128) * N * 4));
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	double host = 0;
+	for (int it = 0; it < 22; it++) {
+		if (it == 2)
+			CK(cudaEventRecord(a));
+		double t0 = now();
+		groups<SA, SB, SD><<<(E + 63) / 64, 64>>>(doff, E, N, K, X, W, Y, ps, pa, pb, pd, sa,
+							  sb, sd);
+		if (gemm.run() != cutlass::Status::kSuccess) {
+			printf("%s: run failed\n", name);
+			return;
+		}
+		if (it >= 2)
+			host += now() - t0;
+	}
+	CK(cudaEventRecord(b));
+	CK(cudaEventSynchronize(b));
+	CK(cudaGetLastError());
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, a, b));
+	ms /= 20;
+	std::vector<float> y((size_t)65536 * N), r((size_t)65536 * N);
+	CK(cudaMemcpy(y.data(), Y, y.size() * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(r.data(), ref, r.size() * 4, cudaMemcpyDeviceToHost));
+	double md = 0, mm = 0;
+	for (size_t i = 0; i < y.size(); i++) {
+		md = fmax(md, fabs((double)y[i] - r[i]));
+		mm = fmax(mm, fabs((double)r[i]));
+	}
+	printf("%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call, max |diff| / max "
+	       "%.2e\n",
+	       name, N, K, ms, flop / (ms * 1e-3) / 1e12, host / 20 * 1e6, md / mm);
+	cudaFree(ps), cudaFree(pa), cudaFree(pb), cudaFree(pd), cudaFree(sa), cudaFree(sb);
+	cudaFree(sd), cudaFree(wsp);
+	(void)cnt;
+}
+
+static void one_product(const std::vector<int> &cnt, int N, int K, const char *what)
+{
+	int E = (int)cnt.size();
+	std::vector<int> off(E + 1, 0);
+	for (int e = 0; e < E; e++)
+		off[e + 1] = off[e] + cnt[e];
+	size_t rows = (size_t)off[E] + 128;
+	EA *X, *W;
+	ED *Y, *R;
+	int *doff;
+	CK(cudaMalloc(&X, rows * K * 2));
+	CK(cudaMalloc(&W, (size_t)E * N * K * 2));
+	CK(cudaMalloc(&Y, rows * N * 4));
+	CK(cudaMalloc(&R, rows * N * 4));
+	CK(cudaMalloc(&doff, (E + 1) * 4));
+	CK(cudaMemcpy(doff, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice));
+	fill<<<1024, 256>>>((__nv_bfloat16 *)X, rows * K, 1);
+	fill<<<1024, 256>>>((__nv_bfloat16 *)W, (size_t)E * N * K, 2);
+	double flop = 2.0 * off[E] * N * K;
+	/* the trainer's loop: one cublasGemmEx per expert, rows rounded up to
+	 * 128 (the last expert's into the slack), in expert order */
+	cublasHandle_t h;
+	cublasCreate(&h);
+	float al = 1, be = 0;
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	double host = 0;
+	for (int it = 0; it < 22; it++) {
+		if (it == 2)
+			CK(cudaEventRecord(a));
+		double t0 = now();
+		for (int e = 0; e < E; e++) {
+			int m = (cnt[e] + 127) / 128 * 128;
+			if (!cnt[e])
+				continue;
+			cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, m, K, &al, W + (size_t)e * N * K,
+				     CUDA_R_16BF, K, X + (size_t)off[e] * K, CUDA_R_16BF, K, &be,
+				     R + (size_t)off[e] * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+				     CUBLAS_GEMM_DEFAULT);
+		}
+		if (it >= 2)
+			host += now() - t0;
+	}
+	CK(cudaEventRecord(b));
+	CK(cudaEventSynchronize(b));
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, a, b));
+	ms /= 20;
+	printf("%s\n%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call\n", what,
+	       "cublasGemmEx per expert", N, K, ms, flop / (ms * 1e-3) / 1e12, host / 20 * 1e6);
+	grouped<Coop>("CUTLASS grouped coop 128x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<CoopW>("CUTLASS grouped coop 128x256x64", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<Ping>("CUTLASS grouped pingpong 64x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
+	cublasDestroy(h);
+	cudaFree(X), cudaFree(W), cudaFree(Y), cudaFree(R), cudaFree(doff);
+}
+
+int main(void)
+{
+	/* the bench's routing: 8192 tokens, top-8 of 64, uniform: counts near
+	 * 1024; and a skewed one (expert e drawn with weight 16 + e), with an
+	 * expert left empty */
+	for (int skew = 0; skew < 2; skew++) {
+		std::vector<int> cnt(64, 0);
+		unsigned long long x = 12345;
+		double wsum = 0;
+		for (int e = 0; e < 64; e++)
+			wsum += skew ? 16 + e : 1;
+		for (int i = 0; i < 65536; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			double u = (double)(x >> 11) / 9007199254740992.0 * wsum, c = 0;
+			int e = 0;
+			for (; e < 63; e++) {
+				c += skew ? 16 + e : 1;
+				if (u < c)
+					break;
+			}
+			cnt[e]++;
+		}
+		if (skew) {
+			cnt[1] += cnt[0];
+			cnt[0] = 0;
+		}
+		const char *r = skew ? "skewed routing (weight 16 + e, expert 0 empty)" : "uniform routing";
+		static const int nk[4][2] = {{1536, 2064}, {2048, 784}, {768, 2064}, {2048, 1552}};
+		static const char *nm[4] = {"gate/up forward", "down forward", "down backward (dX)",
+					    "gate/up backward (dX)"};
+		for (int p = 0; p < 4; p++) {
+			char what[160];
+			snprintf(what, sizeof what, "== %s, %s", r, nm[p]);
+			one_product(cnt, nk[p][0], nk[p][1], what);
+		}
+	}
+	return 0;
+}
