@@ -275,7 +275,8 @@ command -v nvcc >/dev/null 2>&1 && VERS="$VERS, $(nvcc --version | sed -n 's/.*r
 REP=$W/RESULTS.md
 if ! python3 "$ROOT/$B/train_report.py" "$W" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" \
 	--skip "$WARM" --peak "$PEAK" --device "$NAME" --mstrain-device "$DEV" \
-	--date "$(date -u +%Y-%m-%d)" --versions "$VERS" --out "$REP"; then
+	--date "$(date -u +%Y-%m-%d)" --versions "$VERS" --out "$REP" \
+	${MS_BENCH_MODES:+--modes "$MS_BENCH_MODES"}; then
 	echo "bench-train-gpu: the report could not be written" >&2
 	exit 3
 fi

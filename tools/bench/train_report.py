@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--date", required=True)
     ap.add_argument("--versions", default="")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default=" ".join(MODES),
+                    help="our runs this bench ran (the rest are noted as not run)")
     a = ap.parse_args()
     d = a.dir
     cfg = load_json(os.path.join(d, "config.json"))
@@ -112,7 +114,11 @@ def main():
     rows = []  # (name, ms, peak bytes or None)
 
     ours = {}
+    ran = a.modes.split()
     for m in MODES:
+        if m not in ran:
+            notes.append("ours, %s: not run this time (MS_BENCH_MODES)" % m)
+            continue
         r = metrics(os.path.join(d, "m-%s.jsonl" % m), a.skip)
         prof = load_json(os.path.join(d, "prof-%s.json" % m))
         if r is None:
