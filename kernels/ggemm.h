@@ -11,9 +11,10 @@
  * its grid is sized by a bound on the rows, and each block finds its
  * expert and row tile from the offsets on the device (ms_ggemm_index).
  * On mma.sync it reaches about half of cuBLAS's (wgmma) rate on an H200,
- * more than the host waiting it removes: the trainer keeps cuBLAS per
- * expert by default and offers this as mstrain --expert-gemm grouped and
- * fused (tools/bench/NOTES.md has the measurements).
+ * more than the host waiting it removes: the trainer's default is
+ * CUTLASS's wgmma grouped GEMM (xgemm.h), or cuBLAS per expert without
+ * it, and offers this as mstrain --expert-gemm grouped and fused
+ * (tools/bench/NOTES.md has the measurements).
  *
  *   group e (0 <= e < E) owns rows off[e] .. off[e+1]-1 of A and C:
  *   C[row, 0:N] (+)= A[row, 0:K] B_e^T,  B_e [N, K] row-major

@@ -3232,7 +3232,11 @@ int ms_py_inv_state_json(struct ms_inv *inv, const char *ref, char **json,
 /* How the CUDA trainer runs the routed experts' frozen products on its
  * bf16 path (mstrain --expert-gemm). */
 enum ms_expert_gemm {
-	MS_EXPERT_GEMM_PER_EXPERT,   /* one cuBLAS GEMM per expert (default) */
+	MS_EXPERT_GEMM_PER_EXPERT,   /* the experts' weights decoded to bf16
+					first, then one CUTLASS grouped GEMM
+					a product on an sm_90 (where built),
+					else one cuBLAS GEMM per expert
+					(default) */
 	MS_EXPERT_GEMM_GROUPED,      /* one grouped launch a product over the
 					routing counts on the device */
 	MS_EXPERT_GEMM_FUSED,        /* grouped, decoding the NVFP4 weights

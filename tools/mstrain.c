@@ -334,9 +334,10 @@ static const struct cli_cmd cmds[] = {
 	  "--metrics FILE\tone JSON line of metrics per step\n"
 	  "--profile FILE\tcuda: time per phase and device memory held, as JSON\n"
 	  "--gpu-f32\tcuda: float32 GEMMs instead of bf16 tensor cores (the tests' mode)\n"
-	  "--expert-gemm per-expert|grouped|fused\tcuda, bf16: one cuBLAS GEMM per expert (default), "
-	  "or each expert product as one grouped launch over the routing counts on the device, "
-	  "its NVFP4 weights decoded per layer (grouped) or inside the GEMM (fused)\n" },
+	  "--expert-gemm per-expert|grouped|fused\tcuda, bf16: the experts' weights decoded per "
+	  "layer, then a CUTLASS grouped GEMM a product on sm_90 or one cuBLAS GEMM per expert "
+	  "(per-expert, the default), or the project's grouped launch over the routing counts on "
+	  "the device, its NVFP4 weights decoded per layer (grouped) or inside the GEMM (fused)\n" },
 };
 
 int main(int argc, char **argv)
