@@ -7,13 +7,16 @@
  * over 20 calls), host time to queue it, TFLOP/s, and the largest
  * difference between the two. The question it answers: would one launch a
  * product, with the row counts staying on the device, beat the per-expert
- * loop the trainer runs now (tools/bench/NOTES.md). Not built by make: it
- * needs CUTLASS's headers (PyPI's nvidia-cutlass carries them) and sm_90a:
+ * loop the trainer ran before kernels/xgemm.cu (tools/bench/NOTES.md); its
+ * fastest configuration is the one xgemm.cu builds. Not built by make: it
+ * needs CUTLASS's headers (the build's tools/fetch_cutlass.sh puts them in
+ * .deps) and sm_90a; without -DNDEBUG ptxas serialises the wgmma
+ * pipeline (CUTLASS's device asserts are calls):
  *
- *   pip download --no-deps nvidia-cutlass==4.2.0.0 && unzip -q nvidia_cutlass-*.whl -d cutlass
- *   I=cutlass/cutlass_library/source
- *   nvcc -O2 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I$I/include -I$I/tools/util/include \
- *        -o cutlass_grouped_probe tools/bench/cutlass_grouped_probe.cu -lcublas
+ *   sh tools/fetch_cutlass.sh .deps/cutlass-4.2.0.0
+ *   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a --expt-relaxed-constexpr \
+ *        -I.deps/cutlass-4.2.0.0/include -o cutlass_grouped_probe \
+ *        tools/bench/cutlass_grouped_probe.cu -lcublas
  */
 
 #include <chrono>
@@ -116,6 +119,32 @@ static double now()
 		.count();
 }
 
+/* f's GPU time a call (CUDA events over 20 calls after 2 to warm up) in
+ * ms, and the host's time to queue it in us */
+template <class F> static void timed(F f, float *ms, double *host_us)
+{
+	cudaEvent_t a, b;
+	double host = 0;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	for (int it = 0; it < 22; it++) {
+		if (it == 2)
+			CK(cudaEventRecord(a));
+		double t0 = now();
+		f();
+		if (it >= 2)
+			host += now() - t0;
+	}
+	CK(cudaEventRecord(b));
+	CK(cudaEventSynchronize(b));
+	CK(cudaGetLastError());
+	CK(cudaEventElapsedTime(ms, a, b));
+	*ms /= 20;
+	*host_us = host / 20 * 1e6;
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+}
+
 template <class G>
 static void grouped(const char *name, int E, const std::vector<int> &cnt, int N, int K,
 		    const int *doff, const EA *X, const EA *W, ED *Y, const float *ref,
@@ -169,29 +198,20 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 		return;
 	}
 	CK(cudaMemset(Y, 0, (size_t)(65536 + 128) * N * 4));
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	double host = 0;
-	for (int it = 0; it < 22; it++) {
-		if (it == 2)
-			CK(cudaEventRecord(a));
-		double t0 = now();
-		groups<SA, SB, SD><<<(E + 63) / 64, 64>>>(doff, E, N, K, X, W, Y, ps, pa, pb, pd, sa,
-							  sb, sd);
-		if (gemm.run() != cutlass::Status::kSuccess) {
-			printf("%s: run failed\n", name);
-			return;
-		}
-		if (it >= 2)
-			host += now() - t0;
-	}
-	CK(cudaEventRecord(b));
-	CK(cudaEventSynchronize(b));
-	CK(cudaGetLastError());
 	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, a, b));
-	ms /= 20;
+	double host = 0;
+	int bad = 0;
+	timed(
+		[&] {
+			groups<SA, SB, SD><<<(E + 63) / 64, 64>>>(doff, E, N, K, X, W, Y, ps, pa, pb,
+								  pd, sa, sb, sd);
+			bad |= gemm.run() != cutlass::Status::kSuccess;
+		},
+		&ms, &host);
+	if (bad) {
+		printf("%s: run failed\n", name);
+		return;
+	}
 	std::vector<float> y((size_t)65536 * N), r((size_t)65536 * N);
 	CK(cudaMemcpy(y.data(), Y, y.size() * 4, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(r.data(), ref, r.size() * 4, cudaMemcpyDeviceToHost));
@@ -202,7 +222,7 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 	}
 	printf("%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call, max |diff| / max "
 	       "%.2e\n",
-	       name, N, K, ms, flop / (ms * 1e-3) / 1e12, host / 20 * 1e6, md / mm);
+	       name, N, K, ms, flop / (ms * 1e-3) / 1e12, host, md / mm);
 	cudaFree(ps), cudaFree(pa), cudaFree(pb), cudaFree(pd), cudaFree(sa), cudaFree(sb);
 	cudaFree(sd), cudaFree(wsp);
 	(void)cnt;
@@ -231,34 +251,24 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 	 * 128 (the last expert's into the slack), in expert order */
 	cublasHandle_t h;
 	cublasCreate(&h);
-	float al = 1, be = 0;
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
+	float al = 1, be = 0, ms = 0;
 	double host = 0;
-	for (int it = 0; it < 22; it++) {
-		if (it == 2)
-			CK(cudaEventRecord(a));
-		double t0 = now();
-		for (int e = 0; e < E; e++) {
-			int m = (cnt[e] + 127) / 128 * 128;
-			if (!cnt[e])
-				continue;
-			cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, m, K, &al, W + (size_t)e * N * K,
-				     CUDA_R_16BF, K, X + (size_t)off[e] * K, CUDA_R_16BF, K, &be,
-				     R + (size_t)off[e] * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-				     CUBLAS_GEMM_DEFAULT);
-		}
-		if (it >= 2)
-			host += now() - t0;
-	}
-	CK(cudaEventRecord(b));
-	CK(cudaEventSynchronize(b));
-	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, a, b));
-	ms /= 20;
+	timed(
+		[&] {
+			for (int e = 0; e < E; e++) {
+				int m = (cnt[e] + 127) / 128 * 128;
+				if (!cnt[e])
+					continue;
+				cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, m, K, &al,
+					     W + (size_t)e * N * K, CUDA_R_16BF, K,
+					     X + (size_t)off[e] * K, CUDA_R_16BF, K, &be,
+					     R + (size_t)off[e] * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+					     CUBLAS_GEMM_DEFAULT);
+			}
+		},
+		&ms, &host);
 	printf("%s\n%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call\n", what,
-	       "cublasGemmEx per expert", N, K, ms, flop / (ms * 1e-3) / 1e12, host / 20 * 1e6);
+	       "cublasGemmEx per expert", N, K, ms, flop / (ms * 1e-3) / 1e12, host);
 	grouped<Coop>("CUTLASS grouped coop 128x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<CoopW>("CUTLASS grouped coop 128x256x64", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<Ping>("CUTLASS grouped pingpong 64x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
