@@ -117,10 +117,10 @@ __global__ void k_groups(const uint32_t *off, uint32_t E, int N, int K, const EA
 	l.sd[e] = cutlass::make_cute_packed_stride(SD{}, {m, N, 1});
 }
 
-Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int sms)
+Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int dev, int sms)
 {
 	cutlass::KernelHardwareInfo hw;
-	hw.device_id = 0;
+	hw.device_id = dev;
 	hw.sm_count = sms;
 	Gemm::Arguments a;
 	decltype(a.epilogue.thread) f;
@@ -180,8 +180,12 @@ extern "C" int ms_xgemm_run(const struct ms_xgemm *p, void *stream, struct ms_er
 	if (!p->E || !ms_xgemm_ok(p->N, p->K) || !sms)
 		return ms_err_set(err, MS_EINVAL, "grouped expert GEMM (CUTLASS): %u groups of N %u, "
 				  "K %u on this device: not covered", p->E, p->N, p->K);
+	int dev = 0;
+	cudaError_t de = cudaGetDevice(&dev);
+	if (de != cudaSuccess)
+		return ms_gpu_cuda_err(err, de, "cudaGetDevice");
 	lay l = layout(p->scratch, p->E);
-	Gemm::Arguments a = args_of(p, l, sms);
+	Gemm::Arguments a = args_of(p, l, dev, sms);
 	size_t need = l.used + Gemm::get_workspace_size(a);
 	Gemm gemm;
 	if (need > MS_XGEMM_SCRATCH)
