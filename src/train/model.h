@@ -319,9 +319,10 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 /* the size of an expert's NVFP4 descriptor for the fused expert GEMMs
  * (struct ms_ggemm_nvfp4, kernels/ggemm.h; train.cu asserts it) */
 #define MS_GMODEL_Q4_DESC 72u
-/* the per-expert bf16 path's frozen expert GEMMs run on this many streams,
- * each with its own cuBLAS handle and a workspace of MS_GMODEL_LANE_WS
- * bytes (train.cu's expert_gemms) */
+/* the per-expert bf16 path's frozen expert GEMMs, where they are not the
+ * grouped CUTLASS GEMM, run on this many streams, each with its own cuBLAS
+ * handles and a workspace of MS_GMODEL_LANE_WS bytes (train.cu's
+ * expert_gemms; the main stream's bf16 GEMMs share the first) */
 #define MS_GMODEL_LANES 4u
 #define MS_GMODEL_LANE_WS (32u << 20)
 /* ... and the scratch of its grouped CUTLASS form (kernels/xgemm.h's
