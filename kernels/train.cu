@@ -2603,8 +2603,8 @@ out:
 
 /* The grouped CUTLASS expert GEMM alone (t_train_gpu): Y [rows, N] = X_e
  * W_e^T over E groups of cnt [E] rows, bf16 bits in (x [rows, K], w [E, N,
- * K]), float32 out, all host arrays. MS_EINVAL when this build or device
- * does not run it (ms_xgemm_ok). */
+ * K]), float32 out, all host arrays. MS_ENODEV on a GPU it is not for,
+ * MS_EINVAL when this build or shape does not run it (ms_xgemm_ok). */
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
 			  uint32_t N, uint32_t K, float *y, struct ms_err *err)
 {
@@ -2613,9 +2613,11 @@ int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *
 	void *dx = NULL, *dw = NULL, *sc = NULL;
 	float *dy = NULL;
 	uint32_t *doff = NULL;
+	if (!ms_xgemm_device_ok())
+		return ms_err_set(err, MS_ENODEV, "grouped CUTLASS GEMM: this GPU is not an sm_90");
 	if (!E || E > MAXE || !ms_xgemm_ok(N, K))
-		return ms_err_set(err, MS_EINVAL, "grouped CUTLASS GEMM: not in this build or on "
-				  "this device for N %u, K %u", N, K);
+		return ms_err_set(err, MS_EINVAL, "grouped CUTLASS GEMM: not in this build (no "
+				  "CUTLASS headers at build time) or not for N %u, K %u", N, K);
 	off[0] = 0;
 	for (uint32_t e = 0; e < E; e++)
 		off[e + 1] = off[e] + cnt[e];

@@ -19,6 +19,33 @@
 #include "gpu_internal.h"
 #include "xgemm.h"
 
+/* the device's SM count when it is an sm_90, else 0 (cached per device) */
+static int sm90_sms(void)
+{
+	static int cached[64], known[64];
+	int dev = 0, maj = 0, min = 0, n = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+		cudaGetLastError();
+		return 0;
+	}
+	if (known[dev])
+		return cached[dev];
+	if (cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&min, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+		cudaGetLastError();
+		return 0;
+	}
+	cached[dev] = maj == 9 && min == 0 ? n : 0;
+	known[dev] = 1;
+	return cached[dev];
+}
+
+extern "C" int ms_xgemm_device_ok(void)
+{
+	return sm90_sms() > 0;
+}
+
 #ifdef MS_HAVE_CUTLASS
 
 #include "cute/tensor.hpp"
@@ -138,28 +165,6 @@ Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int dev, int sms
 			    {f, (const float **)l.pd, l.sd, l.pd, l.sd},
 			    hw};
 	return a;
-}
-
-/* the device's SM count when it is an sm_90, else 0 (cached per device) */
-int sm90_sms(void)
-{
-	static int cached[64], known[64];
-	int dev = 0, maj = 0, min = 0, n = 0;
-	if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-		cudaGetLastError();
-		return 0;
-	}
-	if (known[dev])
-		return cached[dev];
-	if (cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&min, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-		cudaGetLastError();
-		return 0;
-	}
-	cached[dev] = maj == 9 && min == 0 ? n : 0;
-	known[dev] = 1;
-	return cached[dev];
 }
 
 } /* namespace ms_xg */

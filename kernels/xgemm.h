@@ -51,6 +51,9 @@ struct ms_xgemm {
 /* 1 when this build and this device run it for N and K (multiples of 8),
  * 0 otherwise */
 int ms_xgemm_ok(uint32_t N, uint32_t K);
+/* 1 when the current device is one the kernel is for (sm_90), whatever
+ * the build */
+int ms_xgemm_device_ok(void);
 
 /* queue the product on stream; MS_OK, MS_EINVAL for what ms_xgemm_ok
  * refuses or a scratch too small, CUDA or CUTLASS failures as MS_EIO */

@@ -158,7 +158,8 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err);
  * the library and its symbols only). MS_ENODEV saying what is missing. */
 int ms_gmodel_blas_load(struct ms_err *err);
 /* the grouped CUTLASS expert GEMM alone (train.cu, kernels/xgemm.h;
- * t_train_gpu): MS_EINVAL where this build or device does not run it */
+ * t_train_gpu): MS_ENODEV on a GPU that is not an sm_90, MS_EINVAL where
+ * this build does not have it */
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
 			  uint32_t N, uint32_t K, float *y, struct ms_err *err);
 /* the GPU routing's expert sort alone (train.cu; t_train_gpu): perm, pos,

@@ -386,8 +386,10 @@ static int test_xgemm(void)
 			s = s * 6364136223846793005ull + 1442695040888963407ull;
 			w[i] = bf16_of((float)((s >> 40) % 2001) / 1000.0f - 1.0f);
 		}
+		/* on the GPU it is for, it must run (a build without CUTLASS
+		 * fails here: the trainer's default path would go untested) */
 		int rc = ms_gmodel_xgemm_check(x, w, cnt, E, N, K, y, &err);
-		if (rc == MS_EINVAL) {
+		if (rc == MS_ENODEV) {
 			fprintf(stderr, "  grouped CUTLASS GEMM: NOT CHECKED (%s)\n", err.msg);
 			free(x), free(w), free(y);
 			return 0;
