@@ -68,7 +68,7 @@ NVFLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 \
            -gencode=arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall -Isrc -Ikernels
 ifeq ($(HAVE_CUDA),1)
 ALL_CFLAGS += -DMS_HAVE_CUDA=1 -DMS_QUANT_GPU=1
-KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o)
+KERN_OBJ := $(KERN_SRC:kernels/%.cu=$(BUILD)/kernels/%.o) $(BUILD)/kernels/sdpa.o
 # cuBLAS (the trainer's GEMMs) is not linked: kernels/train.cu opens it
 # with dlopen when the first GPU model is built (found as CUDA's
 # installation registers it, ld.so.conf, or through LD_LIBRARY_PATH).
@@ -169,7 +169,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) |
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
 # kernels/xgemm.cu: CUTLASS's Hopper grouped GEMM (the trainer's expert
-# products), its headers fetched once into .deps by tools/fetch_cutlass.sh
+# products), its headers fetched once into .deps by tools/fetch_headers.sh
 # (PyPI's nvidia-cutlass, pinned); sm_90a for wgmma and TMA. Without the
 # headers it compiles to the stub that refuses, and the trainer keeps its
 # per-expert cuBLAS loop. No -Ikernels: kernels/mma.h would stand in for
@@ -177,8 +177,8 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h) |
 CUTLASS_DIR = .deps/cutlass-4.2.0.0
 XGFLAGS ?= -O3 -std=c++17 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
            --expt-relaxed-constexpr -Xcompiler -fPIC -Isrc
-$(BUILD)/cutlass.stamp: tools/fetch_cutlass.sh | $(BUILD)/kernels
-	@sh tools/fetch_cutlass.sh $(CUTLASS_DIR)
+$(BUILD)/cutlass.stamp: tools/fetch_headers.sh | $(BUILD)/kernels
+	@sh tools/fetch_headers.sh cutlass $(CUTLASS_DIR)
 	@touch $@
 $(BUILD)/kernels/xgemm.o: kernels/xgemm.cu $(wildcard kernels/*.h) $(wildcard src/*.h) \
 		$(BUILD)/cutlass.stamp | $(BUILD)/kernels pkgcheck
@@ -188,6 +188,33 @@ $(BUILD)/kernels/xgemm.o: kernels/xgemm.cu $(wildcard kernels/*.h) $(wildcard sr
 	else \
 	  echo "$(NVCC) $(NVFLAGS) -c -o $@ $<"; \
 	  $(NVCC) $(NVFLAGS) -c -o $@ $<; \
+	fi
+
+# kernels/sdpa.cpp: cuDNN's fused attention through the cuDNN frontend
+# (header-only C++, fetched once into .deps by tools/fetch_headers.sh, PyPI's
+# nvidia-cudnn-frontend, pinned), cuDNN itself opened with dlopen at run
+# time (the frontend's dynamic loading), so only cudnn.h is needed to
+# build. Host code only: the C++ compiler, not nvcc (a minute instead of
+# several). Without the frontend or cudnn.h it compiles to the stub that
+# refuses, and the trainer keeps its flash kernels. The frontend's headers
+# are system headers here: their warnings are not this project's.
+CUDNN_FE_DIR = .deps/cudnn-frontend-1.32.0
+CUDNN_INC = $(firstword $(foreach d,$(CUDA_HOME)/include /usr/include \
+              /usr/include/x86_64-linux-gnu,$(if $(wildcard $(d)/cudnn_version.h),$(d))))
+CXX_KFLAGS = -std=c++17 -O1 -fPIC -Wall -Wextra $(filter -Werror,$(ALL_CFLAGS)) -Isrc -Ikernels \
+             -isystem $(CUDA_HOME)/include
+$(BUILD)/cudnn-frontend.stamp: tools/fetch_headers.sh | $(BUILD)/kernels
+	@sh tools/fetch_headers.sh cudnn-frontend $(CUDNN_FE_DIR)
+	@touch $@
+$(BUILD)/kernels/sdpa.o: kernels/sdpa.cpp kernels/sdpa.h kernels/flash.h $(wildcard src/*.h) \
+		$(BUILD)/cudnn-frontend.stamp | $(BUILD)/kernels pkgcheck
+	@if [ -f $(CUDNN_FE_DIR)/include/cudnn_frontend.h ] && [ -n "$(CUDNN_INC)" ]; then \
+	  echo "$(CXX) $(CXX_KFLAGS) -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -isystem $(CUDNN_INC) -isystem $(CUDNN_FE_DIR)/include -c -o $@ $<"; \
+	  $(CXX) $(CXX_KFLAGS) -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+	    -isystem $(CUDNN_INC) -isystem $(CUDNN_FE_DIR)/include -c -o $@ $<; \
+	else \
+	  echo "$(CXX) $(CXX_KFLAGS) -c -o $@ $< (no cuDNN frontend: the stub)"; \
+	  $(CXX) $(CXX_KFLAGS) -c -o $@ $<; \
 	fi
 
 $(LIB): $(LIB_OBJ) $(KERN_OBJ)

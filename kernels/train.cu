@@ -51,6 +51,7 @@
 
 #include "gpu_internal.h"
 #include "flash.h"
+#include "sdpa.h"
 #include "fp4.h"
 #include "ggemm.h"
 #include "xgemm.h"
@@ -60,6 +61,8 @@ extern "C" {
 }
 
 #define NTH 256
+/* cuDNN attention plans kept, by shape */
+#define SD_CACHE 4
 
 /* ---- cuBLAS, opened when a GPU model is first built ------------------------------ */
 
@@ -411,9 +414,22 @@ struct ms_gmodel {
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
 					group sums */
-	int flash;                   /* attention through flash.h (bf16 path,
-					a head dim it covers): no S x S scratch */
-	void *fws;                   /* its backward's workspace */
+	int flash;                   /* fused attention (flash.h's kernels or
+					cuDNN's): no S x S scratch, a
+					per-layer LSE */
+	int cudnn;                   /* ... through cuDNN's SDPA (sdpa.h) */
+	void *fws;                   /* their workspace */
+	void *sdb;                   /* cuDNN: bf16 O | dQ | dK | dV */
+	struct ms_sdpa *sd;          /* cuDNN: the current shape's plans, one
+					of sdc */
+	struct ms_sdpa *sdc[SD_CACHE];  /* plans by shape (sdk): a run whose
+					shapes alternate builds each once */
+	struct ms_flash_shape sdk[SD_CACHE];
+	uint32_t sdn;                /* plans made (sdc[sdn % SD_CACHE] next) */
+	char att_why[240];           /* auto without cuDNN: why */
+	int att_ran;                 /* the attention att_core last ran: 1
+					cuDNN, 2 flash, 3 GEMM + softmax */
+	uint64_t att_ws[2];          /* ... cuDNN's workspace: asked, held */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
 	uint32_t *dpad;              /* 4 E words of device offsets: the
 					unfolded LoRA backward's padding table
@@ -2972,6 +2988,7 @@ static void acts_release(struct ms_gmodel *g)
 	dfree(g, g->pg, MC_SCRATCH);
 	dfree(g, g->dsg, MC_SCRATCH);
 	dfree(g, g->fws, MC_SCRATCH);
+	dfree(g, g->sdb, MC_SCRATCH);
 	dfree(g, g->dids, MC_SCRATCH);
 	dfree(g, g->dmask, MC_SCRATCH);
 	g->xf = g->hf = g->rf = g->logits = g->y = g->y2 = g->tmp = g->dA = g->dB = NULL;
@@ -2981,7 +2998,9 @@ static void acts_release(struct ms_gmodel *g)
 	dfree(g, g->dpad, MC_SCRATCH);
 	g->dpad = NULL;
 	g->lossrow = g->dsum = NULL;
-	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = NULL;
+	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = g->sdb = NULL;
+	g->sd = NULL;
+	g->cudnn = 0;
 	g->dids = NULL;
 	g->dmask = NULL;
 	free(g->hlog);
@@ -2996,6 +3015,46 @@ static uint64_t u64max(uint64_t a, uint64_t b)
 	return a > b ? a : b;
 }
 
+/* g->sd and g->cudnn for shape fs: a kept plan of that shape, else a new
+ * one (kept, the oldest of SD_CACHE dropped). Where cuDNN is not tried or
+ * cannot serve the shape, --attention auto goes on without it (the reason
+ * kept for the profile) and --attention cudnn fails. */
+static int attention_plan(struct ms_gmodel *g, const struct ms_flash_shape *fs, int attn,
+			  int tried, struct ms_err *err)
+{
+	struct ms_err e = {0};
+	int rc;
+	g->sd = NULL;
+	g->cudnn = 0;
+	g->att_why[0] = 0;
+	if (!tried) {
+		if (attn == MS_ATTENTION_CUDNN && fs->S > 1)
+			return g->f32 ? ms_err_set(err, MS_EINVAL, "--attention cudnn: the float32 "
+						   "path keeps its exact attention")
+				      : ms_err_set(err, MS_EINVAL, "--attention cudnn: head dim %u (cuDNN's "
+						   "attention takes multiples of 8 up to 256)", g->hd);
+		return MS_OK;
+	}
+	for (uint32_t i = 0; i < SD_CACHE; i++)
+		if (g->sdc[i] && !memcmp(&g->sdk[i], fs, sizeof *fs)) {
+			g->sd = g->sdc[i];
+			g->cudnn = 1;
+			return MS_OK;
+		}
+	if ((rc = ms_sdpa_new(fs, &g->sd, &e))) {
+		if (attn == MS_ATTENTION_CUDNN)
+			return ms_err_set(err, rc, "--attention cudnn: %s", e.msg);
+		snprintf(g->att_why, sizeof g->att_why, "%.200s", e.msg);
+		return MS_OK;
+	}
+	uint32_t at = g->sdn++ % SD_CACHE;
+	ms_sdpa_free(g->sdc[at]);
+	g->sdc[at] = g->sd;
+	g->sdk[at] = *fs;
+	g->cudnn = 1;
+	return MS_OK;
+}
+
 static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B, uint32_t S,
 		      struct ms_err *err)
 {
@@ -3004,11 +3063,21 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	uint64_t att = (uint64_t)g->nh * S * S, wide, rows;
 	int anymoe = 0;
 	struct ms_flash_shape fs = {B, S, g->nh, g->nkv, g->hd};
+	int attn = m->opts.attention;
+	/* the float32 test mode keeps the exact GEMM + softmax path; the bf16
+	 * one tries cuDNN's attention (model.h), then the flash kernels */
+	int tried = ms_gmodel_sdpa_tried(g->f32, attn, g->hd, S);
+	int flash_k = !g->f32 && attn != MS_ATTENTION_CUDNN && ms_flash_supported(g->hd);
+	uint64_t fws = flash_k ? ms_flash_workspace_bytes(&fs) : 0;
 	if (g->a && g->B == B && g->S == S)
 		return MS_OK;
 	acts_release(g);
-	/* the float32 test mode keeps the exact GEMM + softmax path */
-	g->flash = !g->f32 && ms_flash_supported(g->hd);
+	if ((rc = attention_plan(g, &fs, attn, tried, err)))
+		goto out;
+	g->flash = g->cudnn || flash_k;
+	if (tried)
+		fws = u64max(fws, u64max(ms_gmodel_sdpa_ws(B, g->nh, S),
+					 ms_sdpa_workspace_bytes(g->sd)));
 	for (uint32_t l = 0; l < g->L; l++) {
 		anymoe |= g->ly[l].moe;
 		if (g->ly[l].sh)
@@ -3040,7 +3109,7 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(a->q, T * g->dq * 4, MC_ACTS);
 		DM(a->k, T * g->dkv * 4, MC_ACTS);
 		DM(a->ctx, T * g->dq * 4, MC_ACTS);
-		if (g->flash)
+		if (g->flash || tried)
 			DM(a->lse, T * g->nh * 4, MC_ACTS);
 		if (d->lq)
 			DM(a->uq, T * r * 4, MC_ACTS);
@@ -3117,9 +3186,11 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dpad, 4 * (uint64_t)g->E * 4, MC_SCRATCH);
 	}
-	if (g->flash) {
-		DM(g->fws, ms_flash_workspace_bytes(&fs), MC_SCRATCH);
-	} else {
+	if (fws)
+		DM(g->fws, fws, MC_SCRATCH);
+	if (tried)
+		DM(g->sdb, T * (2 * g->dq + 2 * g->dkv) * 2, MC_SCRATCH);
+	if (!g->flash) {
 		DM(g->sc, att * 4, MC_SCRATCH);
 		DM(g->dp, att * 4, MC_SCRATCH);
 		DM(g->pg, att * g->esz, MC_SCRATCH);
@@ -3328,6 +3399,45 @@ static int heads_gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t 
 			 g->gt, err);
 }
 
+/* bf16 -> float, n elements (cuDNN's outputs into the trainer's float
+ * activations and gradients; exact) */
+__global__ void k_widen(const __nv_bfloat16 *x, float *y, uint64_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		y[i] = __bfloat162float(x[i]);
+}
+
+/* cuDNN's SDPA for the layer: its bf16 outputs widened into ctx (forward)
+ * or dqv, dkk, dvv (backward). The backward's O is the forward's, rounded
+ * back to bf16 from ctx (exact: ctx holds bf16 values) */
+static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *Q,
+		     const void *Kk, const void *Vv, const void *dO, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t nq = (uint64_t)g->T * g->dq, nk = (uint64_t)g->T * g->dkv;
+	__nv_bfloat16 *o = (__nv_bfloat16 *)g->sdb, *gq = o + nq, *gk = gq + nq, *gv = gk + nk;
+	if (!bwd) {
+		if ((rc = ms_sdpa_fwd(g->sd, Q, Kk, Vv, o, a->lse, g->fws, g->st, err)))
+			return rc;
+		k_widen<<<nblk(nq), NTH, 0, g->st>>>(o, a->ctx, nq);
+		LK();
+		return MS_OK;
+	}
+	k_cast<__nv_bfloat16><<<nblk(nq), NTH, 0, g->st>>>(a->ctx, o, nq);
+	LK();
+	if ((rc = ms_sdpa_bwd(g->sd, Q, Kk, Vv, o, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
+		return rc;
+	k_widen<<<nblk(nq), NTH, 0, g->st>>>(gq, g->dqv, nq);
+	LK();
+	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gk, g->dkk, nk);
+	LK();
+	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
+	LK();
+out:
+	return rc;
+}
+
 static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -3345,6 +3455,12 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 		return rc;
 	if (bwd && (rc = opnd(g, g->dctx, (uint64_t)g->T * dq, g->cA, &dO, err)))
 		return rc;
+	g->att_ran = g->cudnn ? 1 : g->flash ? 2 : 3;
+	if (g->cudnn) {
+		g->att_ws[0] = ms_sdpa_workspace_bytes(g->sd);
+		g->att_ws[1] = u64max(ms_gmodel_sdpa_ws(g->B, nh, S), g->att_ws[0]);
+		return att_cudnn(g, a, bwd, Q, Kk, Vv, dO, err);
+	}
 	if (g->flash) {
 		struct ms_flash_shape fs = {g->B, S, nh, nkv, hd};
 		if (!bwd)
@@ -4602,6 +4718,25 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
 	cJSON_AddStringToObject(o, "expert_gemm",
 				g->fused ? "fused" : g->grouped ? "grouped" : "per-expert");
+	{
+		/* the attention the last step ran, and what cuDNN's took */
+		static const char *ran[] = {"none", "cudnn", "flash", "gemm+softmax"};
+		char an[64];
+		struct ms_err e = {0};
+		uint64_t v = g->att_ran == 1 ? ms_sdpa_version(&e) : 0;
+		snprintf(an, sizeof an, "%s", ran[g->att_ran]);
+		if (v)
+			snprintf(an, sizeof an, "cudnn %llu.%llu.%llu",
+				 (unsigned long long)(v / 10000), (unsigned long long)(v / 100 % 100),
+				 (unsigned long long)(v % 100));
+		cJSON_AddStringToObject(o, "attention", an);
+		if (g->att_why[0])
+			cJSON_AddStringToObject(o, "attention_no_cudnn", g->att_why);
+		if (g->att_ran == 1) {
+			cJSON_AddNumberToObject(o, "attention_ws_asked", (double)g->att_ws[0]);
+			cJSON_AddNumberToObject(o, "attention_ws_held", (double)g->att_ws[1]);
+		}
+	}
 	for (int p = 0; p < PH_N; p++) {
 		cJSON *k;
 		if (!g->ph_calls[p])
@@ -4734,6 +4869,8 @@ static void gfree(struct ms_gmodel *g)
 		dfree(g, c->ws, MC_SCRATCH);
 	}
 	dfree(g, g->xsc, MC_SCRATCH);
+	for (uint32_t i = 0; i < SD_CACHE; i++)
+		ms_sdpa_free(g->sdc[i]);
 	for (uint32_t i = 0; i <= MS_GMODEL_LANES; i++)
 		if (g->lev[i])
 			cudaEventDestroy(g->lev[i]);

@@ -3243,6 +3243,20 @@ enum ms_expert_gemm {
 					inside the GEMM (no bf16 copy) */
 };
 
+/* How the CUDA trainer runs causal attention on its bf16 path (mstrain
+ * --attention). Both are fused (no S x S matrix in memory) and their
+ * backward deterministic. */
+enum ms_attention {
+	MS_ATTENTION_AUTO,           /* cuDNN's where it loads and has a plan
+					for the shape, else the project's
+					flash kernels (default) */
+	MS_ATTENTION_CUDNN,          /* cuDNN's fused SDPA (libcudnn.so.9
+					opened at run time); a model it cannot
+					serve is refused (MS_ENODEV, MS_EINVAL) */
+	MS_ATTENTION_FLASH,          /* the project's flash kernels
+					(kernels/flash.cu, mma.sync) */
+};
+
 enum ms_colwise_mode {
 	MS_COLWISE_RESIDENT,         /* every layer's W^T built at build time */
 	MS_COLWISE_ON_DEMAND,        /* one layer's, during its backward */
@@ -3380,6 +3394,7 @@ struct ms_train_opts {
 	enum ms_device device; /* where the model computes */
 	int gpu_f32;           /* cuda: float32 GEMMs (model.h) */
 	int expert_gemm;       /* cuda: enum ms_expert_gemm */
+	int attention;         /* cuda: enum ms_attention */
 	const struct ms_train_launch *launch; /* NULL: not launched */
 	/* Told of every step and every checkpoint (may be NULL). on_step
 	 * returning other than MS_OK (err filled) stops the run with that

@@ -185,6 +185,7 @@ static int cmd_train(int argc, char **argv)
 		{ "profile", required_argument, NULL, 'P' },
 		{ "gpu-f32", no_argument, NULL, 'F' },
 		{ "expert-gemm", required_argument, NULL, 'G' },
+		{ "attention", required_argument, NULL, 'A' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -197,7 +198,7 @@ static int cmd_train(int argc, char **argv)
 	struct ms_inv *inv = NULL;
 	const char *db = NULL, *profile = NULL;
 	uint64_t v;
-	int c, rc, stopped = 0, expert_gemm = 0;
+	int c, rc, stopped = 0, expert_gemm = 0, attention = 0;
 
 	memset(&o, 0, sizeof(o));
 	o.colwise = -1;
@@ -230,6 +231,17 @@ static int cmd_train(int argc, char **argv)
 				return cli_usage("--expert-gemm: '%s' is not per-expert, grouped or "
 						 "fused", optarg);
 			expert_gemm = 1;
+			break;
+		case 'A':
+			if (!strcmp(optarg, "auto"))
+				o.attention = MS_ATTENTION_AUTO;
+			else if (!strcmp(optarg, "cudnn"))
+				o.attention = MS_ATTENTION_CUDNN;
+			else if (!strcmp(optarg, "flash"))
+				o.attention = MS_ATTENTION_FLASH;
+			else
+				return cli_usage("--attention: '%s' is not auto, cudnn or flash", optarg);
+			attention = 1;
 			break;
 		case 'c':
 			if (!strcmp(optarg, "resident"))
@@ -272,8 +284,12 @@ static int cmd_train(int argc, char **argv)
 		return cli_usage("unexpected argument '%s'", argv[optind]);
 	if (!o.plan_path)
 		return cli_usage("--plan is required");
-	if ((profile || o.gpu_f32 || expert_gemm) && o.device != MS_DEVICE_CUDA)
-		return cli_usage("--profile, --gpu-f32 and --expert-gemm need --device cuda");
+	if ((profile || o.gpu_f32 || expert_gemm || attention) && o.device != MS_DEVICE_CUDA)
+		return cli_usage("--profile, --gpu-f32, --expert-gemm and --attention need --device "
+				 "cuda");
+	if (o.gpu_f32 && o.attention != MS_ATTENTION_AUTO)
+		return cli_usage("--attention is a bf16 path; --gpu-f32 keeps the exact float32 "
+				 "attention");
 	if (o.gpu_f32 && o.expert_gemm != MS_EXPERT_GEMM_PER_EXPERT)
 		return cli_usage("--expert-gemm %s is a bf16 path; --gpu-f32 takes float32 GEMMs",
 				 o.expert_gemm == MS_EXPERT_GEMM_FUSED ? "fused" : "grouped");
@@ -323,7 +339,7 @@ static const struct cli_cmd cmds[] = {
 	{ "train", cmd_train,
 	  "train --plan PLAN [--db PATH] [--device cpu|cuda] [--colwise resident|on-demand] [--ep N] "
 	  "[--steps N] [--resume CKPT] [--metrics FILE] [--profile FILE] [--gpu-f32] "
-	  "[--expert-gemm per-expert|grouped|fused] [--json]",
+	  "[--expert-gemm per-expert|grouped|fused] [--attention auto|cudnn|flash] [--json]",
 	  "train a LoRA adapter on the plan's verified states",
 	  "--plan PLAN\tthe run plan (states, train section, outputs)\n"
 	  "--device cpu|cuda\twhere to train: the CPU reference path, or one GPU (default cpu)\n"
@@ -337,7 +353,10 @@ static const struct cli_cmd cmds[] = {
 	  "--expert-gemm per-expert|grouped|fused\tcuda, bf16: the experts' weights decoded per "
 	  "layer, then a CUTLASS grouped GEMM a product on sm_90 or one cuBLAS GEMM per expert "
 	  "(per-expert, the default), or the project's grouped launch over the routing counts on "
-	  "the device, its NVFP4 weights decoded per layer (grouped) or inside the GEMM (fused)\n" },
+	  "the device, its NVFP4 weights decoded per layer (grouped) or inside the GEMM (fused)\n"
+	  "--attention auto|cudnn|flash\tcuda, bf16: causal attention through cuDNN's fused SDPA "
+	  "(libcudnn.so.9, deterministic backward) or the project's flash kernels; auto (the "
+	  "default) takes cuDNN's where it loads and has a plan for the shape\n" },
 };
 
 int main(int argc, char **argv)

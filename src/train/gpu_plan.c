@@ -69,7 +69,7 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 
 int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,
 		      uint32_t B, uint32_t S, enum ms_colwise_mode colwise, int f32,
-		      int expert_gemm, struct ms_model_mem *out)
+		      int expert_gemm, int attention, struct ms_model_mem *out)
 {
 	struct gp p;
 	uint64_t H = c->hidden, V = c->vocab, E = c->n_experts, K = c->top_k;
@@ -85,9 +85,14 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r <= 64 &&
 		   (lora->targets & MS_LORA_EXPERTS) && H % 16 == 0 && F % 16 == 0;
 	int folded = 0;
-	/* flash attention (kernels/flash.h) on the bf16 path for the head
-	 * dims its kernels cover: a per-layer LSE instead of S x S scratch */
-	int flash = !f32 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
+	/* fused attention on the bf16 path: cuDNN's where it is tried (its
+	 * buffers held whether or not it loads), the flash kernels
+	 * (kernels/flash.h) for the head dims they cover; either keeps a
+	 * per-layer LSE instead of S x S scratch */
+	int tried = ms_gmodel_sdpa_tried(f32, attention, (uint32_t)hd, S);
+	int flash_k = !f32 && attention != MS_ATTENTION_CUDNN &&
+		      (hd == 16 || hd == 32 || hd == 64 || hd == 128);
+	int flash = tried || flash_k;
 
 	memset(out, 0, sizeof *out);
 	memset(&p, 0, sizeof p);
@@ -200,7 +205,11 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 				E * ((TK + 255) / 256) * 4 + /* the sort's chunk counts */
 				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4;
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
-	if (flash)
+	if (tried)
+		out->scratch += u64max(flash_k ? T * c->n_heads * 4 : 0,
+				       ms_gmodel_sdpa_ws(B, c->n_heads, S)) +
+				T * (2 * dq + 2 * dkv) * 2; /* bf16 O, dQ, dK, dV */
+	else if (flash)
 		out->scratch += T * c->n_heads * 4; /* ms_flash_workspace_bytes */
 	else
 		out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;

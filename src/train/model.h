@@ -168,6 +168,7 @@ struct ms_model_opts {
 	int expert_gemm;             /* cuda, bf16: enum ms_expert_gemm
 					(kernels/ggemm.h for the grouped
 					and fused ones) */
+	int attention;               /* cuda, bf16: enum ms_attention */
 };
 
 struct ms_model;
@@ -328,10 +329,35 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 /* ... and the scratch of its grouped CUTLASS form (kernels/xgemm.h's
  * MS_XGEMM_SCRATCH; allocated whether or not the build and device run it) */
 #define MS_GMODEL_XGEMM_WS (1u << 20)
+/* cuDNN's fused attention (kernels/sdpa.h): the bf16 path tries it, unless
+ * --attention flash, for head dims that are multiples of 8 up to 256 and
+ * more than one token a sequence (cuDNN refuses S = 1). Where it is tried
+ * its buffers are held whether or not cuDNN then loads (bf16 O, dQ, dK, dV
+ * and a workspace of at least ms_gmodel_sdpa_ws), so the planner need not
+ * know the machine's cuDNN. */
+static inline int ms_gmodel_sdpa_tried(int f32, int attention, uint32_t hd, uint32_t S)
+{
+	return !f32 && attention != MS_ATTENTION_FLASH && hd && hd % 8 == 0 && hd <= 256 &&
+	       S > 1;
+}
+/* The workspace held for it. cuDNN's deterministic backward keeps partial
+ * dQ sums (one per block of keys, reduced in a fixed order), so its
+ * workspace grows as S^2: cuDNN 9.14 on the H200 asked for about 2 S
+ * bytes a (sequence, head, query row) plus up to 520 (and 130 KiB at the
+ * smallest shapes): 604504320 bytes at the trainer bench's B 4, 16 heads,
+ * S 2048 (t_flash_gpu and the bench's profile measure it). Held: 2 Sp +
+ * 640 bytes a row over Sp = S rounded up to 128, and 1 MiB. A cuDNN asking
+ * for more gets more (the profile says how much it asked), and the
+ * planner is then short by the difference. */
+static inline uint64_t ms_gmodel_sdpa_ws(uint32_t B, uint32_t nh, uint32_t S)
+{
+	uint64_t sp = (uint64_t)(S + 127) / 128 * 128;
+	return (uint64_t)B * nh * sp * (2 * sp + 640) + (1u << 20);
+}
 
 int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
 		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,
-		      int gpu_f32, int expert_gemm, struct ms_model_mem *out);
+		      int gpu_f32, int expert_gemm, int attention, struct ms_model_mem *out);
 
 /* A CUDA model's time per phase over the steps so far (CUDA events), as
  * JSON {"steps": n, "step_ms": mean, "colwise_ms": ..., "kernels": [{"name",

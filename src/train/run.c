@@ -991,6 +991,7 @@ int ms_train_run(struct ms_inv *inv, const struct ms_train_opts *o, struct ms_tr
 	mo.device = o->device;
 	mo.gpu_f32 = o->gpu_f32;
 	mo.expert_gemm = o->expert_gemm;
+	mo.attention = o->attention;
 	/* a warm start keeps its own delta: the model rescales B from the
 	 * adapter's alpha to the run's */
 	if (adapter.adapter_config && (rc = warm_alpha(&adapter, &mo.warm_alpha, err)) != MS_OK)

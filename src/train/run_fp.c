@@ -82,7 +82,8 @@ static int train_footprint(struct ms_inv *inv, const struct ms_fp_plan *fp,
 	for (int m = 0; m < 2; m++) {
 		struct ms_model_mem mm;
 		ms_gmodel_predict(&cfg, &tp.lora, tp.batch, tp.seq_len,
-				  m ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT, 0, 0, &mm);
+				  m ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT, 0, 0,
+				  MS_ATTENTION_AUTO, &mm);
 		out->mode[m].nvfp4_rowwise = mm.nvfp4_rowwise;
 		out->mode[m].nvfp4_colwise = mm.nvfp4_colwise;
 		out->mode[m].dense = mm.dense;

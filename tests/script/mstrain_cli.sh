@@ -60,6 +60,12 @@ expect 2 "$B/mstrain" train --plan x.json --device cuda --expert-gemm cutlass
 has "is not per-expert, grouped or fused" "$W/err" "unknown --expert-gemm"
 expect 2 "$B/mstrain" train --plan x.json --device cuda --gpu-f32 --expert-gemm grouped
 has "is a bf16 path" "$W/err" "--expert-gemm grouped with --gpu-f32"
+expect 2 "$B/mstrain" train --plan x.json --attention cudnn
+has "need --device cuda" "$W/err" "--attention on the CPU"
+expect 2 "$B/mstrain" train --plan x.json --device cuda --attention fa3
+has "is not auto, cudnn or flash" "$W/err" "unknown --attention"
+expect 2 "$B/mstrain" train --plan x.json --device cuda --gpu-f32 --attention flash
+has "is a bf16 path" "$W/err" "--attention flash with --gpu-f32"
 expect 2 "$B/mstrain" train --plan x.json --colwise both
 plan typo.json runs/typo 3 0
 sed 's/"seq_len"/"seqlen"/' typo.json >typo2.json

@@ -1,6 +1,8 @@
 /*
- * t_flash_gpu.c: the fused causal attention kernels (kernels/flash.h)
- * against a host reference in double computed from the same bf16 inputs:
+ * t_flash_gpu.c: the fused causal attention kernels (kernels/flash.h) and
+ * cuDNN's fused SDPA through kernels/sdpa.h (bf16 outputs; a shape it has
+ * no plan for is said and left out (cuDNN refuses S = 1), except head dims
+ * 64 and 128 with S > 1; on an sm_90 cuDNN must load) against a host reference in double computed from the same bf16 inputs:
  * forward O and LSE, backward dQ, dK, dV, on sequence lengths 1, 7, 64,
  * 130 and 1024 (single rows, tails of a tile, exact tiles, many tiles),
  * head dims 16, 32, 64, 128, GQA groups of 2 and 4 and plain multi-head,
@@ -38,7 +40,10 @@
 #include <cuda_runtime.h>
 
 #include "flash.h"
+#include "sdpa.h"
 #include "test_bf16.h"
+#include "train/model.h"
+#include "xgemm.h"
 
 struct shape {
 	uint32_t S, hd, nh, nkv, B;
@@ -188,21 +193,58 @@ static int close_to(const char *what, const struct shape *sh, const float *got,
 	return bad;
 }
 
-static void poison(float *h, uint64_t n)
-{
-	for (uint64_t i = 0; i < n; i++)
-		h[i] = NAN;
-}
+/* the two implementations of flash.h's contract: the project's kernels
+ * (float outputs) and cuDNN's fused SDPA through sdpa.h (bf16 outputs) */
+enum { BK_FLASH, BK_CUDNN, BK_N };
+static const char *bk_name[BK_N] = {"flash", "cuDNN"};
 
 /* one shape's inputs on the device, its outputs there and on the host */
 struct run {
 	const struct shape *sh;
 	struct ms_flash_shape fs;
+	int bk;
+	struct ms_sdpa *sd;          /* BK_CUDNN: the shape's plans */
 	uint64_t nq, nkv, nl;
 	void *gq, *gk, *gv, *gdo, *go, *gl, *gdq, *gdk, *gdv, *gws;
 	float *o, *lse, *dq, *dk, *dv, *dq2, *dk2, *dv2;
+	uint16_t *h16;               /* bf16 outputs on their way to float */
 	double *lmag;
 };
+
+static int k_fwd(struct run *u, struct ms_err *err)
+{
+	if (u->bk == BK_FLASH)
+		return ms_flash_fwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gl, NULL, err);
+	return ms_sdpa_fwd(u->sd, u->gq, u->gk, u->gv, u->go, u->gl, u->gws, NULL, err);
+}
+
+static int k_bwd(struct run *u, struct ms_err *err)
+{
+	if (u->bk == BK_FLASH)
+		return ms_flash_bwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq,
+				    u->gdk, u->gdv, u->gws, NULL, err);
+	return ms_sdpa_bwd(u->sd, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq, u->gdk,
+			   u->gdv, u->gws, NULL, err);
+}
+
+/* n outputs of the backend's type from the device into float h */
+static int fetch(struct run *u, float *h, const void *g, uint64_t n, struct ms_err *err)
+{
+	if (u->bk == BK_FLASH)
+		return ms_gpu_memcpy(h, g, n * 4, err);
+	if (ms_gpu_memcpy(u->h16, g, n * 2, err))
+		return 1;
+	for (uint64_t i = 0; i < n; i++)
+		h[i] = from_bf16(u->h16[i]);
+	return 0;
+}
+
+/* every output byte 0xff before a launch: NaN as float and as bf16, so an
+ * element the kernels do not write fails */
+static int poison(void *g, uint64_t n, struct ms_err *err)
+{
+	return ms_gpu_memset(g, 0xff, n * 4, err);
+}
 
 /* the forward and (twice) the backward against the reference; 0 when
  * every element is within tolerance and the two backward runs are
@@ -213,12 +255,10 @@ static int check_kernels(struct run *u, const struct ref *r)
 	struct ms_err err = {0};
 	uint64_t nq = u->nq, nkv = u->nkv, nl = u->nl;
 
+	printf("  %s:\n", bk_name[u->bk]);
 	/* forward, over poisoned outputs */
-	poison(u->o, nq);
-	poison(u->lse, nl);
-	if (ms_gpu_memcpy(u->go, u->o, nq * 4, &err) || ms_gpu_memcpy(u->gl, u->lse, nl * 4, &err) ||
-	    ms_flash_fwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gl, NULL, &err) ||
-	    ms_gpu_sync(&err) || ms_gpu_memcpy(u->o, u->go, nq * 4, &err) ||
+	if (poison(u->go, nq, &err) || poison(u->gl, nl, &err) || k_fwd(u, &err) ||
+	    ms_gpu_sync(&err) || fetch(u, u->o, u->go, nq, &err) ||
 	    ms_gpu_memcpy(u->lse, u->gl, nl * 4, &err))
 		goto cuda;
 	if (close_to("O", sh, u->o, r->o, r->omag, 0x1p-6, nq))
@@ -231,15 +271,10 @@ static int check_kernels(struct run *u, const struct ref *r)
 	 * for bit */
 	for (int run = 0; run < 2; run++) {
 		float *a = run ? u->dq2 : u->dq, *b = run ? u->dk2 : u->dk, *c = run ? u->dv2 : u->dv;
-		poison(a, nq);
-		poison(b, nkv);
-		poison(c, nkv);
-		if (ms_gpu_memcpy(u->gdq, a, nq * 4, &err) || ms_gpu_memcpy(u->gdk, b, nkv * 4, &err) ||
-		    ms_gpu_memcpy(u->gdv, c, nkv * 4, &err) ||
-		    ms_flash_bwd(&u->fs, u->gq, u->gk, u->gv, u->go, u->gdo, u->gl, u->gdq,
-				   u->gdk, u->gdv, u->gws, NULL, &err) ||
-		    ms_gpu_sync(&err) || ms_gpu_memcpy(a, u->gdq, nq * 4, &err) ||
-		    ms_gpu_memcpy(b, u->gdk, nkv * 4, &err) || ms_gpu_memcpy(c, u->gdv, nkv * 4, &err))
+		if (poison(u->gdq, nq, &err) || poison(u->gdk, nkv, &err) ||
+		    poison(u->gdv, nkv, &err) || k_bwd(u, &err) || ms_gpu_sync(&err) ||
+		    fetch(u, a, u->gdq, nq, &err) || fetch(u, b, u->gdk, nkv, &err) ||
+		    fetch(u, c, u->gdv, nkv, &err))
 			goto cuda;
 	}
 	if (close_to("dQ", sh, u->dq, r->dq, r->dqmag, 0x1p-6, nq) ||
@@ -248,13 +283,56 @@ static int check_kernels(struct run *u, const struct ref *r)
 		return 1;
 	if (memcmp(u->dq, u->dq2, nq * 4) || memcmp(u->dk, u->dk2, nkv * 4) ||
 	    memcmp(u->dv, u->dv2, nkv * 4)) {
-		fprintf(stderr, "S %u hd %u: two backward runs differ\n", sh->S, sh->hd);
+		fprintf(stderr, "%s S %u hd %u: two backward runs differ\n", bk_name[u->bk], sh->S,
+			sh->hd);
 		return 1;
 	}
 	return 0;
 cuda:
-	fprintf(stderr, "S %u hd %u: %s\n", sh->S, sh->hd, err.msg);
+	fprintf(stderr, "%s S %u hd %u: %s\n", bk_name[u->bk], sh->S, sh->hd, err.msg);
 	return 1;
+}
+
+/* 1 when cuDNN is loaded (test_flash_shapes decides once) */
+static int cudnn_on;
+
+/* cuDNN's side of a shape: its plans, a workspace for them (u->gws is
+ * flash's, which it then replaces), the check. A shape cuDNN has no plan
+ * for is said and left out (the trainer keeps flash there), except the
+ * trainer's head dims (64 and 128) with more than one token, where it must
+ * have one; 0 when passed or left out */
+static int check_cudnn(struct run *u, const struct ref *r)
+{
+	struct ms_err err = {0};
+	int rc;
+	if (!cudnn_on)
+		return 0;
+	u->bk = BK_CUDNN;
+	if ((rc = ms_sdpa_new(&u->fs, &u->sd, &err))) {
+		int must = rc != MS_EINVAL ||
+			   ((u->sh->hd == 64 || u->sh->hd == 128) && u->sh->S > 1);
+		printf("  cuDNN: no plan%s (%s)\n", must ? "" : ", not checked", err.msg);
+		if (must)
+			fprintf(stderr, "cuDNN S %u hd %u: %s\n", u->sh->S, u->sh->hd, err.msg);
+		return must;
+	}
+	ms_gpu_free(u->gws);
+	u->gws = NULL;
+	if (ms_gpu_malloc(&u->gws, ms_sdpa_workspace_bytes(u->sd) + 16, &err)) {
+		fprintf(stderr, "cuDNN workspace: %s\n", err.msg);
+		return 1;
+	}
+	/* the trainer holds ms_gmodel_sdpa_ws for it, which the footprint
+	 * planner counts: cuDNN asking for more would make the planner short */
+	uint64_t held = ms_gmodel_sdpa_ws(u->sh->B, u->sh->nh, u->sh->S);
+	printf("  cuDNN workspace %llu bytes (the trainer holds %llu)\n",
+	       (unsigned long long)ms_sdpa_workspace_bytes(u->sd), (unsigned long long)held);
+	if (ms_sdpa_workspace_bytes(u->sd) > held) {
+		fprintf(stderr, "cuDNN S %u hd %u: asks for more workspace than the trainer "
+			"holds\n", u->sh->S, u->sh->hd);
+		return 1;
+	}
+	return check_kernels(u, r);
 }
 
 static int run_shape(const struct shape *sh)
@@ -284,8 +362,9 @@ static int run_shape(const struct shape *sh)
 	u.dk2 = malloc(nkv * 4);
 	u.dv2 = malloc(nkv * 4);
 	u.lmag = malloc(nl * 8);
+	u.h16 = malloc(nq * 2);
 	if (!hq || !hk || !hv || !hdo || !q || !k || !v || !dout || !u.o || !u.lse || !u.dq ||
-	    !u.dk || !u.dv || !u.dq2 || !u.dk2 || !u.dv2 || !u.lmag)
+	    !u.dk || !u.dv || !u.dq2 || !u.dk2 || !u.dv2 || !u.lmag || !u.h16)
 		goto out;
 	fill(hq, q, nq, 1.0);
 	fill(hk, k, nkv, 1.0);
@@ -305,8 +384,11 @@ static int run_shape(const struct shape *sh)
 	}
 	if (check_kernels(&u, &r))
 		goto out;
+	if (check_cudnn(&u, &r))
+		goto out;
 	rc = 0;
 out:
+	ms_sdpa_free(u.sd);
 	ms_gpu_free(u.gq);
 	ms_gpu_free(u.gk);
 	ms_gpu_free(u.gv);
@@ -335,6 +417,7 @@ out:
 	free(u.dk2);
 	free(u.dv2);
 	free(u.lmag);
+	free(u.h16);
 	return rc;
 }
 
@@ -342,6 +425,20 @@ out:
  * the full cross product (the double reference of S = 1024 is the cost) */
 static int test_flash_shapes(void)
 {
+	struct ms_err err = {0};
+	uint64_t ver = ms_sdpa_version(&err);
+	/* on the GPU the trainer is for, cuDNN's attention is its default:
+	 * it must load (else that path would go untested); elsewhere its
+	 * absence is said */
+	if (!ver && ms_xgemm_device_ok()) {
+		fprintf(stderr, "cuDNN does not load on this sm_90: %s\n", err.msg);
+		return 1;
+	}
+	cudnn_on = ver != 0;
+	if (!ver)
+		printf("  cuDNN: NOT CHECKED (%s)\n", err.msg);
+	else
+		printf("  cuDNN %llu\n", (unsigned long long)ver);
 	static const struct shape sh[] = {
 		{1, 16, 4, 2, 1},     {1, 128, 16, 4, 2},  {7, 64, 4, 4, 2},
 		{7, 16, 16, 4, 1},    {64, 128, 16, 4, 1}, {64, 32, 4, 2, 2},
@@ -385,10 +482,11 @@ static int test_flash_refuses(void)
 	return 0;
 }
 
-/* one launch of one direction over the buffers g */
+/* one launch of one direction of one backend over the buffers g */
 struct fl_run {
-	int bwd;
+	int bwd, bk;
 	const struct ms_flash_shape *fs;
+	struct ms_sdpa *sd;
 	void **g;
 };
 
@@ -397,21 +495,32 @@ static int fl_once(void *ctx)
 	const struct fl_run *r = ctx;
 	void **g = r->g;
 	struct ms_err err = {0};
-	int rc = r->bwd ? ms_flash_bwd(r->fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7], g[8],
-				       g[9], NULL, &err)
-			: ms_flash_fwd(r->fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
+	int rc;
+	if (r->bk == BK_FLASH)
+		rc = r->bwd ? ms_flash_bwd(r->fs, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7],
+					   g[8], g[9], NULL, &err)
+			    : ms_flash_fwd(r->fs, g[0], g[1], g[2], g[4], g[5], NULL, &err);
+	else
+		rc = r->bwd ? ms_sdpa_bwd(r->sd, g[0], g[1], g[2], g[4], g[3], g[5], g[6], g[7],
+					  g[8], g[9], NULL, &err)
+			    : ms_sdpa_fwd(r->sd, g[0], g[1], g[2], g[4], g[5], g[9], NULL, &err);
 	if (rc)
 		fprintf(stderr, "bench: %s\n", err.msg);
 	return rc;
 }
 
-/* --bench: both directions at the trainer's shapes */
+/* --bench: both directions of both backends at the trainer's shapes (cuDNN
+ * where it loads) */
 static int bench(void)
 {
 	static const struct ms_flash_shape shapes[] = {{4, 2048, 16, 4, 128}, {4, 2048, 16, 4, 64}};
 	cudaEvent_t ev[2 * BENCH_RUNS];
 	int rc = 1, nev = 0;
+	struct ms_err verr = {0};
+	uint64_t ver = ms_sdpa_version(&verr);
 
+	if (!ver)
+		printf("bench: cuDNN not measured (%s)\n", verr.msg);
 	for (; nev < 2 * BENCH_RUNS; nev++)
 		if (cudaEventCreate(&ev[nev]) != cudaSuccess)
 			goto out;
@@ -419,14 +528,22 @@ static int bench(void)
 		const struct ms_flash_shape *fs = &shapes[si];
 		uint64_t T = (uint64_t)fs->B * fs->S, nq = T * fs->nh * fs->hd;
 		uint64_t nkv = T * fs->nkv * fs->hd, nl = T * fs->nh;
-		/* q k v dO o lse dq dk dv ws */
+		struct ms_sdpa *sd = NULL;
+		struct ms_err err = {0};
+		uint64_t ws = ms_flash_workspace_bytes(fs);
+		if (ver && ms_sdpa_new(fs, &sd, &err) == MS_OK) {
+			if (ms_sdpa_workspace_bytes(sd) > ws)
+				ws = ms_sdpa_workspace_bytes(sd);
+		} else if (ver) {
+			printf("bench hd %u: cuDNN has no plan (%s)\n", fs->hd, err.msg);
+		}
+		/* q k v dO o lse dq dk dv ws (outputs float-sized: either type) */
 		uint64_t sz[10] = {nq * 2, nkv * 2, nkv * 2, nq * 2, nq * 4, nl * 4,
-				   nq * 4, nkv * 4, nkv * 4, ms_flash_workspace_bytes(fs)};
+				   nq * 4, nkv * 4, nkv * 4, ws + 16};
 		void *g[10] = {0};
 		uint16_t *h = malloc(nq * 2);
 		double flop = 4.0 * fs->B * fs->nh * (double)fs->S * fs->S * fs->hd / 2;
 		float t[2];
-		struct ms_err err = {0};
 		int bad = !h;
 
 		for (int i = 0; i < 10 && !bad; i++)
@@ -436,23 +553,29 @@ static int bench(void)
 				h[x] = to_bf16((float)gauss());
 			bad = ms_gpu_memcpy(g[i], h, sz[i], &err) != MS_OK;
 		}
-		/* the backward's O and LSE: a forward's */
-		if (!bad)
-			bad = ms_flash_fwd(fs, g[0], g[1], g[2], g[4], g[5], NULL, &err) ||
-			      ms_gpu_sync(&err);
-		for (int d = 0; d < 2 && !bad; d++)
-			bad = (t[d] = t_bench(fl_once, &(struct fl_run){d, fs, g}, ev)) < 0;
-		if (!bad) {
-			for (int d = 0; d < 2; d++)
-				printf("bench B %u S %u heads %u/%u hd %u %s: %.3f ms %.1f TFLOP/s\n",
-				       fs->B, fs->S, fs->nh, fs->nkv, fs->hd, d ? "bwd" : "fwd", t[d],
+		for (int bk = 0; bk < BK_N && !bad; bk++) {
+			if (bk == BK_CUDNN && !sd)
+				continue;
+			/* the backward's O and LSE: this backend's forward's */
+			struct fl_run fr = {0, bk, fs, sd, g};
+			bad = fl_once(&fr) || ms_gpu_sync(&err);
+			for (int d = 0; d < 2 && !bad; d++) {
+				fr.bwd = d;
+				bad = (t[d] = t_bench(fl_once, &fr, ev)) < 0;
+			}
+			for (int d = 0; d < 2 && !bad; d++)
+				printf("bench %s B %u S %u heads %u/%u hd %u %s: %.3f ms %.1f "
+				       "TFLOP/s\n",
+				       bk_name[bk], fs->B, fs->S, fs->nh, fs->nkv, fs->hd,
+				       d ? "bwd" : "fwd", t[d],
 				       (d ? 2.5 * flop : flop) / (t[d] * 1e-3) / 1e12);
-		} else {
+		}
+		if (bad)
 			fprintf(stderr, "bench hd %u: %s\n", fs->hd,
 				err.msg[0] ? err.msg : "a CUDA event or launch failed");
-		}
 		for (int i = 0; i < 10; i++)
 			ms_gpu_free(g[i]);
+		ms_sdpa_free(sd);
 		free(h);
 		if (bad)
 			goto out;

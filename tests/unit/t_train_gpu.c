@@ -542,7 +542,7 @@ static int predict(const char *name)
 		ms_model_mem(m, &got);
 		ms_model_free(m);
 		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, o.gpu_f32, o.expert_gemm,
-				  &want);
+				  o.attention, &want);
 		fprintf(stderr, "  %s %s %s: rowwise %llu/%llu colwise %llu/%llu dense %llu/%llu "
 			"lora %llu/%llu acts %llu/%llu scratch %llu/%llu (allocated/predicted)\n",
 			name, mode & 1 ? "on-demand" : "resident", mode_name(mode >> 1),

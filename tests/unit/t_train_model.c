@@ -1169,35 +1169,63 @@ static int test_blas_symbols(void)
 }
 
 /* gpu_plan.c's prediction of the GPU model's attention memory: on the bf16
- * path with a head dim the flash kernels cover, no S x S scratch (scratch
- * and activations affine in S: zero second difference over S = 256, 512,
- * 768) and a per-layer LSE of T * heads floats; the float32 test mode and
- * an uncovered head dim keep scores, dP (float) and P, dS (GEMM type) of
- * heads * S * S each: second difference 2 * heads * (8 + 2 * esz) * 256^2 */
+ * path, fused attention (cuDNN's, tried for head dims that are multiples of
+ * 8, or the flash kernels for those they cover) holds no S x S scratch
+ * (scratch and activations affine in S: zero second difference over S =
+ * 256, 512, 768) and a per-layer LSE of T * heads floats, except cuDNN's
+ * workspace, whose second difference is its own (its deterministic
+ * backward's partial sums grow as S^2, model.h); the float32 test mode and
+ * a head dim neither covers keep scores, dP (float) and P, dS (GEMM type)
+ * of heads * S * S each: second difference 2 * heads * (8 + 2 * esz) *
+ * 256^2. cuDNN's buffers are bf16 O, dQ, dK, dV and its workspace, the
+ * flash kernels' T * heads floats. */
 static int test_predict_flash_attention(void)
 {
 	struct fam f;
 	T_ASSERT(fam_open(&f, "qwen3moe") == 0);
-	for (int mode = 0; mode < 3; mode++) {
+	/* mode: 0 auto (cuDNN), 1 float32, 2 head dim 24 with flash only, 3
+	 * head dim 24 auto (cuDNN), 4 flash */
+	for (int mode = 0; mode < 5; mode++) {
 		struct ms_model_cfg c = f.cfg;
 		struct ms_model_mem m[3], f32;
 		int64_t d2s, d2a, h = 256, nh = c.n_heads, want;
-		int isf32 = mode == 1;
-		if (mode == 2)
+		int isf32 = mode == 1, fused = mode == 0 || mode >= 3;
+		int att = mode == 2 || mode == 4 ? MS_ATTENTION_FLASH : MS_ATTENTION_AUTO;
+		if (mode == 2 || mode == 3)
 			c.head_dim = 24;
 		for (int i = 0; i < 3; i++)
 			T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)(h * (i + 1)),
-						   MS_COLWISE_RESIDENT, isf32, 0, &m[i]) == MS_OK);
+						   MS_COLWISE_RESIDENT, isf32, 0, att, &m[i]) == MS_OK);
 		d2s = (int64_t)m[2].scratch - 2 * (int64_t)m[1].scratch + (int64_t)m[0].scratch;
 		d2a = (int64_t)m[2].acts - 2 * (int64_t)m[1].acts + (int64_t)m[0].acts;
-		want = mode == 0 ? 0 : 2 * nh * (8 + 2 * (isf32 ? 4 : 2)) * h * h;
+		want = !fused ? 2 * nh * (8 + 2 * (isf32 ? 4 : 2)) * h * h
+		       : att == MS_ATTENTION_AUTO
+			       ? (int64_t)ms_gmodel_sdpa_ws(2, (uint32_t)nh, 3 * (uint32_t)h) -
+					 2 * (int64_t)ms_gmodel_sdpa_ws(2, (uint32_t)nh, 2 * (uint32_t)h) +
+					 (int64_t)ms_gmodel_sdpa_ws(2, (uint32_t)nh, (uint32_t)h)
+			       : 0;
 		T_ASSERT_EQ_INT(d2s, want);
 		T_ASSERT_EQ_INT(d2a, 0);
 		/* activations: the LSE is the only difference between the modes */
 		T_ASSERT(ms_gmodel_predict(&c, &f.lora, 2, (uint32_t)h, MS_COLWISE_RESIDENT, 1, 0,
-					   &f32) == MS_OK);
+					   att, &f32) == MS_OK);
 		T_ASSERT_EQ_INT(m[0].acts - f32.acts,
-				mode == 0 ? (int64_t)c.n_layers * 2 * h * nh * 4 : 0);
+				fused ? (int64_t)c.n_layers * 2 * h * nh * 4 : 0);
+	}
+	{
+		/* cuDNN against flash at one shape: its bf16 buffers and its
+		 * workspace in place of flash's */
+		struct ms_model_mem a, b;
+		uint64_t T = 2 * 256, dq = (uint64_t)f.cfg.n_heads * f.cfg.head_dim;
+		uint64_t dkv = (uint64_t)f.cfg.n_kv_heads * f.cfg.head_dim;
+		T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 256, MS_COLWISE_RESIDENT, 0, 0,
+					   MS_ATTENTION_AUTO, &a) == MS_OK);
+		T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 256, MS_COLWISE_RESIDENT, 0, 0,
+					   MS_ATTENTION_FLASH, &b) == MS_OK);
+		T_ASSERT_EQ_INT((int64_t)(a.scratch - b.scratch),
+				(int64_t)(ms_gmodel_sdpa_ws(2, f.cfg.n_heads, 256) +
+					  T * (2 * dq + 2 * dkv) * 2 - T * f.cfg.n_heads * 4));
+		T_ASSERT(a.acts == b.acts && a.dense == b.dense && a.lora == b.lora);
 	}
 	fam_close(&f);
 	return 0;
@@ -1227,9 +1255,9 @@ static int test_predict_grouped(void)
 			f.lora.dropout = 0.1;
 			for (int f32 = 0; f32 < 2; f32++) {
 				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, MS_COLWISE_RESIDENT,
-							   f32, 0, &u[f32]) == MS_OK);
+							   f32, 0, 0, &u[f32]) == MS_OK);
 				T_ASSERT(ms_gmodel_predict(&f.cfg, &l0, 2, 16, MS_COLWISE_RESIDENT, f32,
-							   0, &fo[f32]) == MS_OK);
+							   0, 0, &fo[f32]) == MS_OK);
 				T_ASSERT(fo[f32].acts == u[f32].acts && fo[f32].dense == u[f32].dense &&
 					 fo[f32].lora == u[f32].lora &&
 					 fo[f32].nvfp4_rowwise == u[f32].nvfp4_rowwise);
@@ -1246,9 +1274,9 @@ static int test_predict_grouped(void)
 				struct ms_model_mem a, b;
 				enum ms_colwise_mode col = cw ? MS_COLWISE_ON_DEMAND
 							     : MS_COLWISE_RESIDENT;
-				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 0, &a) ==
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 0, 0, &a) ==
 					 MS_OK);
-				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 1, &b) ==
+				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32, 1, 0, &b) ==
 					 MS_OK);
 				/* grouped: pointer arrays instead of the per-expert
 				 * GEMMs' streams' workspaces */
@@ -1268,7 +1296,7 @@ static int test_predict_grouped(void)
 				/* fused: descriptors instead of pointers, and the
 				 * experts out of the decode scratch */
 				T_ASSERT(ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, col, f32,
-							   MS_EXPERT_GEMM_FUSED, &a) == MS_OK);
+							   MS_EXPERT_GEMM_FUSED, 0, &a) == MS_OK);
 				T_ASSERT_EQ_INT((int64_t)a.acts, (int64_t)b.acts);
 				T_ASSERT(f32 ? a.scratch == b.scratch : a.scratch < b.scratch);
 			}

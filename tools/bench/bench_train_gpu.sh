@@ -33,7 +33,7 @@
 # parts can run in separate calls: MS_BENCH_PARTS (default "ours torch")
 # names those to run this time ("" prepares only); the table is written
 # from everything the directory holds. MS_BENCH_MODES: which of our runs
-# (resident on-demand grouped fused; default all this mstrain has).
+# (resident on-demand flash grouped fused; default all this mstrain has).
 # Exit 0; 1 when a run failed (its row left out); 2 on bad usage; 3 when
 # something needed is missing.
 set -u
@@ -160,10 +160,15 @@ if "$BUILD/mstrain" train --help 2>&1 | grep -q -e '--profile'; then
 else
 	echo "bench-train-gpu: this mstrain has no --profile: no peak memory, kernel table or base bytes for our rows" >&2
 fi
-# the runs: each colwise mode with one cuBLAS GEMM per expert, and the
-# resident one with the grouped expert GEMMs (bf16 weights decoded first,
-# and fused: decoded inside) where this mstrain has them
+# the runs: each colwise mode with the default expert GEMMs and attention,
+# and the resident one with the project's flash attention instead of
+# cuDNN's, and with the grouped expert GEMMs (bf16 weights decoded first,
+# and fused: decoded inside), where this mstrain has them
 case " $PARTS " in *" ours "*) MODES="resident on-demand";; *) MODES="";; esac
+if [ -n "$MODES" ] && [ "$DEV" = cuda ] &&
+	"$BUILD/mstrain" train --help 2>&1 | grep -q -e '--attention'; then
+	MODES="$MODES flash"
+fi
 if [ -n "$MODES" ] && [ "$DEV" = cuda ] &&
 	"$BUILD/mstrain" train --help 2>&1 | grep -q -e '--expert-gemm'; then
 	MODES="$MODES grouped"
@@ -186,12 +191,13 @@ for c in $MODES; do
 		continue
 	fi
 	col=$c
-	case $c in grouped|fused) col=resident;; esac
+	case $c in grouped|fused|flash) col=resident;; esac
 	plan "$c" "$col"
 	"$BUILD/msinv" footprint --json "plan-$c.json" >"footprint-$c.json" 2>"footprint-$c.err" ||
 		rm -f "footprint-$c.json"
 	set -- "$BUILD/mstrain" train --plan "plan-$c.json" --device "$DEV" --colwise "$col" --metrics "m-$c.jsonl"
 	case $c in grouped|fused) set -- "$@" --expert-gemm "$c";; esac
+	case $c in flash) set -- "$@" --attention flash;; esac
 	[ $PROF = 1 ] && set -- "$@" --profile "prof-$c.json"
 	echo "bench-train-gpu: mstrain, $c, $STEPS steps of $BATCH x $SEQ" >&2
 	if ! "$BUILD/msinv" launch --plan "plan-$c.json" -- "$@" >"train-$c.log" 2>&1; then

@@ -33,13 +33,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_flops  # noqa: E402
 
-MODES = ("resident", "on-demand", "grouped", "fused")
-# what each run is: its colwise mode, and for "grouped" the expert GEMMs
+MODES = ("resident", "on-demand", "flash", "grouped", "fused")
+# what each run is: its colwise mode, and for the others what differs
 RUN_NAME = {"resident": "colwise resident", "on-demand": "colwise on-demand",
+            "flash": "colwise resident, the project's flash attention",
             "grouped": "colwise resident, grouped expert GEMMs",
             "fused": "colwise resident, grouped expert GEMMs decoding NVFP4 inside"}
-RUN_ARGS = {"resident": "", "on-demand": "", "grouped": " --expert-gemm grouped",
-            "fused": " --expert-gemm fused"}
+RUN_ARGS = {"resident": "", "on-demand": "", "flash": " --attention flash",
+            "grouped": " --expert-gemm grouped", "fused": " --expert-gemm fused"}
 GIB = float(1 << 30)
 
 
@@ -130,10 +131,12 @@ def main():
             notes.append("ours, %s: no profile (mstrain --profile absent or not written): "
                          "no peak memory, kernel table or base bytes" % m)
         ours[m] = (r, prof)
+        extra = "median of %d steps after %d warm-up, last loss %.4f" % (r[1], a.skip, r[2])
+        if prof and prof.get("attention"):
+            extra += ", attention: %s" % prof["attention"]
         rows.append(("ours, %s (mstrain --device %s%s)" % (RUN_NAME[m], a.mstrain_device,
                                                            RUN_ARGS[m]),
-                     r[0] * 1e3, prof.get("peak_bytes") if prof else None,
-                     "median of %d steps after %d warm-up, last loss %.4f" % (r[1], a.skip, r[2])))
+                     r[0] * 1e3, prof.get("peak_bytes") if prof else None, extra))
 
     t = torch_lines(os.path.join(d, "torch.txt"))
     eager_ms = None

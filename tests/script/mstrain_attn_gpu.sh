@@ -1,0 +1,93 @@
+#!/bin/sh
+# mstrain_attn_gpu.sh (make test-gpu): the attention choices of `mstrain
+# --device cuda` end to end, under msinv launch, on the bundled Qwen3-MoE's
+# NVFP4 copy: --attention cudnn and flash train the same plan; each run's
+# profile names the attention it ran (cuDNN with its version); auto runs
+# cuDNN's where it loads, bit for bit the cudnn run (the same kernels);
+# cuDNN's losses are flash's to bf16 rounding (cuDNN rounds its outputs to
+# bf16, and sums in another order); with cuDNN, columnwise on demand saves
+# the resident run's adapter byte for byte (cuDNN's deterministic
+# backward). Skipped without a GPU; where cuDNN does not load, auto is
+# checked to fall back to flash and to say why, and --attention cudnn to
+# be refused with exit 3.
+. "$(dirname "$0")/lib.sh"
+nvidia-smi -L >/dev/null 2>&1 || skip "no GPU"
+export MSINV_DB="$W/inv.db"
+
+# a plan: FILE (its label and outputs from FILE's name)
+plan() {
+	cat >"$1" <<P
+{"ep_size": 1, "outputs": "runs/$(basename "$1" .json)",
+ "states": [{"role": "base", "state": "base"}, {"role": "quantized", "state": "quant"}],
+ "train": {"lora": {"r": 4, "alpha": 8, "targets": ["experts", "q_proj", "v_proj"]},
+           "optimizer": {"lr": 1e-2, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
+           "batch": 4, "seq_len": 16, "steps": 6, "seed": 1,
+           "data": {"task": "copy"}, "checkpoint_every": 0,
+           "label": "$(basename "$1" .json)"}}
+P
+}
+# the metrics without their timings
+losses() { sed 's/,"seconds":[^,]*,"tokens_per_s":[^}]*//' "$1"; }
+# the profile's FIELD
+pfield() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$1" "$2"; }
+
+FXA=$(cd "$FX" && pwd)
+base=$FXA/train/qwen3moe/base
+[ -d "$base" ] || base=$FXA/hf/qwen3moe
+cd "$W" || exit 3
+cp -r "$base" base && cp -r "$FXA/train/qwen3moe/quant" quant || exit 3
+expect 0 msinv init
+for s in base quant; do expect 0 msinv add --label "$s" "$s"; done
+
+run() { # NAME [mstrain options]
+	n=$1
+	shift
+	plan "$n.json"
+	msinv launch --plan "$n.json" -- mstrain train --plan "$n.json" --device cuda \
+		--metrics "m-$n.jsonl" --profile "p-$n.json" "$@" >"$W/out" 2>"$W/err"
+}
+
+run auto
+rc=$?
+if [ $rc -ne 0 ]; then
+	bad "auto: exit $rc"
+	cat "$W/err"
+fi
+if ! pfield p-auto.json attention | grep -q '^cudnn 9\.'; then
+	# no cuDNN here: auto must have said why and run flash; cudnn is refused
+	[ "$(pfield p-auto.json attention)" = flash ] && ok || bad "auto without cuDNN did not run flash"
+	[ -n "$(pfield p-auto.json attention_no_cudnn)" ] && ok || bad "auto without cuDNN said no reason"
+	expect 3 msinv launch --plan auto.json -- mstrain train --plan auto.json --device cuda \
+		--attention cudnn
+	has "attention cudnn" "$W/err" "--attention cudnn without cuDNN"
+	echo "$t_name: cuDNN does not load here: $(pfield p-auto.json attention_no_cudnn)"
+	echo "$t_name: $pass passed, $fail failed"
+	[ "$fail" -eq 0 ]
+	exit
+fi
+ok
+expect 0 run cudnn --attention cudnn
+expect 0 run flash --attention flash
+expect 0 run ondemand --attention cudnn --colwise on-demand
+case $(pfield p-cudnn.json attention) in "cudnn 9."*) ok ;; *) bad "cudnn: the profile names '$(pfield p-cudnn.json attention)'" ;; esac
+[ "$(pfield p-flash.json attention)" = flash ] && ok || bad "flash: the profile names '$(pfield p-flash.json attention)'"
+[ "$(wc -l <m-cudnn.jsonl)" -eq 6 ] && ok || bad "cudnn: not 6 steps of metrics"
+losses m-auto.jsonl >l-auto
+losses m-cudnn.jsonl >l-cudnn
+losses m-ondemand.jsonl >l-ondemand
+cmp -s l-auto l-cudnn && ok || bad "auto and cudnn trained differently"
+cmp -s l-cudnn l-ondemand && ok || bad "cudnn: on-demand and resident losses differ"
+cmp -s runs/cudnn/step-000006/adapter/adapter_model.safetensors \
+	runs/ondemand/step-000006/adapter/adapter_model.safetensors && ok ||
+	bad "cudnn: on-demand and resident saved different adapters"
+python3 -c '
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+d = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print("cudnn vs flash: losses within %.3g relative" % d)
+sys.exit(d > 1e-2)' m-cudnn.jsonl m-flash.jsonl && ok ||
+	bad "cudnn and flash losses differ by more than bf16 rounding"
+
+echo "$t_name: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
