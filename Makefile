@@ -203,15 +203,17 @@ CUDNN_INC = $(firstword $(foreach d,$(CUDA_HOME)/include /usr/include \
               /usr/include/x86_64-linux-gnu,$(if $(wildcard $(d)/cudnn_version.h),$(d))))
 CXX_KFLAGS = -std=c++17 -O1 -fPIC -Wall -Wextra $(filter -Werror,$(ALL_CFLAGS)) -Isrc -Ikernels \
              -isystem $(CUDA_HOME)/include
+CUDNN_KFLAGS = -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+               $(if $(filter-out $(CUDA_HOME)/include,$(CUDNN_INC)),-isystem $(CUDNN_INC)) \
+               -isystem $(CUDNN_FE_DIR)/include
 $(BUILD)/cudnn-frontend.stamp: tools/fetch_headers.sh | $(BUILD)/kernels
 	@sh tools/fetch_headers.sh cudnn-frontend $(CUDNN_FE_DIR)
 	@touch $@
 $(BUILD)/kernels/sdpa.o: kernels/sdpa.cpp kernels/sdpa.h kernels/flash.h $(wildcard src/*.h) \
 		$(BUILD)/cudnn-frontend.stamp | $(BUILD)/kernels pkgcheck
 	@if [ -f $(CUDNN_FE_DIR)/include/cudnn_frontend.h ] && [ -n "$(CUDNN_INC)" ]; then \
-	  echo "$(CXX) $(CXX_KFLAGS) -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -isystem $(CUDNN_INC) -isystem $(CUDNN_FE_DIR)/include -c -o $@ $<"; \
-	  $(CXX) $(CXX_KFLAGS) -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
-	    -isystem $(CUDNN_INC) -isystem $(CUDNN_FE_DIR)/include -c -o $@ $<; \
+	  echo "$(CXX) $(CXX_KFLAGS) $(CUDNN_KFLAGS) -c -o $@ $<"; \
+	  $(CXX) $(CXX_KFLAGS) $(CUDNN_KFLAGS) -c -o $@ $<; \
 	else \
 	  echo "$(CXX) $(CXX_KFLAGS) -c -o $@ $< (no cuDNN frontend: the stub)"; \
 	  $(CXX) $(CXX_KFLAGS) -c -o $@ $<; \

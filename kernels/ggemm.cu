@@ -409,7 +409,8 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 
 		int rr = i / (WB_NT / 8), cc = i % (WB_NT / 8) * 8;
 		uint32_t row = rb + rr, col = n0 + cc;
 		int ok = row < r1 && col < p.N;
-		cp16(&sx[rr][cc], ok ? X + (uint64_t)row * p.ldx + col : X, ok ? 16 : 0);
+		uint64_t xr = ok && p.xperm ? (uint32_t)p.xperm[row] / p.xdiv : row;
+		cp16(&sx[rr][cc], ok ? X + xr * p.ldx + col : X, ok ? 16 : 0);
 	}
 	cp_commit();
 	for (int i = threadIdx.x; i < WB_KC * RP; i += WB_NTH) {
@@ -507,10 +508,12 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups or "
 				  "a NULL pointer", p->E);
 	if (!p->R || p->R > MS_GGEMM_WGRAD_BF16_MAX_R || p->N % 8 || p->ldx % 8 ||
-	    p->ldu < p->R || p->ldx < p->N || (uintptr_t)p->x % 16 || (uintptr_t)p->u % 2)
+	    p->ldu < p->R || p->ldx < p->N || (uintptr_t)p->x % 16 || (uintptr_t)p->u % 2 ||
+	    (p->xperm && !p->xdiv))
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): rank %u (1 .. "
 				  "%u), N %u and X's stride %llu (multiples of 8, at least N), "
-				  "U's stride %llu (at least R), X 16-byte aligned: not covered",
+				  "U's stride %llu (at least R), X 16-byte aligned, a permutation's "
+				  "divisor (at least 1): not covered",
 				  p->R, MS_GGEMM_WGRAD_BF16_MAX_R, p->N,
 				  (unsigned long long)p->ldx, (unsigned long long)p->ldu);
 	if (!p->N)

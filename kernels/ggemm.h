@@ -155,7 +155,8 @@ int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *
  * expert LoRA's gradients (train.cu): a read of X once. Covered: R of 1
  * .. MS_GGEMM_WGRAD_BF16_MAX_R (padded with zeros to a multiple of 16 in
  * shared memory), N and ldx multiples of 8, x 16-byte aligned, ldu at
- * least R (ms_ggemm_wgrad_bf16 says which it is not).
+ * least R, xdiv at least 1 with xperm (ms_ggemm_wgrad_bf16 says which it
+ * is not).
  */
 #define MS_GGEMM_WGRAD_BF16_MAX_R 64u
 
@@ -171,6 +172,11 @@ struct ms_ggemm_wgrad_bf16 {
 	int trans;                /* G_e [N, R] instead of [R, N] */
 	float alpha;
 	int accumulate;           /* 1: G += ...; 0: G = ... */
+	/* NULL, or X's rows through a permutation: row i of the groups reads
+	 * row xperm[i] / xdiv of x (the expert rows' tokens, read from the
+	 * token-major input without gathering it first) */
+	const int32_t *xperm;
+	uint32_t xdiv;
 };
 
 int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,

@@ -289,6 +289,10 @@ struct dacts {
 					offsets, then [E + 1] tile offsets */
 	float *lse;                  /* flash attention: [B, nh, S] row
 					log-normalisers for the backward */
+	__nv_bfloat16 *actb;         /* a folded expert LoRA's layer: SwiGLU's
+					output in bf16 (act NULL): all the
+					backward reads of it (its LoRA's
+					gradients), at half the bytes */
 };
 
 enum phase {
@@ -947,17 +951,21 @@ __device__ __forceinline__ float silu_d(float g)
 	return g / (1.0f + expf(-g));
 }
 
-__global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *tw, uint64_t n,
-			 uint32_t F, uint32_t ldt)
+__global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *actb,
+			 __nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
 {
 	/* a block a row at a time; tw: the bf16 twin (k_gather's), row
-	 * stride ldt */
+	 * stride ldt; the kept output in float32 (act) or bf16 (actb) */
 	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
 		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
 			float v = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
-			act[r * F + c] = v;
+			__nv_bfloat16 b = __float2bfloat16_rn(v);
+			if (act)
+				act[r * F + c] = v;
+			else
+				actb[r * F + c] = b;
 			if (tw)
-				tw[r * ldt + c] = __float2bfloat16_rn(v);
+				tw[r * ldt + c] = b;
 		}
 }
 
@@ -2967,6 +2975,7 @@ static void acts_release(struct ms_gmodel *g)
 			dfree(g, a->perm, MC_ACTS);
 			dfree(g, a->pos, MC_ACTS);
 			dfree(g, a->lse, MC_ACTS);
+			dfree(g, a->actb, MC_ACTS);
 			dfree(g, a->goff, MC_ACTS);
 			if (a->cnt)
 				cudaFreeHost(a->cnt);
@@ -3129,7 +3138,11 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			DM(a->perm, TK * 4, MC_ACTS);
 			DM(a->pos, TK * 4, MC_ACTS);
 			DM(a->gu, (TK + BUCKET) * 2 * F * 4, MC_ACTS);
-			DM(a->act, (TK + BUCKET) * F * 4, MC_ACTS);
+			/* the folded LoRA's layers keep it in bf16 (actb) */
+			if (g->E && d->egu[0].fr)
+				DM(a->actb, (TK + BUCKET) * F * 2, MC_ACTS);
+			else
+				DM(a->act, (TK + BUCKET) * F * 4, MC_ACTS);
 			if (d->lgu)
 				DM(a->ugu, TK * r * 4, MC_ACTS);
 			if (d->ldn)
@@ -3895,18 +3908,19 @@ out:
  * row count (host-bound: the bench model's experts have many) or the rows
  * cut into equal chunks with partial sums (23.6 ms a step on the H200 for
  * what reads 1.2 GB a layer). dY: the twin (row stride ld, dU in its last
- * r columns); Us: fold_u's U; Xb: the input, row stride in.
+ * r columns); Us: fold_u's U; Xb: the input, row stride in, its row i
+ * xperm[i] / K where xperm is given (the tokens, not gathered).
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
-		      const __nv_bfloat16 *Xb, struct ms_err *err)
+		      const __nv_bfloat16 *Xb, const int32_t *xperm, struct ms_err *err)
 {
 	int rc;
 	uint32_t E = L->E, r = L->r, in = L->in, out = L->out;
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
-					 (uint64_t)out * r, 1, g->lscale, 1};
+					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1};
 	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, in, L->gA,
-					 (uint64_t)r * in, 0, 1.0f, 1};
+					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K};
 	if ((rc = offsets_up(g, cnt, err)) || (rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
 		return rc;
 	return ms_ggemm_wgrad_bf16(&wa, g->st, err);
@@ -4056,10 +4070,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					     a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
-		k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, twin_buf(g), TK,
-							    (uint32_t)F, (uint32_t)lda);
+		k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, a->actb, twin_buf(g),
+							    TK, (uint32_t)F, (uint32_t)lda);
 		LK();
-		X = twin_of(g, a->act);
+		X = a->act ? twin_of(g, a->act) : twin_buf(g);
 		if ((rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
 		if (fr) {
@@ -4101,7 +4115,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, a->h2, T * H, g->cA, &X, err)) ||
 		    (rc = lin_fwd(g, &d->sgu, X, T, a->sgu, 0, err)))
 			return rc;
-		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, twin_buf(g), T, Fs, Fs);
+		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, NULL, twin_buf(g), T, Fs,
+							   Fs);
 		LK();
 		if ((rc = lin_fwd(g, &d->sdn, twin_of(g, a->sact), T, d->moe ? g->y2 : g->y, 0,
 				  err)))
@@ -4191,11 +4206,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
-			/* the adapter's gradients read act in bf16 */
-			k_cast_bf<<<nblk(TK * F), NTH, 0, g->st>>>(a->act, xb, TK * F);
-			LK();
+			/* the adapter's gradients read act in bf16, as the
+			 * forward kept it */
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, xb, err)))
+					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, a->actb,
+					     NULL, err)))
 				return rc;
 		} else if (d->ldn && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL,
@@ -4235,11 +4250,13 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
-			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, NULL, xb, TK,
-								    (uint32_t)H, (uint32_t)H);
+			/* the input's tokens in bf16, read by the expert rows
+			 * through the permutation (no gathered copy) */
+			k_cast_bf<<<nblk(T * H), NTH, 0, g->st>>>(a->h2, xb, T * H);
 			LK();
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, err)))
+					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, a->perm,
+					     err)))
 				return rc;
 		} else if (d->lgu && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL,

@@ -391,7 +391,7 @@ static int test_ggemm_shapes(void)
  * 2^-23 (float32) or 2^-22 (the tensor cores' accumulation order is the
  * hardware's) of the sum of magnitudes. */
 static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
-		     int trans, int acc)
+		     int trans, int acc, int perm)
 {
 	uint32_t off[65];
 	uint64_t rows, ldu = bf ? R + 8 : R + 3, ldx = bf ? N + 16 : N + 1;
@@ -399,7 +399,9 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 	void *u = NULL, *x = NULL;
 	double *uv = NULL, *xv = NULL;
 	float *g = NULL, *g0 = NULL;
-	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL;
+	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL, *dp = NULL;
+	int32_t *xp = NULL;
+	double *xg = NULL;
 	const char *what = bf ? "wgrad bf16" : "wgrad";
 	struct ms_err err = {0};
 	double worst = 0, ulp = bf ? 0x1p-22 : 0x1p-23;
@@ -427,6 +429,24 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 	}
 	for (uint64_t i = 0; i < ng; i++)
 		g0[i] = i % gs >= (uint64_t)R * N ? SENTINEL : acc ? (float)gauss() : NAN;
+	if (perm) {
+		/* row i reads x's row xp[i] / 3 (any of them, some twice, as
+		 * the experts' rows read their tokens): xg is what it reads */
+		xp = malloc((rows + 1) * 4);
+		xg = malloc((rows + 1) * ldx * 8);
+		T_ASSERT(xp && xg);
+		for (uint64_t i = 0; i < rows; i++) {
+			uint64_t src = rnd() % rows;
+			xp[i] = (int32_t)(src * 3 + rnd() % 3);
+			memcpy(xg + i * ldx, xv + src * ldx, ldx * 8);
+		}
+		free(xv);
+		xv = xg;
+		xg = NULL;
+		if (ms_gpu_malloc(&dp, (rows + 1) * 4, &err) ||
+		    (rows && ms_gpu_memcpy(dp, xp, rows * 4, &err)))
+			goto fail;
+	}
 	if (ms_gpu_malloc(&du, (rows + 1) * ldu * esz, &err) ||
 	    ms_gpu_malloc(&dx, (rows + 1) * ldx * esz, &err) || ms_gpu_malloc(&dg, ng * 4, &err) ||
 	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) ||
@@ -438,7 +458,7 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 		struct ms_ggemm_wgrad_bf16 p = {
 			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
 			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
-			.accumulate = acc,
+			.accumulate = acc, .xperm = dp, .xdiv = 3,
 		};
 		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
 			goto fail;
@@ -482,8 +502,9 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 					worst = err_ / m;
 			}
 	}
-	printf("%s E %u R %u N %u rows %llu trans %d %s: max err/mag %.3g\n", what, E, R, N,
-	       (unsigned long long)rows, trans, acc ? "accumulate" : "write", worst);
+	printf("%s E %u R %u N %u rows %llu trans %d %s%s: max err/mag %.3g\n", what, E, R, N,
+	       (unsigned long long)rows, trans, acc ? "accumulate" : "write",
+	       perm ? ", X through a permutation" : "", worst);
 	rc = 0;
 	goto out;
 fail:
@@ -499,19 +520,21 @@ out:
 	ms_gpu_free(dx);
 	ms_gpu_free(dg);
 	ms_gpu_free(doff);
+	ms_gpu_free(dp);
+	free(xp);
 	return rc;
 }
 
 static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
 		      int acc)
 {
-	return wgrad_run(0, E, R, N, cnt, trans, acc);
+	return wgrad_run(0, E, R, N, cnt, trans, acc, 0);
 }
 
 static int wgrad_bf_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
 			 int acc)
 {
-	return wgrad_run(1, E, R, N, cnt, trans, acc);
+	return wgrad_run(1, E, R, N, cnt, trans, acc, 0);
 }
 
 static int test_ggemm_wgrad(void)
@@ -536,7 +559,8 @@ static int test_ggemm_wgrad(void)
 
 /* ranks that fill the padded width and ranks that do not (3, 4, 8: U's
  * rows then not 16-byte aligned), groups empty and across a stage (32
- * rows), N under, at and across the block's 128 columns, both G layouts;
+ * rows), N under, at and across the block's 128 columns, both G layouts,
+ * X read directly and through a row permutation;
  * refused: a rank past the bound, an X stride not a multiple of 8 */
 static int test_ggemm_wgrad_bf16(void)
 {
@@ -553,6 +577,9 @@ static int test_ggemm_wgrad_bf16(void)
 	T_ASSERT(wgrad_bf_case(8, 3, 136, edge, 1, 1) == 0);
 	T_ASSERT(wgrad_bf_case(8, 4, 64, edge, 0, 0) == 0);
 	T_ASSERT(wgrad_bf_case(4, 8, 40, NULL, 1, 0) == 0);
+	/* X's rows through a permutation (xperm / xdiv) */
+	T_ASSERT(wgrad_run(1, 8, 16, 136, edge, 1, 1, 1) == 0);
+	T_ASSERT(wgrad_run(1, 4, 3, 64, NULL, 0, 0, 1) == 0);
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
