@@ -435,6 +435,14 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 	bf16 (*su)[WB_KC][R + 8] = (bf16 (*)[WB_KC][R + 8])(wb_smem + 2 * WB_KC * (WB_NT + 8) / 8);
 	uint32_t e = blockIdx.y, n0 = blockIdx.x * WB_NT;
 	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
+	if (gridDim.z > 1) {
+		/* this block's run of the group's rows (blockIdx.z of gridDim.z) */
+		uint32_t run = (r1 - r0 + gridDim.z - 1) / gridDim.z;
+		run = (run + WB_KC - 1) / WB_KC * WB_KC;
+		uint32_t a0 = r0 + blockIdx.z * run;
+		r0 = a0 < r1 ? a0 : r1;
+		r1 = r0 + run < r1 ? r0 + run : r1;
+	}
 	uint32_t nst = (r1 - r0 + WB_KC - 1) / WB_KC;
 	int w = threadIdx.x >> 5, l = threadIdx.x & 31, i4 = l >> 3;
 	float acc[2][R / 8][4];
@@ -478,6 +486,8 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 		__syncthreads();
 	}
 	float *g = p.g + (uint64_t)e * p.gstride;
+	/* split: the raw partial sum, [R][N] of (split, group) */
+	float *pt = p.part + ((uint64_t)blockIdx.z * gridDim.y + e) * p.R * p.N;
 #pragma unroll
 	for (int t = 0; t < 2; t++)
 #pragma unroll
@@ -488,9 +498,29 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 				uint32_t j = 8 * q + 2 * (l & 3) + (c & 1);
 				if (n >= p.N || j >= p.R)
 					continue;
+				if (gridDim.z > 1) {
+					pt[(uint64_t)j * p.N + n] = acc[t][q][c];
+					continue;
+				}
 				float *d = p.trans ? g + (uint64_t)n * p.R + j : g + (uint64_t)j * p.N + n;
 				*d = p.alpha * acc[t][q][c] + (p.accumulate ? *d : 0.0f);
 			}
+}
+
+/* the split form's second half: G_e = alpha * (sum over the splits, in
+ * order, of the partials) (+ G_e) */
+__global__ void k_wgrad_sum(struct ms_ggemm_wgrad_bf16 p)
+{
+	uint64_t rn = (uint64_t)p.R * p.N, n = (uint64_t)p.E * rn;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t e = i / rn, jn = i % rn, j = jn / p.N, c = jn % p.N;
+		float s = 0.0f;
+		for (uint32_t z = 0; z < p.nsplit; z++)
+			s += p.part[(uint64_t)z * n + i];
+		float *d = p.g + e * p.gstride + (p.trans ? c * p.R + j : j * p.N + c);
+		*d = p.alpha * s + (p.accumulate ? *d : 0.0f);
+	}
 }
 
 /* k_wgrad_bf's shared memory: two stages of X's and U's rows */
@@ -503,10 +533,13 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 				   struct ms_err *err)
 {
 	int rc = MS_OK;
-	dim3 grid((p->N + WB_NT - 1) / WB_NT, p->E);
-	if (!p->E || p->E > 65535 || !p->off || !p->u || !p->x || !p->g)
-		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups or "
-				  "a NULL pointer", p->E);
+	uint32_t ns = p->nsplit > 1 ? p->nsplit : 1;
+	dim3 grid((p->N + WB_NT - 1) / WB_NT, p->E, ns);
+	if (!p->E || p->E > 65535 || !p->off || !p->u || !p->x || !p->g ||
+	    (ns > 1 && (!p->part || ns > 64)))
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups, "
+				  "%u splits (at most 64, with their partials) or a NULL pointer",
+				  p->E, p->nsplit);
 	if (!p->R || p->R > MS_GGEMM_WGRAD_BF16_MAX_R || p->N % 8 || p->ldx % 8 ||
 	    p->ldu < p->R || p->ldx < p->N || (uintptr_t)p->x % 16 || (uintptr_t)p->u % 2 ||
 	    (p->xperm && !p->xdiv))
@@ -533,6 +566,12 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 		break;
 	}
 	CK(cudaGetLastError());
+	if (ns > 1) {
+		uint64_t n = (uint64_t)p->E * p->R * p->N, nb = (n + 255) / 256;
+		k_wgrad_sum<<<(unsigned)(nb < 4096 ? nb : 4096), 256, 0, (cudaStream_t)stream>>>(
+			*p);
+		CK(cudaGetLastError());
+	}
 out:
 	return rc;
 }

@@ -177,6 +177,14 @@ struct ms_ggemm_wgrad_bf16 {
 	 * token-major input without gathering it first) */
 	const int32_t *xperm;
 	uint32_t xdiv;
+	/* 0 or 1: a block a column slice sums all of its group's rows; more:
+	 * each group's rows cut into nsplit equal runs (multiples of 32), a
+	 * block each, their float32 partial sums written to part (nsplit * E
+	 * * R * N floats) and added in split order by a second kernel: the
+	 * most loaded group no longer sets the time, and the sums still have
+	 * a fixed order */
+	uint32_t nsplit;
+	float *part;
 };
 
 int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,

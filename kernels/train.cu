@@ -424,6 +424,8 @@ struct ms_gmodel {
 	int cudnn;                   /* ... through cuDNN's SDPA (sdpa.h) */
 	void *fws;                   /* their workspace */
 	void *sdb;                   /* cuDNN: bf16 O | dQ | dK | dV */
+	float *wpart;                /* the folded LoRA's gradients' partial
+					sums (fold_wgrad) */
 	struct ms_sdpa *sd;          /* cuDNN: the current shape's plans, one
 					of sdc */
 	struct ms_sdpa *sdc[SD_CACHE];  /* plans by shape (sdk): a run whose
@@ -2903,9 +2905,11 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			colmax = cb;
 	}
 	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
-	if (g->folded)
-		DM(g->fab, (uint64_t)g->E * fold_width(g->r) * (g->H > 2 * g->F ? g->H : 2 * g->F) * 2,
-		   MC_SCRATCH);
+	if (g->folded) {
+		uint64_t wide = g->H > 2 * g->F ? g->H : 2 * g->F;
+		DM(g->fab, (uint64_t)g->E * fold_width(g->r) * wide * 2, MC_SCRATCH);
+		DM(g->wpart, MS_GMODEL_WGRAD_SPLIT * (uint64_t)g->E * g->r * wide * 4, MC_SCRATCH);
+	}
 	for (uint32_t l = 0; l < g->L && !g->f32 && !g->grouped && g->E && !g->nlane; l++)
 		if (g->ly[l].moe && (rc = lanes_init(g, err)))
 			goto out;
@@ -3918,9 +3922,11 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	int rc;
 	uint32_t E = L->E, r = L->r, in = L->in, out = L->out;
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
-					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1};
+					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
 	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, in, L->gA,
-					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K};
+					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
 	if ((rc = offsets_up(g, cnt, err)) || (rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
 		return rc;
 	return ms_ggemm_wgrad_bf16(&wa, g->st, err);
@@ -3985,8 +3991,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, err)))
 		return rc;
 	ph(g, PH_ATT_PROJ);
-	if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)) ||
-	    (rc = lin_fwd(g, &d->o, X, T, g->y, 0, err)))
+	/* cuDNN's bf16 context is the cast of ctx already */
+	if (g->cudnn && !dc)
+		X = g->sdb;
+	else if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)))
+		return rc;
+	if ((rc = lin_fwd(g, &d->o, X, T, g->y, 0, err)))
 		return rc;
 	ph(g, PH_ATT_LORA);
 	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
@@ -4855,6 +4865,7 @@ static void gfree(struct ms_gmodel *g)
 	dfree(g, g->dnorm, MC_SCRATCH);
 	dfree(g, g->wbuf, MC_SCRATCH);
 	dfree(g, g->fab, MC_SCRATCH);
+	dfree(g, g->wpart, MC_SCRATCH);
 	dfree(g, g->colbuf, MC_COL);
 	for (int i = 0; i < 4096; i++)
 		if (g->evs[i])

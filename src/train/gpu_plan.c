@@ -153,7 +153,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
 	if (folded)
-		out->scratch += E * fr * u64max(H, 2 * F) * 2;
+		out->scratch += E * fr * u64max(H, 2 * F) * 2 +
+				MS_GMODEL_WGRAD_SPLIT * E * r * u64max(H, 2 * F) * 4;
 	/* grouped expert GEMMs (bf16 only): four arrays of E weight pointers
 	 * a MoE layer, or of E NVFP4 descriptors when fused (gg_pointers),
 	 * and a layer's row and tile offsets (acts) */

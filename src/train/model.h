@@ -329,6 +329,12 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out);
 /* ... and the scratch of its grouped CUTLASS form (kernels/xgemm.h's
  * MS_XGEMM_SCRATCH; allocated whether or not the build and device run it) */
 #define MS_GMODEL_XGEMM_WS (1u << 20)
+/* The folded expert LoRA's gradients cut each expert's rows into this many
+ * runs, a block each, with float32 partial sums (kernels/ggemm.h,
+ * ms_ggemm_wgrad_bf16's nsplit) held in scratch: E * r * max(H, 2 F)
+ * floats a run. One block an expert's whole rows left the bench model's
+ * most loaded expert setting the time. */
+#define MS_GMODEL_WGRAD_SPLIT 4u
 /* cuDNN's fused attention (kernels/sdpa.h): the bf16 path tries it, unless
  * --attention flash, for head dims that are multiples of 8 up to 256 and
  * more than one token a sequence (cuDNN refuses S = 1). Where it is tried

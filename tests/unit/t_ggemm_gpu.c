@@ -391,7 +391,7 @@ static int test_ggemm_shapes(void)
  * 2^-23 (float32) or 2^-22 (the tensor cores' accumulation order is the
  * hardware's) of the sum of magnitudes. */
 static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
-		     int trans, int acc, int perm)
+		     int trans, int acc, int perm, uint32_t nsplit)
 {
 	uint32_t off[65];
 	uint64_t rows, ldu = bf ? R + 8 : R + 3, ldx = bf ? N + 16 : N + 1;
@@ -399,7 +399,7 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 	void *u = NULL, *x = NULL;
 	double *uv = NULL, *xv = NULL;
 	float *g = NULL, *g0 = NULL;
-	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL, *dp = NULL;
+	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL, *dp = NULL, *dpart = NULL;
 	int32_t *xp = NULL;
 	double *xg = NULL;
 	const char *what = bf ? "wgrad bf16" : "wgrad";
@@ -454,11 +454,13 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 		      ms_gpu_memcpy(dx, x, rows * ldx * esz, &err))) ||
 	    ms_gpu_memcpy(dg, g0, ng * 4, &err) || ms_gpu_memcpy(doff, off, (E + 1) * 4, &err))
 		goto fail;
+	if (nsplit > 1 && ms_gpu_malloc(&dpart, (uint64_t)nsplit * E * R * N * 4, &err))
+		goto fail;
 	if (bf) {
 		struct ms_ggemm_wgrad_bf16 p = {
 			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
 			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
-			.accumulate = acc, .xperm = dp, .xdiv = 3,
+			.accumulate = acc, .xperm = dp, .xdiv = 3, .nsplit = nsplit, .part = dpart,
 		};
 		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
 			goto fail;
@@ -502,9 +504,9 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 					worst = err_ / m;
 			}
 	}
-	printf("%s E %u R %u N %u rows %llu trans %d %s%s: max err/mag %.3g\n", what, E, R, N,
-	       (unsigned long long)rows, trans, acc ? "accumulate" : "write",
-	       perm ? ", X through a permutation" : "", worst);
+	printf("%s E %u R %u N %u rows %llu trans %d %s%s, %u split(s): max err/mag %.3g\n",
+	       what, E, R, N, (unsigned long long)rows, trans, acc ? "accumulate" : "write",
+	       perm ? ", X through a permutation" : "", nsplit ? nsplit : 1, worst);
 	rc = 0;
 	goto out;
 fail:
@@ -521,6 +523,7 @@ out:
 	ms_gpu_free(dg);
 	ms_gpu_free(doff);
 	ms_gpu_free(dp);
+	ms_gpu_free(dpart);
 	free(xp);
 	return rc;
 }
@@ -528,13 +531,13 @@ out:
 static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
 		      int acc)
 {
-	return wgrad_run(0, E, R, N, cnt, trans, acc, 0);
+	return wgrad_run(0, E, R, N, cnt, trans, acc, 0, 0);
 }
 
 static int wgrad_bf_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
 			 int acc)
 {
-	return wgrad_run(1, E, R, N, cnt, trans, acc, 0);
+	return wgrad_run(1, E, R, N, cnt, trans, acc, 0, 0);
 }
 
 static int test_ggemm_wgrad(void)
@@ -560,7 +563,8 @@ static int test_ggemm_wgrad(void)
 /* ranks that fill the padded width and ranks that do not (3, 4, 8: U's
  * rows then not 16-byte aligned), groups empty and across a stage (32
  * rows), N under, at and across the block's 128 columns, both G layouts,
- * X read directly and through a row permutation;
+ * X read directly and through a row permutation, rows in one run a
+ * block or cut into runs with partial sums;
  * refused: a rank past the bound, an X stride not a multiple of 8 */
 static int test_ggemm_wgrad_bf16(void)
 {
@@ -578,12 +582,24 @@ static int test_ggemm_wgrad_bf16(void)
 	T_ASSERT(wgrad_bf_case(8, 4, 64, edge, 0, 0) == 0);
 	T_ASSERT(wgrad_bf_case(4, 8, 40, NULL, 1, 0) == 0);
 	/* X's rows through a permutation (xperm / xdiv) */
-	T_ASSERT(wgrad_run(1, 8, 16, 136, edge, 1, 1, 1) == 0);
-	T_ASSERT(wgrad_run(1, 4, 3, 64, NULL, 0, 0, 1) == 0);
+	T_ASSERT(wgrad_run(1, 8, 16, 136, edge, 1, 1, 1, 0) == 0);
+	T_ASSERT(wgrad_run(1, 4, 3, 64, NULL, 0, 0, 1, 0) == 0);
+	/* rows cut into runs a block each, partials summed after: groups
+	 * shorter than the runs (empty runs), longer, both layouts */
+	T_ASSERT(wgrad_run(1, 8, 16, 136, edge, 1, 1, 1, 4) == 0);
+	T_ASSERT(wgrad_run(1, 8, 16, 256, edge, 0, 0, 0, 4) == 0);
+	T_ASSERT(wgrad_run(1, 4, 48, 40, NULL, 1, 0, 0, 3) == 0);
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.ldx = 8;
+	/* splits without their partials' buffer, a divisor of 0 */
+	bad.nsplit = 4;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.nsplit = 0;
+	bad.xperm = (const int32_t *)8;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.xperm = NULL;
 	bad.N = 0;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_OK);
 	return 0;
