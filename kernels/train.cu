@@ -780,9 +780,11 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		yr[i] = w[i] * (xr[i] * r);
 }
 
-/* dx += d rmsnorm / dx . dy (model.c rms_bwd_row) */
+/* dx = res + d rmsnorm / dx . dy (model.c rms_bwd_row); res NULL: dx +=
+ * it. The residual's copy into dx folded in: one pass less over T x H
+ * floats, the same float addition */
 __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
-			  const float *dy, float *dx, uint32_t H)
+			  const float *dy, const float *res, float *dx, uint32_t H)
 {
 	__shared__ double sh[33];
 	uint64_t o = (uint64_t)blockIdx.x * H;
@@ -793,7 +795,8 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 	double r = rstd[blockIdx.x];
 	double c = r * r * r * dot / H;
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-		dx[o + i] += (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+		dx[o + i] = (res ? res[o + i] : dx[o + i]) +
+			    (float)(r * w[i] * dy[o + i] - c * x[o + i]);
 }
 
 /* The q/k norms (a head's hd values a row) a warp a row, the sums by
@@ -843,10 +846,20 @@ __global__ void k_rms_bwd_rows(const float *x, const float *w, const float *rstd
 }
 
 /* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
+__device__ __forceinline__ float f32_of(float v)
+{
+	return v;
+}
+__device__ __forceinline__ float f32_of(__nv_bfloat16 v)
+{
+	return __bfloat162float(v);
+}
+
 /* I: the index type, 32-bit where the tensor allows it (a 64-bit division
- * an element costs as much as the rest of the kernel) */
-template <typename I>
-__global__ void k_rope(const float *x, float *y, uint32_t T, uint32_t nhead,
+ * an element costs as much as the rest of the kernel); X: the input's,
+ * float, or bf16 (cuDNN's attention gradients, read as they are) */
+template <typename I, typename X>
+__global__ void k_rope(const X *x, float *y, uint32_t T, uint32_t nhead,
 		       uint32_t hd, uint32_t half, uint32_t S, const float *cs,
 		       const float *sn, int bwd)
 {
@@ -856,26 +869,26 @@ __global__ void k_rope(const float *x, float *y, uint32_t T, uint32_t nhead,
 		uint32_t i = (uint32_t)(idx % hd);
 		I row = idx / hd;
 		uint32_t pos = (uint32_t)((row / nhead) % S);
-		const float *xr = x + row * hd;
+		const X *xr = x + row * hd;
 		float out;
 		if (i >= 2 * half) {
-			out = xr[i];
+			out = f32_of(xr[i]);
 		} else {
 			uint32_t f = i < half ? i : i - half;
 			float c = cs[(uint64_t)pos * half + f], s = sn[(uint64_t)pos * half + f];
 			if (!bwd) {
 				if (i < half) {
-					float a = xr[i] * c, b = -xr[i + half] * s;
+					float a = f32_of(xr[i]) * c, b = -f32_of(xr[i + half]) * s;
 					out = a + b;
 				} else {
-					float a2 = xr[i] * c, b2 = xr[i - half] * s;
+					float a2 = f32_of(xr[i]) * c, b2 = f32_of(xr[i - half]) * s;
 					out = a2 + b2;
 				}
 			} else {
 				if (i < half)
-					out = xr[i] * c + xr[i + half] * s;
+					out = f32_of(xr[i]) * c + f32_of(xr[i + half]) * s;
 				else
-					out = xr[i] * c - xr[i - half] * s;
+					out = f32_of(xr[i]) * c - f32_of(xr[i - half]) * s;
 			}
 		}
 		y[idx] = out;
@@ -3426,8 +3439,9 @@ __global__ void k_widen(const __nv_bfloat16 *x, float *y, uint64_t n)
 }
 
 /* cuDNN's SDPA for the layer: its bf16 outputs widened into ctx (forward)
- * or dqv, dkk, dvv (backward). The backward's O is the forward's, rounded
- * back to bf16 from ctx (exact: ctx holds bf16 values) */
+ * or dvv (backward; dQ and dK stay in bf16 in sdb, where the RoPE
+ * backward reads them: att_grad). The backward's O is the forward's,
+ * rounded back to bf16 from ctx (exact: ctx holds bf16 values) */
 static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *Q,
 		     const void *Kk, const void *Vv, const void *dO, struct ms_err *err)
 {
@@ -3445,10 +3459,6 @@ static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *
 	LK();
 	if ((rc = ms_sdpa_bwd(g->sd, Q, Kk, Vv, o, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
 		return rc;
-	k_widen<<<nblk(nq), NTH, 0, g->st>>>(gq, g->dqv, nq);
-	LK();
-	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gk, g->dkk, nk);
-	LK();
 	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
 	LK();
 out:
@@ -3762,21 +3772,36 @@ static int egemm(struct ms_gmodel *g, const struct dlayer *d, const struct dacts
 
 /* RoPE over T rows of nhead heads (k_rope), its index 32-bit where the
  * tensor and the grid's stride fit */
-static int rope(struct ms_gmodel *g, const float *x, float *y, uint32_t T, uint32_t nhead,
+template <typename X>
+static int rope(struct ms_gmodel *g, const X *x, float *y, uint32_t T, uint32_t nhead,
 		uint32_t half, const float *cs, const float *sn, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t n = (uint64_t)T * nhead * g->hd;
 	unsigned grid = nblk(n);
 	if (n + (uint64_t)grid * NTH <= 0xffffffffull)
-		k_rope<uint32_t><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs, sn,
-							   bwd);
+		k_rope<uint32_t, X><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs,
+							      sn, bwd);
 	else
-		k_rope<uint64_t><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs, sn,
-							   bwd);
+		k_rope<uint64_t, X><<<grid, NTH, 0, g->st>>>(x, y, T, nhead, g->hd, half, g->S, cs,
+							      sn, bwd);
 	LK();
 out:
 	return rc;
+}
+
+/* the attention core's dQ (i 0) or dK (1) for the RoPE backward: cuDNN's
+ * bf16 in sdb, else dqv / dkk */
+static int rope_bwd(struct ms_gmodel *g, int i, float *y, uint32_t half, struct ms_err *err)
+{
+	uint32_t T = g->T, nhead = i ? g->nkv : g->nh;
+	if (g->cudnn) {
+		const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
+		const __nv_bfloat16 *d = o + (uint64_t)T * g->dq * (i ? 2 : 1);
+		return rope(g, d, y, T, nhead, half, g->rope_c, g->rope_s, 1, err);
+	}
+	return rope(g, (const float *)(i ? g->dkk : g->dqv), y, T, nhead, half, g->rope_c,
+		    g->rope_s, 1, err);
 }
 
 /*
@@ -4293,8 +4318,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 	}
 	ph(g, PH_B_NORM);
-	CK(cudaMemcpyAsync(g->dx2, dxo, T * H * 4, cudaMemcpyDeviceToDevice, g->st));
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->r2, g->dh2, g->dx2,
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2,
 						  (uint32_t)H);
 	LK();
 	ph(g, PH_B_ATT_PROJ);
@@ -4311,10 +4335,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	ph(g, PH_B_NORM);
 	{
 		uint32_t half = m->cfg.rotary_dim / 2;
-		if ((rc = rope(g, g->dqv, g->dq0, (uint32_t)T, g->nh, half, g->rope_c, g->rope_s, 1,
-			       err)) ||
-		    (rc = rope(g, g->dkk, g->dk0, (uint32_t)T, g->nkv, half, g->rope_c, g->rope_s, 1,
-			       err)))
+		if ((rc = rope_bwd(g, 0, g->dq0, half, err)) || (rc = rope_bwd(g, 1, g->dk0, half, err)))
 			return rc;
 		if (d->qn) {
 			/* dq0 holds d(normed q); the norm's input gradient goes to
@@ -4356,8 +4377,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 	}
 	ph(g, PH_B_NORM);
-	CK(cudaMemcpyAsync(dxi, g->dx2, T * H * 4, cudaMemcpyDeviceToDevice, g->st));
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->r1, g->dh1, dxi, (uint32_t)H);
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->r1, g->dh1, g->dx2, dxi,
+						  (uint32_t)H);
 	LK();
 out:
 	return rc;
@@ -4461,7 +4482,8 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	d = g->dA;
 	d2 = g->dB;
 	CK(cudaMemsetAsync(d, 0, T * H * 4, g->st));
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->rf, g->y, d, (uint32_t)H);
+	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->rf, g->y, NULL, d,
+						  (uint32_t)H);
 	LK();
 	for (uint32_t l = g->L; l-- > 0;) {
 		float *t;
