@@ -17,6 +17,11 @@
 #   has PATTERN FILE WHAT, hasnt PATTERN FILE WHAT   grep in a file
 #   one_line [WHAT]  stderr ($W/err) is exactly one line
 #   inv_query SQL  rows of the inventory $MSINV_DB (Python's sqlite3)
+#   gpu_plan FILE BASE QUANT  a small mstrain plan for the GPU trainer's
+#                 tests (6 steps of the copy task, 4 x 16 tokens, LoRA r 4 on
+#                 the experts and q/v) over the states BASE and QUANT, its
+#                 label and outputs from FILE's name
+#   losses FILE   mstrain's metrics lines without their timings
 # and ends with its own totals line, "NAME: N passed, N failed", which
 # tests/run.sh reads. A test whose helper checks more than these (msinv_cli's
 # expect also checks the one-line message) defines its own after sourcing.
@@ -65,3 +70,16 @@ inv_query() { # SQL: rows of $MSINV_DB, fields joined by '|', through Python's
 for r in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
     print("|".join(map(str, r)))' "$MSINV_DB" "$1"
 }
+
+gpu_plan() { # FILE BASE QUANT
+	cat >"$1" <<P
+{"ep_size": 1, "outputs": "runs/$(basename "$1" .json)",
+ "states": [{"role": "base", "state": "$2"}, {"role": "quantized", "state": "$3"}],
+ "train": {"lora": {"r": 4, "alpha": 8, "targets": ["experts", "q_proj", "v_proj"]},
+           "optimizer": {"lr": 1e-2, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
+           "batch": 4, "seq_len": 16, "steps": 6, "seed": 1,
+           "data": {"task": "copy"}, "checkpoint_every": 0,
+           "label": "$(basename "$1" .json)"}}
+P
+}
+losses() { sed 's/,"seconds":[^,]*,"tokens_per_s":[^}]*//' "$1"; }

@@ -14,20 +14,6 @@
 nvidia-smi -L >/dev/null 2>&1 || skip "no GPU"
 export MSINV_DB="$W/inv.db"
 
-# a plan: FILE (its label and outputs from FILE's name)
-plan() {
-	cat >"$1" <<P
-{"ep_size": 1, "outputs": "runs/$(basename "$1" .json)",
- "states": [{"role": "base", "state": "base"}, {"role": "quantized", "state": "quant"}],
- "train": {"lora": {"r": 4, "alpha": 8, "targets": ["experts", "q_proj", "v_proj"]},
-           "optimizer": {"lr": 1e-2, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
-           "batch": 4, "seq_len": 16, "steps": 6, "seed": 1,
-           "data": {"task": "copy"}, "checkpoint_every": 0,
-           "label": "$(basename "$1" .json)"}}
-P
-}
-# the metrics without their timings
-losses() { sed 's/,"seconds":[^,]*,"tokens_per_s":[^}]*//' "$1"; }
 # the profile's FIELD
 pfield() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], ""))' "$1" "$2"; }
 
@@ -42,7 +28,7 @@ for s in base quant; do expect 0 msinv add --label "$s" "$s"; done
 run() { # NAME [mstrain options]
 	n=$1
 	shift
-	plan "$n.json"
+	gpu_plan "$n.json" base quant
 	msinv launch --plan "$n.json" -- mstrain train --plan "$n.json" --device cuda \
 		--metrics "m-$n.jsonl" --profile "p-$n.json" "$@" >"$W/out" 2>"$W/err"
 }

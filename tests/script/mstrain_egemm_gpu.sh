@@ -14,20 +14,6 @@
 nvidia-smi -L >/dev/null 2>&1 || skip "no GPU"
 export MSINV_DB="$W/inv.db"
 
-# a plan: FILE BASE QUANT (its label and outputs from FILE's name)
-plan() {
-	cat >"$1" <<P
-{"ep_size": 1, "outputs": "runs/$(basename "$1" .json)",
- "states": [{"role": "base", "state": "$2"}, {"role": "quantized", "state": "$3"}],
- "train": {"lora": {"r": 4, "alpha": 8, "targets": ["experts", "q_proj", "v_proj"]},
-           "optimizer": {"lr": 1e-2, "weight_decay": 0.0, "clip": 1.0, "warmup": 0},
-           "batch": 4, "seq_len": 16, "steps": 6, "seed": 1,
-           "data": {"task": "copy"}, "checkpoint_every": 0,
-           "label": "$(basename "$1" .json)"}}
-P
-}
-# the metrics without their timings
-losses() { sed 's/,"seconds":[^,]*,"tokens_per_s":[^}]*//' "$1"; }
 
 FXA=$(cd "$FX" && pwd)
 base=$FXA/train/qwen3moe/base
@@ -40,7 +26,7 @@ expect 0 msinv init
 for s in base quant vbase vquant; do expect 0 msinv add --label "$s" "$s"; done
 
 for m in per-expert grouped fused; do
-	plan "$m.json" base quant
+	gpu_plan "$m.json" base quant
 	expect 0 msinv launch --plan "$m.json" -- mstrain train --plan "$m.json" --device cuda \
 		--expert-gemm "$m" --metrics "m-$m.jsonl" --profile "p-$m.json"
 	python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["expert_gemm"] != sys.argv[2])' \
@@ -69,11 +55,11 @@ cmp -s runs/grouped/step-000006/adapter/adapter_model.safetensors \
 # refused at the build, one line, exit 2, nothing registered
 n0=$(inv_query "SELECT COUNT(*) FROM states")
 [ "$n0" -ge 5 ] && ok || bad "the inventory cannot be read ('$n0' states)"
-plan od.json base quant
+gpu_plan od.json base quant
 expect 2 msinv launch --plan od.json -- mstrain train --plan od.json --device cuda \
 	--expert-gemm fused --colwise on-demand
 has "colwise resident" "$W/err" "fused with columnwise on demand"
-plan var.json vbase vquant
+gpu_plan var.json vbase vquant
 expect 2 msinv launch --plan var.json -- mstrain train --plan var.json --device cuda \
 	--expert-gemm fused
 has "multiples of 32" "$W/err" "fused on sizes that are not multiples of 32"
