@@ -845,7 +845,7 @@ __global__ void k_rms_bwd_rows(const float *x, const float *w, const float *rstd
 	}
 }
 
-/* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
+/* an element as float, whatever its type */
 __device__ __forceinline__ float f32_of(float v)
 {
 	return v;
@@ -855,6 +855,7 @@ __device__ __forceinline__ float f32_of(__nv_bfloat16 v)
 	return __bfloat162float(v);
 }
 
+/* RoPE on [T, nhd heads of hd] rows (model.c rope_fwd / rope_bwd) */
 /* I: the index type, 32-bit where the tensor allows it (a 64-bit division
  * an element costs as much as the rest of the kernel); X: the input's,
  * float, or bf16 (cuDNN's attention gradients, read as they are) */
@@ -3440,7 +3441,7 @@ __global__ void k_widen(const __nv_bfloat16 *x, float *y, uint64_t n)
 
 /* cuDNN's SDPA for the layer: its bf16 outputs widened into ctx (forward)
  * or dvv (backward; dQ and dK stay in bf16 in sdb, where the RoPE
- * backward reads them: att_grad). The backward's O is the forward's,
+ * backward reads them: rope_bwd). The backward's O is the forward's,
  * rounded back to bf16 from ctx (exact: ctx holds bf16 values) */
 static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *Q,
 		     const void *Kk, const void *Vv, const void *dO, struct ms_err *err)
@@ -3931,7 +3932,10 @@ out:
 /*
  * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e, bf16 operands and
  * float32 gradients, each one launch over every expert's own rows
- * (ms_ggemm_wgrad_bf16, tensor cores). cuBLAS offered neither in one
+ * (ms_ggemm_wgrad_bf16, tensor cores), cut into MS_GMODEL_WGRAD_SPLIT runs
+ * whose partials a second kernel sums in order (with one block an
+ * expert's whole rows, the most loaded expert set the time: 17.0 -> 9.8 ms
+ * a step on the H200 bench). cuBLAS offered neither in one
  * launch: it groups bf16 products only into a bf16 result, and its
  * batched form wants one shape, which took either a launch per distinct
  * row count (host-bound: the bench model's experts have many) or the rows
