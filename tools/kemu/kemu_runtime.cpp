@@ -16,6 +16,8 @@
  * device's limits, dynamic shared memory beyond the opted-in attribute.
  */
 #include "kemu_shim.h"
+#include "sdpa.h"
+#include "xgemm.h"
 #include <stdarg.h>
 
 thread_local dim3 threadIdx, blockIdx, gridDim, blockDim;
@@ -356,6 +358,56 @@ int ms_gpu_memcpy(void *dst, const void *src, uint64_t n, struct ms_err *err)
 int ms_gpu_sync(struct ms_err *err)
 {
 	(void)err;
+	return 0;
+}
+
+int ms_gpu_memset(void *dst, int byte, uint64_t n, struct ms_err *err)
+{
+	(void)err;
+	memset(dst, byte, n);
+	return 0;
+}
+
+/* cuDNN's attention (sdpa.h), which t_flash_gpu checks beside the flash
+ * kernels: cuDNN's kernels are not emulated, so it "does not load" and
+ * the test says its side was not checked; nor is the emulated device an
+ * sm_90, where the test would require cuDNN */
+uint64_t ms_sdpa_version(struct ms_err *err)
+{
+	ms_err_set(err, MS_ENODEV, "cuDNN: not under emulation");
+	return 0;
+}
+
+int ms_sdpa_new(const struct ms_flash_shape *, struct ms_sdpa **out, struct ms_err *err)
+{
+	*out = NULL;
+	return ms_err_set(err, MS_ENODEV, "cuDNN: not under emulation");
+}
+
+void ms_sdpa_free(struct ms_sdpa *)
+{
+}
+
+uint64_t ms_sdpa_workspace_bytes(const struct ms_sdpa *)
+{
+	return 0;
+}
+
+int ms_sdpa_fwd(struct ms_sdpa *, const void *, const void *, const void *, void *, float *,
+		void *, void *, struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENODEV, "cuDNN: not under emulation");
+}
+
+int ms_sdpa_bwd(struct ms_sdpa *, const void *, const void *, const void *, const void *,
+		const void *, const float *, void *, void *, void *, void *, void *,
+		struct ms_err *err)
+{
+	return ms_err_set(err, MS_ENODEV, "cuDNN: not under emulation");
+}
+
+int ms_xgemm_device_ok(void)
+{
 	return 0;
 }
 

@@ -109,7 +109,7 @@ compile() {
 	"$@" -o "$obj.tmp.$$" && mv "$obj.tmp.$$" "$obj"
 }
 
-headers="$KEMU/kemu_shim.h $ROOT/src/ms.h $flags_stamp"
+headers="$KEMU/kemu_shim.h $ROOT/src/ms.h $ROOT/kernels/sdpa.h $ROOT/kernels/xgemm.h $flags_stamp"
 if stale "$OUT/kemu_runtime.o" "$KEMU/kemu_runtime.cpp" $headers; then
 	compile "$OUT/kemu_runtime.o" $CXX -std=c++17 $FLAGS $INC \
 		-c "$KEMU/kemu_runtime.cpp" || exit 3
@@ -146,7 +146,8 @@ PY
 fi
 test_deps="$test_src $ROOT/tests/unit/test_gpu.h $ROOT/tests/unit/test_bf16.h
 	$ROOT/kernels/$name.h $KEMU/include/cuda_runtime.h $KEMU/include/cublas_v2.h
-	$ROOT/src/ms.h $flags_stamp"
+	$ROOT/src/ms.h $ROOT/kernels/sdpa.h $ROOT/kernels/xgemm.h $ROOT/src/train/model.h
+	$flags_stamp"
 test_obj=$OUT/$(basename "$test_src" .c).o
 if stale "$test_obj" $test_deps; then
 	compile "$test_obj" $CC_ -std=c11 -D_GNU_SOURCE $FLAGS -DMS_HAVE_CUDA=1 $INC \
