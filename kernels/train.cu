@@ -300,7 +300,8 @@ enum phase {
 	PH_COMBINE, PH_SHARED, PH_DECODE_ROW, PH_DECODE_COL, PH_TRANSPOSE,
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
 	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA,
-	PH_B_LORA_GRAD, PH_ATT_LORA, PH_B_ATT_LORA, PH_TOPK, PH_N
+	PH_B_LORA_GRAD, PH_ATT_LORA, PH_B_ATT_LORA, PH_TOPK, PH_SORT, PH_B_ROUTER,
+	PH_B_UNPERM, PH_N
 };
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
@@ -308,12 +309,12 @@ static const char *phase_name[PH_N] = {
 	"expert GEMMs (+LoRA)", "combine", "shared/dense MLP",
 	"decode NVFP4 rowwise", "decode NVFP4 columnwise",
 	"columnwise transpose (on demand)", "lm_head", "cross-entropy",
-	"bwd lm_head", "bwd expert GEMMs (+LoRA)", "bwd combine + router",
+	"bwd lm_head", "bwd expert GEMMs (+LoRA)", "bwd combine",
 	"bwd attention core", "bwd attention projections (+LoRA)",
 	"bwd shared/dense MLP", "bwd rmsnorm+rope", "optimizer", "host copies",
 	"expert LoRA (grouped)", "bwd expert LoRA",
 	"bwd expert LoRA gradients (folded)", "attention LoRA", "bwd attention LoRA",
-	"top-k + sort",
+	"top-k", "sort + gather", "bwd router", "bwd unpermute",
 };
 
 struct dreg {
@@ -334,6 +335,7 @@ struct dreg {
 struct ltkey {
 	uint32_t M, N, K, lda, ldb, ldc;
 	int ta, tb, ct, ty;          /* ty: the operands' type */
+	int cty;                     /* C's type: float32 or bf16 */
 	uint32_t al[3];              /* A's, B's, C's alignment, up to 16 */
 };
 
@@ -762,8 +764,10 @@ __device__ float block_max(float v, float *sh)
 }
 
 /* transformers' RMSNorm in float32 (model.c rms_rows): one block a row */
+/* yb: NULL, or y's bf16 copy too (a GEMM's or the expert gather's
+ * operand, without a cast pass reading y again) */
 __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
-		      uint32_t H, float eps)
+		      uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
 {
 	__shared__ double sh[33];
 	const float *xr = x + (uint64_t)blockIdx.x * H;
@@ -776,8 +780,12 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 	float r = (float)(1.0 / sqrt((double)(var + eps)));
 	if (threadIdx.x == 0)
 		rstd[blockIdx.x] = r;
-	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-		yr[i] = w[i] * (xr[i] * r);
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+		float v = w[i] * (xr[i] * r);
+		yr[i] = v;
+		if (yb)
+			yb[(uint64_t)blockIdx.x * H + i] = __float2bfloat16_rn(v);
+	}
 }
 
 /* dx = res + d rmsnorm / dx . dy (model.c rms_bwd_row); res NULL: dx +=
@@ -967,14 +975,16 @@ __device__ __forceinline__ float silu_d(float g)
 	return g / (1.0f + expf(-g));
 }
 
-__global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *actb,
+/* gu float32, or bf16 (a folded layer's expert GEMM output) */
+template <typename G>
+__global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
 			 __nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
 {
 	/* a block a row at a time; tw: the bf16 twin (k_gather's), row
 	 * stride ldt; the kept output in float32 (act) or bf16 (actb) */
 	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
 		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
-			float v = silu_d(gu[r * 2 * F + c]) * gu[r * 2 * F + F + c];
+			float v = silu_d(f32_of(gu[r * 2 * F + c])) * f32_of(gu[r * 2 * F + F + c]);
 			__nv_bfloat16 b = __float2bfloat16_rn(v);
 			if (act)
 				act[r * F + c] = v;
@@ -985,7 +995,9 @@ __global__ void k_swiglu(const float *gu, float *act, __nv_bfloat16 *actb,
 		}
 }
 
-__global__ void k_swiglu_bwd(const float *dact, const float *gu, float *dgu,
+/* dact and gu float32, or both bf16 (a folded layer's) */
+template <typename G>
+__global__ void k_swiglu_bwd(const G *dact, const G *gu, float *dgu,
 			     __nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
 {
 	/* a block a row at a time; tw: the bf16 twin (k_gather's), row
@@ -993,9 +1005,9 @@ __global__ void k_swiglu_bwd(const float *dact, const float *gu, float *dgu,
 	 * float32 copy) */
 	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
 		for (uint32_t c = threadIdx.x; c < F; c += blockDim.x) {
-			float gg = gu[r * 2 * F + c], sg = 1.0f / (1.0f + expf(-gg));
-			float sl = gg * sg, da = dact[r * F + c];
-			float d0 = da * gu[r * 2 * F + F + c] * (sg * (1.0f + gg * (1.0f - sg)));
+			float gg = f32_of(gu[r * 2 * F + c]), sg = 1.0f / (1.0f + expf(-gg));
+			float sl = gg * sg, da = f32_of(dact[r * F + c]);
+			float d0 = da * f32_of(gu[r * 2 * F + F + c]) * (sg * (1.0f + gg * (1.0f - sg)));
 			float d1 = da * sl;
 			if (dgu) {
 				dgu[r * 2 * F + c] = d0;
@@ -1354,8 +1366,12 @@ __global__ void k_scatter(const int32_t *sel, uint32_t n, uint32_t E, uint32_t n
 	pos[i] = (int32_t)q;
 }
 
-/* dst[j] = src[perm[j] / K] (a row of H) */
-__global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, float *dst,
+/* dst[j] = src[perm[j] / K] (a row of H); src float32, or its bf16 copy
+ * when only the twin is wanted: each token's row is read K times, in the
+ * experts' order, and from float32 that reading cost about twice the
+ * writing (0.2 ms a layer at the bench shapes) */
+template <typename S>
+__global__ void k_gather(const S *src, const int32_t *perm, uint32_t K, float *dst,
 			 __nv_bfloat16 *tw, uint64_t n, uint32_t H, uint32_t ldt)
 {
 	/* a block a row at a time (no 64-bit division an element); with tw,
@@ -1363,9 +1379,9 @@ __global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, floa
 	 * operand, without a cast pass reading dst again; dst NULL: the twin
 	 * only */
 	for (uint64_t j = blockIdx.x; j < n; j += gridDim.x) {
-		const float *s = src + (uint64_t)(perm[j] / K) * H;
+		const S *s = src + (uint64_t)(perm[j] / K) * H;
 		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
-			float v = s[c];
+			float v = f32_of(s[c]);
 			if (dst)
 				dst[j * H + c] = v;
 			if (tw)
@@ -1375,8 +1391,9 @@ __global__ void k_gather(const float *src, const int32_t *perm, uint32_t K, floa
 }
 
 /* y[t] = sum_k ye[pos[t,k]] * w[t,k] (model.c's order: float products,
- * double sum) */
-__global__ void k_combine(const float *ye, const int32_t *pos, const float *w, float *y,
+ * double sum); ye float32 or bf16 (a folded layer's) */
+template <typename Y>
+__global__ void k_combine(const Y *ye, const int32_t *pos, const float *w, float *y,
 			  uint32_t T, uint32_t K, uint32_t H)
 {
 	/* a block a token at a time (no 64-bit division an element) */
@@ -1384,14 +1401,15 @@ __global__ void k_combine(const float *ye, const int32_t *pos, const float *w, f
 		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
 			double s = 0;
 			for (uint32_t k = 0; k < K; k++)
-				s += (double)(ye[(uint64_t)pos[t * K + k] * H + c] * w[t * K + k]);
+				s += (double)(f32_of(ye[(uint64_t)pos[t * K + k] * H + c]) * w[t * K + k]);
 			y[t * H + c] = (float)s;
 		}
 }
 
 /* combine's backward: dye[pos[t,k]] = dxo[t] * w[t,k]; dw[t,k] = dxo[t].ye
  * (double); one block a token */
-__global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *pos,
+template <typename Y>
+__global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 			      const float *w, float *dye, __nv_bfloat16 *tw, float *dw,
 			      uint32_t K, uint32_t H, uint32_t ldt)
 {
@@ -1408,7 +1426,7 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 #pragma unroll 4
 		for (uint32_t i = lane; i < H; i += 32) {
 			float g = dxo[t * H + i];
-			d += (double)g * ye[row + i];
+			d += (double)g * f32_of(ye[row + i]);
 			if (dye)
 				dye[row + i] = g * wk;
 			if (tw)   /* the bf16 twin (k_gather's) */
@@ -1421,8 +1439,10 @@ __global__ void k_combine_bwd(const float *dxo, const float *ye, const int32_t *
 	}
 }
 
-/* dh[t] += sum_k dxs[pos[t,k]] (double sum in slot order) */
-__global__ void k_unperm_sum(const float *dxs, const int32_t *pos, float *dh, uint32_t T,
+/* dh[t] += sum_k dxs[pos[t,k]] (double sum in slot order); dxs float32
+ * or bf16 (a folded layer's) */
+template <typename D>
+__global__ void k_unperm_sum(const D *dxs, const int32_t *pos, float *dh, uint32_t T,
 			     uint32_t K, uint32_t H)
 {
 	/* a block a token at a time, as k_combine */
@@ -1430,7 +1450,7 @@ __global__ void k_unperm_sum(const float *dxs, const int32_t *pos, float *dh, ui
 		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
 			double s = 0;
 			for (uint32_t k = 0; k < K; k++)
-				s += dxs[(uint64_t)pos[t * K + k] * H + c];
+				s += f32_of(dxs[(uint64_t)pos[t * K + k] * H + c]);
 			dh[t * H + c] += (float)s;
 		}
 }
@@ -1622,14 +1642,14 @@ static uint32_t align16(const void *p)
  * take cublasGemmEx (no algorithm, or the table full). */
 static struct ltent *lt_get(struct ms_gmodel *g, cublasLtHandle_t lt, int ta, int tb, uint32_t M,
 			    uint32_t N, uint32_t K, const void *A, uint32_t lda, const void *B,
-			    uint32_t ldb, const float *C, uint32_t ldc, cudaDataType_t ty,
-			    cublasComputeType_t ct, int *rc, struct ms_err *err)
+			    uint32_t ldb, const void *C, uint32_t ldc, cudaDataType_t ty,
+			    cublasComputeType_t ct, cudaDataType_t cty, int *rc, struct ms_err *err)
 {
 	struct ltkey k;
 	uint64_t h = 1469598103934665603ull;
 	memset(&k, 0, sizeof k);
 	k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
-	k.ta = ta, k.tb = tb, k.ct = (int)ct, k.ty = (int)ty;
+	k.ta = ta, k.tb = tb, k.ct = (int)ct, k.ty = (int)ty, k.cty = (int)cty;
 	k.al[0] = align16(B), k.al[1] = align16(A), k.al[2] = align16(C);
 	for (size_t i = 0; i < sizeof k; i++)
 		h = (h ^ ((const unsigned char *)&k)[i]) * 1099511628211ull;
@@ -1654,7 +1674,7 @@ static struct ltent *lt_get(struct ms_gmodel *g, cublasLtHandle_t lt, int ta, in
 		    blas.lt_desc_set(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob) ||
 		    blas.lt_layout_create(&e->la, ty, tb ? K : N, tb ? N : K, ldb) ||
 		    blas.lt_layout_create(&e->lb, ty, ta ? M : K, ta ? K : M, lda) ||
-		    blas.lt_layout_create(&e->lc, CUDA_R_32F, N, M, ldc) ||
+		    blas.lt_layout_create(&e->lc, cty, N, M, ldc) ||
 		    blas.lt_pref_create(&pref) ||
 		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
 		    blas.lt_pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k.al[0],
@@ -1695,18 +1715,22 @@ static struct gctx main_ctx(const struct ms_gmodel *g)
 	return c;
 }
 
+/* C [M, N] (row stride ldc) of type cty: float32, or bf16 (the float32
+ * sums rounded once, on the way out) */
 static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, uint32_t M,
 		   uint32_t N, uint32_t K, float alpha, const void *A, uint32_t lda, const void *B,
-		   uint32_t ldb, float beta, float *C, uint32_t ldc, cudaDataType_t ty,
-		   cublasComputeType_t ct, struct ms_err *err)
+		   uint32_t ldb, float beta, void *C, uint32_t ldc, cudaDataType_t ty,
+		   cublasComputeType_t ct, cudaDataType_t cty, struct ms_err *err)
 {
+	uint32_t csz = cty == CUDA_R_16BF ? 2 : 4;
 	int rc = MS_OK;
 	if (!M || !N)
 		return MS_OK;
 	if (!K) {
 		if (beta == 0)
 			for (uint32_t i = 0; i < M; i++)
-				CK(cudaMemsetAsync(C + (uint64_t)i * ldc, 0, N * sizeof(float), c->st));
+				CK(cudaMemsetAsync((char *)C + (uint64_t)i * ldc * csz, 0, N * csz,
+						   c->st));
 		return MS_OK;
 	}
 	/* kept plans for the bf16 GEMMs and the adapters' TF32 ones; the
@@ -1714,7 +1738,7 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 	if (c->lt && (ty == CUDA_R_16BF ||
 		      (ty == CUDA_R_32F && ct == CUBLAS_COMPUTE_32F_FAST_TF32))) {
 		struct ltent *e = lt_get(g, c->lt, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, ty, ct,
-					 &rc, err);
+					 cty, &rc, err);
 		if (rc)
 			return rc;
 		if (e && blas.lt_matmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc,
@@ -1727,7 +1751,7 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 	}
 	CB(blas.gemm(c->bl, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
-			CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
+			cty, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
 out:
 	return rc;
 }
@@ -1738,7 +1762,8 @@ static int gemm(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N, uin
 		cublasComputeType_t ct, struct ms_err *err)
 {
 	struct gctx c = main_ctx(g);
-	return gemm_on(g, &c, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ty, ct, err);
+	return gemm_on(g, &c, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ty, ct,
+		       CUDA_R_32F, err);
 }
 
 /* x (float, n elements) as a GEMM operand: itself in float32 mode, else cast
@@ -1771,15 +1796,18 @@ static const void *lin_w(struct ms_gmodel *g, const struct dlin *l, int bwd)
  * (fr): X [n, in + fr] = [X | U], W [out, in + fr] = [W | s B]: the LoRA's
  * s U B^T is the GEMM's last fr steps of K. */
 static int lin_fwd_on(struct ms_gmodel *g, const struct gctx *c, const struct dlin *l,
-		      const void *X, uint64_t n, float *Y, float beta, struct ms_err *err)
+		      const void *X, uint64_t n, void *Y, float beta, cudaDataType_t cty,
+		      struct ms_err *err)
 {
 	int rc;
 	uint32_t k = l->in + l->fr;
+	if (l->bias && cty != CUDA_R_32F)
+		return ms_err_set(err, MS_EINVAL, "a projection with a bias into a bf16 output");
 	if ((rc = gemm_on(g, c, 0, 1, (uint32_t)n, l->out, k, 1.0f, X, k, lin_w(g, l, 0), k, beta,
-			  Y, l->out, g->gt, g->ct_base, err)))
+			  Y, l->out, g->gt, g->ct_base, cty, err)))
 		return rc;
 	if (l->bias) {
-		k_bias<<<nblk(n * l->out), NTH, 0, c->st>>>(Y, l->bias, n, l->out);
+		k_bias<<<nblk(n * l->out), NTH, 0, c->st>>>((float *)Y, l->bias, n, l->out);
 		CK(cudaGetLastError());
 	}
 	return MS_OK;
@@ -1791,25 +1819,26 @@ static int lin_fwd(struct ms_gmodel *g, const struct dlin *l, const void *X, uin
 		   float *Y, float beta, struct ms_err *err)
 {
 	struct gctx c = main_ctx(g);
-	return lin_fwd_on(g, &c, l, X, n, Y, beta, err);
+	return lin_fwd_on(g, &c, l, X, n, Y, beta, CUDA_R_32F, err);
 }
 
 /* dX [n, in] (+)= dY [n, out] W, reading W^T [in, out]. Folded (fr):
  * [dY | dU] [n, out + fr] and W^T [in, out + fr] = [W^T | A^T]: dX gets the
  * LoRA's dU A in the same GEMM. */
 static int lin_dgrad_on(struct ms_gmodel *g, const struct gctx *c, const struct dlin *l,
-			const void *dY, uint64_t n, float *dX, float beta, struct ms_err *err)
+			const void *dY, uint64_t n, void *dX, float beta, cudaDataType_t cty,
+			struct ms_err *err)
 {
 	uint32_t k = l->out + l->fr;
 	return gemm_on(g, c, 0, 1, (uint32_t)n, l->in, k, 1.0f, dY, k, lin_w(g, l, 1), k, beta,
-		       dX, l->in, g->gt, g->ct_base, err);
+		       dX, l->in, g->gt, g->ct_base, cty, err);
 }
 
 static int lin_dgrad(struct ms_gmodel *g, const struct dlin *l, const void *dY, uint64_t n,
 		     float *dX, float beta, struct ms_err *err)
 {
 	struct gctx c = main_ctx(g);
-	return lin_dgrad_on(g, &c, l, dY, n, dX, beta, err);
+	return lin_dgrad_on(g, &c, l, dY, n, dX, beta, CUDA_R_32F, err);
 }
 
 /*
@@ -1885,10 +1914,13 @@ out:
 
 /* Product ls [e] of every expert with rows (cnt [E], in expert order) on
  * the lanes: forward (bwd 0) Y = X W_e^T, backward dX = dY W_e (lin_fwd,
- * lin_dgrad) over rows of ldx and ldy elements; X already a GEMM operand */
+ * lin_dgrad) over rows of ldx and ldy elements; X already a GEMM operand;
+ * Y float32, or bf16 with ybf */
 static int expert_gemms(struct ms_gmodel *g, const struct dlin *ls, int bwd, const uint32_t *cnt,
-			const void *X, uint64_t ldx, float *Y, uint64_t ldy, struct ms_err *err)
+			const void *X, uint64_t ldx, void *Y, uint64_t ldy, int ybf,
+			struct ms_err *err)
 {
+	cudaDataType_t cty = ybf ? CUDA_R_16BF : CUDA_R_32F;
 	int rc = MS_OK;
 	uint64_t tot = 0, off = 0;
 	uint32_t lane = 0, nl = g->nlane, n = 0;
@@ -1926,9 +1958,9 @@ static int expert_gemms(struct ms_gmodel *g, const struct dlin *ls, int bwd, con
 			if (!p->part[k])
 				continue;
 			const void *x = (const char *)X + (p->off + r0) * ldx * g->esz;
-			float *y = Y + (p->off + r0) * ldy;
-			if ((rc = bwd ? lin_dgrad_on(g, c, &ls[p->e], x, p->part[k], y, 0, err)
-				      : lin_fwd_on(g, c, &ls[p->e], x, p->part[k], y, 0, err)))
+			void *y = (char *)Y + (p->off + r0) * ldy * (ybf ? 2 : 4);
+			if ((rc = bwd ? lin_dgrad_on(g, c, &ls[p->e], x, p->part[k], y, 0, cty, err)
+				      : lin_fwd_on(g, c, &ls[p->e], x, p->part[k], y, 0, cty, err)))
 				return rc;
 		}
 	}
@@ -1965,11 +1997,12 @@ out:
  * cnt; else the lanes' GEMM an expert. Measured on the H200 at the bench shapes
  * the grouped launch runs at 470-600 TFLOP/s against the loop's 290-445,
  * for about 12 us of host time instead of 600-800, with the same sums
- * bit for bit (tools/bench/cutlass_grouped_probe.cu).
+ * bit for bit (tools/bench/cutlass_grouped_probe.cu). Y float32, or
+ * bf16 with ybf (a folded layer's expert activations).
  */
 static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
-			  const uint32_t *cnt, const void *X, uint64_t ldx, float *Y, uint64_t ldy,
-			  struct ms_err *err)
+			  const uint32_t *cnt, const void *X, uint64_t ldx, void *Y, uint64_t ldy,
+			  int ybf, struct ms_err *err)
 {
 	uint32_t N = bwd ? ls[0].in : ls[0].out;
 	uint32_t K = (bwd ? ls[0].out : ls[0].in) + ls[0].fr;
@@ -1983,10 +2016,10 @@ static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 		     (bwd ? ls[e].in : ls[e].out) == N &&
 		     (bwd ? ls[e].out : ls[e].in) + ls[e].fr == K;
 	if (!ok || ls[0].bias)
-		return expert_gemms(g, ls, bwd, cnt, X, ldx, Y, ldy, err);
+		return expert_gemms(g, ls, bwd, cnt, X, ldx, Y, ldy, ybf, err);
 	/* dpad's offsets from cnt, here: between a layer's products other
 	 * users put other tables there (lora_bwd_blas) */
-	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc};
+	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf};
 	int rc = offsets_up(g, cnt, err);
 	return rc ? rc : ms_xgemm_run(&p, g->st, err);
 }
@@ -2646,7 +2679,7 @@ out:
  * K]), float32 out, all host arrays. MS_ENODEV on a GPU it is not for,
  * MS_EINVAL when this build or shape does not run it (ms_xgemm_ok). */
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
-			  uint32_t N, uint32_t K, float *y, struct ms_err *err)
+			  uint32_t N, uint32_t K, float *y, uint16_t *yb, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint32_t off[MAXE + 1];
@@ -2671,12 +2704,21 @@ int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *
 	CK(cudaMemcpy(doff, off, (E + 1) * 4, cudaMemcpyHostToDevice));
 	CK(cudaMemset(dy, 0xff, (size_t)off[E] * N * 4 + 16));
 	{
-		struct ms_xgemm p = {E, N, K, doff, dx, dw, (uint64_t)N * K, dy, sc};
+		struct ms_xgemm p = {E, N, K, doff, dx, dw, (uint64_t)N * K, dy, sc, 0};
 		if ((rc = ms_xgemm_run(&p, 0, err)))
 			goto out;
 	}
 	CK(cudaDeviceSynchronize());
 	CK(cudaMemcpy(y, dy, (size_t)off[E] * N * 4, cudaMemcpyDeviceToHost));
+	if (yb) {
+		/* the bf16 output's instantiation, over NaN bits again */
+		struct ms_xgemm p = {E, N, K, doff, dx, dw, (uint64_t)N * K, dy, sc, 1};
+		CK(cudaMemset(dy, 0xff, (size_t)off[E] * N * 4 + 16));
+		if ((rc = ms_xgemm_run(&p, 0, err)))
+			goto out;
+		CK(cudaDeviceSynchronize());
+		CK(cudaMemcpy(yb, dy, (size_t)off[E] * N * 2, cudaMemcpyDeviceToHost));
+	}
 out:
 	cudaFree(dx);
 	cudaFree(dw);
@@ -3155,7 +3197,13 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			DM(a->wts, TK * 4, MC_ACTS);
 			DM(a->perm, TK * 4, MC_ACTS);
 			DM(a->pos, TK * 4, MC_ACTS);
-			DM(a->gu, (TK + BUCKET) * 2 * F * 4, MC_ACTS);
+			/* a folded layer's expert GEMMs write bf16 (gate/up here,
+			 * the experts' outputs ye; the backward's dact and dxs
+			 * in their float32-sized scratch): half the bytes
+			 * through SwiGLU, the combine, the router's gradient
+			 * and the unpermute, which those passes are bound by */
+			uint64_t eb = g->E && d->egu[0].fr ? 2 : 4;
+			DM(a->gu, (TK + BUCKET) * 2 * F * eb, MC_ACTS);
 			/* the folded LoRA's layers keep it in bf16 (actb) */
 			if (g->E && d->egu[0].fr)
 				DM(a->actb, (TK + BUCKET) * F * 2, MC_ACTS);
@@ -3165,7 +3213,7 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 				DM(a->ugu, TK * r * 4, MC_ACTS);
 			if (d->ldn)
 				DM(a->udn, TK * r * 4, MC_ACTS);
-			DM(a->ye, (TK + BUCKET) * H * 4, MC_ACTS);
+			DM(a->ye, (TK + BUCKET) * H * eb, MC_ACTS);
 			if (g->grouped)
 				DM(a->goff, 2 * ((uint64_t)g->E + 1) * 4, MC_ACTS);
 			/* pinned: the grouped path copies the counts while
@@ -3969,17 +4017,19 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	uint64_t T = g->T, H = g->H, F = g->F, r = g->r;
 	const void *X = NULL;
 	const float *xl;
+	__nv_bfloat16 *h2b;
 	int rc;
 
 	if ((rc = decode_layer(g, d, 0, err)))
 		return rc;
 	ph(g, PH_NORM);
+	/* the projections' bf16 operand written by the norm (twin_buf) */
 	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->h1, a->r1, (uint32_t)H,
-					      (float)m->cfg.rms_eps);
+					      (float)m->cfg.rms_eps, twin_buf(g));
 	LK();
 	ph(g, PH_ATT_PROJ);
-	if ((rc = opnd(g, a->h1, T * H, g->cA, &X, err)) ||
-	    (rc = lin_fwd(g, &d->q, X, T, a->q0, 0, err)) ||
+	X = twin_of(g, a->h1);
+	if ((rc = lin_fwd(g, &d->q, X, T, a->q0, 0, err)) ||
 	    (rc = lin_fwd(g, &d->k, X, T, a->k0, 0, err)) ||
 	    (rc = lin_fwd(g, &d->v, X, T, a->v, 0, err)))
 		return rc;
@@ -4035,8 +4085,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	k_add<<<nblk(T * H), NTH, 0, g->st>>>(a->x2, a->x, g->y, T * H);
 	LK();
 	ph(g, PH_NORM);
+	/* a folded MoE layer gathers its experts' rows from h2's bf16 copy
+	 * (in xs, which that path does not use before the backward) */
+	h2b = d->moe && g->E && d->egu[0].fr ? (__nv_bfloat16 *)g->xs : NULL;
 	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->h2, a->r2, (uint32_t)H,
-					      (float)m->cfg.rms_eps);
+					      (float)m->cfg.rms_eps, h2b);
 	LK();
 	if (d->moe) {
 		uint64_t TK = T * g->K;
@@ -4059,6 +4112,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		k_route<<<(unsigned)((T + RW - 1) / RW), 32 * RW, RW * g->E * 16, g->st>>>(
 			rc_, g->dz, d->ecb, a->probs, a->sel, a->wts, (uint32_t)T);
 		LK();
+		ph(g, PH_SORT);
 		/* the float32 test mode keeps the host's running sum */
 		if ((rc = g->f32 ? moe_sort(g, a, err)
 				 : moe_route_dev(g, a, g->grouped ? a->goff : (uint32_t *)g->dpad,
@@ -4068,9 +4122,14 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		 * float32 copy only the separate LoRA reads is not made */
 		uint32_t fr = g->E ? d->egu[0].fr : 0;
 		uint64_t ldx = H + fr, lda = F + fr;
-		k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, fr ? NULL : g->xs,
-							    twin_buf(g), TK, (uint32_t)H,
-							    (uint32_t)ldx);
+		if (h2b)
+			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(h2b, a->perm, g->K, NULL,
+								    twin_buf(g), TK, (uint32_t)H,
+								    (uint32_t)ldx);
+		else
+			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K,
+								    fr ? NULL : g->xs, twin_buf(g),
+								    TK, (uint32_t)H, (uint32_t)ldx);
 		LK();
 		ph(g, PH_EXPERTS);
 		X = twin_of(g, g->xs);
@@ -4088,7 +4147,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if (!g->grouped && (rc = egemm_counts(g, err)))
 			return rc;
 		if (!g->grouped && !g->f32 &&
-		    (rc = expert_product(g, d->egu, 0, a->cnt, X, ldx, a->gu, 2 * F, err)))
+		    (rc = expert_product(g, d->egu, 0, a->cnt, X, ldx, a->gu, 2 * F, fr > 0, err)))
 			return rc;
 		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
@@ -4109,8 +4168,14 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					     a->ugu, a->gu, err))))
 			return rc;
 		ph(g, PH_EXPERTS);
-		k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, a->actb, twin_buf(g),
-							    TK, (uint32_t)F, (uint32_t)lda);
+		if (fr)
+			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->gu,
+								    a->act, a->actb, twin_buf(g), TK,
+								    (uint32_t)F, (uint32_t)lda);
+		else
+			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, a->actb,
+								    twin_buf(g), TK, (uint32_t)F,
+								    (uint32_t)lda);
 		LK();
 		X = a->act ? twin_of(g, a->act) : twin_buf(g);
 		if ((rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
@@ -4124,7 +4189,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if (g->grouped && (rc = egemm(g, d, a, 1, X, g->H, g->F, a->ye, err)))
 			return rc;
 		if (!g->grouped && !g->f32 &&
-		    (rc = expert_product(g, d->edn, 0, a->cnt, X, lda, a->ye, H, err)))
+		    (rc = expert_product(g, d->edn, 0, a->cnt, X, lda, a->ye, H, fr > 0, err)))
 			return rc;
 		off = 0;
 		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
@@ -4144,8 +4209,13 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					    a->udn, a->ye, err)))
 			return rc;
 		ph(g, PH_COMBINE);
-		k_combine<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
-							  (uint32_t)T, g->K, (uint32_t)H);
+		if (fr)
+			k_combine<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->ye,
+								  a->pos, a->wts, g->y, (uint32_t)T,
+								  g->K, (uint32_t)H);
+		else
+			k_combine<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
+								  (uint32_t)T, g->K, (uint32_t)H);
 		LK();
 	}
 	if (d->sh) {
@@ -4197,11 +4267,17 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		uint32_t fr = g->E ? d->egu[0].fr : 0;
 		uint64_t ldy = H + fr, ldg = 2 * F + fr;
 		__nv_bfloat16 *xb = (__nv_bfloat16 *)g->xs;
-		k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
-							      fr ? NULL : g->dye, twin_buf(g),
-							      g->dw, g->K, (uint32_t)H,
-							      (uint32_t)ldy);
+		if (fr)
+			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(
+				dxo, (const __nv_bfloat16 *)a->ye, a->pos, a->wts, NULL, twin_buf(g),
+				g->dw, g->K, (uint32_t)H, (uint32_t)ldy);
+		else
+			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
+								      g->dye, twin_buf(g), g->dw,
+								      g->K, (uint32_t)H,
+								      (uint32_t)ldy);
 		LK();
+		ph(g, PH_B_ROUTER);
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
 		LK();
@@ -4228,7 +4304,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if (g->grouped && (rc = egemm(g, d, a, 3, X, g->F, g->H, g->dact, err)))
 			return rc;
 		if (!g->grouped && !g->f32 &&
-		    (rc = expert_product(g, d->edn, 1, a->cnt, X, ldy, g->dact, F, err)))
+		    (rc = expert_product(g, d->edn, 1, a->cnt, X, ldy, g->dact, F, fr > 0, err)))
 			return rc;
 		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
 			uint32_t n = a->cnt[e];
@@ -4257,9 +4333,14 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		}
 		ph(g, PH_B_EXPERTS);
-		k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, fr ? NULL : g->dgu,
-								twin_buf(g), TK, (uint32_t)F,
-								(uint32_t)ldg);
+		if (fr)
+			k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(
+				(const __nv_bfloat16 *)g->dact, (const __nv_bfloat16 *)a->gu, NULL,
+				twin_buf(g), TK, (uint32_t)F, (uint32_t)ldg);
+		else
+			k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu,
+									twin_buf(g), TK, (uint32_t)F,
+									(uint32_t)ldg);
 		LK();
 		X = twin_of(g, g->dgu);
 		if (fr) {
@@ -4271,7 +4352,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
 			return rc;
 		if (!g->grouped && !g->f32 &&
-		    (rc = expert_product(g, d->egu, 1, a->cnt, X, ldg, g->dxs, H, err)))
+		    (rc = expert_product(g, d->egu, 1, a->cnt, X, ldg, g->dxs, H, fr > 0, err)))
 			return rc;
 		off = 0;
 		for (uint32_t e = 0; e < g->E && !g->grouped && g->f32; e++) {
@@ -4302,9 +4383,14 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 						  xl, a->ugu, g->dgu, g->dxs, a->perm, TK, err))) {
 			return rc;
 		}
-		ph(g, PH_B_ROUTE);
-		k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2, (uint32_t)T,
-							     g->K, (uint32_t)H);
+		ph(g, PH_B_UNPERM);
+		if (fr)
+			k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)g->dxs,
+								     a->pos, g->dh2, (uint32_t)T, g->K,
+								     (uint32_t)H);
+		else
+			k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2,
+								     (uint32_t)T, g->K, (uint32_t)H);
 		LK();
 	} else {
 		CK(cudaMemsetAsync(g->dh2, 0, T * H * 4, g->st));

@@ -1,9 +1,11 @@
 /*
  * xgemm.cu: the grouped expert GEMM of xgemm.h on CUTLASS's Hopper kernel
  * (TMA loads, wgmma, a cooperative warp-specialised persistent schedule
- * over a 128 x 256 x 64 tile, float32 out through a TMA store), the
- * fastest of the three configurations tools/bench/cutlass_grouped_probe.cu
- * measured on the H200 at the trainer's shapes.
+ * over a 128 x 256 x 64 tile, float32 or bf16 out through a TMA store),
+ * the fastest of the three configurations tools/bench/cutlass_grouped_probe.cu
+ * measured on the H200 at the trainer's shapes. The two outputs are two
+ * instantiations with the same main loop: the same float32 sums, the bf16
+ * one rounding them to nearest even on the way out.
  *
  * Before each product a small kernel writes the groups' sizes, pointers
  * and strides from the offsets routing left on the device, into the
@@ -48,6 +50,8 @@ extern "C" int ms_xgemm_device_ok(void)
 
 #ifdef MS_HAVE_CUTLASS
 
+#include <type_traits>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -69,29 +73,36 @@ using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
 using Tile = Shape<_128, _256, _64>;
 using Cluster = Shape<_1, _1, _1>;
 
-using Epi = cutlass::epilogue::collective::CollectiveBuilder<
-	cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-	cutlass::epilogue::collective::EpilogueTileAuto, float, float, float, LD *, 4, float, LD *,
-	4, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-	cutlass::epilogue::fusion::LinearCombination<float, float>>::CollectiveOp;
-using Main = cutlass::gemm::collective::CollectiveBuilder<
-	cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EA, LB *, 8, float, Tile,
-	Cluster,
-	cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-		sizeof(typename Epi::SharedStorage))>,
-	cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-using Kernel = cutlass::gemm::kernel::GemmUniversal<Shp, Main, Epi>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-using SA = Gemm::GemmKernel::InternalStrideA;
-using SB = Gemm::GemmKernel::InternalStrideB;
-using SD = Gemm::GemmKernel::InternalStrideD;
+/* the kernel for an output element type D (float or bfloat16_t) */
+template <typename D> struct xk {
+	static constexpr int AL = 16 / (int)sizeof(D); /* 16-byte accesses */
+	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+		cutlass::epilogue::collective::EpilogueTileAuto, float, float, D, LD *, AL, D,
+		LD *, AL, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+		cutlass::epilogue::fusion::LinearCombination<D, float>>::CollectiveOp;
+	using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EA, LB *, 8,
+		float, Tile, Cluster,
+		cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+			sizeof(typename Epi::SharedStorage))>,
+		cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+	using Kernel = cutlass::gemm::kernel::GemmUniversal<Shp, Main, Epi>;
+	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+/* the strides do not depend on D */
+using SA = xk<float>::Gemm::GemmKernel::InternalStrideA;
+using SB = xk<float>::Gemm::GemmKernel::InternalStrideB;
+using SD = xk<float>::Gemm::GemmKernel::InternalStrideD;
+static_assert(std::is_same<SD, xk<cutlass::bfloat16_t>::Gemm::GemmKernel::InternalStrideD>::value,
+	      "one stride type for both outputs");
 using PS = Shp::UnderlyingProblemShape;
 
 /* the scratch: the per-group arrays, then CUTLASS's workspace */
 struct lay {
 	PS *ps;
 	const EA **pa, **pb;
-	float **pd;
+	void **pd;
 	SA *sa;
 	SB *sb;
 	SD *sd;
@@ -115,7 +126,7 @@ lay layout(void *base, uint32_t E)
 	o += up256(E * sizeof(void *));
 	l.pb = (const EA **)(p + o);
 	o += up256(E * sizeof(void *));
-	l.pd = (float **)(p + o);
+	l.pd = (void **)(p + o);
 	o += up256(E * sizeof(void *));
 	l.sa = (SA *)(p + o);
 	o += up256(E * sizeof(SA));
@@ -129,7 +140,7 @@ lay layout(void *base, uint32_t E)
 }
 
 __global__ void k_groups(const uint32_t *off, uint32_t E, int N, int K, const EA *x,
-			 const EA *w, uint64_t wstride, float *y, lay l)
+			 const EA *w, uint64_t wstride, char *y, uint32_t ysz, lay l)
 {
 	uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
 	if (e >= E)
@@ -138,18 +149,20 @@ __global__ void k_groups(const uint32_t *off, uint32_t E, int N, int K, const EA
 	l.ps[e] = {m, N, K};
 	l.pa[e] = x + (uint64_t)off[e] * K;
 	l.pb[e] = w + e * wstride;
-	l.pd[e] = y + (uint64_t)off[e] * N;
+	l.pd[e] = y + (uint64_t)off[e] * N * ysz;
 	l.sa[e] = cutlass::make_cute_packed_stride(SA{}, {m, K, 1});
 	l.sb[e] = cutlass::make_cute_packed_stride(SB{}, {N, K, 1});
 	l.sd[e] = cutlass::make_cute_packed_stride(SD{}, {m, N, 1});
 }
 
-Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int dev, int sms)
+template <typename D>
+typename xk<D>::Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int dev, int sms)
 {
+	using Gemm = typename xk<D>::Gemm;
 	cutlass::KernelHardwareInfo hw;
 	hw.device_id = dev;
 	hw.sm_count = sms;
-	Gemm::Arguments a;
+	typename Gemm::Arguments a;
 	decltype(a.epilogue.thread) f;
 	f.alpha = 1.0f;
 	f.beta = 0.0f; /* C is not read */
@@ -159,12 +172,35 @@ Gemm::Arguments args_of(const struct ms_xgemm *p, const lay &l, int dev, int sms
 	f.beta_ptr_array = nullptr;
 	f.dAlpha = {cute::_0{}, cute::_0{}, 0};
 	f.dBeta = {cute::_0{}, cute::_0{}, 0};
-	a = Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-			    {(int)p->E, l.ps, nullptr},
-			    {l.pa, l.sa, l.pb, l.sb},
-			    {f, (const float **)l.pd, l.sd, l.pd, l.sd},
-			    hw};
+	a = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+				     {(int)p->E, l.ps, nullptr},
+				     {l.pa, l.sa, l.pb, l.sb},
+				     {f, (const D **)l.pd, l.sd, (D **)l.pd, l.sd},
+				     hw};
 	return a;
+}
+
+/* the product with output type D, the groups' arrays already written */
+template <typename D>
+int run_as(const struct ms_xgemm *p, const lay &l, int dev, int sms, cudaStream_t st,
+	   struct ms_err *err)
+{
+	using Gemm = typename xk<D>::Gemm;
+	typename Gemm::Arguments a = args_of<D>(p, l, dev, sms);
+	Gemm gemm;
+	if (l.used + Gemm::get_workspace_size(a) > MS_XGEMM_SCRATCH)
+		return ms_err_set(err, MS_EINVAL, "grouped expert GEMM (CUTLASS): %u groups need %zu "
+				  "bytes of scratch, more than %u", p->E,
+				  l.used + Gemm::get_workspace_size(a), (unsigned)MS_XGEMM_SCRATCH);
+	if (gemm.can_implement(a) != cutlass::Status::kSuccess)
+		return ms_err_set(err, MS_EINVAL, "grouped expert GEMM (CUTLASS): N %u, K %u: "
+				  "the kernel cannot take it", p->N, p->K);
+	if (gemm.initialize(a, l.ws, st) != cutlass::Status::kSuccess ||
+	    gemm.run(st) != cutlass::Status::kSuccess) {
+		cudaGetLastError();
+		return ms_err_set(err, MS_EIO, "grouped expert GEMM (CUTLASS): the launch failed");
+	}
+	return MS_OK;
 }
 
 } /* namespace ms_xg */
@@ -190,25 +226,13 @@ extern "C" int ms_xgemm_run(const struct ms_xgemm *p, void *stream, struct ms_er
 	if (de != cudaSuccess)
 		return ms_gpu_cuda_err(err, de, "cudaGetDevice");
 	lay l = layout(p->scratch, p->E);
-	Gemm::Arguments a = args_of(p, l, dev, sms);
-	size_t need = l.used + Gemm::get_workspace_size(a);
-	Gemm gemm;
-	if (need > MS_XGEMM_SCRATCH)
-		return ms_err_set(err, MS_EINVAL, "grouped expert GEMM (CUTLASS): %u groups need %zu "
-				  "bytes of scratch, more than %u", p->E, need,
-				  (unsigned)MS_XGEMM_SCRATCH);
 	k_groups<<<(p->E + 127) / 128, 128, 0, st>>>(p->off, p->E, (int)p->N, (int)p->K,
 						       (const EA *)p->x, (const EA *)p->w,
-						       p->wstride, p->y, l);
+						       p->wstride, (char *)p->y, p->ybf16 ? 2 : 4, l);
 	CK(cudaGetLastError());
-	if (gemm.can_implement(a) != cutlass::Status::kSuccess)
-		return ms_err_set(err, MS_EINVAL, "grouped expert GEMM (CUTLASS): N %u, K %u: "
-				  "the kernel cannot take it", p->N, p->K);
-	if (gemm.initialize(a, l.ws, st) != cutlass::Status::kSuccess ||
-	    gemm.run(st) != cutlass::Status::kSuccess) {
-		cudaGetLastError();
-		return ms_err_set(err, MS_EIO, "grouped expert GEMM (CUTLASS): the launch failed");
-	}
+	if ((rc = p->ybf16 ? run_as<cutlass::bfloat16_t>(p, l, dev, sms, st, err)
+			   : run_as<float>(p, l, dev, sms, st, err)))
+		return rc;
 	CK(cudaGetLastError());
 out:
 	return rc;

@@ -14,7 +14,9 @@
  *
  *   group e (0 <= e < E) owns rows off[e] .. off[e+1]-1 of X and Y:
  *   Y[row, 0:N] = X[row, 0:K] W_e^T,  W_e [N, K] row-major at w + e * wstride
- *   X bf16 [rows, K], Y float32 [rows, N], both packed (row stride K, N).
+ *   X bf16 [rows, K], Y float32 or bf16 (ybf16) [rows, N], both packed
+ *   (row stride K, N); the bf16 Y is the float32 one rounded to nearest
+ *   even (the same main loop).
  *
  * The CUTLASS half is built when its headers are there (the Makefile
  * fetches them; MS_HAVE_CUTLASS); without them, or on a GPU that is not
@@ -44,8 +46,9 @@ struct ms_xgemm {
 	const void *x;               /* device bf16 [off[E], K] */
 	const void *w;               /* device bf16, W_e at w + e * wstride */
 	uint64_t wstride;            /* elements */
-	float *y;                    /* device [off[E], N] */
+	void *y;                     /* device [off[E], N] */
 	void *scratch;               /* device, MS_XGEMM_SCRATCH bytes */
+	int ybf16;                   /* y in bf16 instead of float32 */
 };
 
 /* 1 when this build and this device run it for N and K (multiples of 8),

@@ -184,9 +184,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 				     !!(lora->targets & MS_LORA_V) + !!(lora->targets & MS_LORA_O));
 		if (moe) {
 			acts += (T * E + 4 * TK) * 4;
-			/* gate/up output, SwiGLU's (bf16 where the LoRA folds),
-			 * the experts' outputs */
-			acts += (TK + GP_BUCKET) * ((2 * F + H) * 4 + F * (fold ? 2 : 4));
+			/* gate/up output, SwiGLU's, the experts' outputs: bf16
+			 * where the LoRA folds */
+			acts += (TK + GP_BUCKET) * (2 * F + H + F) * (fold ? 2 : 4);
 			if (lora->targets & MS_LORA_EXPERTS)
 				acts += 2 * TK * r * 4;
 			if (grouped)

@@ -159,9 +159,9 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err);
 int ms_gmodel_blas_load(struct ms_err *err);
 /* the grouped CUTLASS expert GEMM alone (train.cu, kernels/xgemm.h;
  * t_train_gpu): MS_ENODEV on a GPU that is not an sm_90, MS_EINVAL where
- * this build does not have it */
+ * this build does not have it; yb non-NULL: the bf16 output's form too */
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
-			  uint32_t N, uint32_t K, float *y, struct ms_err *err);
+			  uint32_t N, uint32_t K, float *y, uint16_t *yb, struct ms_err *err);
 /* the GPU routing's expert sort alone (train.cu; t_train_gpu): perm, pos,
  * cnt as a layer's routing computes them from sel [n] */
 int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *perm, int32_t *pos,

@@ -26,9 +26,9 @@ int ms_gmodel_blas_load(struct ms_err *err)
 }
 
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
-			  uint32_t N, uint32_t K, float *y, struct ms_err *err)
+			  uint32_t N, uint32_t K, float *y, uint16_t *yb, struct ms_err *err)
 {
-	(void)x, (void)w, (void)cnt, (void)E, (void)N, (void)K, (void)y;
+	(void)x, (void)w, (void)cnt, (void)E, (void)N, (void)K, (void)y, (void)yb;
 	return nodev(err);
 }
 

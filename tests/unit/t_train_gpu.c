@@ -263,14 +263,19 @@ static int test_grouped_glm4moe_var(void) { return family("glm4moe-var", M_GROUP
 static int test_bf16_dropout(void) { return family_p("qwen3moe", M_BF16, 0.3); }
 static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0.3); }
 
-/* The grouped expert GEMMs against one cuBLAS GEMM per expert, both bf16:
- * the same frozen operands, float32 sums in another order. The per-expert
+/* The grouped expert GEMMs against the per-expert path, both bf16: the
+ * same frozen operands, float32 sums in another order. The per-expert
  * path folds the expert LoRA into those GEMMs in bf16 (U and dU rounded to
- * bf16, its gradients from bf16 operands) where the grouped path keeps the
- * LoRA's products in float32 (TF32): logits within 1e-2, every gradient
- * tensor's cosine above 0.9995 (measured on the H200: 0.99994 on qwen3moe
- * and 0.99982 on mixtral, where both paths' separate products gave
- * 0.9999+; each path against the CPU is checked by the family cases). */
+ * bf16, its gradients from bf16 operands) and keeps the expert
+ * activations in bf16 (gate/up's and the experts' outputs, their
+ * gradients), where the grouped path keeps the LoRA's products in float32
+ * (TF32) and its activations in float32: logits within 2.5e-2 (half the
+ * family cases' bound against the CPU), every gradient tensor's cosine
+ * above 0.999 (measured on the H200: logits 0.0026 apart on qwen3moe and
+ * 0.0133 on mixtral, cosines 0.99993 and 0.99942; with float32
+ * activations 0.0068 and 0.99981 on mixtral; each path against the CPU is
+ * checked by the family cases, and moved little: mixtral's per-expert
+ * logits 0.0073 from the CPU's, against 0.0073 before). */
 static int grouped_vs_loop(const char *name)
 {
 	struct fam f;
@@ -305,10 +310,10 @@ static int grouped_vs_loop(const char *name)
 	ms_model_free(m);
 	fprintf(stderr, "  %s grouped vs per-expert: logits max diff %.3g, loss %.9g vs %.9g, "
 		"gradient min cosine %.7f\n", name, wl, b.loss, a.loss, mincos);
-	T_ASSERT_MSG(wl < 1e-2, "logits differ by %g", wl);
+	T_ASSERT_MSG(wl < 2.5e-2, "logits differ by %g", wl);
 	T_ASSERT_MSG(fabs(a.loss - b.loss) <= 1e-3 * fabs(a.loss), "loss %.9g vs %.9g", b.loss,
 		     a.loss);
-	T_ASSERT_MSG(mincos > 0.9995, "gradient cosine %.7f", mincos);
+	T_ASSERT_MSG(mincos > 0.999, "gradient cosine %.7f", mincos);
 	res_free(&a);
 	res_free(&b);
 	fam_close(&f);
@@ -362,7 +367,8 @@ static float f32_of(uint16_t b)
  * path's expert products) against a double-precision product of the same
  * bf16 values: empty groups, one row, rows across its 128-row tiles, N
  * across its 256-column tiles; every row of every group written (the
- * output starts as NaN bits) */
+ * output starts as NaN bits); its bf16 output (a folded layer's expert
+ * activations) is the float32 one rounded to nearest even, bit for bit */
 static int test_xgemm(void)
 {
 	static const uint32_t cnt[] = {0, 1, 130, 77, 0, 256, 3};
@@ -374,10 +380,11 @@ static int test_xgemm(void)
 		uint32_t N = nk[c][0], K = nk[c][1];
 		uint16_t *x = malloc((size_t)rows * K * 2), *w = malloc((size_t)E * N * K * 2);
 		float *y = malloc((size_t)rows * N * 4);
+		uint16_t *yb = malloc((size_t)rows * N * 2);
 		struct ms_err err = {0};
 		uint64_t s = 7 + c;
 		double worst = 0;
-		T_ASSERT(x && w && y);
+		T_ASSERT(x && w && y && yb);
 		for (size_t i = 0; i < (size_t)rows * K; i++) {
 			s = s * 6364136223846793005ull + 1442695040888963407ull;
 			x[i] = bf16_of((float)((s >> 40) % 2001) / 1000.0f - 1.0f);
@@ -388,10 +395,10 @@ static int test_xgemm(void)
 		}
 		/* on the GPU it is for, it must run (a build without CUTLASS
 		 * fails here: the trainer's default path would go untested) */
-		int rc = ms_gmodel_xgemm_check(x, w, cnt, E, N, K, y, &err);
+		int rc = ms_gmodel_xgemm_check(x, w, cnt, E, N, K, y, yb, &err);
 		if (rc == MS_ENODEV) {
 			fprintf(stderr, "  grouped CUTLASS GEMM: NOT CHECKED (%s)\n", err.msg);
-			free(x), free(w), free(y);
+			free(x), free(w), free(y), free(yb);
 			return 0;
 		}
 		T_ASSERT_MSG(rc == MS_OK, "%s", err.msg);
@@ -408,12 +415,17 @@ static int test_xgemm(void)
 					double d = fabs(y[(size_t)i * N + n] - ref) / (mag + 1e-30);
 					T_ASSERT_MSG(d < 1e-5, "group %u row %u col %u: %g against %g", e,
 						     i - r0, n, y[(size_t)i * N + n], ref);
+					T_ASSERT_MSG(yb[(size_t)i * N + n] == bf16_of(y[(size_t)i * N + n]),
+						     "group %u row %u col %u: bf16 output 0x%04x, "
+						     "the float32 one %g rounds to 0x%04x", e, i - r0, n,
+						     yb[(size_t)i * N + n], y[(size_t)i * N + n],
+						     bf16_of(y[(size_t)i * N + n]));
 					if (d > worst)
 						worst = d;
 				}
-		fprintf(stderr, "  grouped CUTLASS GEMM N %u K %u: worst error / magnitude %.2e\n", N,
-			K, worst);
-		free(x), free(w), free(y);
+		fprintf(stderr, "  grouped CUTLASS GEMM N %u K %u: worst error / magnitude %.2e, bf16 "
+			"output the float32 one rounded\n", N, K, worst);
+		free(x), free(w), free(y), free(yb);
 	}
 	return 0;
 }

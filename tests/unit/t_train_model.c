@@ -1241,8 +1241,9 @@ static int test_predict_flash_attention(void)
  * same activations, less scratch (the experts are not decoded into it).
  * Compared with LoRA dropout on, which keeps the per-expert path's LoRA
  * unfolded; folded (dropout 0, bf16), that path holds more scratch (the
- * factors' columns, its gradients' partials) and keeps SwiGLU's output in
- * bf16 (half of its float32 activation), nothing else. */
+ * factors' columns, its gradients' partials) and keeps the expert
+ * activations (gate/up's output, SwiGLU's, the experts' outputs) in bf16
+ * (half of their float32 bytes), nothing else. */
 static int test_predict_grouped(void)
 {
 	const char *fams[] = {"qwen3moe", "glm4moe"};
@@ -1265,10 +1266,12 @@ static int test_predict_grouped(void)
 							   f32, 0, 0, &u[f32]) == MS_OK);
 				T_ASSERT(ms_gmodel_predict(&f.cfg, &l0, 2, 16, MS_COLWISE_RESIDENT, f32,
 							   0, 0, &fo[f32]) == MS_OK);
-				/* SwiGLU's output, (TK + 128) x F, in bf16 */
+				/* gate/up's, SwiGLU's and the experts' outputs,
+				 * (TK + 128) x (3F + H), in bf16 */
 				int64_t half = f32 ? 0
 						   : nmoe * (2 * 16 * (int64_t)f.cfg.top_k + 128) *
-							     (int64_t)f.cfg.moe_ffn * 2;
+							     (3 * (int64_t)f.cfg.moe_ffn +
+							      (int64_t)f.cfg.hidden) * 2;
 				T_ASSERT_EQ_INT((int64_t)fo[f32].acts, (int64_t)u[f32].acts - half);
 				T_ASSERT(fo[f32].dense == u[f32].dense && fo[f32].lora == u[f32].lora &&
 					 fo[f32].nvfp4_rowwise == u[f32].nvfp4_rowwise);
