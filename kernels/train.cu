@@ -3470,6 +3470,9 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	DM(g->dids, T * 4, MC_SCRATCH);
 	DM(g->dmask, T + 1, MC_SCRATCH);
+	/* the zeroing above ran on the legacy stream, which the step's
+	 * non-blocking stream does not follow: done before any step */
+	CK(cudaDeviceSynchronize());
 	g->B = B;
 	g->S = S;
 	g->T = (uint32_t)T;
