@@ -2,18 +2,21 @@
  * cutlass_grouped_probe.cu: CUTLASS's Hopper grouped GEMM (TMA, wgmma,
  * warp-specialised, the problem sizes read on the device) against one
  * cublasGemmEx per expert, for the trainer benchmark's four expert
- * products (64 experts, 65536 routed rows, bf16 operands, float32 out, K
- * with the folded LoRA's 16 columns): GPU time per layer call (CUDA events
- * over 20 calls), host time to queue it, TFLOP/s, and the largest
- * difference between the two. The question it answers: would one launch a
- * product, with the row counts staying on the device, beat the per-expert
- * loop the trainer ran before kernels/xgemm.cu (tools/bench/NOTES.md); its
- * fastest configuration is the one xgemm.cu builds. Not built by make: it
- * needs CUTLASS's headers (the build's tools/fetch_cutlass.sh puts them in
- * .deps) and sm_90a; without -DNDEBUG ptxas serialises the wgmma
- * pipeline (CUTLASS's device asserts are calls):
+ * products (64 experts, 65536 routed rows, bf16 operands, bf16 out as the
+ * trainer's folded layers write them, K with the folded LoRA's 16
+ * columns): GPU time per layer call (CUDA events over 20 calls), host time
+ * to queue it, TFLOP/s, and the largest difference from the float32
+ * cuBLAS product (the bf16 output's rounding). Seven configurations:
+ * cooperative 128x256 (the one kernels/xgemm.cu builds) with clusters 1x1
+ * and 2x1, cooperative 256x128 with 1x1 and 1x2, ping-pong 128x128 with
+ * 1x1 and 2x1, ping-pong 64x256. Measured on the H200 (tools/bench/
+ * NOTES.md): the cooperative 128x256 1x1 fastest at all four shapes. Not
+ * built by make: it needs CUTLASS's headers (the build's
+ * tools/fetch_headers.sh puts them in .deps) and sm_90a; without -DNDEBUG
+ * ptxas serialises the wgmma pipeline (CUTLASS's device asserts are
+ * calls):
  *
- *   sh tools/fetch_cutlass.sh .deps/cutlass-4.2.0.0
+ *   sh tools/fetch_headers.sh cutlass .deps/cutlass-4.2.0.0
  *   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a --expt-relaxed-constexpr \
  *        -I.deps/cutlass-4.2.0.0/include -o cutlass_grouped_probe \
  *        tools/bench/cutlass_grouped_probe.cu -lcublas
@@ -23,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -51,7 +55,7 @@ using namespace cute;
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
 using EA = cutlass::bfloat16_t;
-using ED = float;
+using ED = cutlass::bfloat16_t;
 using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
 using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major: K x N column-major */
 using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
@@ -59,7 +63,7 @@ using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
 template <class Tile, class Cluster, class KSched, class ESched> struct Grouped {
 	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
 		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LD *, 4, ED, LD *, 4,
+		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LD *, 8, ED, LD *, 8,
 		ESched, cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
 	using Main = typename cutlass::gemm::collective::CollectiveBuilder<
 		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EA, LB *, 8, float,
@@ -71,13 +75,25 @@ template <class Tile, class Cluster, class KSched, class ESched> struct Grouped 
 	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-using Coop = Grouped<Shape<_128, _128, _64>, Shape<_1, _1, _1>,
+using C1 = Grouped<Shape<_128, _256, _64>, Shape<_1, _1, _1>,
 		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
 		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using CoopW = Grouped<Shape<_128, _256, _64>, Shape<_1, _1, _1>,
-		      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-		      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using Ping = Grouped<Shape<_64, _128, _64>, Shape<_1, _1, _1>,
+using C2 = Grouped<Shape<_128, _256, _64>, Shape<_2, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using C3 = Grouped<Shape<_256, _128, _64>, Shape<_1, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using C4 = Grouped<Shape<_256, _128, _64>, Shape<_1, _2, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using P1 = Grouped<Shape<_128, _128, _64>, Shape<_1, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+using P2 = Grouped<Shape<_64, _256, _64>, Shape<_1, _1, _1>,
+		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+using P3 = Grouped<Shape<_128, _128, _64>, Shape<_2, _1, _1>,
 		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
 		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
 
@@ -197,7 +213,7 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 		printf("%s N %d K %d: initialize failed\n", name, N, K);
 		return;
 	}
-	CK(cudaMemset(Y, 0, (size_t)(65536 + 128) * N * 4));
+	CK(cudaMemset(Y, 0, (size_t)(65536 + 128) * N * 2));
 	float ms = 0;
 	double host = 0;
 	int bad = 0;
@@ -212,8 +228,10 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 		printf("%s: run failed\n", name);
 		return;
 	}
+	std::vector<uint16_t> yb((size_t)65536 * N);
 	std::vector<float> y((size_t)65536 * N), r((size_t)65536 * N);
-	CK(cudaMemcpy(y.data(), Y, y.size() * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(yb.data(), Y, yb.size() * 2, cudaMemcpyDeviceToHost));
+	for (size_t i = 0; i < y.size(); i++) { uint32_t u = (uint32_t)yb[i] << 16; memcpy(&y[i], &u, 4); }
 	CK(cudaMemcpy(r.data(), ref, r.size() * 4, cudaMemcpyDeviceToHost));
 	double md = 0, mm = 0;
 	for (size_t i = 0; i < y.size(); i++) {
@@ -236,7 +254,8 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 		off[e + 1] = off[e] + cnt[e];
 	size_t rows = (size_t)off[E] + 128;
 	EA *X, *W;
-	ED *Y, *R;
+	ED *Y;
+	float *R;
 	int *doff;
 	CK(cudaMalloc(&X, rows * K * 2));
 	CK(cudaMalloc(&W, (size_t)E * N * K * 2));
@@ -269,9 +288,13 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 		&ms, &host);
 	printf("%s\n%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call\n", what,
 	       "cublasGemmEx per expert", N, K, ms, flop / (ms * 1e-3) / 1e12, host);
-	grouped<Coop>("CUTLASS grouped coop 128x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
-	grouped<CoopW>("CUTLASS grouped coop 128x256x64", E, cnt, N, K, doff, X, W, Y, R, flop);
-	grouped<Ping>("CUTLASS grouped pingpong 64x128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1>("coop 128x256 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C2>("coop 128x256 2x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C3>("coop 256x128 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C4>("coop 256x128 1x2", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<P1>("ping 128x128 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<P2>("ping 64x256 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<P3>("ping 128x128 2x1", E, cnt, N, K, doff, X, W, Y, R, flop);
 	cublasDestroy(h);
 	cudaFree(X), cudaFree(W), cudaFree(Y), cudaFree(R), cudaFree(doff);
 }
