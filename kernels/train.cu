@@ -1019,6 +1019,19 @@ __device__ __forceinline__ float silu_d(float g)
 	return g / (1.0f + expf(-g));
 }
 
+/* vector unit i (eight columns) of [n, F] rows: its row r and column c,
+ * and gate/up's eight values there (gu [n, 2F]: gate, then up) */
+template <typename G>
+__device__ __forceinline__ void gu_at(const G *gu, uint64_t i, uint32_t F, uint64_t *r,
+				      uint32_t *c, float *g8, float *u8)
+{
+	uint32_t fv = F / 8;
+	*r = i / fv;
+	*c = (uint32_t)(i - *r * fv) * 8;
+	ld8(gu + *r * 2 * F + *c, g8);
+	ld8(gu + *r * 2 * F + F + *c, u8);
+}
+
 /* gu float32, or bf16 (a folded layer's expert GEMM output) */
 template <typename G>
 __global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
@@ -1030,14 +1043,12 @@ __global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
 	 * block left most of a 256-thread block idle at F 768 */
 	if (F % 8 == 0 && ldt % 8 == 0 && al16(gu) && al16(act ? (const void *)act : actb) &&
 	    (!tw || al16(tw))) {
-		uint32_t fv = F / 8;
-		for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * fv;
+		for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * (F / 8);
 		     i += (uint64_t)gridDim.x * blockDim.x) {
-			uint64_t r = i / fv;
-			uint32_t c = (uint32_t)(i - r * fv) * 8;
+			uint64_t r;
+			uint32_t c;
 			float a[8], b[8], v[8];
-			ld8(gu + r * 2 * F + c, a);
-			ld8(gu + r * 2 * F + F + c, b);
+			gu_at(gu, i, F, &r, &c, a, b);
 			for (int j = 0; j < 8; j++)
 				v[j] = silu_d(a[j]) * b[j];
 			if (act)
@@ -1073,14 +1084,12 @@ __global__ void k_swiglu_bwd(const G *dact, const G *gu, float *dgu,
 	 * thread where F, ldt and the pointers allow (as k_swiglu) */
 	if (F % 8 == 0 && ldt % 8 == 0 && al16(dact) && al16(gu) && (!dgu || al16(dgu)) &&
 	    (!tw || al16(tw))) {
-		uint32_t fv = F / 8;
-		for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * fv;
+		for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * (F / 8);
 		     i += (uint64_t)gridDim.x * blockDim.x) {
-			uint64_t r = i / fv;
-			uint32_t c = (uint32_t)(i - r * fv) * 8;
+			uint64_t r;
+			uint32_t c;
 			float gg[8], up[8], da[8], d0[8], d1[8];
-			ld8(gu + r * 2 * F + c, gg);
-			ld8(gu + r * 2 * F + F + c, up);
+			gu_at(gu, i, F, &r, &c, gg, up);
 			ld8(dact + r * F + c, da);
 			for (int j = 0; j < 8; j++) {
 				float sg = 1.0f / (1.0f + expf(-gg[j])), sl = gg[j] * sg;
@@ -1500,37 +1509,62 @@ __global__ void k_gather(const S *src, const int32_t *perm, uint32_t K, float *d
 	}
 }
 
-/* y[t] = sum_k ye[pos[t,k]] * w[t,k] (model.c's order: float products,
- * double sum); ye float32 or bf16 (a folded layer's) */
+/* the sums of columns c .. c+7 over token t's K slots: sum_k src[pos[t,
+ * k]], each times w[t, k] (a float product) where w is given, in double
+ * and slot order (k_slot_sum) */
 template <typename Y>
-__global__ void k_combine(const Y *ye, const int32_t *pos, const float *w, float *y,
-			  uint32_t T, uint32_t K, uint32_t H)
+__device__ __forceinline__ void slot_sum8(const Y *src, const int32_t *pos, const float *w,
+					  uint64_t t, uint32_t K, uint32_t H, uint32_t c, double *s)
+{
+	for (int j = 0; j < 8; j++)
+		s[j] = 0;
+	for (uint32_t k = 0; k < K; k++) {
+		float v[8];
+		ld8(src + (uint64_t)pos[t * K + k] * H + c, v);
+		if (w) {
+			float wk = w[t * K + k];
+			for (int j = 0; j < 8; j++)
+				s[j] += (double)(v[j] * wk);
+		} else {
+			for (int j = 0; j < 8; j++)
+				s[j] += v[j];
+		}
+	}
+}
+
+/* The combine and the unpermute: out[t] = sum_k src[pos[t,k]] (times
+ * w[t,k] where w is given: the combine, y[t] = sum_k ye[pos[t,k]] w[t,k]
+ * in model.c's order, float products and a double sum), added to out[t]
+ * with acc (the unpermute, dh[t] += sum_k dxs[pos[t,k]], in slot order);
+ * src float32 or bf16 (a folded layer's) */
+template <typename Y>
+__global__ void k_slot_sum(const Y *src, const int32_t *pos, const float *w, float *out,
+			   uint32_t T, uint32_t K, uint32_t H, int acc)
 {
 	/* a block a token at a time (no 64-bit division an element); eight
 	 * elements a thread where the shapes allow (ld8), the same sums */
-	int vec = H % 8 == 0 && al16(ye) && al16(y);
+	int vec = H % 8 == 0 && al16(src) && al16(out);
 	for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
 		if (vec) {
 			for (uint32_t c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
-				double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-				float o[8];
-				for (uint32_t k = 0; k < K; k++) {
-					float v[8], wk = w[t * K + k];
-					ld8(ye + (uint64_t)pos[t * K + k] * H + c, v);
-					for (int j = 0; j < 8; j++)
-						s[j] += (double)(v[j] * wk);
-				}
+				double s[8];
+				float o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+				slot_sum8(src, pos, w, t, K, H, c, s);
+				if (acc)
+					ld8(out + t * H + c, o);
 				for (int j = 0; j < 8; j++)
-					o[j] = (float)s[j];
-				st8(y + t * H + c, o);
+					o[j] = acc ? o[j] + (float)s[j] : (float)s[j];
+				st8(out + t * H + c, o);
 			}
 			continue;
 		}
 		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
 			double s = 0;
-			for (uint32_t k = 0; k < K; k++)
-				s += (double)(f32_of(ye[(uint64_t)pos[t * K + k] * H + c]) * w[t * K + k]);
-			y[t * H + c] = (float)s;
+			for (uint32_t k = 0; k < K; k++) {
+				float v = f32_of(src[(uint64_t)pos[t * K + k] * H + c]);
+				s += w ? (double)(v * w[t * K + k]) : (double)v;
+			}
+			out[t * H + c] = acc ? out[t * H + c] + (float)s : (float)s;
 		}
 	}
 }
@@ -1581,42 +1615,6 @@ __global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 			d += __shfl_xor_sync(0xffffffffu, d, o);
 		if (!lane)
 			dw[t * K + k] = (float)d;
-	}
-}
-
-/* dh[t] += sum_k dxs[pos[t,k]] (double sum in slot order); dxs float32
- * or bf16 (a folded layer's) */
-template <typename D>
-__global__ void k_unperm_sum(const D *dxs, const int32_t *pos, float *dh, uint32_t T,
-			     uint32_t K, uint32_t H)
-{
-	/* a block a token at a time, as k_combine (eight elements a thread
-	 * where the shapes allow, the same sums) */
-	int vec = H % 8 == 0 && al16(dxs) && al16(dh);
-	for (uint64_t t = blockIdx.x; t < T; t += gridDim.x) {
-		if (vec) {
-			for (uint32_t c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
-				double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-				float o[8];
-				for (uint32_t k = 0; k < K; k++) {
-					float v[8];
-					ld8(dxs + (uint64_t)pos[t * K + k] * H + c, v);
-					for (int j = 0; j < 8; j++)
-						s[j] += v[j];
-				}
-				ld8(dh + t * H + c, o);
-				for (int j = 0; j < 8; j++)
-					o[j] += (float)s[j];
-				st8(dh + t * H + c, o);
-			}
-			continue;
-		}
-		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
-			double s = 0;
-			for (uint32_t k = 0; k < K; k++)
-				s += f32_of(dxs[(uint64_t)pos[t * K + k] * H + c]);
-			dh[t * H + c] += (float)s;
-		}
 	}
 }
 
@@ -4378,12 +4376,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			return rc;
 		ph(g, PH_COMBINE);
 		if (fr)
-			k_combine<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->ye,
-								  a->pos, a->wts, g->y, (uint32_t)T,
-								  g->K, (uint32_t)H);
+			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->ye,
+								   a->pos, a->wts, g->y, (uint32_t)T,
+								   g->K, (uint32_t)H, 0);
 		else
-			k_combine<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
-								  (uint32_t)T, g->K, (uint32_t)H);
+			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
+								   (uint32_t)T, g->K, (uint32_t)H, 0);
 		LK();
 	}
 	if (d->sh) {
@@ -4553,12 +4551,13 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 		ph(g, PH_B_UNPERM);
 		if (fr)
-			k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)g->dxs,
-								     a->pos, g->dh2, (uint32_t)T, g->K,
-								     (uint32_t)H);
+			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)g->dxs,
+								   a->pos, (const float *)NULL, g->dh2,
+								   (uint32_t)T, g->K, (uint32_t)H, 1);
 		else
-			k_unperm_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos, g->dh2,
-								     (uint32_t)T, g->K, (uint32_t)H);
+			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos,
+								   (const float *)NULL, g->dh2,
+								   (uint32_t)T, g->K, (uint32_t)H, 1);
 		LK();
 	} else {
 		CK(cudaMemsetAsync(g->dh2, 0, T * H * 4, g->st));

@@ -75,27 +75,20 @@ template <class Tile, class Cluster, class KSched, class ESched> struct Grouped 
 	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-using C1 = Grouped<Shape<_128, _256, _64>, Shape<_1, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+/* the two schedules, by tile and cluster */
+template <class Tile, class Cluster>
+using Coop = Grouped<Tile, Cluster, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
 		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using C2 = Grouped<Shape<_128, _256, _64>, Shape<_2, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using C3 = Grouped<Shape<_256, _128, _64>, Shape<_1, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using C4 = Grouped<Shape<_256, _128, _64>, Shape<_1, _2, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-		     cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
-using P1 = Grouped<Shape<_128, _128, _64>, Shape<_1, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+template <class Tile, class Cluster>
+using Ping = Grouped<Tile, Cluster, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
 		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
-using P2 = Grouped<Shape<_64, _256, _64>, Shape<_1, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
-using P3 = Grouped<Shape<_128, _128, _64>, Shape<_2, _1, _1>,
-		     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-		     cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+using C1 = Coop<Shape<_128, _256, _64>, Shape<_1, _1, _1>>;
+using C2 = Coop<Shape<_128, _256, _64>, Shape<_2, _1, _1>>;
+using C3 = Coop<Shape<_256, _128, _64>, Shape<_1, _1, _1>>;
+using C4 = Coop<Shape<_256, _128, _64>, Shape<_1, _2, _1>>;
+using P1 = Ping<Shape<_128, _128, _64>, Shape<_1, _1, _1>>;
+using P2 = Ping<Shape<_64, _256, _64>, Shape<_1, _1, _1>>;
+using P3 = Ping<Shape<_128, _128, _64>, Shape<_2, _1, _1>>;
 
 __global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed)
 {
