@@ -2,8 +2,9 @@
  * xgemm.cu: the grouped expert GEMM of xgemm.h on CUTLASS's Hopper kernel
  * (TMA loads, wgmma, a cooperative warp-specialised persistent schedule
  * over a 128 x 256 x 64 tile, float32 or bf16 out through a TMA store),
- * the fastest of the three configurations tools/bench/cutlass_grouped_probe.cu
- * measured on the H200 at the trainer's shapes. The two outputs are two
+ * the fastest of the configurations tools/bench/cutlass_grouped_probe.cu
+ * measured on the H200 at the trainer's shapes (seven, with the bf16
+ * output: clusters, 256 x 128, ping-pong). The two outputs are two
  * instantiations with the same main loop: the same float32 sums, the bf16
  * one rounding them to nearest even on the way out.
  *
