@@ -283,6 +283,8 @@ struct dacts {
 	float *x, *h1, *r1, *q0, *k0, *v, *rq, *rk, *q, *k, *ctx;
 	float *uq, *uk, *uv, *uo, *x2, *h2, *r2;
 	float *probs, *wts, *gu, *act, *ugu, *udn, *ye, *sgu, *sact;
+	/* (gu and ye hold bf16 in a folded expert LoRA's layer: the expert
+	 * GEMMs' outputs, acts_alloc; ugu and udn hold U in bf16 there) */
 	int32_t *sel, *perm, *pos;
 	uint32_t *cnt;               /* host (pinned): rows per expert */
 	uint32_t *goff;              /* grouped GEMMs: device [E + 1] row
