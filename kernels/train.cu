@@ -256,6 +256,10 @@ struct dlayer {
 	struct ddesc *fwd, *bwd;
 	int nfwd, nbwd;
 	struct ddesc *hbwd;          /* host copy of bwd (on-demand chunks) */
+	/* q, k and v NVFP4, unfolded, their scratch adjacent: the backward
+	 * decodes [W_q^T | W_k^T | W_v^T] as one [in, q+k+v out] matrix and
+	 * their input gradient is one GEMM (build_descs) */
+	int qkv3;
 	/* grouped expert GEMMs (device [4][E]): W_e of gate/up and of down,
 	 * then their W_e^T; bf16 pointers into the decode scratch or at the
 	 * float weights (gbp), or NVFP4 descriptors when fused (gbq) */
@@ -671,6 +675,21 @@ __global__ void k_decode(const struct ddesc *d, int nd)
 	}
 }
 
+/* jobs [0, nd) of dv (device) into the decode scratch */
+static int dec_launch(struct ms_gmodel *g, const struct ddesc *dv, int nd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!nd)
+		return MS_OK;
+	if (g->f32)
+		k_decode<float><<<dim3(256, nd), NTH, 0, g->st>>>(dv, nd);
+	else
+		k_decode<__nv_bfloat16><<<dim3(256, nd), NTH, 0, g->st>>>(dv, nd);
+	LK();
+out:
+	return rc;
+}
+
 /* The exact 2D-block transpose (ms_nvfp4_transpose): codes moved, scales
  * of each 16x16 block moved; [rows, cols] -> [cols, rows]. */
 __global__ void k_transpose(const struct ddesc *d, int nd)
@@ -701,11 +720,39 @@ __global__ void k_transpose(const struct ddesc *d, int nd)
 template <typename T>
 __global__ void k_cast(const float *x, T *y, uint64_t n)
 {
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x)
+	uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	uint64_t st = (uint64_t)gridDim.x * blockDim.x;
+	if (sizeof(T) == 2 && !((uintptr_t)x & 15) && !((uintptr_t)y & 7)) {
+		/* four a thread step: a 16-byte load, an 8-byte store */
+		for (uint64_t i = i0; i < n / 4; i += st) {
+			float4 v = ((const float4 *)x)[i];
+			__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+			__nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+			((uint2 *)y)[i] = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+		}
+		for (uint64_t i = n / 4 * 4 + i0; i < n; i += st)
+			y[i] = tocv<T>(x[i]);
+		return;
+	}
+	for (uint64_t i = i0; i < n; i += st)
 		y[i] = tocv<T>(x[i]);
 }
 
+/* y [n, a + b + c] (GEMM type) = [x0 | x1 | x2], rows of a, b and c floats:
+ * the q, k and v gradients as one operand (dlayer.qkv3) */
+template <typename T>
+__global__ void k_cat3(const float *x0, const float *x1, const float *x2, T *y, uint64_t n,
+		       uint32_t a, uint32_t b, uint32_t c)
+{
+	uint32_t w = a + b + c;
+	/* a block a row at a time: no 64-bit division an element */
+	for (uint64_t r = blockIdx.x; r < n; r += gridDim.x)
+		for (uint32_t j = threadIdx.x; j < w; j += blockDim.x) {
+			float v = j < a ? x0[r * a + j] : j < a + b ? x1[r * b + j - a]
+								  : x2[r * c + j - a - b];
+			y[r * w + j] = tocv<T>(v);
+		}
+}
 /* [rows, cols] float -> [cols, rows] in T */
 template <typename T>
 __global__ void k_tcast(const float *x, T *y, uint32_t rows, uint32_t cols)
@@ -768,6 +815,15 @@ __device__ float block_max(float v, float *sh)
 /* transformers' RMSNorm in float32 (model.c rms_rows): one block a row */
 /* yb: NULL, or y's bf16 copy too (a GEMM's or the expert gather's
  * operand, without a cast pass reading y again) */
+/* the float4s of a row a thread of k_rms / k_rms_bwd holds in registers
+ * (rows of up to 4 * NTH * RMS_V floats) */
+#define RMS_V 4
+
+__device__ __forceinline__ int rms_vec(uint32_t H, uintptr_t ptrs)
+{
+	return H % 4 == 0 && H <= 4u * blockDim.x * RMS_V && !(ptrs & 15);
+}
+
 __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		      uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
 {
@@ -775,6 +831,42 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 	const float *xr = x + (uint64_t)blockIdx.x * H;
 	float *yr = y + (uint64_t)blockIdx.x * H;
 	double ss = 0;
+	if (rms_vec(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7))) {
+		/* the row read once, 16 bytes a load, and kept for the output
+		 * (a scalar load an element, twice over the row, ran the norm
+		 * phases at about half the H200's bandwidth) */
+		float4 xv[RMS_V];
+#pragma unroll
+		for (int k = 0; k < RMS_V; k++) {
+			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
+			xv[k] = i < H ? *(const float4 *)(xr + i) : make_float4(0, 0, 0, 0);
+			ss += (double)xv[k].x * xv[k].x + (double)xv[k].y * xv[k].y +
+			      (double)xv[k].z * xv[k].z + (double)xv[k].w * xv[k].w;
+		}
+		ss = block_sum(ss, sh);
+		float r = (float)(1.0 / sqrt((double)((float)(ss / H) + eps)));
+		if (threadIdx.x == 0)
+			rstd[blockIdx.x] = r;
+#pragma unroll
+		for (int k = 0; k < RMS_V; k++) {
+			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
+			if (i >= H)
+				break;
+			float4 wv = *(const float4 *)(w + i), v;
+			v.x = wv.x * (xv[k].x * r);
+			v.y = wv.y * (xv[k].y * r);
+			v.z = wv.z * (xv[k].z * r);
+			v.w = wv.w * (xv[k].w * r);
+			*(float4 *)(yr + i) = v;
+			if (yb) {
+				__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+				__nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+				*(uint2 *)(yb + (uint64_t)blockIdx.x * H + i) =
+					make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+			}
+		}
+		return;
+	}
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
 		ss += (double)xr[i] * xr[i];
 	ss = block_sum(ss, sh);
@@ -799,6 +891,41 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 	__shared__ double sh[33];
 	uint64_t o = (uint64_t)blockIdx.x * H;
 	double dot = 0;
+	if (rms_vec(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)dy | (uintptr_t)res |
+			   (uintptr_t)dx)) {
+		/* k_rms's registers: x and dy read once */
+		float4 xv[RMS_V], dv[RMS_V];
+#pragma unroll
+		for (int k = 0; k < RMS_V; k++) {
+			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
+			float4 z = make_float4(0, 0, 0, 0), wv = z;
+			xv[k] = dv[k] = z;
+			if (i < H) {
+				xv[k] = *(const float4 *)(x + o + i);
+				dv[k] = *(const float4 *)(dy + o + i);
+				wv = *(const float4 *)(w + i);
+			}
+			dot += (double)wv.x * dv[k].x * xv[k].x + (double)wv.y * dv[k].y * xv[k].y +
+			       (double)wv.z * dv[k].z * xv[k].z + (double)wv.w * dv[k].w * xv[k].w;
+		}
+		dot = block_sum(dot, sh);
+		double r = rstd[blockIdx.x];
+		double c = r * r * r * dot / H;
+#pragma unroll
+		for (int k = 0; k < RMS_V; k++) {
+			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
+			if (i >= H)
+				break;
+			float4 wv = *(const float4 *)(w + i);
+			float4 b = *(const float4 *)((res ? res : dx) + o + i), v;
+			v.x = b.x + (float)(r * wv.x * dv[k].x - c * xv[k].x);
+			v.y = b.y + (float)(r * wv.y * dv[k].y - c * xv[k].y);
+			v.z = b.z + (float)(r * wv.z * dv[k].z - c * xv[k].z);
+			v.w = b.w + (float)(r * wv.w * dv[k].w - c * xv[k].w);
+			*(float4 *)(dx + o + i) = v;
+		}
+		return;
+	}
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
 		dot += (double)w[i] * dy[o + i] * x[o + i];
 	dot = block_sum(dot, sh);
@@ -947,6 +1074,102 @@ __global__ void k_rope(const X *x, float *y, uint32_t T, uint32_t nhead,
 			}
 		}
 		y[idx] = out;
+	}
+}
+
+/*
+ * The q/k norm and RoPE in one pass, a warp a head's row of n values
+ * through the warp's row of shared memory. Forward: x normed as
+ * k_rms_rows (rstd written), then rotated as k_rope into y; backward: the
+ * RoPE backward of dy (k_rope, bwd), then k_rms_bwd_rows' input gradient
+ * into dx. The values between the two are the floats the separate kernels
+ * passed through dqv / dq0, so the results are theirs bit for bit, without
+ * that buffer's write and read (a head's row: n <= NR_MAXN).
+ */
+#define NR_MAXN 256
+
+__device__ __forceinline__ float rope_at(const float *v, uint32_t i, uint32_t half, float c,
+					 float s, int bwd)
+{
+	if (!bwd) {
+		if (i < half) {
+			float a = v[i] * c, b = -v[i + half] * s;
+			return a + b;
+		}
+		float a2 = v[i] * c, b2 = v[i - half] * s;
+		return a2 + b2;
+	}
+	if (i < half)
+		return v[i] * c + v[i + half] * s;
+	return v[i] * c - v[i - half] * s;
+}
+
+__global__ void k_norm_rope(const float *x, const float *w, float *y, float *rstd,
+			    uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
+			    const float *cs, const float *sn, float eps)
+{
+	__shared__ float sb[NTH / 32][NR_MAXN];
+	uint32_t lane = threadIdx.x & 31, wi = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+	float *sr = sb[wi];
+	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
+	     row += (uint64_t)gridDim.x * wpb) {
+		const float *xr = x + row * n;
+		double ss = 0;
+		for (uint32_t i = lane; i < n; i += 32)
+			ss += (double)xr[i] * xr[i];
+		for (int o = 16; o; o >>= 1)
+			ss += __shfl_xor_sync(0xffffffffu, ss, o);
+		float var = (float)(ss / n);
+		float r = (float)(1.0 / sqrt((double)(var + eps)));
+		if (!lane)
+			rstd[row] = r;
+		for (uint32_t i = lane; i < n; i += 32)
+			sr[i] = w[i] * (xr[i] * r);
+		__syncwarp();
+		uint64_t pos = (row / nhead) % S;
+		for (uint32_t i = lane; i < n; i += 32) {
+			uint32_t f = i < half ? i : i - half;
+			y[row * n + i] = i >= 2 * half ? sr[i]
+						       : rope_at(sr, i, half, cs[pos * half + f],
+								 sn[pos * half + f], 0);
+		}
+		/* the row is read before the next one overwrites it */
+		__syncwarp();
+	}
+}
+
+template <typename X>
+__global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, const float *rstd,
+				float *dx, uint64_t rows, uint32_t n, uint32_t nhead,
+				uint32_t half, uint32_t S, const float *cs, const float *sn)
+{
+	__shared__ float sb[NTH / 32][NR_MAXN];
+	__shared__ float sd[NTH / 32][NR_MAXN];
+	uint32_t lane = threadIdx.x & 31, wi = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+	float *sr = sb[wi], *sg = sd[wi];
+	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
+	     row += (uint64_t)gridDim.x * wpb) {
+		uint64_t o = row * n, pos = (row / nhead) % S;
+		for (uint32_t i = lane; i < n; i += 32)
+			sr[i] = f32_of(dy[o + i]);
+		__syncwarp();
+		for (uint32_t i = lane; i < n; i += 32) {
+			uint32_t f = i < half ? i : i - half;
+			sg[i] = i >= 2 * half ? sr[i]
+					      : rope_at(sr, i, half, cs[pos * half + f],
+							sn[pos * half + f], 1);
+		}
+		__syncwarp();
+		double dot = 0;
+		for (uint32_t i = lane; i < n; i += 32)
+			dot += (double)w[i] * sg[i] * x[o + i];
+		for (int k = 16; k; k >>= 1)
+			dot += __shfl_xor_sync(0xffffffffu, dot, k);
+		double r = rstd[row];
+		double c = r * r * r * dot / n;
+		for (uint32_t i = lane; i < n; i += 32)
+			dx[o + i] = (float)(r * w[i] * sg[i] - c * x[o + i]);
+		__syncwarp();
 	}
 }
 
@@ -1187,6 +1410,139 @@ __global__ void k_router_logits(const float *h, const float *W, float *z, uint32
 	uint64_t t = i / E;
 	uint32_t e = (uint32_t)(i % E);
 	z[i] = (float)dotf_d(W + (uint64_t)e * H, h + t * H, H);
+}
+
+/*
+ * z [T, E] = h [T, H] W [E, H]^T in float32 FMAs, each logit summed over H
+ * in order: the bf16 path's router logits (routing stays float32, as the
+ * CPU's). cuBLAS's float32 GEMM took about 0.24 ms a layer at the bench
+ * shape (8192 x 64 x 2048), far from the multiply rate, with or without
+ * its pedantic mode. A block a tile of RL_BM tokens x RL_BN experts, a
+ * thread 2 x 4 of it, H in steps of RL_BK through shared memory (h's rows
+ * 16-byte aligned: H a multiple of RL_BK, rl_ok).
+ */
+#define RL_BM 32
+#define RL_BN 64
+#define RL_BK 32
+
+__global__ void __launch_bounds__(256) k_router_sgemm(const float *h, const float *W, float *z,
+						       uint32_t T, uint32_t E, uint32_t H)
+{
+	__shared__ float as[RL_BK][RL_BM + 4];
+	__shared__ float bs[RL_BK][RL_BN + 4];
+	uint32_t t0 = blockIdx.x * RL_BM, e0 = blockIdx.y * RL_BN;
+	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+	/* a thread's loads: one float4 of h's tile (row lr, columns lc..+3)
+	 * and two of W's (rows lr and lr + 32) */
+	int lr = tid / (RL_BK / 4), lc = tid % (RL_BK / 4) * 4;
+	uint32_t t = t0 + lr, e = e0 + lr, e2 = e0 + lr + 32;
+	const float4 z4 = make_float4(0, 0, 0, 0);
+	float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+	/* the next step's tiles are loaded into registers while this one's
+	 * are multiplied: one load's latency a step, not a stall */
+	float4 pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + lc) : z4;
+	float4 pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + lc) : z4;
+	float4 pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + lc) : z4;
+	for (uint32_t k0 = 0; k0 < H; k0 += RL_BK) {
+		as[lc][lr] = pa.x;
+		as[lc + 1][lr] = pa.y;
+		as[lc + 2][lr] = pa.z;
+		as[lc + 3][lr] = pa.w;
+		bs[lc][lr] = pb.x;
+		bs[lc + 1][lr] = pb.y;
+		bs[lc + 2][lr] = pb.z;
+		bs[lc + 3][lr] = pb.w;
+		bs[lc][lr + 32] = pc.x;
+		bs[lc + 1][lr + 32] = pc.y;
+		bs[lc + 2][lr + 32] = pc.z;
+		bs[lc + 3][lr + 32] = pc.w;
+		__syncthreads();
+		uint32_t k1 = k0 + RL_BK;
+		if (k1 < H) {
+			pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + k1 + lc) : z4;
+			pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + k1 + lc) : z4;
+			pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + k1 + lc) : z4;
+		}
+#pragma unroll
+		for (int k = 0; k < RL_BK; k++) {
+			float2 a = *(const float2 *)&as[k][ty * 2];
+			float4 b = *(const float4 *)&bs[k][tx * 4];
+			acc[0][0] = fmaf(a.x, b.x, acc[0][0]);
+			acc[0][1] = fmaf(a.x, b.y, acc[0][1]);
+			acc[0][2] = fmaf(a.x, b.z, acc[0][2]);
+			acc[0][3] = fmaf(a.x, b.w, acc[0][3]);
+			acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
+			acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
+			acc[1][2] = fmaf(a.y, b.z, acc[1][2]);
+			acc[1][3] = fmaf(a.y, b.w, acc[1][3]);
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t tt = t0 + ty * 2 + i, ee = e0 + tx * 4 + j;
+			if (tt < T && ee < E)
+				z[(uint64_t)tt * E + ee] = acc[i][j];
+		}
+}
+
+/* dh [T, H] = dz [T, E] W [E, H] in float32 FMAs, over E in order: the
+ * router's input gradient (cuBLAS's float32 GEMM of K = E, as the forward,
+ * far from the multiply rate). A block 32 tokens x 128 columns, a thread
+ * 4 x 4 of it, E in steps of RL_BK (zeros past E). */
+__global__ void __launch_bounds__(256) k_router_sgemm_bwd(const float *dz, const float *W,
+							   float *dh, uint32_t T, uint32_t E,
+							   uint32_t H)
+{
+	__shared__ float as[RL_BK][32 + 4];
+	__shared__ float bs[RL_BK][128 + 4];
+	uint32_t t0 = blockIdx.x * 32, j0 = blockIdx.y * 128;
+	int tid = threadIdx.x, tx = tid % 32, ty = tid / 32;
+	float acc[4][4];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			acc[i][j] = 0;
+	for (uint32_t k0 = 0; k0 < E; k0 += RL_BK) {
+		for (int i = tid; i < 32 * RL_BK; i += 256) {
+			uint32_t r = i / RL_BK, k = i % RL_BK, t = t0 + r, e = k0 + k;
+			as[k][r] = t < T && e < E ? dz[(uint64_t)t * E + e] : 0.0f;
+		}
+		for (int i = tid; i < RL_BK * 32; i += 256) {
+			uint32_t k = i / 32, c = i % 32 * 4, e = k0 + k, j = j0 + c;
+			float4 v = e < E && j < H ? *(const float4 *)(W + (uint64_t)e * H + j)
+						  : make_float4(0, 0, 0, 0);
+			*(float4 *)&bs[k][c] = v;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < RL_BK; k++) {
+			float4 a = *(const float4 *)&as[k][ty * 4];
+			float4 b = *(const float4 *)&bs[k][tx * 4];
+			float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		uint32_t t = t0 + ty * 4 + i, j = j0 + tx * 4;
+		if (t < T && j < H)
+			*(float4 *)(dh + (uint64_t)t * H + j) =
+				make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+	}
+}
+
+static int rl_ok(const float *h, const float *W, uint32_t H)
+{
+	return H % RL_BK == 0 && !((uintptr_t)h & 15) && !((uintptr_t)W & 15);
 }
 
 #define MAXE 512
@@ -2707,10 +3063,26 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 		rc = ms_err_nomem(err);
 		goto out;
 	}
+	{
+		const struct dlin *q = &dl->q, *k = &dl->k, *v = &dl->v;
+		/* (the float32 test mode keeps three GEMMs: no bf16 operand
+		 * scratch, and model.c's sums) */
+		dl->qkv3 = !g->f32 && q->nparts && k->nparts && v->nparts && !q->fr && !k->fr &&
+			   !v->fr &&
+			   k->in == q->in && v->in == q->in &&
+			   k->woff == q->woff + (uint64_t)q->out * q->in &&
+			   v->woff == k->woff + (uint64_t)k->out * k->in;
+	}
 	n = 0;
 	for (int i = 0; i < nl; i++) {
 		struct dlin *l = ls[i];
 		uint64_t ro = 0;
+		/* qkv3: q, k, v's W^T side by side (ls[0..2]) */
+		uint64_t cw = 0, c0 = 0;
+		if (dl->qkv3 && i < 3) {
+			cw = dl->q.out + dl->k.out + dl->v.out;
+			c0 = i == 0 ? 0 : i == 1 ? dl->q.out : dl->q.out + dl->k.out;
+		}
 		for (int p = 0; p < l->nparts; p++) {
 			struct dpart *d = &l->part[p];
 			struct ddesc *f = &hf[n], *b = &hb[n];
@@ -2728,10 +3100,10 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 			b->sc = d->sct;
 			b->spk = d->pk;
 			b->ssc = d->sc;
-			b->out = OFF(g->wbuf, l->woff + ro);
+			b->out = OFF(g->wbuf, cw ? dl->q.woff + c0 + ro : l->woff + ro);
 			b->rows = l->in;
 			b->cols = (uint32_t)d->rows;
-			b->ld = l->out + l->fr;
+			b->ld = cw ? (uint32_t)cw : l->out + l->fr;
 			b->pst = d->pst;
 			b->sst = d->sst;
 			b->spst = d->rpst;
@@ -3507,23 +3879,11 @@ static int decode_parts(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 		return MS_OK;
 	if (!bwd) {
 		ph(g, PH_DECODE_ROW);
-		if (g->f32)
-			k_decode<float><<<dim3(256, d->nfwd), NTH, 0, g->st>>>(d->fwd, d->nfwd);
-		else
-			k_decode<__nv_bfloat16><<<dim3(256, d->nfwd), NTH, 0, g->st>>>(d->fwd,
-										d->nfwd);
-		LK();
-		return MS_OK;
+		return dec_launch(g, d->fwd, d->nfwd, err);
 	}
 	if (!g->colbuf) {
 		ph(g, PH_DECODE_COL);
-		if (g->f32)
-			k_decode<float><<<dim3(256, d->nbwd), NTH, 0, g->st>>>(d->bwd, d->nbwd);
-		else
-			k_decode<__nv_bfloat16><<<dim3(256, d->nbwd), NTH, 0, g->st>>>(d->bwd,
-										d->nbwd);
-		LK();
-		return MS_OK;
+		return dec_launch(g, d->bwd, d->nbwd, err);
 	}
 	/* on demand: parts [i0, i1) whose columnwise bytes fit colbuf; their
 	 * descriptors (pk/sc into colbuf) are rewritten each time, in the
@@ -3549,12 +3909,8 @@ static int decode_parts(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 		k_transpose<<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
 		LK();
 		ph(g, PH_DECODE_COL);
-		if (g->f32)
-			k_decode<float><<<dim3(256, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
-		else
-			k_decode<__nv_bfloat16><<<dim3(256, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0,
-										 i1 - i0);
-		LK();
+		if ((rc = dec_launch(g, d->bwd + i0, i1 - i0, err)))
+			return rc;
 		/* the host copy is rewritten for the next chunk only after this
 		 * upload has been read */
 		CK(cudaStreamSynchronize(g->st));
@@ -4217,7 +4573,20 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	{
 		const float *qs = a->q0, *ks = a->k0;
 		uint32_t half = m->cfg.rotary_dim / 2;
-		if (d->qn) {
+		/* a decode (S = 1) reads the tables' row of its position */
+		const float *rcs = g->rope_c + (dc ? (uint64_t)dc->pos * half : 0);
+		const float *rsn = g->rope_s + (dc ? (uint64_t)dc->pos * half : 0);
+		int nr = d->qn && g->hd <= NR_MAXN;
+		if (nr) {
+			k_norm_rope<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
+				a->q0, d->qn, a->q, a->rq, T * g->nh, g->hd, g->nh, half, g->S, rcs,
+				rsn, (float)m->cfg.rms_eps);
+			LK();
+			k_norm_rope<<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
+				a->k0, d->kn, a->k, a->rk, T * g->nkv, g->hd, g->nkv, half, g->S,
+				rcs, rsn, (float)m->cfg.rms_eps);
+			LK();
+		} else if (d->qn) {
 			k_rms_rows<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
 				a->q0, d->qn, g->dqv, a->rq, T * g->nh, g->hd, (float)m->cfg.rms_eps);
 			LK();
@@ -4227,11 +4596,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			qs = g->dqv;
 			ks = g->dkk;
 		}
-		/* a decode (S = 1) reads the tables' row of its position */
-		const float *rcs = g->rope_c + (dc ? (uint64_t)dc->pos * half : 0);
-		const float *rsn = g->rope_s + (dc ? (uint64_t)dc->pos * half : 0);
-		if ((rc = rope(g, qs, a->q, (uint32_t)T, g->nh, half, rcs, rsn, 0, err)) ||
-		    (rc = rope(g, ks, a->k, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err)))
+		if (!nr && ((rc = rope(g, qs, a->q, (uint32_t)T, g->nh, half, rcs, rsn, 0, err)) ||
+			    (rc = rope(g, ks, a->k, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err))))
 			return rc;
 	}
 	ph(g, PH_ATT_CORE);
@@ -4270,6 +4636,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			k_router_logits<<<nblk(T * g->E), NTH, 0, g->st>>>(a->h2, d->router, g->dz,
 									    (uint32_t)T, g->E,
 									    (uint32_t)H);
+			LK();
+		} else if (rl_ok(a->h2, d->router, (uint32_t)H)) {
+			k_router_sgemm<<<dim3((unsigned)((T + RL_BM - 1) / RL_BM),
+					      (g->E + RL_BN - 1) / RL_BN),
+					 256, 0, g->st>>>(a->h2, d->router, g->dz, (uint32_t)T, g->E,
+							  (uint32_t)H);
 			LK();
 		} else if ((rc = gemm(g, 0, 1, (uint32_t)T, g->E, (uint32_t)H, 1.0f, a->h2,
 				      (uint32_t)H, d->router, (uint32_t)H, 0.0f, g->dz, g->E,
@@ -4449,10 +4821,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
 		LK();
-		if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
-			       d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H, CUDA_R_32F,
-			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
+		if (!g->f32 && H % 4 == 0 && !((uintptr_t)d->router & 15) &&
+		    !((uintptr_t)g->dh2 & 15)) {
+			k_router_sgemm_bwd<<<dim3((unsigned)((T + 31) / 32),
+						  (unsigned)((H + 127) / 128)),
+					     256, 0, g->st>>>(g->dz, d->router, g->dh2, (uint32_t)T,
+							      g->E, (uint32_t)H);
+			LK();
+		} else if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
+				      d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H,
+				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
 			return rc;
+		}
 		ph(g, PH_B_EXPERTS);
 		if (!fr) {
 			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL,
@@ -4594,9 +4974,34 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	ph(g, PH_B_NORM);
 	{
 		uint32_t half = m->cfg.rotary_dim / 2;
-		if ((rc = rope_bwd(g, 0, g->dq0, half, err)) || (rc = rope_bwd(g, 1, g->dk0, half, err)))
+		if (d->qn && g->hd <= NR_MAXN) {
+			/* k_rope_norm_bwd: the RoPE backward of the attention's dQ /
+			 * dK (rope_bwd's sources) and the norm's, into dq0 / dk0 */
+			uint64_t rq = T * g->nh, rk = T * g->nkv;
+			if (g->cudnn) {
+				const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
+				k_rope_norm_bwd<__nv_bfloat16><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
+					o + T * g->dq, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh,
+					half, g->S, g->rope_c, g->rope_s);
+				LK();
+				k_rope_norm_bwd<__nv_bfloat16><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
+					o + 2 * T * g->dq, a->k0, d->kn, a->rk, g->dk0, rk, g->hd,
+					g->nkv, half, g->S, g->rope_c, g->rope_s);
+				LK();
+			} else {
+				k_rope_norm_bwd<float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
+					g->dqv, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh, half,
+					g->S, g->rope_c, g->rope_s);
+				LK();
+				k_rope_norm_bwd<float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
+					g->dkk, a->k0, d->kn, a->rk, g->dk0, rk, g->hd, g->nkv, half,
+					g->S, g->rope_c, g->rope_s);
+				LK();
+			}
+		} else if ((rc = rope_bwd(g, 0, g->dq0, half, err)) ||
+			   (rc = rope_bwd(g, 1, g->dk0, half, err))) {
 			return rc;
-		if (d->qn) {
+		} else if (d->qn) {
 			/* dq0 holds d(normed q); the norm's input gradient goes to
 			 * dqv (set, not accumulated), and the two scratch buffers
 			 * (the same size) trade names, so dq0 holds it after */
@@ -4616,7 +5021,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 	}
 	ph(g, PH_B_ATT_PROJ);
-	if ((rc = opnd(g, g->dq0, T * g->dq, g->cA, &X, err)) ||
+	if (d->qkv3) {
+		/* dh1 = [dq | dk | dv] [W_q^T | W_k^T | W_v^T]^T: one GEMM of
+		 * K = q+k+v out, where three (two of K = kv out) each read
+		 * and wrote dh1's floats again */
+		uint32_t w = g->dq + 2 * g->dkv;
+		k_cat3<__nv_bfloat16><<<rows_grid(T), NTH, 0, g->st>>>(
+			g->dq0, g->dk0, g->dvv, (__nv_bfloat16 *)g->cA, T, g->dq, g->dkv, g->dkv);
+		LK();
+		if ((rc = gemm(g, 0, 1, (uint32_t)T, d->q.in, w, 1.0f, g->cA, w, lin_w(g, &d->q, 1),
+			       w, 0.0f, g->dh1, d->q.in, g->gt, g->ct_base, err)))
+			return rc;
+	} else if ((rc = opnd(g, g->dq0, T * g->dq, g->cA, &X, err)) ||
 	    (rc = lin_dgrad(g, &d->q, X, T, g->dh1, 0, err)) ||
 	    (rc = opnd(g, g->dk0, T * g->dkv, g->cA, &X, err)) ||
 	    (rc = lin_dgrad(g, &d->k, X, T, g->dh1, 1.0f, err)) ||
