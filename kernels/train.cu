@@ -936,6 +936,20 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 			    (float)(r * w[i] * dy[o + i] - c * x[o + i]);
 }
 
+/* a warp's row of n floats: 1 / sqrt(mean of squares + eps), the squares
+ * summed in double by lane then by shuffles (every lane gets it) */
+__device__ __forceinline__ float warp_rstd(const float *xr, uint32_t n, float eps,
+					   uint32_t lane)
+{
+	double ss = 0;
+	for (uint32_t i = lane; i < n; i += 32)
+		ss += (double)xr[i] * xr[i];
+	for (int o = 16; o; o >>= 1)
+		ss += __shfl_xor_sync(0xffffffffu, ss, o);
+	float var = (float)(ss / n);
+	return (float)(1.0 / sqrt((double)(var + eps)));
+}
+
 /* The q/k norms (a head's hd values a row) a warp a row, the sums by
  * shuffles, where a 64-thread block a row spent three barriers on a
  * block-wide sum (with the backward's written output below, the norm
@@ -948,13 +962,7 @@ __global__ void k_rms_rows(const float *x, const float *w, float *y, float *rstd
 	     row += (uint64_t)gridDim.x * wpb) {
 		const float *xr = x + row * n;
 		float *yr = y + row * n;
-		double ss = 0;
-		for (uint32_t i = lane; i < n; i += 32)
-			ss += (double)xr[i] * xr[i];
-		for (int o = 16; o; o >>= 1)
-			ss += __shfl_xor_sync(0xffffffffu, ss, o);
-		float var = (float)(ss / n);
-		float r = (float)(1.0 / sqrt((double)(var + eps)));
+		float r = warp_rstd(xr, n, eps, lane);
 		if (!lane)
 			rstd[row] = r;
 		for (uint32_t i = lane; i < n; i += 32)
@@ -1114,13 +1122,7 @@ __global__ void k_norm_rope(const float *x, const float *w, float *y, float *rst
 	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
 	     row += (uint64_t)gridDim.x * wpb) {
 		const float *xr = x + row * n;
-		double ss = 0;
-		for (uint32_t i = lane; i < n; i += 32)
-			ss += (double)xr[i] * xr[i];
-		for (int o = 16; o; o >>= 1)
-			ss += __shfl_xor_sync(0xffffffffu, ss, o);
-		float var = (float)(ss / n);
-		float r = (float)(1.0 / sqrt((double)(var + eps)));
+		float r = warp_rstd(xr, n, eps, lane);
 		if (!lane)
 			rstd[row] = r;
 		for (uint32_t i = lane; i < n; i += 32)
