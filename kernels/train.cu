@@ -1419,7 +1419,8 @@ __global__ void k_router_logits(const float *h, const float *W, float *z, uint32
  * in order: the bf16 path's router logits (routing stays float32, as the
  * CPU's). cuBLAS's float32 GEMM took about 0.24 ms a layer at the bench
  * shape (8192 x 64 x 2048), far from the multiply rate, with or without
- * its pedantic mode. A block a tile of RL_BM tokens x RL_BN experts, a
+ * its pedantic mode; this one 0.14 (bound by its shared-memory loads: two
+ * for eight FMAs). A block a tile of RL_BM tokens x RL_BN experts, a
  * thread 2 x 4 of it, H in steps of RL_BK through shared memory (h's rows
  * 16-byte aligned: H a multiple of RL_BK, rl_ok).
  */
@@ -1488,58 +1489,6 @@ __global__ void __launch_bounds__(256) k_router_sgemm(const float *h, const floa
 			if (tt < T && ee < E)
 				z[(uint64_t)tt * E + ee] = acc[i][j];
 		}
-}
-
-/* dh [T, H] = dz [T, E] W [E, H] in float32 FMAs, over E in order: the
- * router's input gradient (cuBLAS's float32 GEMM of K = E, as the forward,
- * far from the multiply rate). A block 32 tokens x 128 columns, a thread
- * 4 x 4 of it, E in steps of RL_BK (zeros past E). */
-__global__ void __launch_bounds__(256) k_router_sgemm_bwd(const float *dz, const float *W,
-							   float *dh, uint32_t T, uint32_t E,
-							   uint32_t H)
-{
-	__shared__ float as[RL_BK][32 + 4];
-	__shared__ float bs[RL_BK][128 + 4];
-	uint32_t t0 = blockIdx.x * 32, j0 = blockIdx.y * 128;
-	int tid = threadIdx.x, tx = tid % 32, ty = tid / 32;
-	float acc[4][4];
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++)
-			acc[i][j] = 0;
-	for (uint32_t k0 = 0; k0 < E; k0 += RL_BK) {
-		for (int i = tid; i < 32 * RL_BK; i += 256) {
-			uint32_t r = i / RL_BK, k = i % RL_BK, t = t0 + r, e = k0 + k;
-			as[k][r] = t < T && e < E ? dz[(uint64_t)t * E + e] : 0.0f;
-		}
-		for (int i = tid; i < RL_BK * 32; i += 256) {
-			uint32_t k = i / 32, c = i % 32 * 4, e = k0 + k, j = j0 + c;
-			float4 v = e < E && j < H ? *(const float4 *)(W + (uint64_t)e * H + j)
-						  : make_float4(0, 0, 0, 0);
-			*(float4 *)&bs[k][c] = v;
-		}
-		__syncthreads();
-#pragma unroll
-		for (int k = 0; k < RL_BK; k++) {
-			float4 a = *(const float4 *)&as[k][ty * 4];
-			float4 b = *(const float4 *)&bs[k][tx * 4];
-			float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int j = 0; j < 4; j++)
-					acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-		}
-		__syncthreads();
-	}
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		uint32_t t = t0 + ty * 4 + i, j = j0 + tx * 4;
-		if (t < T && j < H)
-			*(float4 *)(dh + (uint64_t)t * H + j) =
-				make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-	}
 }
 
 static int rl_ok(const float *h, const float *W, uint32_t H)
@@ -4823,18 +4772,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
 		LK();
-		if (!g->f32 && H % 4 == 0 && !((uintptr_t)d->router & 15) &&
-		    !((uintptr_t)g->dh2 & 15)) {
-			k_router_sgemm_bwd<<<dim3((unsigned)((T + 31) / 32),
-						  (unsigned)((H + 127) / 128)),
-					     256, 0, g->st>>>(g->dz, d->router, g->dh2, (uint32_t)T,
-							      g->E, (uint32_t)H);
-			LK();
-		} else if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
-				      d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H,
-				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
+		if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
+			       d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H, CUDA_R_32F,
+			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
 			return rc;
-		}
 		ph(g, PH_B_EXPERTS);
 		if (!fr) {
 			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL,
