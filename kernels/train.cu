@@ -196,7 +196,11 @@ static int cb_err(struct ms_err *err, cublasStatus_t s, const char *what)
 	} while (0)
 
 /* after a kernel launch */
-#define LK() CK(cudaGetLastError())
+#define LK()                                                                   \
+	do {                                                                   \
+		CK(cudaGetLastError());                                        \
+		site(g, __LINE__);                                             \
+	} while (0)
 
 static unsigned nblk(uint64_t n, unsigned per = NTH)
 {
@@ -474,9 +478,25 @@ struct ms_gmodel {
 	int ph_cur;
 	int nev;
 	int noprof;                  /* a decode: not a step of the profile */
-	cudaEvent_t evs[4096];
-	int evph[4096];
-	double evt[4096];            /* host clock at each event */
+#define NEV 16384
+	cudaEvent_t evs[NEV];
+	int evph[NEV];
+	double evt[NEV];             /* host clock at each event */
+	/* MS_PROFILE_SITES: an event after every launch too, evsite the
+	 * launch's site (site_id: a source line, or a GEMM's shape), -1 for a
+	 * phase's own mark, -2 for the mark before a library call (what ran
+	 * since is no launch of this file's) */
+	int evsite[NEV];
+	int sites;
+#define MAXSITE 1024
+	int nsite;
+	int site_key[MAXSITE];
+	double site_ms[MAXSITE];
+	uint64_t site_calls[MAXSITE];
+	/* the GEMM shapes a site key 100000 + i names */
+#define MAXGSHAPE 256
+	uint32_t gshape[MAXGSHAPE][4];
+	int ngshape;
 	double ph_ms[PH_N];
 	double ph_host_ms[PH_N];     /* the host's time between the marks:
 					near ph_ms, the GPU waited on it */
@@ -586,18 +606,75 @@ static void dfree(struct ms_gmodel *g, void *p, int c)
 
 /* ---- profile ---------------------------------------------------------------------- */
 
-static void ph(struct ms_gmodel *g, int p)
+static void mark(struct ms_gmodel *g, int p, int site)
 {
-	if (g->noprof || g->nev >= 4096)
+	if (g->noprof || g->nev >= NEV)
 		return;
 	if (!g->evs[g->nev] && cudaEventCreate(&g->evs[g->nev]) != cudaSuccess)
 		return;
 	cudaEventRecord(g->evs[g->nev], g->st);
 	g->evt[g->nev] = ms_now();
+	g->evsite[g->nev] = site;
 	g->evph[g->nev++] = p;
 }
 
-/* fold the step's events into the per-phase totals (after a sync) */
+static void ph(struct ms_gmodel *g, int p)
+{
+	g->ph_cur = p;
+	mark(g, p, -1);
+}
+
+/* with MS_PROFILE_SITES: the mark after a launch at source line `line`
+ * (LK) or a library call (site_key) */
+static void site(struct ms_gmodel *g, int key)
+{
+	if (g->sites)
+		mark(g, g->ph_cur, key);
+}
+
+/* a GEMM shape's site key (100000 + its index; 99999 past the table) */
+static int gemm_key(struct ms_gmodel *g, uint32_t M, uint32_t N, uint32_t K, uint32_t tt)
+{
+	for (int i = 0; i < g->ngshape; i++)
+		if (g->gshape[i][0] == M && g->gshape[i][1] == N && g->gshape[i][2] == K &&
+		    g->gshape[i][3] == tt)
+			return 100000 + i;
+	if (g->ngshape >= MAXGSHAPE)
+		return 99999;
+	g->gshape[g->ngshape][0] = M;
+	g->gshape[g->ngshape][1] = N;
+	g->gshape[g->ngshape][2] = K;
+	g->gshape[g->ngshape][3] = tt;
+	return 100000 + g->ngshape++;
+}
+
+/* a GEMM's transposes and types in a shape key's fourth word */
+static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
+{
+	return (uint32_t)(ta ? 1 : 0) | (tb ? 2 : 0) | (ty == CUDA_R_16BF ? 4 : 0) |
+	       (cty == CUDA_R_16BF ? 8 : 0);
+}
+
+/* the library calls' site keys (no source line of theirs to name) */
+enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED };
+
+static void site_add(struct ms_gmodel *g, int key, double ms)
+{
+	int i = 0;
+	while (i < g->nsite && g->site_key[i] != key)
+		i++;
+	if (i == g->nsite) {
+		if (g->nsite >= MAXSITE)
+			return;
+		g->site_key[g->nsite++] = key;
+	}
+	g->site_ms[i] += ms;
+	g->site_calls[i]++;
+}
+
+/* fold the step's events into the per-phase totals (after a sync): an
+ * interval belongs to the phase marked at its start, and with sites to the
+ * launch marked at its end */
 static void ph_fold(struct ms_gmodel *g)
 {
 	for (int i = 0; i + 1 < g->nev; i++) {
@@ -605,7 +682,10 @@ static void ph_fold(struct ms_gmodel *g)
 		if (cudaEventElapsedTime(&ms, g->evs[i], g->evs[i + 1]) == cudaSuccess) {
 			g->ph_ms[g->evph[i]] += ms;
 			g->ph_host_ms[g->evph[i]] += 1e3 * (g->evt[i + 1] - g->evt[i]);
-			g->ph_calls[g->evph[i]]++;
+			if (g->evsite[i] == -1)
+				g->ph_calls[g->evph[i]]++;
+			if (g->sites)
+				site_add(g, g->evsite[i + 1], ms);
 		}
 	}
 	g->nev = 0;
@@ -2205,6 +2285,7 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 						   c->st));
 		return MS_OK;
 	}
+	site(g, -2);
 	/* kept plans for the bf16 GEMMs and the adapters' TF32 ones; the
 	 * router's exact float32 GEMMs keep cublasGemmEx's kernels */
 	if (c->lt && (ty == CUDA_R_16BF ||
@@ -2215,8 +2296,10 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 			return rc;
 		if (e && blas.lt_matmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc,
 					C, e->lc, &e->algo, c->ws, MS_GMODEL_LANE_WS,
-					c->st) == CUBLAS_STATUS_SUCCESS)
+					c->st) == CUBLAS_STATUS_SUCCESS) {
+			site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
 			return MS_OK;
+		}
 		/* refused: this shape takes cublasGemmEx from now on */
 		if (e)
 			e->state = -1;
@@ -2224,6 +2307,7 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 	CB(blas.gemm(c->bl, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
 			cty, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
+	site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
 out:
 	return rc;
 }
@@ -2493,7 +2577,11 @@ static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 	 * users put other tables there (lora_bwd_blas) */
 	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf};
 	int rc = offsets_up(g, cnt, err);
-	return rc ? rc : ms_xgemm_run(&p, g->st, err);
+	site(g, -2);
+	if (rc || (rc = ms_xgemm_run(&p, g->st, err)))
+		return rc;
+	site(g, SK_XGEMM);
+	return MS_OK;
 }
 
 /* the columns a folded LoRA of rank r adds to its GEMMs' K: r padded with
@@ -3236,13 +3324,13 @@ int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *pe
 	CK(cudaMalloc(&doff, 2 * ((size_t)E + 1) * 4));
 	CK(cudaMemcpy(ds, sel, (size_t)n * 4, cudaMemcpyHostToDevice));
 	k_hist<<<nc, SCH, E * 4>>>(ds, n, E, nc, dh);
-	LK();
+	CK(cudaGetLastError());
 	k_hscan<<<E, NTH>>>(dh, nc, dc);
-	LK();
+	CK(cudaGetLastError());
 	if ((rc = ms_ggemm_index(dc, E, doff, doff + E + 1, 0, err)))
 		goto out;
 	k_scatter<<<nc, SCH, SCH / 32 * E * 4>>>(ds, n, E, nc, dh, doff, dp, dq);
-	LK();
+	CK(cudaGetLastError());
 	CK(cudaMemcpy(perm, dp, (size_t)n * 4, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(pos, dq, (size_t)n * 4, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(cnt, dc, (size_t)E * 4, cudaMemcpyDeviceToHost));
@@ -3271,6 +3359,9 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	if (!(g = (struct ms_gmodel *)calloc(1, sizeof *g)))
 		return ms_err_nomem(err);
 	g->f32 = m->opts.gpu_f32;
+	/* a diagnostic: the profile's time by launch site too (mstrain(1)) */
+	g->sites = getenv("MS_PROFILE_SITES") && *getenv("MS_PROFILE_SITES") &&
+		   strcmp(getenv("MS_PROFILE_SITES"), "0") != 0;
 	g->grouped = m->opts.expert_gemm != MS_EXPERT_GEMM_PER_EXPERT && !g->f32;
 	g->fused = m->opts.expert_gemm == MS_EXPERT_GEMM_FUSED && !g->f32;
 	g->gt = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -3906,6 +3997,7 @@ static int gemm_ptrs(struct ms_gmodel *g, int ta, int tb, uint32_t M, uint32_t N
 			       (int)ldb, (const void *const *)(g->parr + MAXE), ty, (int)lda, &beta,
 			       g->parr + 2 * MAXE, CUDA_R_32F, (int)ldc, batch, g->ct_base,
 			       CUBLAS_GEMM_DEFAULT));
+	site(g, SK_GEMM_BATCHED);
 out:
 	return rc;
 }
@@ -3973,16 +4065,20 @@ static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *
 	uint64_t nq = (uint64_t)g->T * g->dq, nk = (uint64_t)g->T * g->dkv;
 	__nv_bfloat16 *o = (__nv_bfloat16 *)g->sdb, *gq = o + nq, *gk = gq + nq, *gv = gk + nk;
 	if (!bwd) {
+		site(g, -2);
 		if ((rc = ms_sdpa_fwd(g->sd, Q, Kk, Vv, o, a->lse, g->fws, g->st, err)))
 			return rc;
+		site(g, SK_SDPA_FWD);
 		k_widen<<<nblk(nq), NTH, 0, g->st>>>(o, a->ctx, nq);
 		LK();
 		return MS_OK;
 	}
 	k_cast<__nv_bfloat16><<<nblk(nq), NTH, 0, g->st>>>(a->ctx, o, nq);
 	LK();
+	site(g, -2);
 	if ((rc = ms_sdpa_bwd(g->sd, Q, Kk, Vv, o, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
 		return rc;
+	site(g, SK_SDPA_BWD);
 	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
 	LK();
 out:
@@ -4479,9 +4575,16 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, in, L->gA,
 					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
-	if ((rc = offsets_up(g, cnt, err)) || (rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
+	if ((rc = offsets_up(g, cnt, err)))
 		return rc;
-	return ms_ggemm_wgrad_bf16(&wa, g->st, err);
+	site(g, -2);
+	if ((rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
+		return rc;
+	site(g, SK_WGRAD_BF16);
+	if ((rc = ms_ggemm_wgrad_bf16(&wa, g->st, err)))
+		return rc;
+	site(g, SK_WGRAD_BF16);
+	return MS_OK;
 }
 
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
@@ -5418,6 +5521,41 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 		cJSON_AddItemToArray(ks, k);
 	}
 	cJSON_AddItemToObject(o, "kernels", ks);
+	if (g->sites) {
+		cJSON *ss = cJSON_CreateArray();
+		for (int i = 0; ss && i < g->nsite; i++) {
+			cJSON *k = cJSON_CreateObject();
+			char nm[96];
+			int key = g->site_key[i];
+			if (!k)
+				continue;
+			if (key >= 100000 && key - 100000 < g->ngshape) {
+				const uint32_t *gs = g->gshape[key - 100000];
+				snprintf(nm, sizeof nm, "GEMM %ux%ux%u%s%s %s -> %s", gs[0], gs[1],
+					 gs[2], gs[3] & 1 ? " A^T" : "", gs[3] & 2 ? " B^T" : "",
+					 gs[3] & 4 ? "bf16" : "float32", gs[3] & 8 ? "bf16" : "float32");
+			} else {
+				static const char *lib[] = {"CUTLASS grouped expert GEMM",
+							    "cuDNN SDPA forward",
+							    "cuDNN SDPA backward",
+							    "grouped weight gradient (bf16)",
+							    "batched GEMM (attention heads)"};
+				if (key >= SK_XGEMM && key <= SK_GEMM_BATCHED)
+					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
+				else if (key == -2)
+					snprintf(nm, sizeof nm, "before a library call");
+				else if (key == -1)
+					snprintf(nm, sizeof nm, "up to a phase mark");
+				else
+					snprintf(nm, sizeof nm, "launch at train.cu:%d", key);
+			}
+			cJSON_AddStringToObject(k, "site", nm);
+			cJSON_AddNumberToObject(k, "ms", g->site_ms[i] / st);
+			cJSON_AddNumberToObject(k, "calls", (double)g->site_calls[i]);
+			cJSON_AddItemToArray(ss, k);
+		}
+		cJSON_AddItemToObject(o, "sites", ss);
+	}
 	cJSON_AddNumberToObject(mem, "nvfp4_rowwise", (double)g->mem.nvfp4_rowwise);
 	cJSON_AddNumberToObject(mem, "nvfp4_colwise", (double)g->mem.nvfp4_colwise);
 	cJSON_AddNumberToObject(mem, "dense", (double)g->mem.dense);
@@ -5507,7 +5645,7 @@ static void gfree(struct ms_gmodel *g)
 	dfree(g, g->fab, MC_SCRATCH);
 	dfree(g, g->wpart, MC_SCRATCH);
 	dfree(g, g->colbuf, MC_COL);
-	for (int i = 0; i < 4096; i++)
+	for (int i = 0; i < NEV; i++)
 		if (g->evs[i])
 			cudaEventDestroy(g->evs[i]);
 	for (int i = 0; i < PSLOTS; i++)

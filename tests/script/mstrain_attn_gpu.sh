@@ -7,7 +7,8 @@
 # cuDNN's losses are flash's to bf16 rounding (cuDNN rounds its outputs to
 # bf16, and sums in another order); with cuDNN, columnwise on demand saves
 # the resident run's adapter byte for byte (cuDNN's deterministic
-# backward). Skipped without a GPU; where cuDNN does not load, auto is
+# backward); MS_PROFILE_SITES trains the same and its profile's sites add
+# up to the phases. Skipped without a GPU; where cuDNN does not load, auto is
 # checked to fall back to flash and to say why, and --attention cudnn to
 # be refused with exit 3.
 . "$(dirname "$0")/lib.sh"
@@ -74,6 +75,26 @@ d = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print("cudnn vs flash: losses within %.3g relative" % d)
 sys.exit(d > 1e-2)' m-cudnn.jsonl m-flash.jsonl && ok ||
 	bad "cudnn and flash losses differ by more than bf16 rounding"
+
+# MS_PROFILE_SITES: the same training, and the profile's time by launch
+# site adding up to its time by phase, naming cuDNN's calls, GEMM shapes
+# and the trainer's own launches; absent without it
+export MS_PROFILE_SITES=1
+expect 0 run sites --attention cudnn
+unset MS_PROFILE_SITES
+losses m-sites.jsonl >l-sites
+cmp -s l-cudnn l-sites && ok || bad "MS_PROFILE_SITES changed the training"
+python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+s, k = p.get("sites", []), p["kernels"]
+ts, tk = sum(x["ms"] for x in s), sum(x["ms"] for x in k)
+names = " ".join(x["site"] for x in s)
+print("sites: %d, %.3f ms a step against the phases %.3f" % (len(s), ts, tk))
+sys.exit(not (s and abs(ts - tk) <= 0.01 * tk and "cuDNN SDPA forward" in names and
+              "cuDNN SDPA backward" in names and "GEMM " in names and "train.cu:" in names))
+' p-sites.json && ok || bad "MS_PROFILE_SITES: the sites do not add up to the phases or miss a kind"
+[ -z "$(pfield p-cudnn.json sites)" ] && ok || bad "a profile without MS_PROFILE_SITES lists sites"
 
 echo "$t_name: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
