@@ -34,6 +34,8 @@
 # names those to run this time ("" prepares only); the table is written
 # from everything the directory holds. MS_BENCH_MODES: which of our runs
 # (resident on-demand flash grouped fused; default all this mstrain has).
+# With the resident run, a short one more under MS_PROFILE_SITES gives the
+# time of each launch (prof-sites.json; MS_BENCH_SITES=0: not run).
 # Exit 0; 1 when a run failed (its row left out); 2 on bad usage; 3 when
 # something needed is missing.
 set -u
@@ -209,6 +211,25 @@ for c in $MODES; do
 		: >"done-$c"
 	fi
 done
+# the per-launch table: a short resident run more with MS_PROFILE_SITES
+# (an event after every launch slows it a little, so it is no row of the
+# table), where this mstrain profiles and the resident run is asked for;
+# MS_BENCH_SITES=0 leaves it out
+if [ $PROF = 1 ] && [ "${MS_BENCH_SITES:-1}" != 0 ] && [ ! -f done-sites ] &&
+	case " $MODES " in *" resident "*) true;; *) false;; esac; then
+	plan sites resident
+	sed 's/"steps": [0-9]*/"steps": 4/' plan-sites.json >plan-sites.tmp && mv plan-sites.tmp plan-sites.json
+	echo "bench-train-gpu: mstrain, resident with MS_PROFILE_SITES, 4 steps" >&2
+	if MS_PROFILE_SITES=1 "$BUILD/msinv" launch --plan plan-sites.json -- "$BUILD/mstrain" train \
+		--plan plan-sites.json --device "$DEV" --colwise resident --profile prof-sites.json \
+		>train-sites.log 2>&1; then
+		: >done-sites
+	else
+		echo "bench-train-gpu: the per-launch profile run failed: its table is left out" >&2
+		tail -n 5 train-sites.log | sed 's/^/  /' >&2
+		rm -f prof-sites.json
+	fi
+fi
 # the two modes must train the same: the issue asks for bit-identical
 # losses (the metrics without the timings)
 if [ -s m-resident.jsonl ] && [ -s m-on-demand.jsonl ]; then

@@ -280,6 +280,33 @@ def main():
             L.append("| `%s` | %.2f | %d | %.1f%% |" % (k["name"].replace("|", "\\|"), k["ms"],
                                                       k["calls"], 100 * k["ms"] / step_ms))
         L.append("")
+    # the per-launch profile (bench_train_gpu.sh's short run under
+    # MS_PROFILE_SITES), where there is one
+    sp = os.path.join(a.dir, "prof-sites.json")
+    if os.path.exists(sp):
+        with open(sp) as f:
+            p = json.load(f)
+        ss = sorted(p.get("sites", []), key=lambda k: -k["ms"])
+        if ss:
+            total = sum(k["ms"] for k in ss)
+            steps = max(p.get("steps", 1), 1)
+            L.append("## Where the time goes, launch by launch: colwise resident "
+                     "(mstrain --profile, MS_PROFILE_SITES)")
+            L.append("")
+            L.append("Top 30 of %d launch sites by GPU time per step (a short run of its own: "
+                     "an event after every launch; its step %.1f ms, the sites' sum %.1f ms). "
+                     "A site is a kernel launch in kernels/train.cu (its line), a GEMM "
+                     "shape (M x N x K, row-major, cuBLAS) or a library call; each interval "
+                     "between two events is counted to the launch it ends with."
+                     % (len(ss), p.get("step_ms", 0), total))
+            L.append("")
+            L.append("| site | ms / step | launches / step | share |")
+            L.append("|---|---:|---:|---:|")
+            for k in ss[:30]:
+                L.append("| `%s` | %.3f | %.0f | %.1f%% |" % (
+                    k["site"].replace("|", "\\|"), k["ms"], k["calls"] / steps,
+                    100 * k["ms"] / total))
+            L.append("")
     with open(a.out, "w") as f:
         f.write("\n".join(L))
     return 0
