@@ -656,7 +656,8 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 }
 
 /* the library calls' site keys (no source line of theirs to name) */
-enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED };
+enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
+       SK_GEMM_GROUPED };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -2690,10 +2691,12 @@ static int ggemm(struct ms_gmodel *g, const struct gg *o, int cnt, const int *m,
 	CK(cudaMemcpyAsync(g->parr, h, 3 * MAXE * sizeof(void *), cudaMemcpyHostToDevice, g->st));
 	CK(cudaEventRecord(g->pev[g->pslot], g->st));
 	g->pslot = (g->pslot + 1) % PSLOTS;
+	site(g, -2);
 	CB(blas.gemm_grouped(g->blas, ta, tb, m, n, k, al, (const void *const *)g->parr, ty,
 			     lda, (const void *const *)(g->parr + MAXE), ty, ldb, be,
 			     g->parr + 2 * MAXE, ty, ldc, cnt, gs,
 			     o->bf ? CUBLAS_COMPUTE_32F : g->ct_lora));
+	site(g, SK_GEMM_GROUPED);
 out:
 	return rc;
 }
@@ -5539,8 +5542,9 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "cuDNN SDPA forward",
 							    "cuDNN SDPA backward",
 							    "grouped weight gradient (bf16)",
-							    "batched GEMM (attention heads)"};
-				if (key >= SK_XGEMM && key <= SK_GEMM_BATCHED)
+							    "batched GEMM (attention heads)",
+							    "cuBLAS grouped GEMM (expert LoRA)"};
+				if (key >= SK_XGEMM && key <= SK_GEMM_GROUPED)
 					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
 				else if (key == -2)
 					snprintf(nm, sizeof nm, "before a library call");
