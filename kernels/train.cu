@@ -2286,7 +2286,9 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 						   c->st));
 		return MS_OK;
 	}
-	site(g, -2);
+	/* (the lanes' GEMMs run beside the main stream: not marked) */
+	if (c->st == g->st)
+		site(g, -2);
 	/* kept plans for the bf16 GEMMs and the adapters' TF32 ones; the
 	 * router's exact float32 GEMMs keep cublasGemmEx's kernels */
 	if (c->lt && (ty == CUDA_R_16BF ||
@@ -2298,7 +2300,8 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 		if (e && blas.lt_matmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc,
 					C, e->lc, &e->algo, c->ws, MS_GMODEL_LANE_WS,
 					c->st) == CUBLAS_STATUS_SUCCESS) {
-			site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
+			if (c->st == g->st)
+				site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
 			return MS_OK;
 		}
 		/* refused: this shape takes cublasGemmEx from now on */
@@ -2308,7 +2311,8 @@ static int gemm_on(struct ms_gmodel *g, const struct gctx *c, int ta, int tb, ui
 	CB(blas.gemm(c->bl, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
 			(int)N, (int)M, (int)K, &alpha, B, ty, (int)ldb, A, ty, (int)lda, &beta, C,
 			cty, (int)ldc, ct, CUBLAS_GEMM_DEFAULT));
-	site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
+	if (c->st == g->st)
+		site(g, gemm_key(g, M, N, K, gemm_tt(ta, tb, ty, cty)));
 out:
 	return rc;
 }
