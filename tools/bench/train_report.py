@@ -27,6 +27,7 @@ TFLOP/s counts train_flops.step_flops for every row.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -82,6 +83,24 @@ def torch_lines(path):
             continue
         out[key] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
     return out
+
+
+def site_label(site, src):
+    """A launch site "launch at train.cu:N" as "k_name (train.cu:N)": the
+    kernel of the launch statement nearest above line N of src (its LK()
+    follows the launch), where src has one; any other site as it is."""
+    pre = "launch at train.cu:"
+    if not site.startswith(pre) or not src:
+        return site
+    try:
+        n = int(site[len(pre):])
+    except ValueError:
+        return site
+    for i in range(min(n, len(src)) - 1, max(n - 14, 0) - 1, -1):
+        m = re.search(r"\b(k_\w+)(<[^<>]*>)?<<<", src[i])
+        if m:
+            return "%s (train.cu:%d)" % (m.group(1), n)
+    return site
 
 
 def gib(n):
@@ -295,17 +314,24 @@ def main():
             L.append("")
             L.append("Top 30 of %d launch sites by GPU time per step (a short run of its own: "
                      "an event after every launch; its step %.1f ms, the sites' sum %.1f ms). "
-                     "A site is a kernel launch in kernels/train.cu (its line), a GEMM "
+                     "A site is a kernel launch in kernels/train.cu (the kernel, and the line "
+                     "of the check after its launch), a GEMM "
                      "shape (M x N x K, row-major, cuBLAS) or a library call; each interval "
                      "between two events is counted to the launch it ends with."
                      % (len(ss), p.get("step_ms", 0), total))
             L.append("")
             L.append("| site | ms / step | launches / step | share |")
             L.append("|---|---:|---:|---:|")
+            try:
+                with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                       "kernels", "train.cu")) as f:
+                    src = f.read().splitlines()
+            except OSError:
+                src = None
             for k in ss[:30]:
                 L.append("| `%s` | %.3f | %.0f | %.1f%% |" % (
-                    k["site"].replace("|", "\\|"), k["ms"], k["calls"] / steps,
-                    100 * k["ms"] / total))
+                    site_label(k["site"], src).replace("|", "\\|"), k["ms"],
+                    k["calls"] / steps, 100 * k["ms"] / total))
             L.append("")
     with open(a.out, "w") as f:
         f.write("\n".join(L))
