@@ -1,0 +1,65 @@
+#!/bin/sh
+# tools/bench/train_report.py (the trainer bench's table, make
+# bench-train-gpu) on a run directory made up here: our step time is the
+# median of the steps after the warm-up and every ratio follows from it; a
+# mode asked for without metrics is "left out", one not asked for "not
+# run", PyTorch's rows come from torch.txt; the per-phase and the
+# launch-by-launch tables sort by time, and a launch site is named by the
+# kernel launched above its line in kernels/train.cu. A directory without
+# config.json is exit 3.
+. "$(dirname "$0")/lib.sh"
+R=$ROOT/tools/bench/train_report.py
+cfg=$FX/train/qwen3moe/base/config.json
+[ -f "$cfg" ] || cfg=$FX/hf/qwen3moe/config.json
+D=$W/run
+mkdir -p "$D" && cp "$cfg" "$D/config.json" || exit 3
+# resident: steps of 0.5, 0.1, 0.2, 0.3, 0.4 s: after 2 warm-up steps the
+# median of 0.2, 0.3, 0.4 is 0.3 s
+i=0
+for s in 0.5 0.1 0.2 0.3 0.4; do
+	i=$((i + 1))
+	echo "{\"step\": $i, \"seconds\": $s, \"loss\": 2.5}" >>"$D/m-resident.jsonl"
+done
+# a kernel line of the tree for the launch site to resolve
+line=$(grep -n 'k_rms<<<' "$ROOT/kernels/train.cu" | head -n 1 | cut -d: -f1)
+python3 - "$D" "$((line + 2))" <<'PY'
+import json, os, sys
+d, line = sys.argv[1], int(sys.argv[2])
+json.dump({"step_ms": 310.0, "steps": 4, "peak_bytes": 2 * 2**30,
+           "kernels": [{"name": "small", "ms": 10.0, "calls": 4},
+                       {"name": "big", "ms": 200.0, "calls": 40}]},
+          open(os.path.join(d, "prof-resident.json"), "w"))
+json.dump({"step_ms": 320.0, "steps": 4,
+           "sites": [{"site": "launch at train.cu:%d" % line, "ms": 5.0, "calls": 8},
+                     {"site": "cuDNN SDPA backward", "ms": 50.0, "calls": 64}]},
+          open(os.path.join(d, "prof-sites.json"), "w"))
+PY
+cat >"$D/torch.txt" <<'T'
+TORCH_EAGER ms=600.0 steps=10 loss=2.6 peak_alloc=4294967296 peak_reserved=5368709120
+TORCH_COMPILE failed: no compiler here
+VERSIONS torch=2.11 transformers=5.17 peft=0.21 cuda=13.0
+T
+expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
+	--modes "resident on-demand" --out "$W/r.md"
+has '| ours, colwise resident (mstrain --device cuda) | 300.0 |' "$W/r.md" "our median step"
+has '| 2.00x |' "$W/r.md" "the ratio to eager"
+has 'ours, on-demand: no timed step' "$W/r.md" "a mode asked for without metrics"
+has 'ours, grouped: not run' "$W/r.md" "a mode not asked for"
+has 'torch.compile of the same (mode default): failed: no compiler here' "$W/r.md" "a failed PyTorch row"
+has "| \`k_rms (train.cu:$((line + 2)))\` | 5.000 | 2 |" "$W/r.md" "a launch site by its kernel"
+has '| `cuDNN SDPA backward` | 50.000 | 16 | 90.9% |' "$W/r.md" "a library call's site"
+# the tables sort by time
+[ "$(grep -n '`big`' "$W/r.md" | cut -d: -f1)" -lt "$(grep -n '`small`' "$W/r.md" | cut -d: -f1)" ] &&
+	ok || bad "the phase table is not sorted by time"
+[ "$(grep -n 'SDPA backward' "$W/r.md" | cut -d: -f1)" -lt "$(grep -n 'k_rms (' "$W/r.md" | cut -d: -f1)" ] &&
+	ok || bad "the launch table is not sorted by time"
+# no sites file: no launch table
+rm "$D/prof-sites.json"
+expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
+	--modes resident --out "$W/r2.md"
+hasnt 'launch by launch' "$W/r2.md" "a launch table without its profile"
+rm "$D/config.json"
+expect 3 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today --out "$W/r3.md"
+
+echo "$t_name: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
