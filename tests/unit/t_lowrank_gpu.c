@@ -234,6 +234,7 @@ static int test_lr_down(void)
 		T_ASSERT(down_case(ns[i], 4, 1, 0) == 0);
 		T_ASSERT(down_case(ns[i], 260, 3, 1) == 0);
 		T_ASSERT(down_case(ns[i], 513, 16, 0) == 0);
+		T_ASSERT(down_case(ns[i], 48, 3, 0) == 0);
 	}
 	T_ASSERT(down_case(1000, 2048, 16, 1) == 0);
 	return 0;
@@ -246,6 +247,7 @@ static int test_lr_up(void)
 		T_ASSERT(up_case(ns[i], 4, 1, 0, 0.0f) == 0);
 		T_ASSERT(up_case(ns[i], 516, 3, 1, 1.0f) == 0);
 		T_ASSERT(up_case(ns[i], 1028, 16, 0, 1.0f) == 0);
+		T_ASSERT(up_case(ns[i], 48, 3, 0, 1.0f) == 0);
 	}
 	T_ASSERT(up_case(1000, 2048, 16, 1, 0.0f) == 0);
 	return 0;
