@@ -5507,6 +5507,22 @@ int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out)
 	return MS_OK;
 }
 
+int ms_gmodel_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		      struct ms_err *err)
+{
+	const struct ms_gmodel *g = m->gpu;
+	int rc = MS_OK;
+	if (!g->T || !g->a[l].sel || !g->a[l].probs)
+		return ms_err_set(err, MS_EINVAL, "routing: the model has run no forward");
+	CK(cudaStreamSynchronize(g->st));
+	CK(cudaMemcpy(sel, g->a[l].sel, (uint64_t)g->T * g->K * sizeof *sel,
+		      cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(probs, g->a[l].probs, (uint64_t)g->T * g->E * sizeof *probs,
+		      cudaMemcpyDeviceToHost));
+out:
+	return rc;
+}
+
 int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 {
 	const struct ms_gmodel *g = m->gpu;
