@@ -659,7 +659,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED };
+       SK_GEMM_GROUPED, SK_LOWRANK };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -2619,11 +2619,14 @@ static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	const float *B = L->B + (uint64_t)e * L->out * L->r;
 	if (!n)
 		return MS_OK;
-	if (lr_ok(g, L, (uintptr_t)Y))
-		return (rc = ms_lr_down(X, n, L->in, A, 1, L->in, L->r, 1.0f, U, g->st, err))
-			       ? rc
-			       : ms_lr_up(U, n, L->r, B, L->r, 1, g->lscale, 1.0f, Y, L->out,
-					  g->st, err);
+	if (lr_ok(g, L, (uintptr_t)Y)) {
+		site(g, -2);
+		if ((rc = ms_lr_down(X, n, L->in, A, 1, L->in, L->r, 1.0f, U, g->st, err)) ||
+		    (rc = ms_lr_up(U, n, L->r, B, L->r, 1, g->lscale, 1.0f, Y, L->out, g->st, err)))
+			return rc;
+		site(g, SK_LOWRANK);
+		return MS_OK;
+	}
 	if ((rc = gemm(g, 0, 1, (uint32_t)n, L->r, L->in, 1.0f, X, L->in, A, L->in, 0.0f, U,
 		       L->r, CUDA_R_32F, g->ct_lora, err)))
 		return rc;
@@ -2649,15 +2652,18 @@ static int lora_bwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	if (lr_ok(g, L, (uintptr_t)X | (uintptr_t)dY | (uintptr_t)dX) &&
 	    (!dX || !g->train || g->pdrop <= 0)) {
 		/* dU = s dY B, gB += s dY^T U, gA += dU^T X, dX += dU A */
+		site(g, -2);
 		if ((rc = ms_lr_down(dY, n, L->out, B, L->r, 1, L->r, s, g->du, g->st, err)) ||
 		    (rc = ms_lr_wgrad(dY, n, L->out, U, L->r, s, 1.0f, gB, L->r, 1, g->tmp,
 				      g->ntmp, g->st, err)) ||
 		    (rc = ms_lr_wgrad(X, n, L->in, g->du, L->r, 1.0f, 1.0f, gA, 1, L->in, g->tmp,
 				      g->ntmp, g->st, err)))
 			return rc;
-		return dX ? ms_lr_up(g->du, n, L->r, A, 1, L->in, 1.0f, 1.0f, dX, L->in, g->st,
-				     err)
-			  : MS_OK;
+		if (dX && (rc = ms_lr_up(g->du, n, L->r, A, 1, L->in, 1.0f, 1.0f, dX, L->in, g->st,
+					 err)))
+			return rc;
+		site(g, SK_LOWRANK);
+		return MS_OK;
 	}
 	if ((rc = gemm(g, 0, 0, (uint32_t)n, L->r, L->out, s, dY, L->out, B, L->r, 0.0f, g->du,
 		       L->r, CUDA_R_32F, g->ct_lora, err)) ||
@@ -5594,8 +5600,9 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "cuDNN SDPA backward",
 							    "grouped weight gradient (bf16)",
 							    "batched GEMM (attention heads)",
-							    "cuBLAS grouped GEMM (expert LoRA)"};
-				if (key >= SK_XGEMM && key <= SK_GEMM_GROUPED)
+							    "cuBLAS grouped GEMM (expert LoRA)",
+							    "dense LoRA products (lowrank.cu)"};
+				if (key >= SK_XGEMM && key <= SK_LOWRANK)
 					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
 				else if (key == -2)
 					snprintf(nm, sizeof nm, "before a library call");
