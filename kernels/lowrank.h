@@ -16,6 +16,11 @@
  * these as TF32 GEMMs with N or K = r, about 30 us of host time a launch,
  * which the step could not hide. Each function here is one or two
  * launches, bound by reading (and for up writing) the wide side once.
+ * ggemm.h's grouped float32 products (ms_ggemm_lowrank, ms_ggemm_wgrad)
+ * are built for the experts' many groups: a thread a row, and a block a
+ * 128-column slice of a whole group's rows; one dense group of 8192 rows
+ * gives them 64 and 16 blocks. These cut the rows among warps and blocks
+ * instead (the weight gradient in runs with ordered partial sums).
  *
  * Covered: r of 1 .. MS_LR_MAX_R; up and wgrad: N a multiple of 4 and Y /
  * D 16-byte aligned with rows of exactly N floats. wgrad cuts the rows
