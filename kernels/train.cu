@@ -55,6 +55,7 @@
 #include "fp4.h"
 #include "ggemm.h"
 #include "lowrank.h"
+#include "router.h"
 #include "xgemm.h"
 extern "C" {
 #include "train/model_int.h"
@@ -659,7 +660,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED, SK_LOWRANK };
+       SK_GEMM_GROUPED, SK_LOWRANK, SK_ROUTER };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -1495,88 +1496,6 @@ __global__ void k_router_logits(const float *h, const float *W, float *z, uint32
 	uint64_t t = i / E;
 	uint32_t e = (uint32_t)(i % E);
 	z[i] = (float)dotf_d(W + (uint64_t)e * H, h + t * H, H);
-}
-
-/*
- * z [T, E] = h [T, H] W [E, H]^T in float32 FMAs, each logit summed over H
- * in order: the bf16 path's router logits (routing stays float32, as the
- * CPU's). cuBLAS's float32 GEMM took about 0.24 ms a layer at the bench
- * shape (8192 x 64 x 2048), far from the multiply rate, with or without
- * its pedantic mode; this one 0.14 (bound by its shared-memory loads: two
- * for eight FMAs). A block a tile of RL_BM tokens x RL_BN experts, a
- * thread 2 x 4 of it, H in steps of RL_BK through shared memory (h's rows
- * 16-byte aligned: H a multiple of RL_BK, rl_ok).
- */
-#define RL_BM 32
-#define RL_BN 64
-#define RL_BK 32
-
-__global__ void __launch_bounds__(256) k_router_sgemm(const float *h, const float *W, float *z,
-						       uint32_t T, uint32_t E, uint32_t H)
-{
-	__shared__ float as[RL_BK][RL_BM + 4];
-	__shared__ float bs[RL_BK][RL_BN + 4];
-	uint32_t t0 = blockIdx.x * RL_BM, e0 = blockIdx.y * RL_BN;
-	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-	/* a thread's loads: one float4 of h's tile (row lr, columns lc..+3)
-	 * and two of W's (rows lr and lr + 32) */
-	int lr = tid / (RL_BK / 4), lc = tid % (RL_BK / 4) * 4;
-	uint32_t t = t0 + lr, e = e0 + lr, e2 = e0 + lr + 32;
-	const float4 z4 = make_float4(0, 0, 0, 0);
-	float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-	/* the next step's tiles are loaded into registers while this one's
-	 * are multiplied: one load's latency a step, not a stall */
-	float4 pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + lc) : z4;
-	float4 pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + lc) : z4;
-	float4 pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + lc) : z4;
-	for (uint32_t k0 = 0; k0 < H; k0 += RL_BK) {
-		as[lc][lr] = pa.x;
-		as[lc + 1][lr] = pa.y;
-		as[lc + 2][lr] = pa.z;
-		as[lc + 3][lr] = pa.w;
-		bs[lc][lr] = pb.x;
-		bs[lc + 1][lr] = pb.y;
-		bs[lc + 2][lr] = pb.z;
-		bs[lc + 3][lr] = pb.w;
-		bs[lc][lr + 32] = pc.x;
-		bs[lc + 1][lr + 32] = pc.y;
-		bs[lc + 2][lr + 32] = pc.z;
-		bs[lc + 3][lr + 32] = pc.w;
-		__syncthreads();
-		uint32_t k1 = k0 + RL_BK;
-		if (k1 < H) {
-			pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + k1 + lc) : z4;
-			pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + k1 + lc) : z4;
-			pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + k1 + lc) : z4;
-		}
-#pragma unroll
-		for (int k = 0; k < RL_BK; k++) {
-			float2 a = *(const float2 *)&as[k][ty * 2];
-			float4 b = *(const float4 *)&bs[k][tx * 4];
-			acc[0][0] = fmaf(a.x, b.x, acc[0][0]);
-			acc[0][1] = fmaf(a.x, b.y, acc[0][1]);
-			acc[0][2] = fmaf(a.x, b.z, acc[0][2]);
-			acc[0][3] = fmaf(a.x, b.w, acc[0][3]);
-			acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
-			acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
-			acc[1][2] = fmaf(a.y, b.z, acc[1][2]);
-			acc[1][3] = fmaf(a.y, b.w, acc[1][3]);
-		}
-		__syncthreads();
-	}
-#pragma unroll
-	for (int i = 0; i < 2; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t tt = t0 + ty * 2 + i, ee = e0 + tx * 4 + j;
-			if (tt < T && ee < E)
-				z[(uint64_t)tt * E + ee] = acc[i][j];
-		}
-}
-
-static int rl_ok(const float *h, const float *W, uint32_t H)
-{
-	return H % RL_BK == 0 && !((uintptr_t)h & 15) && !((uintptr_t)W & 15);
 }
 
 #define MAXE 512
@@ -4735,12 +4654,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 									    (uint32_t)T, g->E,
 									    (uint32_t)H);
 			LK();
-		} else if (rl_ok(a->h2, d->router, (uint32_t)H)) {
-			k_router_sgemm<<<dim3((unsigned)((T + RL_BM - 1) / RL_BM),
-					      (g->E + RL_BN - 1) / RL_BN),
-					 256, 0, g->st>>>(a->h2, d->router, g->dz, (uint32_t)T, g->E,
-							  (uint32_t)H);
-			LK();
+		} else if (ms_router_ok(a->h2, d->router, (uint32_t)H)) {
+			/* router.h: cuBLAS's float32 GEMM at N = E far slower */
+			if ((rc = ms_router_logits(a->h2, d->router, g->dz, (uint32_t)T, g->E,
+						   (uint32_t)H, g->st, err)))
+				return rc;
+			site(g, SK_ROUTER);
 		} else if ((rc = gemm(g, 0, 1, (uint32_t)T, g->E, (uint32_t)H, 1.0f, a->h2,
 				      (uint32_t)H, d->router, (uint32_t)H, 0.0f, g->dz, g->E,
 				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
@@ -5601,8 +5520,9 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "grouped weight gradient (bf16)",
 							    "batched GEMM (attention heads)",
 							    "cuBLAS grouped GEMM (expert LoRA)",
-							    "dense LoRA products (lowrank.cu)"};
-				if (key >= SK_XGEMM && key <= SK_LOWRANK)
+							    "dense LoRA products (lowrank.cu)",
+							    "router logits (router.cu)"};
+				if (key >= SK_XGEMM && key <= SK_ROUTER)
 					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
 				else if (key == -2)
 					snprintf(nm, sizeof nm, "before a library call");
