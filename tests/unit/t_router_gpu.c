@@ -23,18 +23,7 @@
 
 #define SENTINEL 12345.0f
 
-/* a fixed random stream (xorshift), normal samples */
-static uint64_t rng = 0x243f6a8885a308d3ull;
-
-static double gauss(void)
-{
-	double u, v;
-	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-	u = (double)(rng >> 11) * 0x1p-53 + 1e-12;
-	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-	v = (double)(rng >> 11) * 0x1p-53;
-	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
+#include "test_rng.h"
 
 static int logits_case(uint32_t T, uint32_t E, uint32_t H)
 {

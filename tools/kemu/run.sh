@@ -147,6 +147,7 @@ PY
 	test_src=$shaped
 fi
 test_deps="$test_src $ROOT/tests/unit/test_gpu.h $ROOT/tests/unit/test_bf16.h
+	$ROOT/tests/unit/test_rng.h
 	$ROOT/kernels/$name.h $KEMU/include/cuda_runtime.h $KEMU/include/cublas_v2.h
 	$ROOT/src/ms.h $ROOT/kernels/sdpa.h $ROOT/kernels/xgemm.h $ROOT/src/train/model.h
 	$flags_stamp"
