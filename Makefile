@@ -5,9 +5,10 @@
 #   make demo       the main job on the bundled fixtures
 #   make check-asan the suite under AddressSanitizer + UBSan
 #   make test-gpu   kernel tests against the CPU reference (needs a GPU)
-#   make check-kernels-emu  the grouped GEMM's and flash attention's kernel
-#                   tests on the CPU, the kernels emulated thread by thread
-#                   (tools/kemu; no GPU)
+#   make check-kernels-emu  the grouped GEMM's, flash attention's, the
+#                   dense LoRA's and the router logits' kernel tests on the
+#                   CPU, the kernels emulated thread by thread (tools/kemu;
+#                   no GPU)
 #   make bench      CPU benchmarks (ratios against a reference in one script)
 #   make bench-train-gpu  the LoRA step of mstrain --device cuda against
 #                   transformers + PEFT on the same GPU (PYTHON: one with torch)
@@ -288,6 +289,10 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c $(wildcard tests/unit/*.h) $(LIB) | $(BUILD
 $(BUILD)/tests/t_flash_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 # the grouped GEMM's likewise (its --bench opens cuBLAS, as the trainer does)
 $(BUILD)/tests/t_ggemm_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+# the dense LoRA kernels' test likewise (CUDA's runtime for its copies back)
+$(BUILD)/tests/t_lowrank_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
+# the router logits' test likewise (CUDA's runtime for its copies back)
+$(BUILD)/tests/t_router_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 
 $(BUILD)/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c $(LIB) | $(BUILD)/tests
 	$(CC) $(ALL_CFLAGS) -o $@ $< tests/fuzz/replay.c $(LIB) $(LDLIBS) $(CUDA_LIBS)
@@ -325,6 +330,8 @@ test-gpu: all $(SHLIB) $(UNIT_BIN)
 check-kernels-emu:
 	@BUILD=$(BUILD) sh tools/kemu/run.sh
 	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel flash
+	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel lowrank
+	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel router
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -54,6 +54,8 @@
 #include "sdpa.h"
 #include "fp4.h"
 #include "ggemm.h"
+#include "lowrank.h"
+#include "router.h"
 #include "xgemm.h"
 extern "C" {
 #include "train/model_int.h"
@@ -426,6 +428,7 @@ struct ms_gmodel {
 	uint32_t B, S, T;
 	struct dacts *a;
 	float *xf, *hf, *rf, *logits, *y, *y2, *tmp, *dA, *dB, *dh1, *dx2, *dh2;
+	uint64_t ntmp;               /* tmp's floats */
 	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
@@ -657,7 +660,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED };
+       SK_GEMM_GROUPED, SK_LOWRANK, SK_ROUTER };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -1495,88 +1498,6 @@ __global__ void k_router_logits(const float *h, const float *W, float *z, uint32
 	z[i] = (float)dotf_d(W + (uint64_t)e * H, h + t * H, H);
 }
 
-/*
- * z [T, E] = h [T, H] W [E, H]^T in float32 FMAs, each logit summed over H
- * in order: the bf16 path's router logits (routing stays float32, as the
- * CPU's). cuBLAS's float32 GEMM took about 0.24 ms a layer at the bench
- * shape (8192 x 64 x 2048), far from the multiply rate, with or without
- * its pedantic mode; this one 0.14 (bound by its shared-memory loads: two
- * for eight FMAs). A block a tile of RL_BM tokens x RL_BN experts, a
- * thread 2 x 4 of it, H in steps of RL_BK through shared memory (h's rows
- * 16-byte aligned: H a multiple of RL_BK, rl_ok).
- */
-#define RL_BM 32
-#define RL_BN 64
-#define RL_BK 32
-
-__global__ void __launch_bounds__(256) k_router_sgemm(const float *h, const float *W, float *z,
-						       uint32_t T, uint32_t E, uint32_t H)
-{
-	__shared__ float as[RL_BK][RL_BM + 4];
-	__shared__ float bs[RL_BK][RL_BN + 4];
-	uint32_t t0 = blockIdx.x * RL_BM, e0 = blockIdx.y * RL_BN;
-	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-	/* a thread's loads: one float4 of h's tile (row lr, columns lc..+3)
-	 * and two of W's (rows lr and lr + 32) */
-	int lr = tid / (RL_BK / 4), lc = tid % (RL_BK / 4) * 4;
-	uint32_t t = t0 + lr, e = e0 + lr, e2 = e0 + lr + 32;
-	const float4 z4 = make_float4(0, 0, 0, 0);
-	float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-	/* the next step's tiles are loaded into registers while this one's
-	 * are multiplied: one load's latency a step, not a stall */
-	float4 pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + lc) : z4;
-	float4 pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + lc) : z4;
-	float4 pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + lc) : z4;
-	for (uint32_t k0 = 0; k0 < H; k0 += RL_BK) {
-		as[lc][lr] = pa.x;
-		as[lc + 1][lr] = pa.y;
-		as[lc + 2][lr] = pa.z;
-		as[lc + 3][lr] = pa.w;
-		bs[lc][lr] = pb.x;
-		bs[lc + 1][lr] = pb.y;
-		bs[lc + 2][lr] = pb.z;
-		bs[lc + 3][lr] = pb.w;
-		bs[lc][lr + 32] = pc.x;
-		bs[lc + 1][lr + 32] = pc.y;
-		bs[lc + 2][lr + 32] = pc.z;
-		bs[lc + 3][lr + 32] = pc.w;
-		__syncthreads();
-		uint32_t k1 = k0 + RL_BK;
-		if (k1 < H) {
-			pa = t < T ? *(const float4 *)(h + (uint64_t)t * H + k1 + lc) : z4;
-			pb = e < E ? *(const float4 *)(W + (uint64_t)e * H + k1 + lc) : z4;
-			pc = e2 < E ? *(const float4 *)(W + (uint64_t)e2 * H + k1 + lc) : z4;
-		}
-#pragma unroll
-		for (int k = 0; k < RL_BK; k++) {
-			float2 a = *(const float2 *)&as[k][ty * 2];
-			float4 b = *(const float4 *)&bs[k][tx * 4];
-			acc[0][0] = fmaf(a.x, b.x, acc[0][0]);
-			acc[0][1] = fmaf(a.x, b.y, acc[0][1]);
-			acc[0][2] = fmaf(a.x, b.z, acc[0][2]);
-			acc[0][3] = fmaf(a.x, b.w, acc[0][3]);
-			acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
-			acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
-			acc[1][2] = fmaf(a.y, b.z, acc[1][2]);
-			acc[1][3] = fmaf(a.y, b.w, acc[1][3]);
-		}
-		__syncthreads();
-	}
-#pragma unroll
-	for (int i = 0; i < 2; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t tt = t0 + ty * 2 + i, ee = e0 + tx * 4 + j;
-			if (tt < T && ee < E)
-				z[(uint64_t)tt * E + ee] = acc[i][j];
-		}
-}
-
-static int rl_ok(const float *h, const float *W, uint32_t H)
-{
-	return H % RL_BK == 0 && !((uintptr_t)h & 15) && !((uintptr_t)W & 15);
-}
-
 #define MAXE 512
 
 struct rcfg {
@@ -2077,6 +1998,69 @@ __global__ void k_xent(float *lg, const int32_t *ids, const uint8_t *mask, uint3
 		double pv = exp((double)l[v] - lse);
 		l[v] = (float)(scale * (pv - (v == (uint32_t)lab)));
 	}
+}
+
+/*
+ * The bf16 path's cross-entropy: k_xent's loss and gradient with float
+ * exponentials (their sum in double), the row read twice instead of three
+ * times (the maximum and the sum together, online: a thread's running sum
+ * rescaled when its maximum grows), and the gradient written once, in bf16,
+ * as the lm_head's input-gradient GEMM reads it (k_xent wrote float32 that
+ * a cast then read again: 2.5 GB a step at the bench shape instead of 5.5).
+ * Rows of V floats 16-byte aligned (xent_bf_ok); dl [T, V] bf16.
+ */
+__global__ void k_xent_bf(const float *lg, const int32_t *ids, const uint8_t *mask,
+			  uint32_t S, uint32_t V, double scale, double *lossrow,
+			  __nv_bfloat16 *dl)
+{
+	__shared__ double shd[33];
+	__shared__ float shf[33];
+	uint64_t t = blockIdx.x;
+	uint32_t s = (uint32_t)(t % S), n4 = V / 4;
+	const float4 *l4 = (const float4 *)(lg + t * V);
+	uint2 *d4 = (uint2 *)(dl + t * V);
+	if (s + 1 >= S || (mask && !mask[t + 1])) {
+		for (uint32_t v = threadIdx.x; v < n4; v += blockDim.x)
+			d4[v] = make_uint2(0, 0);
+		if (threadIdx.x == 0)
+			lossrow[t] = 0;
+		return;
+	}
+	int32_t lab = ids[t + 1];
+	float m = -INFINITY;
+	double sm = 0;
+	for (uint32_t v = threadIdx.x; v < n4; v += blockDim.x) {
+		float4 x = l4[v];
+		float xm = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+		if (xm > m) {
+			sm *= (double)__expf(m - xm);
+			m = xm;
+		}
+		sm += (double)__expf(x.x - m) + (double)__expf(x.y - m) +
+		      (double)__expf(x.z - m) + (double)__expf(x.w - m);
+	}
+	float mx = block_max(m, shf);
+	double sum = block_sum(m == -INFINITY ? 0.0 : sm * (double)__expf(m - mx), shd);
+	double lse = mx + log(sum);
+	float ll = lg[t * V + lab];
+	if (threadIdx.x == 0)
+		lossrow[t] = lse - ll;
+	float fl = (float)lse, sc = (float)scale;
+	for (uint32_t v = threadIdx.x; v < n4; v += blockDim.x) {
+		float4 x = l4[v];
+		float p[4] = {__expf(x.x - fl), __expf(x.y - fl), __expf(x.z - fl),
+			      __expf(x.w - fl)};
+		for (int c = 0; c < 4; c++)
+			p[c] = sc * (p[c] - (4 * v + c == (uint32_t)lab));
+		__nv_bfloat162 lo = __floats2bfloat162_rn(p[0], p[1]);
+		__nv_bfloat162 hi = __floats2bfloat162_rn(p[2], p[3]);
+		d4[v] = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+	}
+}
+
+static int xent_bf_ok(const float *lg, const void *dl, uint32_t V)
+{
+	return V % 4 == 0 && !((uintptr_t)lg & 15) && !((uintptr_t)dl & 7);
 }
 
 /* sum of squares of n floats: each block's share into part[blockIdx.x]
@@ -2597,6 +2581,16 @@ static uint32_t fold_width(uint32_t r)
 }
 
 
+/* may the LoRA's products take lowrank.h's kernels: the bf16 path (the
+ * float32 test mode keeps cuBLAS's exact float32 products), a rank they
+ * cover, rows of 16-byte multiples, the row-wise operands (ptrs or-ed)
+ * 16-byte aligned */
+static int lr_ok(const struct ms_gmodel *g, const struct dlora *L, uintptr_t ptrs)
+{
+	return !g->f32 && L->r && L->r <= MS_LR_MAX_R && L->in % 4 == 0 && L->out % 4 == 0 &&
+	       !(ptrs & 15);
+}
+
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
  * X is the (dropped) input in float32. */
 static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, const float *X,
@@ -2607,6 +2601,14 @@ static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	const float *B = L->B + (uint64_t)e * L->out * L->r;
 	if (!n)
 		return MS_OK;
+	if (lr_ok(g, L, (uintptr_t)Y)) {
+		site(g, -2);
+		if ((rc = ms_lr_down(X, n, L->in, A, 1, L->in, L->r, 1.0f, U, g->st, err)) ||
+		    (rc = ms_lr_up(U, n, L->r, B, L->r, 1, g->lscale, 1.0f, Y, L->out, g->st, err)))
+			return rc;
+		site(g, SK_LOWRANK);
+		return MS_OK;
+	}
 	if ((rc = gemm(g, 0, 1, (uint32_t)n, L->r, L->in, 1.0f, X, L->in, A, L->in, 0.0f, U,
 		       L->r, CUDA_R_32F, g->ct_lora, err)))
 		return rc;
@@ -2629,6 +2631,22 @@ static int lora_bwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	float *gB = L->gB + (uint64_t)e * L->out * L->r;
 	if (!n)
 		return MS_OK;
+	if (lr_ok(g, L, (uintptr_t)X | (uintptr_t)dY | (uintptr_t)dX) &&
+	    (!dX || !g->train || g->pdrop <= 0)) {
+		/* dU = s dY B, gB += s dY^T U, gA += dU^T X, dX += dU A */
+		site(g, -2);
+		if ((rc = ms_lr_down(dY, n, L->out, B, L->r, 1, L->r, s, g->du, g->st, err)) ||
+		    (rc = ms_lr_wgrad(dY, n, L->out, U, L->r, s, 1.0f, gB, L->r, 1, g->tmp,
+				      g->ntmp, g->st, err)) ||
+		    (rc = ms_lr_wgrad(X, n, L->in, g->du, L->r, 1.0f, 1.0f, gA, 1, L->in, g->tmp,
+				      g->ntmp, g->st, err)))
+			return rc;
+		if (dX && (rc = ms_lr_up(g->du, n, L->r, A, 1, L->in, 1.0f, 1.0f, dX, L->in, g->st,
+					 err)))
+			return rc;
+		site(g, SK_LOWRANK);
+		return MS_OK;
+	}
 	if ((rc = gemm(g, 0, 0, (uint32_t)n, L->r, L->out, s, dY, L->out, B, L->r, 0.0f, g->du,
 		       L->r, CUDA_R_32F, g->ct_lora, err)) ||
 	    (rc = gemm(g, 1, 0, L->out, L->r, (uint32_t)n, s, dY, L->out, U, L->r, 1.0f, gB,
@@ -3829,6 +3847,7 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	DM(g->dvv, T * g->dkv * 4, MC_SCRATCH);
 	DM(g->dk0, T * g->dkv * 4, MC_SCRATCH);
 	DM(g->tmp, rows * wide * 4, MC_SCRATCH);
+	g->ntmp = rows * wide;
 	DM(g->du, rows * r * 4, MC_SCRATCH);
 	if (g->pdrop > 0) {
 		DM(g->xsd, rows * wide * 4, MC_SCRATCH);
@@ -4698,12 +4717,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 									    (uint32_t)T, g->E,
 									    (uint32_t)H);
 			LK();
-		} else if (rl_ok(a->h2, d->router, (uint32_t)H)) {
-			k_router_sgemm<<<dim3((unsigned)((T + RL_BM - 1) / RL_BM),
-					      (g->E + RL_BN - 1) / RL_BN),
-					 256, 0, g->st>>>(a->h2, d->router, g->dz, (uint32_t)T, g->E,
-							  (uint32_t)H);
-			LK();
+		} else if (ms_router_ok(a->h2, d->router, (uint32_t)H)) {
+			/* router.h: cuBLAS's float32 GEMM at N = E far slower */
+			if ((rc = ms_router_logits(a->h2, d->router, g->dz, (uint32_t)T, g->E,
+						   (uint32_t)H, g->st, err)))
+				return rc;
+			site(g, SK_ROUTER);
 		} else if ((rc = gemm(g, 0, 1, (uint32_t)T, g->E, (uint32_t)H, 1.0f, a->h2,
 				      (uint32_t)H, d->router, (uint32_t)H, 0.0f, g->dz, g->E,
 				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
@@ -5144,7 +5163,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	uint64_t T, H = g->H, V = g->V;
 	const void *X = NULL;
 	float *d, *d2;
-	int rc;
+	int rc, xbf = 0;
 
 	if ((rc = ms_model_check_ids(m, ids, batch, seq, err)) ||
 	    (rc = acts_alloc(g, m, batch, seq, err)))
@@ -5195,6 +5214,15 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 		if ((rc = fn(ctx, g->hlog, T, (uint32_t)V, err)))
 			goto out;
 		CK(cudaMemcpyAsync(g->logits, g->hlog, T * V * 4, cudaMemcpyHostToDevice, g->st));
+	} else if (!g->f32 && xent_bf_ok(g->logits, g->cA, (uint32_t)V)) {
+		ph(g, PH_LOSS);
+		k_xent_bf<<<(unsigned)T, NTH, 0, g->st>>>(g->logits, g->dids,
+							  loss_mask ? g->dmask : NULL, seq,
+							  (uint32_t)V, grad_scale, g->lossrow,
+							  (__nv_bfloat16 *)g->cA);
+		LK();
+		/* the gradient is the GEMM's operand already */
+		xbf = 1;
 	} else {
 		ph(g, PH_LOSS);
 		k_xent<<<(unsigned)T, NTH, 0, g->st>>>(g->logits, g->dids,
@@ -5203,7 +5231,9 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 		LK();
 	}
 	ph(g, PH_B_HEAD);
-	if ((rc = opnd(g, g->logits, T * V, g->cA, &X, err)) ||
+	if (xbf)
+		X = g->cA;
+	if ((!xbf && (rc = opnd(g, g->logits, T * V, g->cA, &X, err))) ||
 	    (rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, (uint32_t)V, 1.0f, X, (uint32_t)V, g->lm,
 		       (uint32_t)H, 0.0f, g->y, (uint32_t)H, g->gt, g->ct_base, err)))
 		goto out;
@@ -5476,6 +5506,22 @@ int ms_gmodel_mem(const struct ms_model *m, struct ms_model_mem *out)
 	return MS_OK;
 }
 
+int ms_gmodel_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		      struct ms_err *err)
+{
+	const struct ms_gmodel *g = m->gpu;
+	int rc = MS_OK;
+	if (!g->T || !g->a[l].sel || !g->a[l].probs)
+		return ms_err_set(err, MS_EINVAL, "routing: the model has run no forward");
+	CK(cudaStreamSynchronize(g->st));
+	CK(cudaMemcpy(sel, g->a[l].sel, (uint64_t)g->T * g->K * sizeof *sel,
+		      cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(probs, g->a[l].probs, (uint64_t)g->T * g->E * sizeof *probs,
+		      cudaMemcpyDeviceToHost));
+out:
+	return rc;
+}
+
 int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 {
 	const struct ms_gmodel *g = m->gpu;
@@ -5547,8 +5593,10 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "cuDNN SDPA backward",
 							    "grouped weight gradient (bf16)",
 							    "batched GEMM (attention heads)",
-							    "cuBLAS grouped GEMM (expert LoRA)"};
-				if (key >= SK_XGEMM && key <= SK_GEMM_GROUPED)
+							    "cuBLAS grouped GEMM (expert LoRA)",
+							    "dense LoRA products (lowrank.cu)",
+							    "router logits (router.cu)"};
+				if (key >= SK_XGEMM && key <= SK_ROUTER)
 					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
 				else if (key == -2)
 					snprintf(nm, sizeof nm, "before a library call");

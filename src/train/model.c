@@ -2738,6 +2738,21 @@ int ms_model_mem(const struct ms_model *m, struct ms_model_mem *out)
 	return m->gpu ? ms_gmodel_mem(m, out) : MS_OK;
 }
 
+int ms_model_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		     struct ms_err *err)
+{
+	const struct ms_model_cfg *c = &m->cfg;
+	if (l >= c->n_layers || !m->layers[l].moe)
+		return ms_err_set(err, MS_EINVAL, "routing: layer %u is not a MoE layer", l);
+	if (m->gpu)
+		return ms_gmodel_routing(m, l, sel, probs, err);
+	if (!m->T || !m->acts || !m->acts[l].sel)
+		return ms_err_set(err, MS_EINVAL, "routing: the model has run no forward");
+	memcpy(sel, m->acts[l].sel, (size_t)m->T * c->top_k * sizeof *sel);
+	memcpy(probs, m->acts[l].probs, (size_t)m->T * c->n_experts * sizeof *probs);
+	return MS_OK;
+}
+
 int ms_model_profile(const struct ms_model *m, char **json, struct ms_err *err)
 {
 	*json = NULL;

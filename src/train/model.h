@@ -218,6 +218,18 @@ int ms_model_forward(struct ms_model *m, const int32_t *ids, uint32_t batch,
 		     uint32_t seq, float *logits, struct ms_err *err);
 
 /*
+ * The last forward's routing of MoE layer l (after ms_model_forward, or the
+ * forward of a step): sel [T * top_k], each token's experts in the order
+ * chosen, and probs [T * n_experts], the router's scores (softmax
+ * probabilities, or sigmoid scores before any correction bias), T the
+ * batch x seq of that call; from the device for a GPU model. For tests
+ * telling a routing near-tie from a wrong result. MS_EINVAL for a layer
+ * that is not MoE or a model that has not run a forward.
+ */
+int ms_model_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		     struct ms_err *err);
+
+/*
  * Forward + backward of the next-token cross-entropy (transformers'
  * ForCausalLMLoss: position t predicts ids[t+1]). loss_mask [batch, seq]
  * (NULL: every position) masks LABELS: the prediction of ids[b, t] counts

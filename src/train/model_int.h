@@ -188,5 +188,8 @@ void ms_gmodel_kv_free(struct ms_kv_cache *kv);
 int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *ids,
 		     float *logits, struct ms_err *err);
 int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err);
+/* ms_model_routing of a GPU model (its layer checked by the caller) */
+int ms_gmodel_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		      struct ms_err *err);
 
 #endif

@@ -98,4 +98,10 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	return nodev(err);
 }
 
+int ms_gmodel_routing(const struct ms_model *m, uint32_t l, int32_t *sel, float *probs,
+		      struct ms_err *err)
+{
+	return nodev(err);
+}
+
 #endif

@@ -380,6 +380,57 @@ static int test_colwise_glm4moe(void) { return colwise("glm4moe"); }
  * gradients (here without a quantized state: every projection from the
  * base in its own dtype).
  */
+/* ms_model_routing: refused before a forward and for the dense layer
+ * (qwen3moe-var's layer 1); after one, every MoE layer's experts are K
+ * distinct ids in range, in the order of their scores, and the softmax
+ * scores of each token sum to 1 */
+static int test_routing(void)
+{
+	struct fam f;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	struct ms_model_opts o = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1};
+	int32_t ids[2 * 5], *sel;
+	float *p;
+	uint32_t E, K, T = 2 * 5;
+
+	T_ASSERT(fam_open(&f, "qwen3moe-var") == 0);
+	E = f.cfg.n_experts;
+	K = f.cfg.top_k;
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				f.adapter.t, f.adapter.n, &o, &err) == MS_OK);
+	sel = malloc(T * K * sizeof *sel);
+	p = malloc(T * E * sizeof *p);
+	T_ASSERT(sel && p);
+	T_ASSERT_EQ_INT(ms_model_routing(m, 0, sel, p, &err), MS_EINVAL);
+	for (uint32_t i = 0; i < T; i++)
+		ids[i] = (int32_t)((i * 37 + 11) % f.cfg.vocab);
+	T_ASSERT(ms_model_forward(m, ids, 2, 5, NULL, &err) == MS_OK);
+	T_ASSERT_EQ_INT(ms_model_routing(m, 1, sel, p, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_model_routing(m, f.cfg.n_layers, sel, p, &err), MS_EINVAL);
+	for (uint32_t l = 0; l < f.cfg.n_layers; l += 2) {
+		T_ASSERT_MSG(ms_model_routing(m, l, sel, p, &err) == MS_OK, "%s", err.msg);
+		for (uint32_t t = 0; t < T; t++) {
+			double s = 0;
+			for (uint32_t e = 0; e < E; e++)
+				s += p[t * E + e];
+			T_ASSERT(fabs(s - 1) < 1e-5);
+			for (uint32_t k = 0; k < K; k++) {
+				int32_t e = sel[t * K + k];
+				T_ASSERT(e >= 0 && (uint32_t)e < E);
+				for (uint32_t j = 0; j < k; j++)
+					T_ASSERT(sel[t * K + j] != e &&
+						 p[t * E + sel[t * K + j]] >= p[t * E + e]);
+			}
+		}
+	}
+	free(sel);
+	free(p);
+	ms_model_free(m);
+	fam_close(&f);
+	return 0;
+}
+
 static int test_fused_experts(void)
 {
 	struct fam f;
@@ -1333,6 +1384,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_fd_dropout),
 	T_CASE(test_colwise_qwen3moe),
 	T_CASE(test_colwise_glm4moe),
+	T_CASE(test_routing),
 	T_CASE(test_fused_experts),
 	T_CASE(test_threads_bitexact),
 	T_CASE(test_ep_qwen3moe),

@@ -1,8 +1,8 @@
 /*
- * test_bf16.h: what the tensor-core kernel tests share: a fixed random
- * stream (xorshift, the same values on every run), normal samples, bf16
- * bits and values, and the median of timed runs for their --bench modes
- * (t_bench, where the test includes CUDA's runtime header first).
+ * test_bf16.h: what the tensor-core kernel tests share: the random stream
+ * of test_rng.h, bf16 bits and values, and the median of timed runs for
+ * their --bench modes (t_bench, where the test includes CUDA's runtime
+ * header first).
  */
 #ifndef MS_TEST_BF16_H
 #define MS_TEST_BF16_H
@@ -12,23 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x243f6a8885a308d3ull;
-
-static uint64_t rnd(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static double gauss(void)
-{
-	double u = (double)(rnd() >> 11) * 0x1p-53 + 1e-12;
-	double v = (double)(rnd() >> 11) * 0x1p-53;
-
-	return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
+#include "test_rng.h"
 
 /* float to bf16, round to nearest even (finite inputs) */
 static uint16_t to_bf16(float f)

@@ -1,11 +1,13 @@
 #!/bin/sh
-# run.sh [--kernel ggemm|flash] [--mutate OLD NEW]: a kernel test of
-# tests/unit/ on the CPU, against its kernel in kernels/ rewritten for the
-# kemu emulator (README.md beside this script), under AddressSanitizer and
-# UBSan. Everything is built from the tree into $BUILD/kemu/ (BUILD
-# defaults to build).
+# run.sh [--kernel ggemm|flash|lowrank|router] [--mutate OLD NEW]: a
+# kernel test of tests/unit/ on the CPU, against its kernel in kernels/
+# rewritten for the kemu emulator (README.md beside this script), under
+# AddressSanitizer and UBSan. Everything is built from the tree into
+# $BUILD/kemu/ (BUILD defaults to build).
 #
 # --kernel ggemm (the default): t_ggemm_gpu.c against ggemm.cu.
+# --kernel lowrank: t_lowrank_gpu.c against lowrank.cu.
+# --kernel router: t_router_gpu.c against router.cu.
 # --kernel flash: t_flash_gpu.c against flash.cu, its shape list replaced
 # by KEMU_SHAPES (C initialisers of struct shape {S, hd, nh, nkv, B}; a
 # few small shapes by default, as the test's own list takes hours under
@@ -34,7 +36,7 @@ FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-f
 INC="-I$KEMU/include -I$KEMU -I$ROOT/src -I$ROOT/kernels -I$ROOT/tests/unit"
 
 usage() {
-	echo "usage: run.sh [--kernel ggemm|flash] [--mutate OLD NEW]" >&2
+	echo "usage: run.sh [--kernel ggemm|flash|lowrank|router] [--mutate OLD NEW]" >&2
 	exit 2
 }
 
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--kernel)
 		[ $# -ge 2 ] || usage
-		case $2 in ggemm | flash) name=$2 ;; *) usage ;; esac
+		case $2 in ggemm | flash | lowrank | router) name=$2 ;; *) usage ;; esac
 		shift 2
 		;;
 	--mutate)
@@ -145,6 +147,7 @@ PY
 	test_src=$shaped
 fi
 test_deps="$test_src $ROOT/tests/unit/test_gpu.h $ROOT/tests/unit/test_bf16.h
+	$ROOT/tests/unit/test_rng.h
 	$ROOT/kernels/$name.h $KEMU/include/cuda_runtime.h $KEMU/include/cublas_v2.h
 	$ROOT/src/ms.h $ROOT/kernels/sdpa.h $ROOT/kernels/xgemm.h $ROOT/src/train/model.h
 	$flags_stamp"

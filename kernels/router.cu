@@ -1,0 +1,124 @@
+/*
+ * router.cu: a MoE router's float32 logits (router.h says what and why).
+ *
+ * The tile: 128 threads as 8 x 16 (ty, tx); thread (ty, tx) owns tokens
+ * 4 ty .. +3 and experts 4 tx .. +3 of its block's 32 x 64. Shared memory
+ * holds a step of 32 along H transposed ([k][token], [k][expert]), so a
+ * thread's four tokens and four experts of one k are one 16-byte read
+ * each: the token read is the same for the 16 threads of a ty (a
+ * broadcast), the expert read a 256-byte row over a warp's tx. The global
+ * loads are 16 bytes along H (a row's 32 floats by 8 threads), taken into
+ * registers one step ahead.
+ */
+#include "gpu_internal.h"
+#include "router.h"
+
+#define RT_BM 32     /* tokens a block */
+#define RT_BN 64     /* experts a block */
+#define RT_BK 32     /* H a step */
+#define RT_NTH 128
+
+/* a thread's share of step k's tiles into registers: h's rows lr and
+ * lr + 16 and W's lr + 16 q (zeros past T and E), 16 bytes at column lc */
+__device__ __forceinline__ void rt_load(const float *h, const float *W, uint32_t T,
+					uint32_t E, uint32_t H, uint32_t t0, uint32_t e0,
+					uint32_t k, int lr, int lc, float4 pa[2], float4 pb[4])
+{
+	const float4 z4 = make_float4(0, 0, 0, 0);
+#pragma unroll
+	for (int q = 0; q < 2; q++) {
+		uint32_t t = t0 + lr + 16 * q;
+		pa[q] = t < T ? *(const float4 *)(h + (uint64_t)t * H + k + lc) : z4;
+	}
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		uint32_t e = e0 + lr + 16 * q;
+		pb[q] = e < E ? *(const float4 *)(W + (uint64_t)e * H + k + lc) : z4;
+	}
+}
+
+/* v's four floats down a column of a [k][row] tile whose rows are ld apart
+ * (the transpose into shared memory) */
+__device__ __forceinline__ void put_col(float *p, int ld, float4 v)
+{
+	p[0] = v.x;
+	p[ld] = v.y;
+	p[2 * ld] = v.z;
+	p[3 * ld] = v.w;
+}
+
+__global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const float *W,
+							   float *z, uint32_t T, uint32_t E,
+							   uint32_t H)
+{
+	__align__(16) __shared__ float as[RT_BK][RT_BM + 4];
+	__align__(16) __shared__ float bs[RT_BK][RT_BN + 4];
+	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN;
+	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+	/* a thread's loads of a step: rows lr, lr + 16 (+ 32, + 48 of W), a
+	 * float4 at column lc of the step */
+	int lr = tid / (RT_BK / 4), lc = tid % (RT_BK / 4) * 4;
+	float4 pa[2], pb[4];
+	float acc[4][4];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			acc[i][j] = 0.0f;
+	rt_load(h, W, T, E, H, t0, e0, 0, lr, lc, pa, pb);
+	for (uint32_t k0 = 0; k0 < H; k0 += RT_BK) {
+#pragma unroll
+		for (int q = 0; q < 2; q++)
+			put_col(&as[lc][lr + 16 * q], RT_BM + 4, pa[q]);
+#pragma unroll
+		for (int q = 0; q < 4; q++)
+			put_col(&bs[lc][lr + 16 * q], RT_BN + 4, pb[q]);
+		__syncthreads();
+		uint32_t k1 = k0 + RT_BK;
+		if (k1 < H)
+			rt_load(h, W, T, E, H, t0, e0, k1, lr, lc, pa, pb);
+#pragma unroll
+		for (int k = 0; k < RT_BK; k++) {
+			float4 a = *(const float4 *)&as[k][ty * 4];
+			float4 b = *(const float4 *)&bs[k][tx * 4];
+			float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t t = t0 + ty * 4 + i, e = e0 + tx * 4 + j;
+			if (t < T && e < E)
+				z[(uint64_t)t * E + e] = acc[i][j];
+		}
+}
+
+extern "C" int ms_router_ok(const float *h, const float *W, uint32_t H)
+{
+	return h && W && H % RT_BK == 0 && !((uintptr_t)h & 15) && !((uintptr_t)W & 15);
+}
+
+extern "C" int ms_router_logits(const float *h, const float *W, float *z, uint32_t T,
+				uint32_t E, uint32_t H, void *stream, struct ms_err *err)
+{
+	int rc = MS_OK;
+	if (!z || !ms_router_ok(h, W, H))
+		return ms_err_set(err, MS_EINVAL, "router logits: H %u (a multiple of %u), 16-byte "
+				  "aligned h and W, or a NULL pointer", H, RT_BK);
+	if (!T || !E)
+		return MS_OK;
+	if ((E + RT_BN - 1) / RT_BN > 65535)
+		return ms_err_set(err, MS_EINVAL, "router logits: %u experts: too many", E);
+	k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
+			  (cudaStream_t)stream>>>(h, W, z, T, E, H);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}

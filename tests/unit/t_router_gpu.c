@@ -1,0 +1,118 @@
+/*
+ * t_router_gpu.c: the router's float32 logits (kernels/router.h) against a
+ * host reference in double from the same inputs.
+ *
+ * Cases: tokens 1, 31, 33 and 300 (a block's 32 rows and tails), experts
+ * 1, 6, 64 and 65 (a block's 64 and a tail), H 32, 96 and 2048 (one step,
+ * several). The output is poisoned with NaN and a sentinel row follows it
+ * (which must survive); each case runs twice and must be bit-identical.
+ * Refused: H not a multiple of 32, a misaligned row, a NULL pointer.
+ *
+ * Tolerance, per logit: |gpu - ref| <= (H + 2) 2^-23 mag + 1e-30, mag the
+ * sum of |h w| over H (float32 accumulation of H products).
+ *
+ * GPU tier: without a GPU the binary says it skipped.
+ */
+#include <math.h>
+
+#include "test_gpu.h"
+#ifdef MS_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "router.h"
+
+#define SENTINEL 12345.0f
+
+#include "test_rng.h"
+
+static int logits_case(uint32_t T, uint32_t E, uint32_t H)
+{
+	struct ms_err err = {0};
+	int rc = -1;
+	uint64_t nz = ((uint64_t)T + 1) * E;
+	float *h = malloc((uint64_t)T * H * 4), *w = malloc((uint64_t)E * H * 4);
+	float *z = malloc(nz * 4), *z2 = malloc(nz * 4);
+	void *dh = NULL, *dw = NULL, *dz = NULL;
+	if (!h || !w || !z || !z2)
+		goto out;
+	for (uint64_t i = 0; i < (uint64_t)T * H; i++)
+		h[i] = (float)gauss();
+	for (uint64_t i = 0; i < (uint64_t)E * H; i++)
+		w[i] = (float)gauss();
+	for (uint64_t i = 0; i < nz; i++)
+		z[i] = i < (uint64_t)T * E ? NAN : SENTINEL;
+	if (ms_gpu_malloc(&dh, (uint64_t)T * H * 4, &err) ||
+	    ms_gpu_malloc(&dw, (uint64_t)E * H * 4, &err) || ms_gpu_malloc(&dz, nz * 4, &err) ||
+	    ms_gpu_memcpy(dh, h, (uint64_t)T * H * 4, &err) ||
+	    ms_gpu_memcpy(dw, w, (uint64_t)E * H * 4, &err))
+		goto out;
+	for (int run = 0; run < 2; run++)
+		if (ms_gpu_memcpy(dz, z, nz * 4, &err) ||
+		    ms_router_logits(dh, dw, dz, T, E, H, NULL, &err) || ms_gpu_sync(&err) ||
+		    cudaMemcpy(run ? z2 : z, dz, nz * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+			goto out;
+	if (memcmp(z, z2, nz * 4)) {
+		fprintf(stderr, "router T %u E %u H %u: two runs differ\n", T, E, H);
+		goto out;
+	}
+	for (uint32_t t = 0; t < T; t++)
+		for (uint32_t e = 0; e < E; e++) {
+			double s = 0, m = 0, g = z[(uint64_t)t * E + e];
+			for (uint32_t k = 0; k < H; k++) {
+				double p = (double)h[(uint64_t)t * H + k] * w[(uint64_t)e * H + k];
+				s += p;
+				m += fabs(p);
+			}
+			if (!(fabs(g - s) <= (H + 2) * 0x1p-23 * m + 1e-30)) {
+				fprintf(stderr, "router T %u E %u H %u: (%u, %u): gpu %.9g ref %.9g\n", T,
+					E, H, t, e, g, s);
+				goto out;
+			}
+		}
+	for (uint32_t e = 0; e < E; e++)
+		if (z[(uint64_t)T * E + e] != SENTINEL) {
+			fprintf(stderr, "router: the row past z was written\n");
+			goto out;
+		}
+	rc = 0;
+out:
+	if (rc && err.msg[0])
+		fprintf(stderr, "router: %s\n", err.msg);
+	free(h), free(w), free(z), free(z2);
+	ms_gpu_free(dh), ms_gpu_free(dw), ms_gpu_free(dz);
+	return rc;
+}
+
+static int test_router_logits(void)
+{
+	static const uint32_t ts[] = {1, 31, 33, 300}, es[] = {1, 6, 64, 65};
+	for (size_t i = 0; i < 4; i++)
+		for (size_t j = 0; j < 4; j++)
+			T_ASSERT(logits_case(ts[i], es[j], i % 2 ? 96 : 32) == 0);
+	T_ASSERT(logits_case(130, 64, 2048) == 0);
+	return 0;
+}
+
+static int test_router_refuses(void)
+{
+	struct ms_err err = {0};
+	const float *p = (const float *)(uintptr_t)64, *odd = (const float *)(uintptr_t)68;
+	T_ASSERT_EQ_INT(ms_router_logits(p, p, (float *)64, 4, 4, 48, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_logits(odd, p, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_logits(p, odd, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_logits(NULL, p, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
+	return 0;
+}
+
+static const struct t_case cases[] = {
+	T_CASE(test_router_logits),
+	T_CASE(test_router_refuses),
+};
+
+T_GPU_MAIN(cases)
+#else
+int main(void)
+{
+	return t_gpu_skip(__FILE__);
+}
+#endif
