@@ -27,25 +27,42 @@ __global__ void __launch_bounds__(256) k_lr_down(const float *X, uint64_t ldx, u
 			acc[i][j] = 0.0f;
 	for (uint32_t k0 = 0; k0 < K; k0 += LR_KC) {
 		__syncthreads();
+		/* W's chunk, zeros past K and r; read along whichever of its
+		 * strides is 1 (A's rows run along k, B's along j) */
 		for (uint32_t i = threadIdx.x; i < LR_KC * LR_R; i += blockDim.x) {
-			uint32_t k = i / LR_R, j = i % LR_R;
+			uint32_t k = wk == 1 ? i % LR_KC : i / LR_R, j = wk == 1 ? i / LR_KC : i % LR_R;
 			sw[k][j] = k0 + k < K && j < r ? W[(uint64_t)(k0 + k) * wk + j * wj] : 0.0f;
 		}
 		__syncthreads();
-		for (uint32_t k = lane; k < LR_KC && k0 + k < K; k += 32) {
-			float x[4];
+		/* a lane's loads of four k steps (sixteen floats) issued before
+		 * their FMAs: one load at a time left the X stream at a fraction
+		 * of the memory's rate (the H200 profile: 5.6 ms a step for what
+		 * reads 2 GB). Past K the loads give zeros, against W's zeros */
+		uint32_t kn = K - k0 < LR_KC ? K - k0 : LR_KC;
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				x[i] = r0 + i < n ? X[(r0 + i) * ldx + k0 + k] : 0.0f;
+		for (int s0 = 0; s0 < LR_KC / 32; s0 += 4) {
+			float x[4][4];
 #pragma unroll
-			for (int q = 0; q < LR_R / 4; q++) {
-				float4 w = *(const float4 *)&sw[k][4 * q];
+			for (int t = 0; t < 4; t++) {
+				uint32_t k = lane + 32 * (s0 + t);
 #pragma unroll
-				for (int i = 0; i < 4; i++) {
-					acc[i][4 * q] = fmaf(x[i], w.x, acc[i][4 * q]);
-					acc[i][4 * q + 1] = fmaf(x[i], w.y, acc[i][4 * q + 1]);
-					acc[i][4 * q + 2] = fmaf(x[i], w.z, acc[i][4 * q + 2]);
-					acc[i][4 * q + 3] = fmaf(x[i], w.w, acc[i][4 * q + 3]);
+				for (int i = 0; i < 4; i++)
+					x[t][i] = k < kn && r0 + i < n ? X[(r0 + i) * ldx + k0 + k]
+									: 0.0f;
+			}
+#pragma unroll
+			for (int t = 0; t < 4; t++) {
+				uint32_t k = lane + 32 * (s0 + t);
+#pragma unroll
+				for (int q = 0; q < LR_R / 4; q++) {
+					float4 w = *(const float4 *)&sw[k][4 * q];
+#pragma unroll
+					for (int i = 0; i < 4; i++) {
+						acc[i][4 * q] = fmaf(x[t][i], w.x, acc[i][4 * q]);
+						acc[i][4 * q + 1] = fmaf(x[t][i], w.y, acc[i][4 * q + 1]);
+						acc[i][4 * q + 2] = fmaf(x[t][i], w.z, acc[i][4 * q + 2]);
+						acc[i][4 * q + 3] = fmaf(x[t][i], w.w, acc[i][4 * q + 3]);
+					}
 				}
 			}
 		}
@@ -98,26 +115,39 @@ __global__ void __launch_bounds__(128) k_lr_up(const float *U, uint64_t n, uint3
 	__syncthreads();
 	if (j0 >= N)
 		return;
-	for (uint32_t rr = 0; rr < 32 && r0 + rr < n; rr++) {
-		float a[4] = {0, 0, 0, 0};
+	/* four rows at a time, their Y loads issued before any store (the
+	 * compiler cannot move a load past a store to the same array) */
+	uint32_t nr = n - r0 < 32 ? (uint32_t)(n - r0) : 32;
+	for (uint32_t rr = 0; rr < nr; rr += 4) {
+		float4 b[4];
 #pragma unroll
-		for (int q = 0; q < LR_R / 4; q++) {
-			float4 u = *(const float4 *)&su[rr][4 * q];
+		for (int t = 0; t < 4; t++)
+			b[t] = beta != 0.0f && rr + t < nr
+				       ? *(const float4 *)(Y + (r0 + rr + t) * N + j0)
+				       : make_float4(0, 0, 0, 0);
 #pragma unroll
-			for (int c = 0; c < 4; c++) {
-				a[c] = fmaf(u.x, v[c][4 * q], a[c]);
-				a[c] = fmaf(u.y, v[c][4 * q + 1], a[c]);
-				a[c] = fmaf(u.z, v[c][4 * q + 2], a[c]);
-				a[c] = fmaf(u.w, v[c][4 * q + 3], a[c]);
+		for (int t = 0; t < 4; t++) {
+			if (rr + t >= nr)
+				break;
+			float a[4] = {0, 0, 0, 0};
+#pragma unroll
+			for (int q = 0; q < LR_R / 4; q++) {
+				float4 u = *(const float4 *)&su[rr + t][4 * q];
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					a[c] = fmaf(u.x, v[c][4 * q], a[c]);
+					a[c] = fmaf(u.y, v[c][4 * q + 1], a[c]);
+					a[c] = fmaf(u.z, v[c][4 * q + 2], a[c]);
+					a[c] = fmaf(u.w, v[c][4 * q + 3], a[c]);
+				}
 			}
+			float4 o;
+			o.x = beta * b[t].x + alpha * a[0];
+			o.y = beta * b[t].y + alpha * a[1];
+			o.z = beta * b[t].z + alpha * a[2];
+			o.w = beta * b[t].w + alpha * a[3];
+			*(float4 *)(Y + (r0 + rr + t) * N + j0) = o;
 		}
-		float4 *y = (float4 *)(Y + (r0 + rr) * N + j0), o;
-		float4 b = beta != 0.0f ? *y : make_float4(0, 0, 0, 0);
-		o.x = beta * b.x + alpha * a[0];
-		o.y = beta * b.y + alpha * a[1];
-		o.z = beta * b.z + alpha * a[2];
-		o.w = beta * b.w + alpha * a[3];
-		*y = o;
 	}
 }
 
@@ -148,18 +178,30 @@ __global__ void __launch_bounds__(128) k_lr_wgrad(const float *D, uint64_t n, ui
 		__syncthreads();
 		if (j0 >= N)
 			continue;
-		for (uint32_t rr = 0; rr < 32 && b0 + rr < a1; rr++) {
-			float4 d = *(const float4 *)(D + (b0 + rr) * N + j0);
-			float dv[4] = {d.x, d.y, d.z, d.w};
+		/* eight rows' loads in flight before their FMAs (one at a
+		 * time, the few threads a run's 128 columns give could not
+		 * keep the memory busy); rows past the run read as zeros,
+		 * against U's zero rows */
+		uint32_t nr = a1 - b0 < 32 ? (uint32_t)(a1 - b0) : 32;
+		for (uint32_t rr = 0; rr < nr; rr += 8) {
+			float4 d[8];
 #pragma unroll
-			for (int q = 0; q < LR_R / 4; q++) {
-				float4 u = *(const float4 *)&su[rr][4 * q];
+			for (int t = 0; t < 8; t++)
+				d[t] = rr + t < nr ? *(const float4 *)(D + (b0 + rr + t) * N + j0)
+						   : make_float4(0, 0, 0, 0);
 #pragma unroll
-				for (int c = 0; c < 4; c++) {
-					acc[c][4 * q] = fmaf(dv[c], u.x, acc[c][4 * q]);
-					acc[c][4 * q + 1] = fmaf(dv[c], u.y, acc[c][4 * q + 1]);
-					acc[c][4 * q + 2] = fmaf(dv[c], u.z, acc[c][4 * q + 2]);
-					acc[c][4 * q + 3] = fmaf(dv[c], u.w, acc[c][4 * q + 3]);
+			for (int t = 0; t < 8; t++) {
+				float dv[4] = {d[t].x, d[t].y, d[t].z, d[t].w};
+#pragma unroll
+				for (int q = 0; q < LR_R / 4; q++) {
+					float4 u = *(const float4 *)&su[rr + t][4 * q];
+#pragma unroll
+					for (int c = 0; c < 4; c++) {
+						acc[c][4 * q] = fmaf(dv[c], u.x, acc[c][4 * q]);
+						acc[c][4 * q + 1] = fmaf(dv[c], u.y, acc[c][4 * q + 1]);
+						acc[c][4 * q + 2] = fmaf(dv[c], u.z, acc[c][4 * q + 2]);
+						acc[c][4 * q + 3] = fmaf(dv[c], u.w, acc[c][4 * q + 3]);
+					}
 				}
 			}
 		}
@@ -254,10 +296,11 @@ extern "C" int ms_lr_wgrad(const float *D, uint64_t n, uint32_t N, const float *
 	if (!cap)
 		return ms_err_set(err, MS_EINVAL, "low-rank gradient: %llu floats of partial sums "
 				  "hold no run of %u columns", (unsigned long long)npart, N);
-	/* runs of about 128 rows (enough blocks to fill the GPU at the
-	 * trainer's shapes), at most 64 and what part holds */
-	ns = (n + 127) / 128;
-	ns = ns > 64 ? 64 : ns;
+	/* runs of about 64 rows (enough blocks to fill the GPU at the
+	 * trainer's shapes: 8192 rows of 2048 columns give 512 blocks), at
+	 * most 128 and what part holds */
+	ns = (n + 63) / 64;
+	ns = ns > 128 ? 128 : ns;
 	ns = ns > cap ? cap : ns;
 	ns = ns ? ns : 1;
 	run = (n + ns - 1) / ns;

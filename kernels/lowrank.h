@@ -25,7 +25,7 @@
  * Covered: r of 1 .. MS_LR_MAX_R; up and wgrad: N a multiple of 4 and Y /
  * D 16-byte aligned with rows of exactly N floats. wgrad cuts the rows
  * into runs whose float32 partial sums go to part (npart floats: at
- * least N x MS_LR_MAX_R, more runs where it holds more, at most 64) and
+ * least N x MS_LR_MAX_R, more runs where it holds more, at most 128) and
  * are added in run order: every result sums in a fixed order, run to run.
  *
  * Internal to libms (not in ms.h). Errors: MS_EINVAL for what is not

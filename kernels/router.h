@@ -33,6 +33,17 @@ int ms_router_ok(const float *h, const float *W, uint32_t H);
 int ms_router_logits(const float *h, const float *W, float *z, uint32_t T, uint32_t E,
 		     uint32_t H, void *stream, struct ms_err *err);
 
+/*
+ * The router's input gradient, dh [T, H] = dz [T, E] W [E, H], each
+ * element summed over E in order in float32 FMAs (set, not accumulated).
+ * Covered: H a multiple of 4, W and dh 16-byte aligned (ms_router_dgrad_ok;
+ * MS_EINVAL otherwise, the caller keeps cuBLAS).
+ */
+int ms_router_dgrad_ok(const float *W, const float *dh, uint32_t H);
+
+int ms_router_dgrad(const float *dz, const float *W, float *dh, uint32_t T, uint32_t E,
+		    uint32_t H, void *stream, struct ms_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -660,7 +660,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED, SK_LOWRANK, SK_ROUTER };
+       SK_GEMM_GROUPED, SK_LOWRANK, SK_ROUTER, SK_ROUTER_DGRAD };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -4901,10 +4901,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
 							   g->dz, (uint32_t)T);
 		LK();
-		if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
-			       d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H, CUDA_R_32F,
-			       CUBLAS_COMPUTE_32F_PEDANTIC, err)))
+		if (!g->f32 && ms_router_dgrad_ok(d->router, g->dh2, (uint32_t)H)) {
+			/* router.h: cuBLAS's float32 GEMM of K = E host-bound */
+			site(g, -2);
+			if ((rc = ms_router_dgrad(g->dz, d->router, g->dh2, (uint32_t)T, g->E,
+						  (uint32_t)H, g->st, err)))
+				return rc;
+			site(g, SK_ROUTER_DGRAD);
+		} else if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
+				      d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H,
+				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
 			return rc;
+		}
 		ph(g, PH_B_EXPERTS);
 		if (!fr) {
 			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL,
@@ -5595,8 +5603,9 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "batched GEMM (attention heads)",
 							    "cuBLAS grouped GEMM (expert LoRA)",
 							    "dense LoRA products (lowrank.cu)",
-							    "router logits (router.cu)"};
-				if (key >= SK_XGEMM && key <= SK_ROUTER)
+							    "router logits (router.cu)",
+							    "router input gradient (router.cu)"};
+				if (key >= SK_XGEMM && key <= SK_ROUTER_DGRAD)
 					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
 				else if (key == -2)
 					snprintf(nm, sizeof nm, "before a library call");

@@ -7,6 +7,10 @@
  * several). The output is poisoned with NaN and a sentinel row follows it
  * (which must survive); each case runs twice and must be bit-identical.
  * Refused: H not a multiple of 32, a misaligned row, a NULL pointer.
+ * The input gradient (ms_router_dgrad) likewise: tokens 1 .. 70, experts
+ * 1, 6, 33 and 64 (steps of 32 and tails), H 4, 132 and 2048 (a block's
+ * 128 columns and tails); refused: H not a multiple of 4, a misaligned W
+ * or dh, a NULL pointer.
  *
  * Tolerance, per logit: |gpu - ref| <= (H + 2) 2^-23 mag + 1e-30, mag the
  * sum of |h w| over H (float32 accumulation of H products).
@@ -93,6 +97,76 @@ static int test_router_logits(void)
 	return 0;
 }
 
+/* dh [T, H] = dz [T, E] W [E, H]: the same poisoning, sentinel row and
+ * bit-identical rerun; tolerance (E + 2) 2^-23 mag + 1e-30 */
+static int dgrad_case(uint32_t T, uint32_t E, uint32_t H)
+{
+	struct ms_err err = {0};
+	int rc = -1;
+	uint64_t nh = ((uint64_t)T + 1) * H;
+	float *dz = malloc((uint64_t)T * E * 4), *w = malloc((uint64_t)E * H * 4);
+	float *dh = malloc(nh * 4), *dh2 = malloc(nh * 4);
+	void *ddz = NULL, *dw = NULL, *ddh = NULL;
+	if (!dz || !w || !dh || !dh2)
+		goto out;
+	for (uint64_t i = 0; i < (uint64_t)T * E; i++)
+		dz[i] = (float)gauss();
+	for (uint64_t i = 0; i < (uint64_t)E * H; i++)
+		w[i] = (float)gauss();
+	for (uint64_t i = 0; i < nh; i++)
+		dh[i] = i < (uint64_t)T * H ? NAN : SENTINEL;
+	if (ms_gpu_malloc(&ddz, (uint64_t)T * E * 4 + 4, &err) ||
+	    ms_gpu_malloc(&dw, (uint64_t)E * H * 4, &err) || ms_gpu_malloc(&ddh, nh * 4, &err) ||
+	    ms_gpu_memcpy(ddz, dz, (uint64_t)T * E * 4, &err) ||
+	    ms_gpu_memcpy(dw, w, (uint64_t)E * H * 4, &err))
+		goto out;
+	for (int run = 0; run < 2; run++)
+		if (ms_gpu_memcpy(ddh, dh, nh * 4, &err) ||
+		    ms_router_dgrad(ddz, dw, ddh, T, E, H, NULL, &err) || ms_gpu_sync(&err) ||
+		    cudaMemcpy(run ? dh2 : dh, ddh, nh * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+			goto out;
+	if (memcmp(dh, dh2, nh * 4)) {
+		fprintf(stderr, "router dgrad T %u E %u H %u: two runs differ\n", T, E, H);
+		goto out;
+	}
+	for (uint32_t t = 0; t < T; t++)
+		for (uint32_t j = 0; j < H; j++) {
+			double s = 0, m = 0, g = dh[(uint64_t)t * H + j];
+			for (uint32_t e = 0; e < E; e++) {
+				double p = (double)dz[(uint64_t)t * E + e] * w[(uint64_t)e * H + j];
+				s += p;
+				m += fabs(p);
+			}
+			if (!(fabs(g - s) <= (E + 2) * 0x1p-23 * m + 1e-30)) {
+				fprintf(stderr, "router dgrad T %u E %u H %u: (%u, %u): gpu %.9g ref %.9g\n",
+					T, E, H, t, j, g, s);
+				goto out;
+			}
+		}
+	for (uint32_t j = 0; j < H; j++)
+		if (dh[(uint64_t)T * H + j] != SENTINEL) {
+			fprintf(stderr, "router dgrad: the row past dh was written\n");
+			goto out;
+		}
+	rc = 0;
+out:
+	if (rc && err.msg[0])
+		fprintf(stderr, "router dgrad: %s\n", err.msg);
+	free(dz), free(w), free(dh), free(dh2);
+	ms_gpu_free(ddz), ms_gpu_free(dw), ms_gpu_free(ddh);
+	return rc;
+}
+
+static int test_router_dgrad(void)
+{
+	static const uint32_t ts[] = {1, 31, 33, 70}, es[] = {1, 6, 33, 64};
+	for (size_t i = 0; i < 4; i++)
+		for (size_t j = 0; j < 4; j++)
+			T_ASSERT(dgrad_case(ts[i], es[j], i % 2 ? 132 : 4) == 0);
+	T_ASSERT(dgrad_case(40, 64, 2048) == 0);
+	return 0;
+}
+
 static int test_router_refuses(void)
 {
 	struct ms_err err = {0};
@@ -101,11 +175,16 @@ static int test_router_refuses(void)
 	T_ASSERT_EQ_INT(ms_router_logits(odd, p, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
 	T_ASSERT_EQ_INT(ms_router_logits(p, odd, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
 	T_ASSERT_EQ_INT(ms_router_logits(NULL, p, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_dgrad(p, p, (float *)64, 4, 4, 6, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_dgrad(p, odd, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_dgrad(p, p, (float *)68, 4, 4, 64, NULL, &err), MS_EINVAL);
+	T_ASSERT_EQ_INT(ms_router_dgrad(NULL, p, (float *)64, 4, 4, 64, NULL, &err), MS_EINVAL);
 	return 0;
 }
 
 static const struct t_case cases[] = {
 	T_CASE(test_router_logits),
+	T_CASE(test_router_dgrad),
 	T_CASE(test_router_refuses),
 };
 
