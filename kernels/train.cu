@@ -1196,7 +1196,9 @@ __device__ __forceinline__ float rope_at(const float *v, uint32_t i, uint32_t ha
 	return v[i] * c - v[i - half] * s;
 }
 
-__global__ void k_norm_rope(const float *x, const float *w, float *y, float *rstd,
+/* Y: float, or bf16 where the output is cuDNN's operand only (att16) */
+template <typename Y>
+__global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 			    uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
 			    const float *cs, const float *sn, float eps)
 {
@@ -1215,9 +1217,10 @@ __global__ void k_norm_rope(const float *x, const float *w, float *y, float *rst
 		uint64_t pos = (row / nhead) % S;
 		for (uint32_t i = lane; i < n; i += 32) {
 			uint32_t f = i < half ? i : i - half;
-			y[row * n + i] = i >= 2 * half ? sr[i]
-						       : rope_at(sr, i, half, cs[pos * half + f],
-								 sn[pos * half + f], 0);
+			y[row * n + i] = tocv<Y>(i >= 2 * half
+							 ? sr[i]
+							 : rope_at(sr, i, half, cs[pos * half + f],
+								   sn[pos * half + f], 0));
 		}
 		/* the row is read before the next one overwrites it */
 		__syncwarp();
@@ -4080,29 +4083,65 @@ __global__ void k_widen(const __nv_bfloat16 *x, float *y, uint64_t n)
 		y[i] = __bfloat162float(x[i]);
 }
 
-/* cuDNN's SDPA for the layer: its bf16 outputs widened into ctx (forward)
- * or dvv (backward; dQ and dK stay in bf16 in sdb, where the RoPE
- * backward reads them: rope_bwd). The backward's O is the forward's,
- * rounded back to bf16 from ctx (exact: ctx holds bf16 values) */
-static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, const void *Q,
-		     const void *Kk, const void *Vv, const void *dO, struct ms_err *err)
+/*
+ * cuDNN's attention keeps its operands as the activations, in bf16: a->q's
+ * floats hold Q then O, a->k's K then V (each buffer twice their bf16
+ * bytes, so the memory and its plan stay as they were). The norm + RoPE
+ * writes Q and K there, the forward's cast of v writes V, cuDNN writes O,
+ * and the backward reads all four as they are. They were float32
+ * activations cast again in each pass (q, k, v) and O widened into ctx
+ * for the backward to round back: some 0.5 GB of passes a layer a step.
+ * ctx is widened only where an o_proj LoRA reads it in float32. g->cudnn
+ * holds only on the bf16 path at S > 1 (ms_gmodel_sdpa_tried), so never in
+ * a decode.
+ */
+static __nv_bfloat16 *att16_q(const struct ms_gmodel *g, const struct dacts *a)
+{
+	(void)g;
+	return (__nv_bfloat16 *)a->q;
+}
+static __nv_bfloat16 *att16_o(const struct ms_gmodel *g, const struct dacts *a)
+{
+	return (__nv_bfloat16 *)a->q + (uint64_t)g->T * g->dq;
+}
+static __nv_bfloat16 *att16_k(const struct ms_gmodel *g, const struct dacts *a)
+{
+	(void)g;
+	return (__nv_bfloat16 *)a->k;
+}
+static __nv_bfloat16 *att16_v(const struct ms_gmodel *g, const struct dacts *a)
+{
+	return (__nv_bfloat16 *)a->k + (uint64_t)g->T * g->dkv;
+}
+
+/* cuDNN's SDPA for the layer (the layout above): the forward's O into
+ * a->q's second half (widened into ctx where ctx32), the backward's dV
+ * widened into dvv; dQ and dK stay in bf16 in sdb, where the RoPE
+ * backward reads them (rope_bwd) */
+static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, int ctx32, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t nq = (uint64_t)g->T * g->dq, nk = (uint64_t)g->T * g->dkv;
-	__nv_bfloat16 *o = (__nv_bfloat16 *)g->sdb, *gq = o + nq, *gk = gq + nq, *gv = gk + nk;
+	__nv_bfloat16 *gq = (__nv_bfloat16 *)g->sdb + nq, *gk = gq + nq, *gv = gk + nk;
+	__nv_bfloat16 *Q = att16_q(g, a), *O = att16_o(g, a), *K = att16_k(g, a), *V = att16_v(g, a);
+	const void *dO = NULL;
 	if (!bwd) {
+		k_cast<__nv_bfloat16><<<nblk(nk), NTH, 0, g->st>>>(a->v, V, nk);
+		LK();
 		site(g, -2);
-		if ((rc = ms_sdpa_fwd(g->sd, Q, Kk, Vv, o, a->lse, g->fws, g->st, err)))
+		if ((rc = ms_sdpa_fwd(g->sd, Q, K, V, O, a->lse, g->fws, g->st, err)))
 			return rc;
 		site(g, SK_SDPA_FWD);
-		k_widen<<<nblk(nq), NTH, 0, g->st>>>(o, a->ctx, nq);
-		LK();
+		if (ctx32) {
+			k_widen<<<nblk(nq), NTH, 0, g->st>>>(O, a->ctx, nq);
+			LK();
+		}
 		return MS_OK;
 	}
-	k_cast<__nv_bfloat16><<<nblk(nq), NTH, 0, g->st>>>(a->ctx, o, nq);
-	LK();
+	if ((rc = opnd(g, g->dctx, nq, g->cA, &dO, err)))
+		return rc;
 	site(g, -2);
-	if ((rc = ms_sdpa_bwd(g->sd, Q, Kk, Vv, o, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
+	if ((rc = ms_sdpa_bwd(g->sd, Q, K, V, O, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
 		return rc;
 	site(g, SK_SDPA_BWD);
 	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
@@ -4111,7 +4150,7 @@ out:
 	return rc;
 }
 
-static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err *err)
+static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, int ctx32, struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint32_t S = g->S, nh = g->nh, nkv = g->nkv, hd = g->hd, dq = g->dq, dkv = g->dkv;
@@ -4122,18 +4161,19 @@ static int att_core(struct ms_gmodel *g, struct dacts *a, int bwd, struct ms_err
 	uint64_t SS = (uint64_t)S * S;
 	if (nh > MAXE)
 		return ms_err_set(err, MS_EINVAL, "attention: more than %u heads", MAXE);
+	if (g->cudnn) {
+		g->att_ran = 1;
+		g->att_ws[0] = ms_sdpa_workspace_bytes(g->sd);
+		g->att_ws[1] = u64max(ms_gmodel_sdpa_ws(g->B, nh, S), g->att_ws[0]);
+		return att_cudnn(g, a, bwd, ctx32, err);
+	}
 	if ((rc = opnd(g, a->q, (uint64_t)g->T * dq, g->cB, &Q, err)) ||
 	    (rc = opnd(g, a->k, (uint64_t)g->T * dkv, g->cC, &Kk, err)) ||
 	    (rc = opnd(g, a->v, (uint64_t)g->T * dkv, vbuf, &Vv, err)))
 		return rc;
 	if (bwd && (rc = opnd(g, g->dctx, (uint64_t)g->T * dq, g->cA, &dO, err)))
 		return rc;
-	g->att_ran = g->cudnn ? 1 : g->flash ? 2 : 3;
-	if (g->cudnn) {
-		g->att_ws[0] = ms_sdpa_workspace_bytes(g->sd);
-		g->att_ws[1] = u64max(ms_gmodel_sdpa_ws(g->B, nh, S), g->att_ws[0]);
-		return att_cudnn(g, a, bwd, Q, Kk, Vv, dO, err);
-	}
+	g->att_ran = g->flash ? 2 : 3;
 	if (g->flash) {
 		struct ms_flash_shape fs = {g->B, S, nh, nkv, hd};
 		if (!bwd)
@@ -4656,13 +4696,26 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		/* a decode (S = 1) reads the tables' row of its position */
 		const float *rcs = g->rope_c + (dc ? (uint64_t)dc->pos * half : 0);
 		const float *rsn = g->rope_s + (dc ? (uint64_t)dc->pos * half : 0);
-		int nr = d->qn && g->hd <= NR_MAXN;
-		if (nr) {
-			k_norm_rope<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
+		int nr = d->qn && g->hd <= NR_MAXN, a16 = g->cudnn && !dc;
+		/* cuDNN's operands: Q and K in bf16 (att16_q), or, past the
+		 * fused kernel, RoPE's float32 output in dq0 / dk0 (backward
+		 * scratch, free here) cast there */
+		float *yq = a16 ? g->dq0 : a->q, *yk = a16 ? g->dk0 : a->k;
+		if (nr && a16) {
+			k_norm_rope<__nv_bfloat16><<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
+				a->q0, d->qn, att16_q(g, a), a->rq, T * g->nh, g->hd, g->nh, half,
+				g->S, rcs, rsn, (float)m->cfg.rms_eps);
+			LK();
+			k_norm_rope<__nv_bfloat16><<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
+				a->k0, d->kn, att16_k(g, a), a->rk, T * g->nkv, g->hd, g->nkv, half,
+				g->S, rcs, rsn, (float)m->cfg.rms_eps);
+			LK();
+		} else if (nr) {
+			k_norm_rope<float><<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
 				a->q0, d->qn, a->q, a->rq, T * g->nh, g->hd, g->nh, half, g->S, rcs,
 				rsn, (float)m->cfg.rms_eps);
 			LK();
-			k_norm_rope<<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
+			k_norm_rope<float><<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
 				a->k0, d->kn, a->k, a->rk, T * g->nkv, g->hd, g->nkv, half, g->S,
 				rcs, rsn, (float)m->cfg.rms_eps);
 			LK();
@@ -4676,17 +4729,25 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			qs = g->dqv;
 			ks = g->dkk;
 		}
-		if (!nr && ((rc = rope(g, qs, a->q, (uint32_t)T, g->nh, half, rcs, rsn, 0, err)) ||
-			    (rc = rope(g, ks, a->k, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err))))
+		if (!nr && ((rc = rope(g, qs, yq, (uint32_t)T, g->nh, half, rcs, rsn, 0, err)) ||
+			    (rc = rope(g, ks, yk, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err))))
 			return rc;
+		if (!nr && a16) {
+			k_cast<__nv_bfloat16><<<nblk(T * g->dq), NTH, 0, g->st>>>(yq, att16_q(g, a),
+										  T * g->dq);
+			LK();
+			k_cast<__nv_bfloat16><<<nblk(T * g->dkv), NTH, 0, g->st>>>(yk, att16_k(g, a),
+										   T * g->dkv);
+			LK();
+		}
 	}
 	ph(g, PH_ATT_CORE);
-	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, err)))
+	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, !!d->lo, err)))
 		return rc;
 	ph(g, PH_ATT_PROJ);
-	/* cuDNN's bf16 context is the cast of ctx already */
+	/* cuDNN's bf16 context: O, kept for the backward */
 	if (g->cudnn && !dc)
-		X = g->sdb;
+		X = att16_o(g, a);
 	else if ((rc = opnd(g, a->ctx, T * g->dq, g->cA, &X, err)))
 		return rc;
 	if ((rc = lin_fwd(g, &d->o, X, T, g->y, 0, err)))
@@ -5049,7 +5110,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		      (rc = lora_bwd(g, d->lo, 0, xl, a->uo, g->dx2, T, g->dctx, NULL, err))))
 		return rc;
 	ph(g, PH_B_ATT_CORE);
-	if ((rc = att_core(g, a, 1, err)))
+	if ((rc = att_core(g, a, 1, !!d->lo, err)))
 		return rc;
 	ph(g, PH_B_NORM);
 	{
