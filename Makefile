@@ -289,8 +289,6 @@ $(BUILD)/tests/t_%: tests/unit/t_%.c $(wildcard tests/unit/*.h) $(LIB) | $(BUILD
 $(BUILD)/tests/t_flash_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 # the grouped GEMM's likewise (its --bench opens cuBLAS, as the trainer does)
 $(BUILD)/tests/t_ggemm_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
-# the dense LoRA kernels' test likewise (CUDA's runtime for its copies back)
-$(BUILD)/tests/t_lowrank_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 # the router logits' test likewise (CUDA's runtime for its copies back)
 $(BUILD)/tests/t_router_gpu: ALL_CFLAGS += -Ikernels -I$(CUDA_HOME)/include
 
@@ -330,7 +328,6 @@ test-gpu: all $(SHLIB) $(UNIT_BIN)
 check-kernels-emu:
 	@BUILD=$(BUILD) sh tools/kemu/run.sh
 	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel flash
-	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel lowrank
 	@BUILD=$(BUILD) sh tools/kemu/run.sh --kernel router
 
 demo: deps

@@ -54,7 +54,6 @@
 #include "sdpa.h"
 #include "fp4.h"
 #include "ggemm.h"
-#include "lowrank.h"
 #include "router.h"
 #include "xgemm.h"
 extern "C" {
@@ -428,7 +427,6 @@ struct ms_gmodel {
 	uint32_t B, S, T;
 	struct dacts *a;
 	float *xf, *hf, *rf, *logits, *y, *y2, *tmp, *dA, *dB, *dh1, *dx2, *dh2;
-	uint64_t ntmp;               /* tmp's floats */
 	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
@@ -660,7 +658,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED, SK_LOWRANK, SK_ROUTER, SK_ROUTER_DGRAD };
+       SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD };
 
 static void site_add(struct ms_gmodel *g, int key, double ms)
 {
@@ -2584,16 +2582,6 @@ static uint32_t fold_width(uint32_t r)
 }
 
 
-/* may the LoRA's products take lowrank.h's kernels: the bf16 path (the
- * float32 test mode keeps cuBLAS's exact float32 products), a rank they
- * cover, rows of 16-byte multiples, the row-wise operands (ptrs or-ed)
- * 16-byte aligned */
-static int lr_ok(const struct ms_gmodel *g, const struct dlora *L, uintptr_t ptrs)
-{
-	return !g->f32 && L->r && L->r <= MS_LR_MAX_R && L->in % 4 == 0 && L->out % 4 == 0 &&
-	       !(ptrs & 15);
-}
-
 /* LoRA forward over n rows of expert e: U = X A_e^T, Y += s U B_e^T.
  * X is the (dropped) input in float32. */
 static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, const float *X,
@@ -2604,14 +2592,6 @@ static int lora_fwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	const float *B = L->B + (uint64_t)e * L->out * L->r;
 	if (!n)
 		return MS_OK;
-	if (lr_ok(g, L, (uintptr_t)Y)) {
-		site(g, -2);
-		if ((rc = ms_lr_down(X, n, L->in, A, 1, L->in, L->r, 1.0f, U, g->st, err)) ||
-		    (rc = ms_lr_up(U, n, L->r, B, L->r, 1, g->lscale, 1.0f, Y, L->out, g->st, err)))
-			return rc;
-		site(g, SK_LOWRANK);
-		return MS_OK;
-	}
 	if ((rc = gemm(g, 0, 1, (uint32_t)n, L->r, L->in, 1.0f, X, L->in, A, L->in, 0.0f, U,
 		       L->r, CUDA_R_32F, g->ct_lora, err)))
 		return rc;
@@ -2634,22 +2614,6 @@ static int lora_bwd(struct ms_gmodel *g, const struct dlora *L, uint32_t e, cons
 	float *gB = L->gB + (uint64_t)e * L->out * L->r;
 	if (!n)
 		return MS_OK;
-	if (lr_ok(g, L, (uintptr_t)X | (uintptr_t)dY | (uintptr_t)dX) &&
-	    (!dX || !g->train || g->pdrop <= 0)) {
-		/* dU = s dY B, gB += s dY^T U, gA += dU^T X, dX += dU A */
-		site(g, -2);
-		if ((rc = ms_lr_down(dY, n, L->out, B, L->r, 1, L->r, s, g->du, g->st, err)) ||
-		    (rc = ms_lr_wgrad(dY, n, L->out, U, L->r, s, 1.0f, gB, L->r, 1, g->tmp,
-				      g->ntmp, g->st, err)) ||
-		    (rc = ms_lr_wgrad(X, n, L->in, g->du, L->r, 1.0f, 1.0f, gA, 1, L->in, g->tmp,
-				      g->ntmp, g->st, err)))
-			return rc;
-		if (dX && (rc = ms_lr_up(g->du, n, L->r, A, 1, L->in, 1.0f, 1.0f, dX, L->in, g->st,
-					 err)))
-			return rc;
-		site(g, SK_LOWRANK);
-		return MS_OK;
-	}
 	if ((rc = gemm(g, 0, 0, (uint32_t)n, L->r, L->out, s, dY, L->out, B, L->r, 0.0f, g->du,
 		       L->r, CUDA_R_32F, g->ct_lora, err)) ||
 	    (rc = gemm(g, 1, 0, L->out, L->r, (uint32_t)n, s, dY, L->out, U, L->r, 1.0f, gB,
@@ -3850,7 +3814,6 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	DM(g->dvv, T * g->dkv * 4, MC_SCRATCH);
 	DM(g->dk0, T * g->dkv * 4, MC_SCRATCH);
 	DM(g->tmp, rows * wide * 4, MC_SCRATCH);
-	g->ntmp = rows * wide;
 	DM(g->du, rows * r * 4, MC_SCRATCH);
 	if (g->pdrop > 0) {
 		DM(g->xsd, rows * wide * 4, MC_SCRATCH);
@@ -5663,7 +5626,6 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 							    "grouped weight gradient (bf16)",
 							    "batched GEMM (attention heads)",
 							    "cuBLAS grouped GEMM (expert LoRA)",
-							    "dense LoRA products (lowrank.cu)",
 							    "router logits (router.cu)",
 							    "router input gradient (router.cu)"};
 				if (key >= SK_XGEMM && key <= SK_ROUTER_DGRAD)

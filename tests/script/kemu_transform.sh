@@ -1,10 +1,10 @@
 #!/bin/sh
 # tools/kemu (the kernels' CPU emulator, make check-kernels-emu): the cheap
 # half that make test can afford. The transforms of kernels/ggemm.cu,
-# flash.cu, lowrank.cu and router.cu leave no device code a host compiler
+# flash.cu and router.cu leave no device code a host compiler
 # cannot take (asm, <<<>>>, __shared__), have one kemu_launch per launch
 # and compile against the runtime's shim (the first two with mma.h's
-# wrappers inlined; the others, CUDA cores only, include no mma.h); bad
+# wrappers inlined; router.cu, CUDA cores only, includes no mma.h); bad
 # arguments and a mutation that does not apply are refused before anything
 # is built, never reported CAUGHT. (The emulated runs themselves take
 # minutes.)
@@ -12,7 +12,7 @@
 T=$ROOT/tools/kemu/kemu_transform.py
 R=$ROOT/tools/kemu/run.sh
 
-for k in ggemm flash lowrank router; do
+for k in ggemm flash router; do
 	expect 0 python3 "$T" "$ROOT/kernels/$k.cu" "$ROOT/kernels/mma.h" "$W/$k.cpp"
 	hasnt 'asm volatile' "$W/$k.cpp" "$k: inline asm left"
 	hasnt '<<<' "$W/$k.cpp" "$k: launch left"

@@ -118,7 +118,7 @@ def main():
         kernel = f.read()
     with open(sys.argv[2]) as f:
         mma_h = f.read()
-    # a kernel without mma.h (lowrank.cu: CUDA cores only) has nothing of
+    # a kernel without mma.h (router.cu: CUDA cores only) has nothing of
     # it to inline; the other rewrites still apply
     try:
         text = transform(kernel, mma_h)

@@ -1,12 +1,11 @@
 #!/bin/sh
-# run.sh [--kernel ggemm|flash|lowrank|router] [--mutate OLD NEW]: a
+# run.sh [--kernel ggemm|flash|router] [--mutate OLD NEW]: a
 # kernel test of tests/unit/ on the CPU, against its kernel in kernels/
 # rewritten for the kemu emulator (README.md beside this script), under
 # AddressSanitizer and UBSan. Everything is built from the tree into
 # $BUILD/kemu/ (BUILD defaults to build).
 #
 # --kernel ggemm (the default): t_ggemm_gpu.c against ggemm.cu.
-# --kernel lowrank: t_lowrank_gpu.c against lowrank.cu.
 # --kernel router: t_router_gpu.c against router.cu.
 # --kernel flash: t_flash_gpu.c against flash.cu, its shape list replaced
 # by KEMU_SHAPES (C initialisers of struct shape {S, hd, nh, nkv, B}; a
@@ -36,7 +35,7 @@ FLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-f
 INC="-I$KEMU/include -I$KEMU -I$ROOT/src -I$ROOT/kernels -I$ROOT/tests/unit"
 
 usage() {
-	echo "usage: run.sh [--kernel ggemm|flash|lowrank|router] [--mutate OLD NEW]" >&2
+	echo "usage: run.sh [--kernel ggemm|flash|router] [--mutate OLD NEW]" >&2
 	exit 2
 }
 
@@ -46,7 +45,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--kernel)
 		[ $# -ge 2 ] || usage
-		case $2 in ggemm | flash | lowrank | router) name=$2 ;; *) usage ;; esac
+		case $2 in ggemm | flash | router) name=$2 ;; *) usage ;; esac
 		shift 2
 		;;
 	--mutate)
