@@ -47,6 +47,18 @@ __device__ __forceinline__ void put_col(float *p, int ld, float4 v)
 	p[3 * ld] = v.w;
 }
 
+/* acc[i][j] += a_i b_j: a step's outer product of a thread's four rows and
+ * four columns (both kernels' inner loop) */
+__device__ __forceinline__ void fma4x4(float acc[4][4], float4 a, float4 b)
+{
+	float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+}
+
 __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const float *W,
 							   float *z, uint32_t T, uint32_t E,
 							   uint32_t H)
@@ -78,16 +90,8 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
 		if (k1 < H)
 			rt_load(h, W, T, E, H, t0, e0, k1, lr, lc, pa, pb);
 #pragma unroll
-		for (int k = 0; k < RT_BK; k++) {
-			float4 a = *(const float4 *)&as[k][ty * 4];
-			float4 b = *(const float4 *)&bs[k][tx * 4];
-			float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int j = 0; j < 4; j++)
-					acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-		}
+		for (int k = 0; k < RT_BK; k++)
+			fma4x4(acc, *(const float4 *)&as[k][ty * 4], *(const float4 *)&bs[k][tx * 4]);
 		__syncthreads();
 	}
 #pragma unroll
@@ -133,16 +137,8 @@ __global__ void __launch_bounds__(256) k_router_dgrad(const float *dz, const flo
 		}
 		__syncthreads();
 #pragma unroll
-		for (int k = 0; k < RT_BK; k++) {
-			float4 a = *(const float4 *)&as[k][ty * 4];
-			float4 b = *(const float4 *)&bs[k][tx * 4];
-			float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int j = 0; j < 4; j++)
-					acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-		}
+		for (int k = 0; k < RT_BK; k++)
+			fma4x4(acc, *(const float4 *)&as[k][ty * 4], *(const float4 *)&bs[k][tx * 4]);
 		__syncthreads();
 	}
 #pragma unroll
