@@ -71,12 +71,7 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
 	 * float4 at column lc of the step */
 	int lr = tid / (RT_BK / 4), lc = tid % (RT_BK / 4) * 4;
 	float4 pa[2], pb[4];
-	float acc[4][4];
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++)
-			acc[i][j] = 0.0f;
+	float acc[4][4] = {};
 	rt_load(h, W, T, E, H, t0, e0, 0, lr, lc, pa, pb);
 	for (uint32_t k0 = 0; k0 < H; k0 += RT_BK) {
 #pragma unroll
@@ -118,12 +113,7 @@ __global__ void __launch_bounds__(256) k_router_dgrad(const float *dz, const flo
 	__align__(16) __shared__ float bs[RT_BK][128 + 4];
 	uint32_t t0 = blockIdx.x * 32, j0 = blockIdx.y * 128;
 	int tid = threadIdx.x, tx = tid % 32, ty = tid / 32;
-	float acc[4][4];
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++)
-			acc[i][j] = 0.0f;
+	float acc[4][4] = {};
 	for (uint32_t k0 = 0; k0 < E; k0 += RT_BK) {
 		for (int i = tid; i < 32 * RT_BK; i += 256) {
 			uint32_t r = i / RT_BK, k = i % RT_BK, t = t0 + r, e = k0 + k;
