@@ -376,6 +376,28 @@ struct lplan {
 	uint64_t off;
 };
 
+/* the profile's sums over a run of steps (ph_fold) */
+#define MAXSITE 1024
+#define PROF_WARM 2
+struct prof_acc {
+	int nsite;
+	int site_key[MAXSITE];
+	double site_ms[MAXSITE];
+	double site_idle_ms[MAXSITE];  /* of site_ms: the GPU idle, waiting
+					  for the host to queue the launch */
+	double site_host_ms[MAXSITE];  /* the host's time from the mark
+					  before to the launch's */
+	uint64_t site_calls[MAXSITE];
+	double ph_ms[PH_N];
+	double ph_host_ms[PH_N];     /* the host's time between the marks:
+					near ph_ms, the GPU waited on it */
+	double ph_idle_ms[PH_N];     /* of ph_ms: the GPU idle, the host not
+					yet having queued the work */
+	uint64_t ph_calls[PH_N];
+	uint64_t steps;
+	double step_ms;
+};
+
 struct ms_gmodel {
 	cublasHandle_t blas;
 	cudaStream_t st;
@@ -483,27 +505,25 @@ struct ms_gmodel {
 	cudaEvent_t evs[NEV];
 	int evph[NEV];
 	double evt[NEV];             /* host clock at each event */
+	float evgpu[NEV];            /* its GPU time from event 0 (ph_fold) */
 	/* MS_PROFILE_SITES: an event after every launch too, evsite the
 	 * launch's site (site_id: a source line, or a GEMM's shape), -1 for a
 	 * phase's own mark, -2 for the mark before a library call (what ran
 	 * since is no launch of this file's) */
 	int evsite[NEV];
 	int sites;
-#define MAXSITE 1024
-	int nsite;
-	int site_key[MAXSITE];
-	double site_ms[MAXSITE];
-	uint64_t site_calls[MAXSITE];
+	/* MS_PROFILE_TIMELINE: one step's events (the third profiled one)
+	 * as lines of host and GPU times into this file */
+	char *timeline;
+	int folds;
 	/* the GEMM shapes a site key 100000 + i names */
 #define MAXGSHAPE 256
 	uint32_t gshape[MAXGSHAPE][4];
 	int ngshape;
-	double ph_ms[PH_N];
-	double ph_host_ms[PH_N];     /* the host's time between the marks:
-					near ph_ms, the GPU waited on it */
-	uint64_t ph_calls[PH_N];
-	uint64_t steps;
-	double step_ms;
+	/* the profile's sums: pa over the steps after the first two (the
+	 * first builds cuBLASLt's plans and cuDNN's graphs), pw over those
+	 * two, reported where no later step ran */
+	struct prof_acc pa, pw;
 	cudaEvent_t st0, st1;
 };
 
@@ -660,34 +680,109 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
        SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD };
 
-static void site_add(struct ms_gmodel *g, int key, double ms)
+/* a site key's name in the profile: a GEMM's shape and types, a library
+ * call, or the source line of a launch */
+static void site_name(const struct ms_gmodel *g, int key, char *nm, size_t n)
+{
+	static const char *lib[] = {"CUTLASS grouped expert GEMM", "cuDNN SDPA forward",
+				    "cuDNN SDPA backward", "grouped weight gradient (bf16)",
+				    "batched GEMM (attention heads)",
+				    "cuBLAS grouped GEMM (expert LoRA)", "router logits (router.cu)",
+				    "router input gradient (router.cu)"};
+	if (key >= 100000 && key - 100000 < g->ngshape) {
+		const uint32_t *gs = g->gshape[key - 100000];
+		snprintf(nm, n, "GEMM %ux%ux%u%s%s %s -> %s", gs[0], gs[1], gs[2],
+			 gs[3] & 1 ? " A^T" : "", gs[3] & 2 ? " B^T" : "",
+			 gs[3] & 4 ? "bf16" : "float32", gs[3] & 8 ? "bf16" : "float32");
+	} else if (key >= SK_XGEMM && key <= SK_ROUTER_DGRAD)
+		snprintf(nm, n, "%s", lib[key - SK_XGEMM]);
+	else if (key == -2)
+		snprintf(nm, n, "before a library call");
+	else if (key == -1)
+		snprintf(nm, n, "up to a phase mark");
+	else
+		snprintf(nm, n, "launch at train.cu:%d", key);
+}
+
+static void site_add(struct ms_gmodel *g, int key, double ms, double idle, double host)
 {
 	int i = 0;
-	while (i < g->nsite && g->site_key[i] != key)
+	while (i < g->pa.nsite && g->pa.site_key[i] != key)
 		i++;
-	if (i == g->nsite) {
-		if (g->nsite >= MAXSITE)
+	if (i == g->pa.nsite) {
+		if (g->pa.nsite >= MAXSITE)
 			return;
-		g->site_key[g->nsite++] = key;
+		g->pa.site_key[g->pa.nsite++] = key;
 	}
-	g->site_ms[i] += ms;
-	g->site_calls[i]++;
+	g->pa.site_ms[i] += ms;
+	g->pa.site_idle_ms[i] += idle;
+	g->pa.site_host_ms[i] += host;
+	g->pa.site_calls[i]++;
 }
 
 /* fold the step's events into the per-phase totals (after a sync): an
  * interval belongs to the phase marked at its start, and with sites to the
  * launch marked at its end */
+/* MS_PROFILE_TIMELINE's file: a line an event, tab-separated: its
+ * index, the host's time at its record and the GPU's at reaching it (ms
+ * from the step's first event, the GPU's shifted as ph_fold does), the
+ * phase, and the site the interval before it ends with */
+static void timeline_write(struct ms_gmodel *g, double shift)
+{
+	FILE *f = fopen(g->timeline, "w");
+	char nm[96];
+	if (!f)
+		return;
+	fprintf(f, "event\thost_ms\tgpu_ms\tphase\tsite\n");
+	for (int i = 0; i < g->nev; i++) {
+		site_name(g, g->evsite[i], nm, sizeof nm);
+		fprintf(f, "%d\t%.4f\t%.4f\t%s\t%s\n", i, 1e3 * (g->evt[i] - g->evt[0]),
+			g->evgpu[i] < 0 ? -1.0 : g->evgpu[i] + shift, phase_name[g->evph[i]],
+			g->sites ? nm : "");
+	}
+	fclose(f);
+}
+
 static void ph_fold(struct ms_gmodel *g)
 {
+	/* The GPU's clock against the host's: gpu [i], event i's time on the
+	 * GPU from event 0 (ms). Shifted by the least delay that keeps every
+	 * event after its record on the host (a GPU cannot pass an event the
+	 * host has not queued), the GPU's finishing time of the work up to
+	 * event i-1 set against the host's time at event i tells how long the
+	 * GPU sat idle before that interval's work had been queued: the
+	 * interval's "idle" (a host-bound launch shows it; a slow kernel does
+	 * not). */
+	float *gpu = g->evgpu;
+	double shift = 0;
+	gpu[0] = 0;
+	for (int i = 1; i < g->nev; i++) {
+		float ms = 0;
+		gpu[i] = cudaEventElapsedTime(&ms, g->evs[0], g->evs[i]) == cudaSuccess ? ms : -1;
+	}
+	for (int i = 0; i < g->nev; i++) {
+		double h = 1e3 * (g->evt[i] - g->evt[0]);
+		if (gpu[i] >= 0 && h - gpu[i] > shift)
+			shift = h - gpu[i];
+	}
+	if (g->timeline && ++g->folds == 3)
+		timeline_write(g, shift);
 	for (int i = 0; i + 1 < g->nev; i++) {
 		float ms = 0;
 		if (cudaEventElapsedTime(&ms, g->evs[i], g->evs[i + 1]) == cudaSuccess) {
-			g->ph_ms[g->evph[i]] += ms;
-			g->ph_host_ms[g->evph[i]] += 1e3 * (g->evt[i + 1] - g->evt[i]);
+			double idle = 0;
+			if (gpu[i] >= 0) {
+				idle = 1e3 * (g->evt[i + 1] - g->evt[0]) - (gpu[i] + shift);
+				idle = idle < 0 ? 0 : idle > ms ? ms : idle;
+			}
+			g->pa.ph_ms[g->evph[i]] += ms;
+			g->pa.ph_idle_ms[g->evph[i]] += idle;
+			g->pa.ph_host_ms[g->evph[i]] += 1e3 * (g->evt[i + 1] - g->evt[i]);
 			if (g->evsite[i] == -1)
-				g->ph_calls[g->evph[i]]++;
+				g->pa.ph_calls[g->evph[i]]++;
 			if (g->sites)
-				site_add(g, g->evsite[i + 1], ms);
+				site_add(g, g->evsite[i + 1], ms, idle,
+					 1e3 * (g->evt[i + 1] - g->evt[i]));
 		}
 	}
 	g->nev = 0;
@@ -3354,6 +3449,11 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	/* a diagnostic: the profile's time by launch site too (mstrain(1)) */
 	g->sites = getenv("MS_PROFILE_SITES") && *getenv("MS_PROFILE_SITES") &&
 		   strcmp(getenv("MS_PROFILE_SITES"), "0") != 0;
+	if (getenv("MS_PROFILE_TIMELINE") && *getenv("MS_PROFILE_TIMELINE") &&
+	    !(g->timeline = strdup(getenv("MS_PROFILE_TIMELINE")))) {
+		free(g);
+		return ms_err_nomem(err);
+	}
 	g->grouped = m->opts.expert_gemm != MS_EXPERT_GEMM_PER_EXPERT && !g->f32;
 	g->fused = m->opts.expert_gemm == MS_EXPERT_GEMM_FUSED && !g->f32;
 	g->gt = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -5307,10 +5407,14 @@ done:
 	{
 		float ms = 0;
 		cudaEventElapsedTime(&ms, g->st0, g->st1);
-		g->step_ms += ms;
-		g->steps++;
+		g->pa.step_ms += ms;
+		g->pa.steps++;
 	}
 	ph_fold(g);
+	if (!g->pw.steps && g->pa.steps == PROF_WARM) {
+		g->pw = g->pa;
+		memset(&g->pa, 0, sizeof g->pa);
+	}
 out:
 	if (rc) {
 		cudaStreamSynchronize(g->st);
@@ -5558,7 +5662,9 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 {
 	const struct ms_gmodel *g = m->gpu;
 	cJSON *o = cJSON_CreateObject(), *ks = cJSON_CreateArray(), *mem = cJSON_CreateObject();
-	double st = g->steps ? (double)g->steps : 1;
+	/* the steps after the warm-up, or the warm-up where none followed */
+	const struct prof_acc *A = g->pa.steps || !g->pw.steps ? &g->pa : &g->pw;
+	double st = A->steps ? (double)A->steps : 1;
 	char *s = NULL;
 	int rc = MS_OK;
 	if (!o || !ks || !mem) {
@@ -5567,9 +5673,10 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 		cJSON_Delete(mem);
 		return ms_err_nomem(err);
 	}
-	cJSON_AddNumberToObject(o, "steps", (double)g->steps);
-	cJSON_AddNumberToObject(o, "step_ms", g->step_ms / st);
-	cJSON_AddNumberToObject(o, "colwise_ms", g->ph_ms[PH_TRANSPOSE] / st);
+	cJSON_AddNumberToObject(o, "steps", (double)A->steps);
+	cJSON_AddNumberToObject(o, "warmup_steps_left_out", A == &g->pa ? (double)g->pw.steps : 0);
+	cJSON_AddNumberToObject(o, "step_ms", A->step_ms / st);
+	cJSON_AddNumberToObject(o, "colwise_ms", A->ph_ms[PH_TRANSPOSE] / st);
 	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
 	cJSON_AddStringToObject(o, "expert_gemm",
 				g->fused ? "fused" : g->grouped ? "grouped" : "per-expert");
@@ -5594,52 +5701,33 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	}
 	for (int p = 0; p < PH_N; p++) {
 		cJSON *k;
-		if (!g->ph_calls[p])
+		if (!A->ph_calls[p])
 			continue;
 		k = cJSON_CreateObject();
 		if (!k)
 			continue;
 		cJSON_AddStringToObject(k, "name", phase_name[p]);
-		cJSON_AddNumberToObject(k, "ms", g->ph_ms[p] / st);
-		cJSON_AddNumberToObject(k, "host_ms", g->ph_host_ms[p] / st);
-		cJSON_AddNumberToObject(k, "calls", (double)g->ph_calls[p]);
+		cJSON_AddNumberToObject(k, "ms", A->ph_ms[p] / st);
+		cJSON_AddNumberToObject(k, "host_ms", A->ph_host_ms[p] / st);
+		cJSON_AddNumberToObject(k, "idle_ms", A->ph_idle_ms[p] / st);
+		cJSON_AddNumberToObject(k, "calls", (double)A->ph_calls[p]);
 		cJSON_AddItemToArray(ks, k);
 	}
 	cJSON_AddItemToObject(o, "kernels", ks);
 	if (g->sites) {
 		cJSON *ss = cJSON_CreateArray();
-		for (int i = 0; ss && i < g->nsite; i++) {
+		for (int i = 0; ss && i < A->nsite; i++) {
 			cJSON *k = cJSON_CreateObject();
 			char nm[96];
-			int key = g->site_key[i];
+			int key = A->site_key[i];
 			if (!k)
 				continue;
-			if (key >= 100000 && key - 100000 < g->ngshape) {
-				const uint32_t *gs = g->gshape[key - 100000];
-				snprintf(nm, sizeof nm, "GEMM %ux%ux%u%s%s %s -> %s", gs[0], gs[1],
-					 gs[2], gs[3] & 1 ? " A^T" : "", gs[3] & 2 ? " B^T" : "",
-					 gs[3] & 4 ? "bf16" : "float32", gs[3] & 8 ? "bf16" : "float32");
-			} else {
-				static const char *lib[] = {"CUTLASS grouped expert GEMM",
-							    "cuDNN SDPA forward",
-							    "cuDNN SDPA backward",
-							    "grouped weight gradient (bf16)",
-							    "batched GEMM (attention heads)",
-							    "cuBLAS grouped GEMM (expert LoRA)",
-							    "router logits (router.cu)",
-							    "router input gradient (router.cu)"};
-				if (key >= SK_XGEMM && key <= SK_ROUTER_DGRAD)
-					snprintf(nm, sizeof nm, "%s", lib[key - SK_XGEMM]);
-				else if (key == -2)
-					snprintf(nm, sizeof nm, "before a library call");
-				else if (key == -1)
-					snprintf(nm, sizeof nm, "up to a phase mark");
-				else
-					snprintf(nm, sizeof nm, "launch at train.cu:%d", key);
-			}
+			site_name(g, key, nm, sizeof nm);
 			cJSON_AddStringToObject(k, "site", nm);
-			cJSON_AddNumberToObject(k, "ms", g->site_ms[i] / st);
-			cJSON_AddNumberToObject(k, "calls", (double)g->site_calls[i]);
+			cJSON_AddNumberToObject(k, "ms", A->site_ms[i] / st);
+			cJSON_AddNumberToObject(k, "idle_ms", A->site_idle_ms[i] / st);
+			cJSON_AddNumberToObject(k, "host_ms", A->site_host_ms[i] / st);
+			cJSON_AddNumberToObject(k, "calls", (double)A->site_calls[i]);
 			cJSON_AddItemToArray(ss, k);
 		}
 		cJSON_AddItemToObject(o, "sites", ss);
@@ -5775,6 +5863,7 @@ static void gfree(struct ms_gmodel *g)
 	free(g->loras);
 	free(g->poff);
 	free(g->reg);
+	free(g->timeline);
 	free(g);
 }
 

@@ -78,10 +78,29 @@ sys.exit(d > 1e-2)' m-cudnn.jsonl m-flash.jsonl && ok ||
 
 # MS_PROFILE_SITES: the same training, and the profile's time by launch
 # site adding up to its time by phase, naming cuDNN's calls, GEMM shapes
-# and the trainer's own launches; absent without it
-export MS_PROFILE_SITES=1
+# and the trainer's own launches; absent without it. The profile is over
+# the 4 steps after the 2 of warm-up; MS_PROFILE_TIMELINE writes the third
+# step's events, the GPU's never before the host's; each site's GPU idle
+# within its time
+export MS_PROFILE_SITES=1 MS_PROFILE_TIMELINE=$W/timeline.tsv
 expect 0 run sites --attention cudnn
-unset MS_PROFILE_SITES
+unset MS_PROFILE_SITES MS_PROFILE_TIMELINE
+[ "$(pfield p-sites.json steps)" = 4 ] && [ "$(pfield p-sites.json warmup_steps_left_out)" = 2 ] &&
+	ok || bad "the profile is not over the 4 steps after the warm-up's 2"
+python3 -c '
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+h = [float(r[1]) for r in rows]
+g = [float(r[2]) for r in rows]
+print("timeline: %d events, %.3f ms on the host, %.3f on the GPU" % (len(rows), h[-1], g[-1]))
+sys.exit(not (len(rows) > 100 and h == sorted(h) and g == sorted(g) and
+              all(y >= x - 1e-3 for x, y in zip(h, g)) and all(r[4] for r in rows[1:])))
+' "$W/timeline.tsv" && ok || bad "MS_PROFILE_TIMELINE: no step of events, or the GPU before the host"
+python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["sites"]
+sys.exit(not (s and all(0 <= x["idle_ms"] <= x["ms"] + 1e-6 and x["host_ms"] >= 0 for x in s)))
+' p-sites.json && ok || bad "a site whose GPU idle is not within its time"
 losses m-sites.jsonl >l-sites
 cmp -s l-cudnn l-sites && ok || bad "MS_PROFILE_SITES changed the training"
 python3 -c '

@@ -31,7 +31,8 @@ json.dump({"step_ms": 310.0, "steps": 4, "peak_bytes": 2 * 2**30,
           open(os.path.join(d, "prof-resident.json"), "w"))
 json.dump({"step_ms": 320.0, "steps": 4,
            "sites": [{"site": "launch at train.cu:%d" % line, "ms": 5.0, "calls": 8},
-                     {"site": "cuDNN SDPA backward", "ms": 50.0, "calls": 64}]},
+                     {"site": "cuDNN SDPA backward", "ms": 50.0, "idle_ms": 1.5,
+                      "calls": 64}]},
           open(os.path.join(d, "prof-sites.json"), "w"))
 PY
 cat >"$D/torch.txt" <<'T'
@@ -46,8 +47,8 @@ has '| 2.00x |' "$W/r.md" "the ratio to eager"
 has 'ours, on-demand: no timed step' "$W/r.md" "a mode asked for without metrics"
 has 'ours, grouped: not run' "$W/r.md" "a mode not asked for"
 has 'torch.compile of the same (mode default): failed: no compiler here' "$W/r.md" "a failed PyTorch row"
-has "| \`k_rms (train.cu:$((line + 2)))\` | 5.000 | 2 |" "$W/r.md" "a launch site by its kernel"
-has '| `cuDNN SDPA backward` | 50.000 | 16 | 90.9% |' "$W/r.md" "a library call's site"
+has "| \`k_rms (train.cu:$((line + 2)))\` | 5.000 | 0.000 | 2 |" "$W/r.md" "a launch site by its kernel"
+has '| `cuDNN SDPA backward` | 50.000 | 1.500 | 16 | 90.9% |' "$W/r.md" "a library call's site, its GPU idle"
 # the tables sort by time
 [ "$(grep -n '`big`' "$W/r.md" | cut -d: -f1)" -lt "$(grep -n '`small`' "$W/r.md" | cut -d: -f1)" ] &&
 	ok || bad "the phase table is not sorted by time"

@@ -293,11 +293,12 @@ def main():
         L.append("Top 15 of %d kernels by time per step; the step: %.1f ms, all kernels: "
                  "%.1f ms (%.1f%%)." % (len(ks), step_ms, total, 100 * total / step_ms))
         L.append("")
-        L.append("| kernel | ms / step | calls | share of step |")
-        L.append("|---|---:|---:|---:|")
+        L.append("| kernel | ms / step | GPU idle in it | calls | share of step |")
+        L.append("|---|---:|---:|---:|---:|")
         for k in ks[:15]:
-            L.append("| `%s` | %.2f | %d | %.1f%% |" % (k["name"].replace("|", "\\|"), k["ms"],
-                                                      k["calls"], 100 * k["ms"] / step_ms))
+            L.append("| `%s` | %.2f | %.2f | %d | %.1f%% |" % (
+                k["name"].replace("|", "\\|"), k["ms"], k.get("idle_ms", 0), k["calls"],
+                100 * k["ms"] / step_ms))
         L.append("")
     # the per-launch profile (bench_train_gpu.sh's short run under
     # MS_PROFILE_SITES), where there is one
@@ -317,11 +318,14 @@ def main():
                      "A site is a kernel launch in kernels/train.cu (the kernel, and the line "
                      "of the check after its launch), a GEMM "
                      "shape (M x N x K, row-major, cuBLAS) or a library call; each interval "
-                     "between two events is counted to the launch it ends with."
+                     "between two events is counted to the launch it ends with. GPU idle: "
+                     "the part of that time the GPU had finished the work before and the "
+                     "host had not yet queued the launch (the host's clock at each event "
+                     "against the GPU's, aligned so that no event runs before it is queued)."
                      % (len(ss), p.get("step_ms", 0), total))
             L.append("")
-            L.append("| site | ms / step | launches / step | share |")
-            L.append("|---|---:|---:|---:|")
+            L.append("| site | ms / step | GPU idle in it | launches / step | share |")
+            L.append("|---|---:|---:|---:|---:|")
             try:
                 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                        "kernels", "train.cu")) as f:
@@ -329,9 +333,9 @@ def main():
             except OSError:
                 src = None
             for k in ss[:30]:
-                L.append("| `%s` | %.3f | %.0f | %.1f%% |" % (
+                L.append("| `%s` | %.3f | %.3f | %.0f | %.1f%% |" % (
                     site_label(k["site"], src).replace("|", "\\|"), k["ms"],
-                    k["calls"] / steps, 100 * k["ms"] / total))
+                    k.get("idle_ms", 0), k["calls"] / steps, 100 * k["ms"] / total))
             L.append("")
     with open(a.out, "w") as f:
         f.write("\n".join(L))
