@@ -394,15 +394,19 @@ out:
 #define WB_NT 128   /* columns of X a block: four warps of 32 */
 #define WB_KC 32    /* rows a stage */
 #define WB_NTH 128
+#ifndef WB_ST
+#define WB_ST 4     /* stages in the ring (k_wgrad_bf) */
+#endif
 
 /* one stage of k_wgrad_bf: rows rb .. rb + WB_KC - 1 of X's block columns
- * (cp.async) and of U's R columns padded to RP (plain loads: U's rows need
- * not be 16-byte aligned, and it is a sixteenth of the bytes) into shared
- * memory, past r1, N or R zeros */
+ * and of U's R columns padded to RP, into shared memory, past r1, N or R
+ * zeros; asynchronous (cp.async, one commit group) where U's rows are
+ * 16-byte aligned with R a multiple of 8 (ua), else U by plain loads (a
+ * sixteenth of the bytes, but each stage then waits for them) */
 template <int RP>
 __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 8],
 					 const struct ms_ggemm_wgrad_bf16 &p, uint32_t rb,
-					 uint32_t r1, uint32_t n0)
+					 uint32_t r1, uint32_t n0, bool ua)
 {
 	const bf16 *X = (const bf16 *)p.x, *U = (const bf16 *)p.u;
 	for (int i = threadIdx.x; i < WB_KC * (WB_NT / 8); i += WB_NTH) {
@@ -411,6 +415,16 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 
 		int ok = row < r1 && col < p.N;
 		uint64_t xr = ok && p.xperm ? (uint32_t)p.xperm[row] / p.xdiv : row;
 		cp16(&sx[rr][cc], ok ? X + xr * p.ldx + col : X, ok ? 16 : 0);
+	}
+	if (ua) {
+		for (int i = threadIdx.x; i < WB_KC * (RP / 8); i += WB_NTH) {
+			int rr = i / (RP / 8), cc = i % (RP / 8) * 8;
+			uint32_t row = rb + rr;
+			int ok = row < r1 && (uint32_t)cc < p.R;
+			cp16(&su[rr][cc], ok ? U + (uint64_t)row * p.ldu + cc : U, ok ? 16 : 0);
+		}
+		cp_commit();
+		return;
 	}
 	cp_commit();
 	for (int i = threadIdx.x; i < WB_KC * RP; i += WB_NTH) {
@@ -424,7 +438,10 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 
 /* grid (column slices of WB_NT, E): the product as C [n, j] = sum_row
  * X[row, n] U[row, j], X^T the mma's A (ldmatrix .trans of X's rows), U
  * its B; warp w owns columns w*32 .. +31 (two m16 tiles) and all of the
- * rank, padded to R (a multiple of 16) with zero columns */
+ * rank, padded to R (a multiple of 16) with zero columns. WB_ST stages in
+ * a ring, WB_ST - 1 of them loading while one is summed: the kernel is a
+ * stream of X, and with two stages (one in flight) a block waited on
+ * each load in turn. */
 template <int R>
 __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 {
@@ -432,9 +449,11 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 	 * (wb_smem_bytes) */
 	extern __shared__ uint4 wb_smem[];
 	bf16 (*sx)[WB_KC][WB_NT + 8] = (bf16 (*)[WB_KC][WB_NT + 8])wb_smem;
-	bf16 (*su)[WB_KC][R + 8] = (bf16 (*)[WB_KC][R + 8])(wb_smem + 2 * WB_KC * (WB_NT + 8) / 8);
+	bf16 (*su)[WB_KC][R + 8] =
+		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (WB_NT + 8) / 8);
 	uint32_t e = blockIdx.y, n0 = blockIdx.x * WB_NT;
 	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
+	bool ua = p.R % 8 == 0 && p.ldu % 8 == 0 && (uintptr_t)p.u % 16 == 0;
 	if (gridDim.z > 1) {
 		/* this block's run of the group's rows (blockIdx.z of gridDim.z) */
 		uint32_t run = (r1 - r0 + gridDim.z - 1) / gridDim.z;
@@ -453,16 +472,24 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 #pragma unroll
 			for (int c = 0; c < 4; c++)
 				acc[t][q][c] = 0.0f;
-	if (nst)
-		wb_stage<R>(sx[0], su[0], p, r0, r1, n0);
+	/* the ring's first WB_ST - 1 stages; every iteration then commits one
+	 * group (empty past the last stage), so waiting until WB_ST - 2 are
+	 * in flight always means stage s has landed */
+#pragma unroll
+	for (int s = 0; s < WB_ST - 1; s++) {
+		if ((uint32_t)s < nst)
+			wb_stage<R>(sx[s], su[s], p, r0 + s * WB_KC, r1, n0, ua);
+		else
+			cp_commit();
+	}
 	for (uint32_t s = 0; s < nst; s++) {
-		int b = s & 1;
-		if (s + 1 < nst) {
-			wb_stage<R>(sx[b ^ 1], su[b ^ 1], p, r0 + (s + 1) * WB_KC, r1, n0);
-			cp_wait<1>();
-		} else {
-			cp_wait<0>();
-		}
+		int b = s % WB_ST;
+		uint32_t f = s + WB_ST - 1;
+		if (f < nst)
+			wb_stage<R>(sx[f % WB_ST], su[f % WB_ST], p, r0 + f * WB_KC, r1, n0, ua);
+		else
+			cp_commit();
+		cp_wait<WB_ST - 1>();
 		__syncthreads();
 #pragma unroll
 		for (int k0 = 0; k0 < WB_KC; k0 += 16) {
@@ -485,6 +512,7 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 		/* the stage's readers are done before it is refilled */
 		__syncthreads();
 	}
+	cp_wait<0>();
 	float *g = p.g + (uint64_t)e * p.gstride;
 	/* split: the raw partial sum, [R][N] of (split, group) */
 	float *pt = p.part + ((uint64_t)blockIdx.z * gridDim.y + e) * p.R * p.N;
@@ -523,10 +551,27 @@ __global__ void k_wgrad_sum(struct ms_ggemm_wgrad_bf16 p)
 	}
 }
 
-/* k_wgrad_bf's shared memory: two stages of X's and U's rows */
+/* k_wgrad_bf's shared memory: WB_ST stages of X's and U's rows */
 static size_t wb_smem_bytes(uint32_t R)
 {
-	return (size_t)(2 * WB_KC * (WB_NT + 8) + 2 * WB_KC * (R + 8)) * sizeof(bf16);
+	return (size_t)(WB_ST * WB_KC * (WB_NT + 8) + WB_ST * WB_KC * (R + 8)) * sizeof(bf16);
+}
+
+/* k_wgrad_bf<R>'s launch, its shared memory allowed past the default 48 KB
+ * where the ring needs it (R 48 and 64) */
+template <int R>
+static int wb_launch(const struct ms_ggemm_wgrad_bf16 *p, dim3 grid, cudaStream_t st,
+		     struct ms_err *err)
+{
+	int rc = MS_OK;
+	size_t smem = wb_smem_bytes(R);
+	if (smem > 48 * 1024)
+		CK(cudaFuncSetAttribute(k_wgrad_bf<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)smem));
+	k_wgrad_bf<R><<<grid, WB_NTH, smem, st>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
 }
 
 extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
@@ -553,19 +598,20 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 		return MS_OK;
 	switch ((p->R + 15) / 16 * 16) {
 	case 16:
-		k_wgrad_bf<16><<<grid, WB_NTH, wb_smem_bytes(16), (cudaStream_t)stream>>>(*p);
+		rc = wb_launch<16>(p, grid, (cudaStream_t)stream, err);
 		break;
 	case 32:
-		k_wgrad_bf<32><<<grid, WB_NTH, wb_smem_bytes(32), (cudaStream_t)stream>>>(*p);
+		rc = wb_launch<32>(p, grid, (cudaStream_t)stream, err);
 		break;
 	case 48:
-		k_wgrad_bf<48><<<grid, WB_NTH, wb_smem_bytes(48), (cudaStream_t)stream>>>(*p);
+		rc = wb_launch<48>(p, grid, (cudaStream_t)stream, err);
 		break;
 	default:
-		k_wgrad_bf<64><<<grid, WB_NTH, wb_smem_bytes(64), (cudaStream_t)stream>>>(*p);
+		rc = wb_launch<64>(p, grid, (cudaStream_t)stream, err);
 		break;
 	}
-	CK(cudaGetLastError());
+	if (rc)
+		return rc;
 	if (ns > 1) {
 		uint64_t n = (uint64_t)p->E * p->R * p->N, nb = (n + 255) / 256;
 		k_wgrad_sum<<<(unsigned)(nb < 4096 ? nb : 4096), 256, 0, (cudaStream_t)stream>>>(

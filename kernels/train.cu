@@ -209,6 +209,13 @@ static unsigned nblk(uint64_t n, unsigned per = NTH)
 	return (unsigned)(b < 65535u * 16 ? (b ? b : 1) : 65535u * 16);
 }
 
+/* k_cast<bf16>'s grid over n elements: a thread takes four (aligned); a
+ * grid of nblk(n) left three blocks in four with nothing to do */
+static unsigned cast_blocks(uint64_t n)
+{
+	return nblk((n + 3) / 4);
+}
+
 /* ---- the device model ---------------------------------------------------------- */
 
 struct dpart {
@@ -897,6 +904,7 @@ __global__ void k_transpose(const struct ddesc *d, int nd)
 template <typename T>
 __global__ void k_cast(const float *x, T *y, uint64_t n)
 {
+	/* (launched on cast_blocks' grid: four elements a thread in bf16) */
 	uint64_t i0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	uint64_t st = (uint64_t)gridDim.x * blockDim.x;
 	if (sizeof(T) == 2 && !((uintptr_t)x & 15) && !((uintptr_t)y & 7)) {
@@ -2417,7 +2425,7 @@ static int opnd(struct ms_gmodel *g, const float *x, uint64_t n, void *buf,
 		*out = x;
 		return MS_OK;
 	}
-	k_cast<__nv_bfloat16><<<nblk(n), NTH, 0, g->st>>>(x, (__nv_bfloat16 *)buf, n);
+	k_cast<__nv_bfloat16><<<cast_blocks(n), NTH, 0, g->st>>>(x, (__nv_bfloat16 *)buf, n);
 	LK();
 	*out = buf;
 out:
@@ -3058,7 +3066,7 @@ static int up_w(struct ms_gmodel *g, const float *h, uint32_t rows, uint32_t col
 			LK();
 		}
 	} else {
-		k_cast<__nv_bfloat16><<<nblk(n), NTH>>>(tmp, (__nv_bfloat16 *)*w, n);
+		k_cast<__nv_bfloat16><<<cast_blocks(n), NTH>>>(tmp, (__nv_bfloat16 *)*w, n);
 		LK();
 		if (wt) {
 			k_tcast<__nv_bfloat16><<<nblk(n), NTH>>>(tmp, (__nv_bfloat16 *)*wt, rows,
@@ -4189,7 +4197,7 @@ static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, int ctx32, s
 	__nv_bfloat16 *Q = att16_q(g, a), *O = att16_o(g, a), *K = att16_k(g, a), *V = att16_v(g, a);
 	const void *dO = NULL;
 	if (!bwd) {
-		k_cast<__nv_bfloat16><<<nblk(nk), NTH, 0, g->st>>>(a->v, V, nk);
+		k_cast<__nv_bfloat16><<<cast_blocks(nk), NTH, 0, g->st>>>(a->v, V, nk);
 		LK();
 		site(g, -2);
 		if ((rc = ms_sdpa_fwd(g->sd, Q, K, V, O, a->lse, g->fws, g->st, err)))
@@ -4568,13 +4576,6 @@ static int rope_bwd(struct ms_gmodel *g, int i, float *y, uint32_t half, struct 
  * coarser than PyTorch's under bf16 autocast: U and dU in bf16 as there,
  * the sums and the factors' gradients in float32.
  */
-__global__ void k_cast_bf(const float *x, __nv_bfloat16 *y, uint64_t n)
-{
-	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x)
-		y[i] = __float2bfloat16_rn(x[i]);
-}
-
 /* every expert's (blockIdx.y) matrix at base + e * es, row stride ld: row
  * i, column c0 + k <- s * src [e * ss + i * rs + k * ks], i < rows, k < r;
  * zeros for k in [r, fr) */
@@ -4796,11 +4797,11 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			    (rc = rope(g, ks, yk, (uint32_t)T, g->nkv, half, rcs, rsn, 0, err))))
 			return rc;
 		if (!nr && a16) {
-			k_cast<__nv_bfloat16><<<nblk(T * g->dq), NTH, 0, g->st>>>(yq, att16_q(g, a),
-										  T * g->dq);
+			k_cast<__nv_bfloat16><<<cast_blocks(T * g->dq), NTH, 0, g->st>>>(
+				yq, att16_q(g, a), T * g->dq);
 			LK();
-			k_cast<__nv_bfloat16><<<nblk(T * g->dkv), NTH, 0, g->st>>>(yk, att16_k(g, a),
-										   T * g->dkv);
+			k_cast<__nv_bfloat16><<<cast_blocks(T * g->dkv), NTH, 0, g->st>>>(
+				yk, att16_k(g, a), T * g->dkv);
 			LK();
 		}
 	}
@@ -5124,7 +5125,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if (fr) {
 			/* the input's tokens in bf16, read by the expert rows
 			 * through the permutation (no gathered copy) */
-			k_cast_bf<<<nblk(T * H), NTH, 0, g->st>>>(a->h2, xb, T * H);
+			k_cast<__nv_bfloat16><<<cast_blocks(T * H), NTH, 0, g->st>>>(a->h2, xb, T * H);
 			LK();
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, a->perm,

@@ -1027,6 +1027,66 @@ static int bench_lora(const uint32_t *goff, const uint32_t *gt, uint64_t rows, u
 		       tr ? "gB = s dY^T U (out 1536)" : "gA = dU^T X (in 2048)", t,
 		       (double)rows * N * 2 / (t * 1e-3) / 1e9);
 	}
+	/* and as the trainer's folded layer calls them (fold_wgrad): split in
+	 * MS_GMODEL_WGRAD_SPLIT (4) runs, X the bf16 twin of its GEMM (U's
+	 * columns in its tail, row stride N + 16) or, for gate/up's gA, the
+	 * token-major input through the rows' permutation */
+	{
+		static const struct { uint32_t N, ldx, ldu; int trans, perm; const char *what; } tw[] = {
+			{1536, 1552, 16, 1, 0, "gB gate/up (dY twin [rows, 1552])"},
+			{2048, 2048, 1552, 0, 1, "gA gate/up (X through the permutation)"},
+			{2048, 2064, 16, 1, 0, "gB down (dY twin [rows, 2064])"},
+			{768, 768, 2064, 0, 0, "gA down (X [rows, 768])"},
+		};
+		uint16_t *xb = (uint16_t *)wide;
+		int32_t *hp = malloc(rows * sizeof *hp), *dp = NULL;
+		float *part = g + (uint64_t)E * 16 * 2048;
+		struct ms_err err = {0};
+		if (!hp || ms_gpu_malloc((void **)&dp, rows * sizeof *dp, &err)) {
+			free(hp);
+			fprintf(stderr, "bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+			return -1;
+		}
+		/* a random permutation of the rows (each token's k-th pick) */
+		for (uint64_t i = 0; i < rows; i++)
+			hp[i] = (int32_t)i;
+		for (uint64_t i = rows - 1; i > 0; i--) {
+			uint64_t j = rnd() % (i + 1);
+			int32_t t = hp[i];
+			hp[i] = hp[j];
+			hp[j] = t;
+		}
+		if (ms_gpu_memcpy(dp, hp, rows * sizeof *dp, &err)) {
+			free(hp);
+			ms_gpu_free(dp);
+			fprintf(stderr, "bench: %s\n", err.msg);
+			return -1;
+		}
+		free(hp);
+		for (size_t i = 0; i < sizeof tw / sizeof *tw; i++) {
+			struct ms_ggemm_wgrad_bf16 p = {
+				.E = E, .R = 16, .N = tw[i].N, .off = goff,
+				.u = tw[i].ldu == 16 ? (const void *)narrow : (const void *)(xb + tw[i].N),
+				.ldu = tw[i].ldu, .x = xb, .ldx = tw[i].ldx, .g = g,
+				.gstride = (uint64_t)16 * tw[i].N, .trans = tw[i].trans, .alpha = 1.0f,
+				.accumulate = 1, .xperm = tw[i].perm ? dp : NULL, .xdiv = 8,
+				.nsplit = 4, .part = part,
+			};
+			struct gg_run r = {S_WGRAD_BF, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &p};
+			float t = t_bench(gg_once, &r, ev);
+			/* bytes: X's rows (each token row once for the permuted
+			 * X, which sits in L2 for the rest) and U's */
+			double xb_ = tw[i].perm ? (double)rows / 8 * tw[i].N * 2
+						: (double)rows * tw[i].N * 2;
+			if (t < 0) {
+				ms_gpu_free(dp);
+				return -1;
+			}
+			printf("bench LoRA %s, as the trainer calls it: %.3f ms, %.0f GB/s\n",
+			       tw[i].what, t, (xb_ + (double)rows * 32) / (t * 1e-3) / 1e9);
+		}
+		ms_gpu_free(dp);
+	}
 	return 0;
 }
 

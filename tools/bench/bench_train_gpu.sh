@@ -218,8 +218,8 @@ done
 if [ $PROF = 1 ] && [ "${MS_BENCH_SITES:-1}" != 0 ] && [ ! -f done-sites ] &&
 	case " $MODES " in *" resident "*) true;; *) false;; esac; then
 	plan sites resident
-	sed 's/"steps": [0-9]*/"steps": 4/' plan-sites.json >plan-sites.tmp && mv plan-sites.tmp plan-sites.json
-	echo "bench-train-gpu: mstrain, resident with MS_PROFILE_SITES, 4 steps" >&2
+	sed 's/"steps": [0-9]*/"steps": 6/' plan-sites.json >plan-sites.tmp && mv plan-sites.tmp plan-sites.json
+	echo "bench-train-gpu: mstrain, resident with MS_PROFILE_SITES, 6 steps (the profile: the last 4)" >&2
 	if MS_PROFILE_SITES=1 "$BUILD/msinv" launch --plan plan-sites.json -- "$BUILD/mstrain" train \
 		--plan plan-sites.json --device "$DEV" --colwise resident --profile prof-sites.json \
 		>train-sites.log 2>&1; then
