@@ -1000,15 +1000,23 @@ __device__ float block_max(float v, float *sh)
 /* transformers' RMSNorm in float32 (model.c rms_rows): one block a row */
 /* yb: NULL, or y's bf16 copy too (a GEMM's or the expert gather's
  * operand, without a cast pass reading y again) */
-/* the float4s of a row a thread of k_rms / k_rms_bwd holds in registers
- * (rows of up to 4 * NTH * RMS_V floats) */
-#define RMS_V 4
-
+/* V: the float4s of a row a thread of k_rms / k_rms_bwd holds in
+ * registers (rows of up to 4 * NTH * V floats), the fewest the row needs
+ * (rms_v: with four at H 2048 the unused half still took registers, and
+ * fewer blocks fit an SM); thread t holds elements 4 (t + k NTH), so the
+ * sums keep their order whatever V */
+template <int V>
 __device__ __forceinline__ int rms_vec(uint32_t H, uintptr_t ptrs)
 {
-	return H % 4 == 0 && H <= 4u * blockDim.x * RMS_V && !(ptrs & 15);
+	return H % 4 == 0 && H <= 4u * blockDim.x * V && !(ptrs & 15);
 }
 
+static int rms_v(uint32_t H)
+{
+	return H <= 4u * NTH ? 1 : H <= 8u * NTH ? 2 : 4;
+}
+
+template <int V>
 __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		      uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
 {
@@ -1016,13 +1024,13 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 	const float *xr = x + (uint64_t)blockIdx.x * H;
 	float *yr = y + (uint64_t)blockIdx.x * H;
 	double ss = 0;
-	if (rms_vec(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7))) {
+	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7))) {
 		/* the row read once, 16 bytes a load, and kept for the output
 		 * (a scalar load an element, twice over the row, ran the norm
 		 * phases at about half the H200's bandwidth) */
-		float4 xv[RMS_V];
+		float4 xv[V];
 #pragma unroll
-		for (int k = 0; k < RMS_V; k++) {
+		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			xv[k] = i < H ? *(const float4 *)(xr + i) : make_float4(0, 0, 0, 0);
 			ss += (double)xv[k].x * xv[k].x + (double)xv[k].y * xv[k].y +
@@ -1033,7 +1041,7 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		if (threadIdx.x == 0)
 			rstd[blockIdx.x] = r;
 #pragma unroll
-		for (int k = 0; k < RMS_V; k++) {
+		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			if (i >= H)
 				break;
@@ -1070,18 +1078,19 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 /* dx = res + d rmsnorm / dx . dy (model.c rms_bwd_row); res NULL: dx +=
  * it. The residual's copy into dx folded in: one pass less over T x H
  * floats, the same float addition */
+template <int V>
 __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 			  const float *dy, const float *res, float *dx, uint32_t H)
 {
 	__shared__ double sh[33];
 	uint64_t o = (uint64_t)blockIdx.x * H;
 	double dot = 0;
-	if (rms_vec(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)dy | (uintptr_t)res |
+	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)dy | (uintptr_t)res |
 			   (uintptr_t)dx)) {
 		/* k_rms's registers: x and dy read once */
-		float4 xv[RMS_V], dv[RMS_V];
+		float4 xv[V], dv[V];
 #pragma unroll
-		for (int k = 0; k < RMS_V; k++) {
+		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			float4 z = make_float4(0, 0, 0, 0), wv = z;
 			xv[k] = dv[k] = z;
@@ -1097,7 +1106,7 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 		double r = rstd[blockIdx.x];
 		double c = r * r * r * dot / H;
 #pragma unroll
-		for (int k = 0; k < RMS_V; k++) {
+		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			if (i >= H)
 				break;
@@ -1119,6 +1128,31 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
 		dx[o + i] = (res ? res[o + i] : dx[o + i]) +
 			    (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+}
+
+/* k_rms and k_rms_bwd over rows of H, on the V the row takes (rms_v) */
+static void rms_fwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
+		    float *y, float *rstd, uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
+{
+	int v = rms_v(H);
+	if (v == 1)
+		k_rms<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+	else if (v == 2)
+		k_rms<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+	else
+		k_rms<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+}
+
+static void rms_bwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
+		    const float *rstd, const float *dy, const float *res, float *dx, uint32_t H)
+{
+	int v = rms_v(H);
+	if (v == 1)
+		k_rms_bwd<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
+	else if (v == 2)
+		k_rms_bwd<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
+	else
+		k_rms_bwd<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
 }
 
 /* a warp's row of n floats: 1 / sqrt(mean of squares + eps), the squares
@@ -1890,6 +1924,7 @@ __global__ void k_scatter(const int32_t *sel, uint32_t n, uint32_t E, uint32_t n
  * when only the twin is wanted: each token's row is read K times, in the
  * experts' order, and from float32 that reading cost about twice the
  * writing (0.2 ms a layer at the bench shapes) */
+#define GATHER_ROWS 4
 template <typename S>
 __global__ void k_gather(const S *src, const int32_t *perm, uint32_t K, float *dst,
 			 __nv_bfloat16 *tw, uint64_t n, uint32_t H, uint32_t ldt)
@@ -1899,15 +1934,32 @@ __global__ void k_gather(const S *src, const int32_t *perm, uint32_t K, float *d
 	 * operand, without a cast pass reading dst again; dst NULL: the twin
 	 * only. Eight elements a thread where the shapes allow (ld8) */
 	if (H % 8 == 0 && ldt % 8 == 0 && al16(src) && (!dst || al16(dst)) && (!tw || al16(tw))) {
-		for (uint64_t j = blockIdx.x; j < n; j += gridDim.x) {
-			const S *s = src + (uint64_t)(perm[j] / K) * H;
+		/* GATHER_ROWS rows a block step, every load issued before the
+		 * stores: with one row (a 16-byte load and store a thread at H
+		 * 2048) the blocks waited on one load each and the H200 moved
+		 * about 2 TB/s */
+		for (uint64_t j0 = (uint64_t)blockIdx.x * GATHER_ROWS; j0 < n;
+		     j0 += (uint64_t)gridDim.x * GATHER_ROWS) {
+			const S *s[GATHER_ROWS];
+#pragma unroll
+			for (int q = 0; q < GATHER_ROWS; q++)
+				s[q] = j0 + q < n ? src + (uint64_t)(perm[j0 + q] / K) * H : NULL;
 			for (uint32_t c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
-				float v[8];
-				ld8(s + c, v);
-				if (dst)
-					st8(dst + j * H + c, v);
-				if (tw)
-					st8(tw + j * ldt + c, v);
+				float v[GATHER_ROWS][8];
+#pragma unroll
+				for (int q = 0; q < GATHER_ROWS; q++)
+					if (s[q])
+						ld8(s[q] + c, v[q]);
+#pragma unroll
+				for (int q = 0; q < GATHER_ROWS; q++) {
+					uint64_t j = j0 + q;
+					if (!s[q])
+						break;
+					if (dst)
+						st8(dst + j * H + c, v[q]);
+					if (tw)
+						st8(tw + j * ldt + c, v[q]);
+				}
 			}
 		}
 		return;
@@ -4732,8 +4784,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		return rc;
 	ph(g, PH_NORM);
 	/* the projections' bf16 operand written by the norm (twin_buf) */
-	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->h1, a->r1, (uint32_t)H,
-					      (float)m->cfg.rms_eps, twin_buf(g));
+	rms_fwd(g, T, a->x, d->ln1, a->h1, a->r1, (uint32_t)H, (float)m->cfg.rms_eps,
+		twin_buf(g));
 	LK();
 	ph(g, PH_ATT_PROJ);
 	X = twin_of(g, a->h1);
@@ -4827,8 +4879,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	/* a folded MoE layer gathers its experts' rows from h2's bf16 copy
 	 * (in xs, which that path does not use before the backward) */
 	h2b = d->moe && g->E && d->egu[0].fr ? (__nv_bfloat16 *)g->xs : NULL;
-	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->h2, a->r2, (uint32_t)H,
-					      (float)m->cfg.rms_eps, h2b);
+	rms_fwd(g, T, a->x2, d->ln2, a->h2, a->r2, (uint32_t)H, (float)m->cfg.rms_eps, h2b);
 	LK();
 	if (d->moe) {
 		uint64_t TK = T * g->K;
@@ -4867,14 +4918,13 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		 * float32 copy only the separate LoRA reads is not made */
 		uint32_t fr = g->E ? d->egu[0].fr : 0;
 		uint64_t ldx = H + fr, lda = F + fr;
+		unsigned gb = rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS);
 		if (h2b)
-			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(h2b, a->perm, g->K, NULL,
-								    twin_buf(g), TK, (uint32_t)H,
-								    (uint32_t)ldx);
+			k_gather<<<gb, NTH, 0, g->st>>>(h2b, a->perm, g->K, NULL, twin_buf(g), TK,
+							(uint32_t)H, (uint32_t)ldx);
 		else
-			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K,
-								    fr ? NULL : g->xs, twin_buf(g),
-								    TK, (uint32_t)H, (uint32_t)ldx);
+			k_gather<<<gb, NTH, 0, g->st>>>(a->h2, a->perm, g->K, fr ? NULL : g->xs,
+							twin_buf(g), TK, (uint32_t)H, (uint32_t)ldx);
 		LK();
 		ph(g, PH_EXPERTS);
 		X = twin_of(g, g->xs);
@@ -5040,8 +5090,9 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 		ph(g, PH_B_EXPERTS);
 		if (!fr) {
-			k_gather<<<rows_grid(TK), NTH, 0, g->st>>>(a->h2, a->perm, g->K, g->xs, NULL,
-								    TK, (uint32_t)H, (uint32_t)H);
+			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
+				   g->st>>>(a->h2, a->perm, g->K, g->xs, NULL, TK, (uint32_t)H,
+					    (uint32_t)H);
 			LK();
 		}
 		X = twin_of(g, g->dye);
@@ -5162,8 +5213,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 	}
 	ph(g, PH_B_NORM);
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2,
-						  (uint32_t)H);
+	rms_bwd(g, T, a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2, (uint32_t)H);
 	LK();
 	ph(g, PH_B_ATT_PROJ);
 	if ((rc = opnd(g, g->dx2, T * H, g->cA, &X, err)) ||
@@ -5257,8 +5307,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 	}
 	ph(g, PH_B_NORM);
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(a->x, d->ln1, a->r1, g->dh1, g->dx2, dxi,
-						  (uint32_t)H);
+	rms_bwd(g, T, a->x, d->ln1, a->r1, g->dh1, g->dx2, dxi, (uint32_t)H);
 	LK();
 out:
 	return rc;
@@ -5320,8 +5369,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, NULL, err)))
 			goto out;
 	ph(g, PH_NORM);
-	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->hf, g->rf, (uint32_t)H,
-					      (float)m->cfg.rms_eps);
+	rms_fwd(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
 	LK();
 	ph(g, PH_HEAD);
 	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
@@ -5373,8 +5421,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	d = g->dA;
 	d2 = g->dB;
 	CK(cudaMemsetAsync(d, 0, T * H * 4, g->st));
-	k_rms_bwd<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->rf, g->y, NULL, d,
-						  (uint32_t)H);
+	rms_bwd(g, T, g->xf, g->norm, g->rf, g->y, NULL, d, (uint32_t)H);
 	LK();
 	for (uint32_t l = g->L; l-- > 0;) {
 		float *t;
@@ -5476,8 +5523,7 @@ int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *
 		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, &dc, err)))
 			goto out;
 	}
-	k_rms<<<(unsigned)T, NTH, 0, g->st>>>(g->xf, g->norm, g->hf, g->rf, (uint32_t)H,
-					      (float)m->cfg.rms_eps);
+	rms_fwd(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
 	LK();
 	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
 	    (rc = gemm(g, 0, 1, (uint32_t)T, (uint32_t)V, (uint32_t)H, 1.0f, X, (uint32_t)H, g->lm,
