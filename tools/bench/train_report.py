@@ -85,10 +85,16 @@ def torch_lines(path):
     return out
 
 
+# the trainer's host functions that launch one kernel (their call stands
+# where a launch statement would): the kernel each launches
+LAUNCHERS = {"rms_fwd": "k_rms", "rms_bwd": "k_rms_bwd"}
+
+
 def site_label(site, src):
     """A launch site "launch at train.cu:N" as "k_name (train.cu:N)": the
-    kernel of the launch statement nearest above line N of src (its LK()
-    follows the launch), where src has one; any other site as it is."""
+    kernel of the launch statement above line N of src (its LK() follows
+    the launch), no further up than the check of the launch before it,
+    where src has one; any other site as it is."""
     pre = "launch at train.cu:"
     if not site.startswith(pre) or not src:
         return site
@@ -97,9 +103,14 @@ def site_label(site, src):
     except ValueError:
         return site
     for i in range(min(n, len(src)) - 1, max(n - 14, 0) - 1, -1):
+        if i < n - 1 and "LK();" in src[i]:
+            break
         m = re.search(r"\b(k_\w+)(<[^<>]*>)?<<<", src[i])
         if m:
             return "%s (train.cu:%d)" % (m.group(1), n)
+        m = re.search(r"\b(%s)\(" % "|".join(LAUNCHERS), src[i])
+        if m:
+            return "%s (train.cu:%d)" % (LAUNCHERS[m.group(1)], n)
     return site
 
 
