@@ -267,7 +267,10 @@ struct dlayer {
 	/* decode descriptors (device arrays) */
 	struct ddesc *fwd, *bwd;
 	int nfwd, nbwd;
-	struct ddesc *hbwd;          /* host copy of bwd (on-demand chunks) */
+	struct ddesc *hbwd;          /* host copy of bwd */
+	/* on-demand: the chunks of bwd's parts whose columnwise bytes fit
+	 * colbuf together (col_chunks), chunk c ending before part cend [c] */
+	int *cend, nchunk;
 	/* q, k and v NVFP4, unfolded, their scratch adjacent: the backward
 	 * decodes [W_q^T | W_k^T | W_v^T] as one [in, q+k+v out] matrix and
 	 * their input gradient is one GEMM (build_descs) */
@@ -875,29 +878,54 @@ out:
 }
 
 /* The exact 2D-block transpose (ms_nvfp4_transpose): codes moved, scales
- * of each 16x16 block moved; [rows, cols] -> [cols, rows]. */
+ * of each 16x16 block moved; [rows, cols] -> [cols, rows]. A tile of
+ * TT_R source rows by TT_C source columns through shared memory, so that
+ * both the reads and the writes run along rows (a thread an output byte
+ * straight from the source read two bytes TT_R apart each: on the H200 the
+ * on-demand transpose took about 1.9 ms a layer for what moves 0.34 GB). */
+#define TT_R 64
+#define TT_C 64
+#define TT_BLOCKS 64   /* blocks a part (blockIdx.y), over its tiles */
+
 __global__ void k_transpose(const struct ddesc *d, int nd)
 {
+	__shared__ uint8_t t[TT_R][TT_C / 2 + 4];
 	const struct ddesc j = d[blockIdx.y];
 	/* j.rows x j.cols is the transposed (columnwise) logical shape, row
 	 * strides j.pst / j.sst (columns padded to 16); the source is
 	 * [R, C] = [j.cols, j.rows], row strides j.spst / j.ssst */
 	uint32_t R = j.cols, C = j.rows, sp = j.spst, ssp = j.ssst;
-	uint64_t nb = (uint64_t)C * j.pst;
 	uint8_t *pkt = (uint8_t *)j.pk, *sct = (uint8_t *)j.sc;
-	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb;
-	     b += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t i = (uint32_t)(b / j.pst), jj = (uint32_t)(b % j.pst);
-		uint32_t r0 = 2 * jj, r1 = 2 * jj + 1;
-		unsigned lo = r0 < R ? (j.spk[(uint64_t)r0 * sp + i / 2] >> (4 * (i & 1))) & 15 : 0;
-		unsigned hi = r1 < R ? (j.spk[(uint64_t)r1 * sp + i / 2] >> (4 * (i & 1))) & 15 : 0;
-		pkt[b] = (uint8_t)(lo | (hi << 4));
-	}
-	uint64_t ns = (uint64_t)C * j.sst;
-	for (uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; b < ns;
-	     b += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t i = (uint32_t)(b / j.sst), jb = (uint32_t)(b % j.sst);
-		sct[b] = j.ssc[(uint64_t)jb * 16 * ssp + i / 16];
+	/* tiles down the output's bytes (and its scale columns, TT_R / 16 a
+	 * tile) and along its rows */
+	uint32_t tr = (j.pst + TT_R / 2 - 1) / (TT_R / 2), ts = (j.sst + TT_R / 16 - 1) / (TT_R / 16);
+	uint32_t tc = (C + TT_C - 1) / TT_C;
+	tr = tr > ts ? tr : ts;
+	for (uint32_t tile = blockIdx.x; tile < tr * tc; tile += gridDim.x) {
+		uint32_t r0 = tile % tr * TT_R, c0 = tile / tr * TT_C;
+		/* the previous tile's readers are done */
+		__syncthreads();
+		for (uint32_t k = threadIdx.x; k < TT_R * (TT_C / 2); k += blockDim.x) {
+			uint32_t rr = k / (TT_C / 2), cb = k % (TT_C / 2), r = r0 + rr;
+			uint32_t byte = c0 / 2 + cb;
+			t[rr][cb] = r < R && byte < sp ? j.spk[(uint64_t)r * sp + byte] : 0;
+		}
+		__syncthreads();
+		/* output row i = source column c0 + oi, byte jj: source rows 2 jj
+		 * (low nibble) and 2 jj + 1, zeros past R */
+		for (uint32_t k = threadIdx.x; k < TT_C * (TT_R / 2); k += blockDim.x) {
+			uint32_t oi = k / (TT_R / 2), ob = k % (TT_R / 2);
+			uint32_t i = c0 + oi, jj = r0 / 2 + ob, sh = 4 * (oi & 1);
+			if (i >= C || jj >= j.pst)
+				continue;
+			unsigned lo = (t[2 * ob][oi / 2] >> sh) & 15, hi = (t[2 * ob + 1][oi / 2] >> sh) & 15;
+			pkt[(uint64_t)i * j.pst + jj] = (uint8_t)(lo | (hi << 4));
+		}
+		for (uint32_t k = threadIdx.x; k < TT_C * (TT_R / 16); k += blockDim.x) {
+			uint32_t oi = k / (TT_R / 16), jb = r0 / 16 + k % (TT_R / 16), i = c0 + oi;
+			if (i < C && jb < j.sst)
+				sct[(uint64_t)i * j.sst + jb] = j.ssc[(uint64_t)jb * 16 * ssp + i / 16];
+		}
 	}
 }
 
@@ -3491,6 +3519,8 @@ out:
 	return rc;
 }
 
+static int col_chunks(struct ms_gmodel *g, struct dlayer *d, struct ms_err *err);
+
 int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 {
 	const struct ms_model_cfg *c = &m->cfg;
@@ -3712,6 +3742,9 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		 * aligned pieces */
 		g->colcap = colmax / 4 > partmax + 512 ? colmax / 4 : partmax + 512;
 		DM(g->colbuf, g->colcap, MC_COL);
+		for (uint32_t l = 0; l < g->L; l++)
+			if ((rc = col_chunks(g, &g->ly[l], err)))
+				goto out;
 	}
 	if (g->grouped && (rc = gg_pointers(g, err)))
 		goto out;
@@ -4063,6 +4096,42 @@ static struct rcfg rcfg_of(const struct ms_model *m)
 	return r;
 }
 
+/* On demand: layer d's backward parts cut into chunks whose columnwise
+ * bytes fit colbuf together (256-byte aligned pieces), each part's
+ * descriptor pointed at its place there, once: the step then transposes
+ * and decodes chunk after chunk with no descriptor upload and no wait for
+ * one (rewritten and uploaded each time, a chunk cost a host
+ * synchronisation: 80 a step at the bench shape) */
+static int col_chunks(struct ms_gmodel *g, struct dlayer *d, struct ms_err *err)
+{
+	int rc = MS_OK;
+	d->nchunk = 0;
+	if (!d->nbwd)
+		return MS_OK;
+	if (!(d->cend = (int *)malloc((size_t)d->nbwd * sizeof *d->cend)))
+		return ms_err_nomem(err);
+	for (int i0 = 0; i0 < d->nbwd;) {
+		uint64_t used = 0;
+		int i1 = i0;
+		while (i1 < d->nbwd) {
+			struct ddesc *b = &d->hbwd[i1];
+			uint64_t ps = (uint64_t)b->rows * b->pst, ss = (uint64_t)b->rows * b->sst;
+			uint64_t need = ((ps + 255) & ~255ull) + ((ss + 255) & ~255ull);
+			if (used + need > g->colcap && i1 > i0)
+				break;
+			b->pk = g->colbuf + used;
+			b->sc = g->colbuf + used + ((ps + 255) & ~255ull);
+			used += need;
+			i1++;
+		}
+		d->cend[d->nchunk++] = i1;
+		i0 = i1;
+	}
+	CK(cudaMemcpy(d->bwd, d->hbwd, (size_t)d->nbwd * sizeof *d->hbwd, cudaMemcpyHostToDevice));
+out:
+	return rc;
+}
+
 /* decode a layer's projections: forward W from the rowwise bytes; backward
  * W^T from the columnwise bytes (on demand: transposed a chunk of parts at a
  * time into colbuf first) */
@@ -4079,35 +4148,17 @@ static int decode_parts(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 		ph(g, PH_DECODE_COL);
 		return dec_launch(g, d->bwd, d->nbwd, err);
 	}
-	/* on demand: parts [i0, i1) whose columnwise bytes fit colbuf; their
-	 * descriptors (pk/sc into colbuf) are rewritten each time, in the
-	 * host copy, then uploaded after the previous chunk's decode (the
-	 * stream orders the upload after it) */
-	for (int i0 = 0; i0 < d->nbwd;) {
-		uint64_t used = 0;
-		int i1 = i0;
-		while (i1 < d->nbwd) {
-			struct ddesc *b = &d->hbwd[i1];
-			uint64_t ps = (uint64_t)b->rows * b->pst, ss = (uint64_t)b->rows * b->sst;
-			uint64_t need = ((ps + 255) & ~255ull) + ((ss + 255) & ~255ull);
-			if (used + need > g->colcap && i1 > i0)
-				break;
-			b->pk = g->colbuf + used;
-			b->sc = g->colbuf + used + ((ps + 255) & ~255ull);
-			used += need;
-			i1++;
-		}
+	/* on demand: each chunk of parts (col_chunks: their descriptors point
+	 * into colbuf) transposed, then decoded; the stream orders the next
+	 * chunk's transpose after this one's decode */
+	for (int c = 0, i0 = 0; c < d->nchunk; c++) {
+		int i1 = d->cend[c];
 		ph(g, PH_TRANSPOSE);
-		CK(cudaMemcpyAsync(d->bwd + i0, d->hbwd + i0, (i1 - i0) * sizeof *d->hbwd,
-				   cudaMemcpyHostToDevice, g->st));
-		k_transpose<<<dim3(64, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
+		k_transpose<<<dim3(TT_BLOCKS, i1 - i0), NTH, 0, g->st>>>(d->bwd + i0, i1 - i0);
 		LK();
 		ph(g, PH_DECODE_COL);
 		if ((rc = dec_launch(g, d->bwd + i0, i1 - i0, err)))
 			return rc;
-		/* the host copy is rewritten for the next chunk only after this
-		 * upload has been read */
-		CK(cudaStreamSynchronize(g->st));
 		i0 = i1;
 	}
 out:
@@ -5851,6 +5902,7 @@ static void gfree(struct ms_gmodel *g)
 			cudaFree(d->fwd);
 			cudaFree(d->bwd);
 			free(d->hbwd);
+			free(d->cend);
 		}
 		free(g->ly);
 	}
