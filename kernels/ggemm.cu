@@ -473,8 +473,8 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 			for (int c = 0; c < 4; c++)
 				acc[t][q][c] = 0.0f;
 	/* the ring's first WB_ST - 1 stages; every iteration then commits one
-	 * group (empty past the last stage), so waiting until WB_ST - 2 are
-	 * in flight always means stage s has landed */
+	 * group (empty past the last stage), so waiting until at most WB_ST -
+	 * 1 are in flight always means stage s has landed */
 #pragma unroll
 	for (int s = 0; s < WB_ST - 1; s++) {
 		if ((uint32_t)s < nst)

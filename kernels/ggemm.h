@@ -149,8 +149,8 @@ int ms_ggemm_wgrad(const struct ms_ggemm_wgrad *p, void *stream, struct ms_err *
  * The same sum with bf16 U and X on the tensor cores (mma.sync, float32
  * accumulation): G_e (+)= alpha U_e^T X_e over the rows off[e] ..
  * off[e+1]-1, G_e [R, N] or, with trans, [N, R]. A block a 128-column
- * slice of one group, its rows streamed through shared memory in two
- * cp.async stages (rows past the group's end are zero-filled, not read),
+ * slice of one group, its rows streamed through shared memory in a ring of
+ * four cp.async stages (rows past the group's end are zero-filled, not read),
  * each element's rows summed in the same order every run. The folded
  * expert LoRA's gradients (train.cu): a read of X once. Covered: R of 1
  * .. MS_GGEMM_WGRAD_BF16_MAX_R (padded with zeros to a multiple of 16 in

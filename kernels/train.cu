@@ -43,6 +43,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -522,8 +523,9 @@ struct ms_gmodel {
 	 * since is no launch of this file's) */
 	int evsite[NEV];
 	int sites;
-	/* MS_PROFILE_TIMELINE: one step's events (the third profiled one)
-	 * as lines of host and GPU times into this file */
+	/* MS_PROFILE_TIMELINE: one step's events (the third step's, the
+	 * first after the warm-up) as lines of host and GPU times into this
+	 * file */
 	char *timeline;
 	int folds;
 	/* the GEMM shapes a site key 100000 + i names */
@@ -741,8 +743,12 @@ static void timeline_write(struct ms_gmodel *g, double shift)
 {
 	FILE *f = fopen(g->timeline, "w");
 	char nm[96];
-	if (!f)
+	if (!f) {
+		/* a diagnostic: said, and the run goes on */
+		fprintf(stderr, "mstrain: MS_PROFILE_TIMELINE %s: %s\n", g->timeline,
+			strerror(errno));
 		return;
+	}
 	fprintf(f, "event\thost_ms\tgpu_ms\tphase\tsite\n");
 	for (int i = 0; i < g->nev; i++) {
 		site_name(g, g->evsite[i], nm, sizeof nm);
@@ -898,7 +904,8 @@ __global__ void k_transpose(const struct ddesc *d, int nd)
 	uint8_t *pkt = (uint8_t *)j.pk, *sct = (uint8_t *)j.sc;
 	/* tiles down the output's bytes (and its scale columns, TT_R / 16 a
 	 * tile) and along its rows */
-	uint32_t tr = (j.pst + TT_R / 2 - 1) / (TT_R / 2), ts = (j.sst + TT_R / 16 - 1) / (TT_R / 16);
+	uint32_t tr = (j.pst + TT_R / 2 - 1) / (TT_R / 2);
+	uint32_t ts = (j.sst + TT_R / 16 - 1) / (TT_R / 16);
 	uint32_t tc = (C + TT_C - 1) / TT_C;
 	tr = tr > ts ? tr : ts;
 	for (uint32_t tile = blockIdx.x; tile < tr * tc; tile += gridDim.x) {
@@ -918,13 +925,15 @@ __global__ void k_transpose(const struct ddesc *d, int nd)
 			uint32_t i = c0 + oi, jj = r0 / 2 + ob, sh = 4 * (oi & 1);
 			if (i >= C || jj >= j.pst)
 				continue;
-			unsigned lo = (t[2 * ob][oi / 2] >> sh) & 15, hi = (t[2 * ob + 1][oi / 2] >> sh) & 15;
+			unsigned lo = (t[2 * ob][oi / 2] >> sh) & 15;
+			unsigned hi = (t[2 * ob + 1][oi / 2] >> sh) & 15;
 			pkt[(uint64_t)i * j.pst + jj] = (uint8_t)(lo | (hi << 4));
 		}
 		for (uint32_t k = threadIdx.x; k < TT_C * (TT_R / 16); k += blockDim.x) {
 			uint32_t oi = k / (TT_R / 16), jb = r0 / 16 + k % (TT_R / 16), i = c0 + oi;
 			if (i < C && jb < j.sst)
-				sct[(uint64_t)i * j.sst + jb] = j.ssc[(uint64_t)jb * 16 * ssp + i / 16];
+				sct[(uint64_t)i * j.sst + jb] =
+					j.ssc[(uint64_t)jb * 16 * ssp + i / 16];
 		}
 	}
 }
@@ -4127,7 +4136,8 @@ static int col_chunks(struct ms_gmodel *g, struct dlayer *d, struct ms_err *err)
 		d->cend[d->nchunk++] = i1;
 		i0 = i1;
 	}
-	CK(cudaMemcpy(d->bwd, d->hbwd, (size_t)d->nbwd * sizeof *d->hbwd, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d->bwd, d->hbwd, (size_t)d->nbwd * sizeof *d->hbwd,
+		      cudaMemcpyHostToDevice));
 out:
 	return rc;
 }
