@@ -276,6 +276,12 @@ struct dlayer {
 	 * decodes [W_q^T | W_k^T | W_v^T] as one [in, q+k+v out] matrix and
 	 * their input gradient is one GEMM (build_descs) */
 	int qkv3;
+	/* the q/k/v LoRA folded into those GEMMs (afr: the tail's columns,
+	 * 0 unfolded; acol: each of lq, lk, lv's fold_width(r) columns in
+	 * it): forward W_i [out, in + afr] = [W_i | s B_j at acol j], X
+	 * [T, in + afr] = [X | U_q U_k U_v]; backward [W_q^T W_k^T W_v^T |
+	 * A_j^T at acol j] against [dq dk dv | dU_j] */
+	uint32_t afr, acol[3];
 	/* grouped expert GEMMs (device [4][E]): W_e of gate/up and of down,
 	 * then their W_e^T; bf16 pointers into the decode scratch or at the
 	 * float weights (gbp), or NVFP4 descriptors when fused (gbq) */
@@ -426,10 +432,23 @@ struct ms_gmodel {
 	int f32;                     /* GEMM operands float32 */
 	int grouped;                 /* expert GEMMs by ggemm.h (bf16 only) */
 	int fused;                   /* ... decoding NVFP4 inside them */
+	int v16;                     /* this layer's forward's v GEMM wrote V in
+					bf16 for cuDNN (layer_fwd) */
+	const float *pend_src;       /* the last layer's residual add, left to
+					the next norm (rms_in): pend_dst =
+					pend_src + y */
+	float *pend_dst;
+	void *do16;                  /* this layer's backward's bf16 dO
+					(layer_bwd), or NULL */
+	int dv16;                    /* this layer's backward keeps cuDNN's dQ,
+					dK, dV in bf16 (layer_bwd) */
 	int fold;                    /* the expert LoRA may fold (fold_tails) */
 	int cnt_wait;                /* a layer's counts on their way to the host */
 	int folded;                  /* ... and some layer's does */
 	__nv_bfloat16 *fab;          /* a LoRA factor of every expert, bf16 */
+	uint32_t afrmax;             /* the widest layer's afr (0: none folds) */
+	__nv_bfloat16 *aab;          /* the attention fold's factors in bf16:
+					the stacked A [afr, H], one B [out, fw] */
 	void *gbp;                   /* every MoE layer's gbp or gbq */
 	cudaEvent_t cev;             /* a layer's expert counts reached the host */
 	cudaDataType_t gt;           /* GEMM operand type */
@@ -483,6 +502,10 @@ struct ms_gmodel {
 					cuDNN, 2 flash, 3 GEMM + softmax */
 	uint64_t att_ws[2];          /* ... cuDNN's workspace: asked, held */
 	float *up, *dup;             /* padded U, dU of the expert LoRA bwd */
+	float *ud;                   /* the folded expert LoRA's products of
+					every token with every expert's
+					factor: [T, E fr] (fold_u_gu,
+					fold_du_dn; bf16 in fold_ga_gu) */
 	uint32_t *dpad;              /* 4 E words of device offsets: the
 					unfolded LoRA backward's padding table
 					(3 E), the folded one's row offsets
@@ -868,16 +891,21 @@ __global__ void k_decode(const struct ddesc *d, int nd)
 	}
 }
 
-/* jobs [0, nd) of dv (device) into the decode scratch */
+/* jobs [0, nd) of dv (device) into the decode scratch, DEC_BLOCKS blocks
+ * a job: with 256 a block's threads took one or two scale blocks each
+ * before the block ended (the bench's decode 8.2 -> 7.4 ms a step at 32,
+ * on the H200; a thread a half block, with 16-byte stores side by side
+ * along the warp, was slower: 8.2 -> 8.6) */
+#define DEC_BLOCKS 32
 static int dec_launch(struct ms_gmodel *g, const struct ddesc *dv, int nd, struct ms_err *err)
 {
 	int rc = MS_OK;
 	if (!nd)
 		return MS_OK;
 	if (g->f32)
-		k_decode<float><<<dim3(256, nd), NTH, 0, g->st>>>(dv, nd);
+		k_decode<float><<<dim3(DEC_BLOCKS, nd), NTH, 0, g->st>>>(dv, nd);
 	else
-		k_decode<__nv_bfloat16><<<dim3(256, nd), NTH, 0, g->st>>>(dv, nd);
+		k_decode<__nv_bfloat16><<<dim3(DEC_BLOCKS, nd), NTH, 0, g->st>>>(dv, nd);
 	LK();
 out:
 	return rc;
@@ -964,7 +992,7 @@ __global__ void k_cast(const float *x, T *y, uint64_t n)
  * the q, k and v gradients as one operand (dlayer.qkv3) */
 template <typename T>
 __global__ void k_cat3(const float *x0, const float *x1, const float *x2, T *y, uint64_t n,
-		       uint32_t a, uint32_t b, uint32_t c)
+		       uint32_t a, uint32_t b, uint32_t c, uint32_t ld)
 {
 	uint32_t w = a + b + c;
 	/* a block a row at a time: no 64-bit division an element */
@@ -972,7 +1000,7 @@ __global__ void k_cat3(const float *x0, const float *x1, const float *x2, T *y, 
 		for (uint32_t j = threadIdx.x; j < w; j += blockDim.x) {
 			float v = j < a ? x0[r * a + j] : j < a + b ? x1[r * b + j - a]
 								  : x2[r * c + j - a - b];
-			y[r * w + j] = tocv<T>(v);
+			y[r * ld + j] = tocv<T>(v);
 		}
 }
 /* [rows, cols] float -> [cols, rows] in T */
@@ -1055,13 +1083,18 @@ static int rms_v(uint32_t H)
 
 template <int V>
 __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
-		      uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
+		      uint32_t H, float eps, __nv_bfloat16 *yb, uint32_t ybld, const float *xa,
+		      float *xs)
 {
+	/* xa: the residual add first, xs = x + xa (written), normalized (one
+	 * pass less over the rows than k_add and then the norm) */
 	__shared__ double sh[33];
 	const float *xr = x + (uint64_t)blockIdx.x * H;
 	float *yr = y + (uint64_t)blockIdx.x * H;
 	double ss = 0;
-	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7))) {
+	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7) |
+			      (uintptr_t)xa | (uintptr_t)xs) &&
+	    ybld % 4 == 0) {
 		/* the row read once, 16 bytes a load, and kept for the output
 		 * (a scalar load an element, twice over the row, ran the norm
 		 * phases at about half the H200's bandwidth) */
@@ -1070,6 +1103,15 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			xv[k] = i < H ? *(const float4 *)(xr + i) : make_float4(0, 0, 0, 0);
+			if (xa && i < H) {
+				uint64_t o = (uint64_t)blockIdx.x * H + i;
+				float4 av = *(const float4 *)(xa + o);
+				xv[k].x += av.x;
+				xv[k].y += av.y;
+				xv[k].z += av.z;
+				xv[k].w += av.w;
+				*(float4 *)(xs + o) = xv[k];
+			}
 			ss += (double)xv[k].x * xv[k].x + (double)xv[k].y * xv[k].y +
 			      (double)xv[k].z * xv[k].z + (double)xv[k].w * xv[k].w;
 		}
@@ -1091,11 +1133,19 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 			if (yb) {
 				__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
 				__nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
-				*(uint2 *)(yb + (uint64_t)blockIdx.x * H + i) =
+				*(uint2 *)(yb + (uint64_t)blockIdx.x * ybld + i) =
 					make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
 			}
 		}
 		return;
+	}
+	if (xa) {
+		/* the sum first (each thread its own elements, read back
+		 * below by the same thread) */
+		float *sr = xs + (uint64_t)blockIdx.x * H;
+		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
+			sr[i] = xr[i] + xa[(uint64_t)blockIdx.x * H + i];
+		xr = sr;
 	}
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
 		ss += (double)xr[i] * xr[i];
@@ -1108,7 +1158,7 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		float v = w[i] * (xr[i] * r);
 		yr[i] = v;
 		if (yb)
-			yb[(uint64_t)blockIdx.x * H + i] = __float2bfloat16_rn(v);
+			yb[(uint64_t)blockIdx.x * ybld + i] = __float2bfloat16_rn(v);
 	}
 }
 
@@ -1117,13 +1167,15 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
  * floats, the same float addition */
 template <int V>
 __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
-			  const float *dy, const float *res, float *dx, uint32_t H)
+			  const float *dy, const float *res, float *dx, uint32_t H,
+			  __nv_bfloat16 *db)
 {
+	/* db: dx's bf16 copy as well (the next GEMM's operand, no cast pass) */
 	__shared__ double sh[33];
 	uint64_t o = (uint64_t)blockIdx.x * H;
 	double dot = 0;
 	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)dy | (uintptr_t)res |
-			   (uintptr_t)dx)) {
+			   (uintptr_t)dx | ((uintptr_t)db & 7))) {
 		/* k_rms's registers: x and dy read once */
 		float4 xv[V], dv[V];
 #pragma unroll
@@ -1154,6 +1206,11 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 			v.z = b.z + (float)(r * wv.z * dv[k].z - c * xv[k].z);
 			v.w = b.w + (float)(r * wv.w * dv[k].w - c * xv[k].w);
 			*(float4 *)(dx + o + i) = v;
+			if (db) {
+				__nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+				__nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+				*(uint2 *)(db + o + i) = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+			}
 		}
 		return;
 	}
@@ -1162,34 +1219,58 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 	dot = block_sum(dot, sh);
 	double r = rstd[blockIdx.x];
 	double c = r * r * r * dot / H;
-	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-		dx[o + i] = (res ? res[o + i] : dx[o + i]) +
-			    (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+		float v = (res ? res[o + i] : dx[o + i]) +
+			  (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+		dx[o + i] = v;
+		if (db)
+			db[o + i] = __float2bfloat16_rn(v);
+	}
 }
 
 /* k_rms and k_rms_bwd over rows of H, on the V the row takes (rms_v) */
+/* yb: a bf16 copy of y as well, row stride ybld (0: H); xa: normalize x +
+ * xa, the sum written to xs (rms_in) */
 static void rms_fwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
-		    float *y, float *rstd, uint32_t H, float eps, __nv_bfloat16 *yb = NULL)
+		    float *y, float *rstd, uint32_t H, float eps, __nv_bfloat16 *yb = NULL,
+		    uint32_t ybld = 0, const float *xa = NULL, float *xs = NULL)
 {
 	int v = rms_v(H);
+	uint32_t ld = ybld ? ybld : H;
 	if (v == 1)
-		k_rms<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+		k_rms<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
 	else if (v == 2)
-		k_rms<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+		k_rms<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
 	else
-		k_rms<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb);
+		k_rms<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
+}
+
+/* a norm of x, the residual stream: where the previous layer left its
+ * last add to the norm that reads it (pend_dst == x), x = pend_src + y
+ * written as the norm reads it */
+static void rms_in(struct ms_gmodel *g, uint64_t rows, const float *x, const float *w, float *y,
+		   float *rstd, uint32_t H, float eps, __nv_bfloat16 *yb = NULL,
+		   uint32_t ybld = 0)
+{
+	if (g->pend_dst && g->pend_dst == x) {
+		rms_fwd(g, rows, g->pend_src, w, y, rstd, H, eps, yb, ybld, g->y, g->pend_dst);
+		g->pend_dst = NULL;
+		return;
+	}
+	rms_fwd(g, rows, x, w, y, rstd, H, eps, yb, ybld);
 }
 
 static void rms_bwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
-		    const float *rstd, const float *dy, const float *res, float *dx, uint32_t H)
+		    const float *rstd, const float *dy, const float *res, float *dx, uint32_t H,
+		    __nv_bfloat16 *db = NULL)
 {
 	int v = rms_v(H);
 	if (v == 1)
-		k_rms_bwd<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
+		k_rms_bwd<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
 	else if (v == 2)
-		k_rms_bwd<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
+		k_rms_bwd<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
 	else
-		k_rms_bwd<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H);
+		k_rms_bwd<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
 }
 
 /* a warp's row of n floats: 1 / sqrt(mean of squares + eps), the squares
@@ -1399,11 +1480,15 @@ __global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 	}
 }
 
-template <typename X>
+template <typename X, typename Y>
 __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, const float *rstd,
-				float *dx, uint64_t rows, uint32_t n, uint32_t nhead,
-				uint32_t half, uint32_t S, const float *cs, const float *sn)
+				Y *dx, uint64_t rows, uint32_t n, uint32_t nhead,
+				uint32_t half, uint32_t S, const float *cs, const float *sn,
+				uint32_t ldo, uint32_t c0)
 {
+	/* dx: head h of token t at t ldo + c0 + h n (ldo = nhead n, c0 = 0:
+	 * [rows, n]; or straight into the input gradient GEMM's bf16
+	 * operand [dq dk dv], no concatenating pass) */
 	__shared__ float sb[NTH / 32][NR_MAXN];
 	__shared__ float sd[NTH / 32][NR_MAXN];
 	uint32_t lane = threadIdx.x & 31, wi = threadIdx.x >> 5, wpb = blockDim.x >> 5;
@@ -1428,8 +1513,9 @@ __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, con
 			dot += __shfl_xor_sync(0xffffffffu, dot, k);
 		double r = rstd[row];
 		double c = r * r * r * dot / n;
+		Y *dr = dx + (row / nhead) * ldo + c0 + (row % nhead) * n;
 		for (uint32_t i = lane; i < n; i += 32)
-			dx[o + i] = (float)(r * w[i] * sg[i] - c * x[o + i]);
+			dr[i] = tocv<Y>((float)(r * w[i] * sg[i] - c * x[o + i]));
 		__syncwarp();
 	}
 }
@@ -2078,7 +2164,7 @@ __global__ void k_slot_sum(const Y *src, const int32_t *pos, const float *w, flo
 template <typename Y>
 __global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 			      const float *w, float *dye, __nv_bfloat16 *tw, float *dw,
-			      uint32_t K, uint32_t H, uint32_t ldt)
+			      uint32_t K, uint32_t H, uint32_t ldt, __nv_bfloat16 *xb = NULL)
 {
 	/* dye NULL: the bf16 twin only (row stride ldt). A block a token, a
 	 * warp a slot of it: the dot product's sum by shuffles, no barrier
@@ -2088,7 +2174,9 @@ __global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 	uint32_t lane = threadIdx.x & 31;
 	/* eight elements a lane where the shapes allow (ld8) */
 	int vec = H % 8 == 0 && (!tw || ldt % 8 == 0) && al16(dxo) && al16(ye) &&
-		  (!dye || al16(dye)) && (!tw || al16(tw));
+		  (!dye || al16(dye)) && (!tw || al16(tw)) && (!xb || al16(xb));
+	/* xb: dxo's bf16 copy as well (the down LoRA's dense dU, fold_du_dn),
+	 * by the first slot's warp */
 	for (uint32_t k = threadIdx.x >> 5; k < K; k += blockDim.x >> 5) {
 		uint64_t p = (uint64_t)pos[t * K + k], row = p * H;
 		float wk = w[t * K + k];
@@ -2105,6 +2193,8 @@ __global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 				st8(dye + row + i, o);
 			if (tw)
 				st8(tw + p * ldt + i, o);
+			if (xb && !k)
+				st8(xb + t * H + i, gv);
 		}
 #pragma unroll 4
 		for (uint32_t i = lane; !vec && i < H; i += 32) {
@@ -2114,6 +2204,8 @@ __global__ void k_combine_bwd(const float *dxo, const Y *ye, const int32_t *pos,
 				dye[row + i] = g * wk;
 			if (tw)   /* the bf16 twin (k_gather's) */
 				tw[p * ldt + i] = __float2bfloat16_rn(g * wk);
+			if (xb && !k)
+				xb[t * H + i] = __float2bfloat16_rn(g);
 		}
 		for (int o = 16; o; o >>= 1)
 			d += __shfl_xor_sync(0xffffffffu, d, o);
@@ -3290,11 +3382,16 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 		const struct dlin *q = &dl->q, *k = &dl->k, *v = &dl->v;
 		/* (the float32 test mode keeps three GEMMs: no bf16 operand
 		 * scratch, and model.c's sums) */
-		dl->qkv3 = !g->f32 && q->nparts && k->nparts && v->nparts && !q->fr && !k->fr &&
-			   !v->fr &&
+		dl->qkv3 = !g->f32 && q->nparts && k->nparts && v->nparts && q->fr == dl->afr &&
+			   k->fr == dl->afr && v->fr == dl->afr &&
 			   k->in == q->in && v->in == q->in &&
-			   k->woff == q->woff + (uint64_t)q->out * q->in &&
-			   v->woff == k->woff + (uint64_t)k->out * k->in;
+			   k->woff == q->woff + (uint64_t)q->out * q->in + fold_extra(q) &&
+			   v->woff == k->woff + (uint64_t)k->out * k->in + fold_extra(k);
+		/* (afr is set only where this holds) */
+		if (dl->afr && !dl->qkv3) {
+			rc = ms_err_set(err, MS_EINVAL, "the q/k/v LoRA fold without qkv3");
+			goto out;
+		}
 	}
 	n = 0;
 	for (int i = 0; i < nl; i++) {
@@ -3303,7 +3400,7 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 		/* qkv3: q, k, v's W^T side by side (ls[0..2]) */
 		uint64_t cw = 0, c0 = 0;
 		if (dl->qkv3 && i < 3) {
-			cw = dl->q.out + dl->k.out + dl->v.out;
+			cw = dl->q.out + dl->k.out + dl->v.out + dl->afr;
 			c0 = i == 0 ? 0 : i == 1 ? dl->q.out : dl->q.out + dl->k.out;
 		}
 		for (int p = 0; p < l->nparts; p++) {
@@ -3667,14 +3764,37 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		const struct layer *L = &m->layers[l];
 		struct dlayer *d = &g->ly[l];
 		uint64_t wo = 0, cb = 0;
+		/* the q/k/v LoRA folds (afr) on the path the expert LoRA
+		 * folds on, where q, k and v are all NVFP4 over one input
+		 * (their input gradient then one GEMM, build_descs' qkv3) */
+		const struct lora *aL[3] = {L->lq, L->lk, L->lv};
+		uint32_t afr = 0;
+		if (g->fold && L->q.nparts && L->k.nparts && L->v.nparts &&
+		    L->k.in == L->q.in && L->v.in == L->q.in)
+			for (int i = 0; i < 3; i++)
+				if (aL[i]) {
+					d->acol[i] = afr;
+					afr += fold_width(g->r);
+				}
+		d->afr = afr;
+		if (afr > g->afrmax)
+			g->afrmax = afr;
 		if ((rc = up_f(g, L->ln1, g->H, &d->ln1, MC_DENSE, err)) ||
 		    (rc = up_f(g, L->ln2, g->H, &d->ln2, MC_DENSE, err)) ||
 		    (rc = up_f(g, L->qn, g->hd, &d->qn, MC_DENSE, err)) ||
-		    (rc = up_f(g, L->kn, g->hd, &d->kn, MC_DENSE, err)) ||
-		    (rc = up_lin(g, m, &L->q, &d->q, &wo, &cb, err)) ||
-		    (rc = up_lin(g, m, &L->k, &d->k, &wo, &cb, err)) ||
-		    (rc = up_lin(g, m, &L->v, &d->v, &wo, &cb, err)) ||
-		    (rc = up_lin(g, m, &L->o, &d->o, &wo, &cb, err)))
+		    (rc = up_f(g, L->kn, g->hd, &d->kn, MC_DENSE, err)))
+			goto out;
+		{
+			const struct lin *hl[3] = {&L->q, &L->k, &L->v};
+			struct dlin *dl3[3] = {&d->q, &d->k, &d->v};
+			for (int i = 0; i < 3; i++) {
+				if ((rc = up_lin(g, m, hl[i], dl3[i], &wo, &cb, err)))
+					goto out;
+				dl3[i]->fr = afr;
+				wo += fold_extra(dl3[i]);
+			}
+		}
+		if ((rc = up_lin(g, m, &L->o, &d->o, &wo, &cb, err)))
 			goto out;
 		d->lq = dlora_of(g, m, L->lq);
 		d->lk = dlora_of(g, m, L->lk);
@@ -3731,6 +3851,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			colmax = cb;
 	}
 	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
+	if (g->afrmax)
+		DM(g->aab, ((uint64_t)g->afrmax * g->H +
+			    (uint64_t)(g->dq > g->dkv ? g->dq : g->dkv) * fold_width(g->r)) * 2,
+		   MC_SCRATCH);
 	if (g->folded) {
 		uint64_t wide = g->H > 2 * g->F ? g->H : 2 * g->F;
 		DM(g->fab, (uint64_t)g->E * fold_width(g->r) * wide * 2, MC_SCRATCH);
@@ -3819,7 +3943,7 @@ static void acts_release(struct ms_gmodel *g)
 	float *s[] = {g->xf, g->hf, g->rf, g->logits, g->y, g->y2, g->tmp, g->dA, g->dB,
 		      g->dh1, g->dx2, g->dh2, g->dctx, g->dqv, g->dkk, g->dvv, g->dq0, g->dk0,
 		      g->xs, g->xsd, g->actd, g->dye, g->dact, g->dgu, g->dxs, g->dz, g->du,
-		      g->dw, g->sc, g->dp, g->dctx2, g->up, g->dup};
+		      g->dw, g->sc, g->dp, g->dctx2, g->up, g->dup, g->ud};
 	for (size_t i = 0; i < sizeof s / sizeof *s; i++)
 		dfree(g, s[i], MC_SCRATCH);
 	dfree(g, g->lossrow, MC_SCRATCH);
@@ -3836,7 +3960,7 @@ static void acts_release(struct ms_gmodel *g)
 	g->xf = g->hf = g->rf = g->logits = g->y = g->y2 = g->tmp = g->dA = g->dB = NULL;
 	g->dh1 = g->dx2 = g->dh2 = g->dctx = g->dqv = g->dkk = g->dvv = g->dq0 = NULL;
 	g->dk0 = g->xs = g->xsd = g->actd = g->dye = g->dact = g->dgu = g->dxs = NULL;
-	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = NULL;
+	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = g->ud = NULL;
 	dfree(g, g->dpad, MC_SCRATCH);
 	g->dpad = NULL;
 	g->lossrow = g->dsum = NULL;
@@ -4037,6 +4161,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		DM(g->up, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dup, (TK + (uint64_t)g->E * BUCKET) * r * 4, MC_SCRATCH);
 		DM(g->dpad, 4 * (uint64_t)g->E * 4, MC_SCRATCH);
+		if (g->folded)
+			DM(g->ud, T * g->E * fold_width(g->r) * 4, MC_SCRATCH);
 	}
 	if (fws)
 		DM(g->fws, fws, MC_SCRATCH);
@@ -4051,7 +4177,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	if (!g->f32) {
 		/* folded expert LoRA: the expert rows' twins are fold_width(r)
 		 * wider */
-		DM(g->cA, u64max(rows * (wide + (g->folded ? fold_width(g->r) : 0)), T * g->V) *
+		DM(g->cA, u64max(u64max(rows * (wide + (g->folded ? fold_width(g->r) : 0)), T * g->V),
+				 g->afrmax ? T * (u64max(H, g->dq + 2 * g->dkv) + g->afrmax) : 0) *
 				  g->esz,
 		   MC_SCRATCH);
 		DM(g->cB, T * u64max(g->dq, g->dkv) * g->esz, MC_SCRATCH);
@@ -4310,8 +4437,10 @@ static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, int ctx32, s
 	__nv_bfloat16 *Q = att16_q(g, a), *O = att16_o(g, a), *K = att16_k(g, a), *V = att16_v(g, a);
 	const void *dO = NULL;
 	if (!bwd) {
-		k_cast<__nv_bfloat16><<<cast_blocks(nk), NTH, 0, g->st>>>(a->v, V, nk);
-		LK();
+		if (!g->v16) {
+			k_cast<__nv_bfloat16><<<cast_blocks(nk), NTH, 0, g->st>>>(a->v, V, nk);
+			LK();
+		}
 		site(g, -2);
 		if ((rc = ms_sdpa_fwd(g->sd, Q, K, V, O, a->lse, g->fws, g->st, err)))
 			return rc;
@@ -4322,14 +4451,18 @@ static int att_cudnn(struct ms_gmodel *g, struct dacts *a, int bwd, int ctx32, s
 		}
 		return MS_OK;
 	}
-	if ((rc = opnd(g, g->dctx, nq, g->cA, &dO, err)))
+	if (g->do16)
+		dO = g->do16;
+	else if ((rc = opnd(g, g->dctx, nq, g->cA, &dO, err)))
 		return rc;
 	site(g, -2);
 	if ((rc = ms_sdpa_bwd(g->sd, Q, K, V, O, dO, a->lse, gq, gk, gv, g->fws, g->st, err)))
 		return rc;
 	site(g, SK_SDPA_BWD);
-	k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
-	LK();
+	if (!g->dv16) {
+		k_widen<<<nblk(nk), NTH, 0, g->st>>>(gv, g->dvv, nk);
+		LK();
+	}
 out:
 	return rc;
 }
@@ -4694,14 +4827,18 @@ static int rope_bwd(struct ms_gmodel *g, int i, float *y, uint32_t half, struct 
  * zeros for k in [r, fr) */
 __global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint32_t c0,
 			    uint32_t rows, uint32_t r, uint32_t fr, const float *src, uint64_t ss,
-			    uint32_t rs, uint32_t ks, float s)
+			    uint32_t rs, uint32_t ks, float s, uint32_t kb = 0)
 {
+	/* columns [c0, c0 + fr): the factor's r in [kb, kb + r), zeros
+	 * elsewhere */
 	uint64_t e = blockIdx.y;
 	uint32_t n = rows * fr;
 	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
 		uint32_t row = i / fr, k = i - row * fr;
 		base[e * es + (uint64_t)row * ld + c0 + k] = __float2bfloat16_rn(
-			k < r ? s * src[e * ss + (uint64_t)row * rs + (uint64_t)k * ks] : 0.0f);
+			k >= kb && k - kb < r
+				? s * src[e * ss + (uint64_t)row * rs + (uint64_t)(k - kb) * ks]
+				: 0.0f);
 	}
 }
 
@@ -4721,13 +4858,45 @@ __global__ void k_pad_factor(const float *src, __nv_bfloat16 *dst, uint32_t E, u
 	}
 }
 
-/* The folded factors of a layer's experts into the decode scratch, after
- * the decode: forward s B [out, r] right of W [out, in]; backward A^T [in,
- * r] right of W^T [in, out]. The adapter changes every step; the frozen
- * part is decoded every layer anyway. */
+/* the q/k/v LoRA's tails (afr): forward, each of W_q, W_k, W_v's whole tail
+ * (its own adapter's s B at its columns, zeros in the others'); backward,
+ * each adapter's A^T right of [W_q^T W_k^T W_v^T] */
+static int fold_tails_att(struct ms_gmodel *g, const struct dlayer *d, int bwd,
+			  struct ms_err *err)
+{
+	int rc = MS_OK;
+	const struct dlin *ls[3] = {&d->q, &d->k, &d->v};
+	const struct dlora *Ls[3] = {d->lq, d->lk, d->lv};
+	uint32_t fw = fold_width(g->r), w0 = d->q.out + d->k.out + d->v.out;
+	for (int i = 0; i < 3; i++) {
+		const struct dlin *l = ls[i];
+		const struct dlora *L = Ls[i];
+		if (!bwd)
+			k_fold_tail<<<nblk((uint64_t)l->out * d->afr), NTH, 0, g->st>>>(
+				(__nv_bfloat16 *)g->wbuf + l->woff, 0, l->in + d->afr, l->in, l->out,
+				L ? L->r : 0, d->afr, L ? L->B : NULL, 0, L ? L->r : 0, 1, g->lscale,
+				L ? d->acol[i] : 0);
+		else if (L)
+			k_fold_tail<<<nblk((uint64_t)l->in * fw), NTH, 0, g->st>>>(
+				(__nv_bfloat16 *)g->wbuf + d->q.woff, 0, w0 + d->afr, w0 + d->acol[i],
+				l->in, L->r, fw, L->A, 0, 1, l->in, 1.0f);
+		else
+			continue;
+		LK();
+	}
+out:
+	return rc;
+}
+
+/* The folded factors of a layer's experts (and its q/k/v adapters) into
+ * the decode scratch, after the decode: forward s B [out, r] right of W
+ * [out, in]; backward A^T [in, r] right of W^T [in, out]. The adapter
+ * changes every step; the frozen part is decoded every layer anyway. */
 static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, struct ms_err *err)
 {
 	int rc = MS_OK;
+	if (d->afr && (rc = fold_tails_att(g, d, bwd, err)))
+		return rc;
 	if (!d->moe || !g->E || !d->egu[0].fr)
 		return MS_OK;
 	const struct dlin *ls[2] = {d->egu, d->edn};
@@ -4744,6 +4913,222 @@ static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, stru
 			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
 		LK();
 	}
+out:
+	return rc;
+}
+
+/* the attention fold's forward: U = X [A_q; A_k; A_v]^T (each A padded
+ * with zero rows to fold_width(r)) in one GEMM from the norm's bf16 X into
+ * the X twin's tail, and each U's r columns compact (bf16 [T, r], in the
+ * adapter's float U buffer) for the backward's gB */
+static int att_fold_u(struct ms_gmodel *g, const struct dlayer *d, const struct dacts *a,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t H = g->H, r = g->r, fw = fold_width(g->r), ld = H + d->afr;
+	const struct dlora *Ls[3] = {d->lq, d->lk, d->lv};
+	float *us[3] = {a->uq, a->uk, a->uv};
+	__nv_bfloat16 *X = (__nv_bfloat16 *)g->cA;
+	struct gctx c = main_ctx(g);
+	for (int i = 0; i < 3; i++)
+		if (Ls[i]) {
+			k_pad_factor<<<nblk((uint64_t)fw * H), NTH, 0, g->st>>>(
+				Ls[i]->A, g->aab + (uint64_t)d->acol[i] * H, 1, r, H, fw, H);
+			LK();
+		}
+	if ((rc = gemm_on(g, &c, 0, 1, (uint32_t)g->T, d->afr, H, 1.0f, X, ld, g->aab, H, 0.0f,
+			  X + H, ld, g->gt, g->ct_base, CUDA_R_16BF, err)))
+		return rc;
+	for (int i = 0; i < 3; i++)
+		if (Ls[i])
+			CK(cudaMemcpy2DAsync(us[i], (uint64_t)r * 2, X + H + d->acol[i],
+					     (uint64_t)ld * 2, (uint64_t)r * 2, g->T,
+					     cudaMemcpyDeviceToDevice, g->st));
+out:
+	return rc;
+}
+
+/* float [rows, r] into bf16 columns [0, fw) of rows of stride ld, zeros
+ * past r */
+__global__ void k_tail_put(const float *src, __nv_bfloat16 *dst, uint64_t rows, uint32_t r,
+			   uint32_t fw, uint32_t ld)
+{
+	uint64_t n = rows * fw;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t row = i / fw;
+		uint32_t k = (uint32_t)(i - row * fw);
+		dst[row * ld + k] = __float2bfloat16_rn(k < r ? src[row * r + k] : 0.0f);
+	}
+}
+
+/* the attention fold's backward, each adapted projection from its bf16 dY
+ * in the twin [dq dk dv | tail] (row stride w, w0 its columns before the
+ * tail): dU = s dY B (float, in du) into the tail's columns (the input
+ * gradient's extra K), gB += s dY^T U, gA += dU^T X (X the norm's float
+ * output, as the unfolded path reads it) */
+static int att_fold_bwd(struct ms_gmodel *g, const struct dlayer *d, const struct dacts *a,
+			uint32_t w0, uint32_t w, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T;
+	uint32_t H = g->H, r = g->r, fw = fold_width(g->r);
+	const struct dlora *Ls[3] = {d->lq, d->lk, d->lv};
+	const float *us[3] = {a->uq, a->uk, a->uv};
+	uint32_t outs[3] = {g->dq, g->dkv, g->dkv}, offs[3] = {0, g->dq, g->dq + g->dkv};
+	__nv_bfloat16 *Y = (__nv_bfloat16 *)g->cA, *Bp = g->aab + (uint64_t)g->afrmax * H;
+	for (int i = 0; i < 3; i++) {
+		const struct dlora *L = Ls[i];
+		if (!L)
+			continue;
+		k_pad_factor<<<nblk((uint64_t)outs[i] * fw), NTH, 0, g->st>>>(L->B, Bp, 1, outs[i],
+									       r, outs[i], fw);
+		LK();
+		if ((rc = gemm(g, 0, 0, (uint32_t)T, r, outs[i], g->lscale, Y + offs[i], w, Bp, fw,
+			       0.0f, g->du, r, g->gt, g->ct_base, err)))
+			return rc;
+		k_tail_put<<<nblk(T * fw), NTH, 0, g->st>>>(g->du, Y + w0 + d->acol[i], T, r, fw, w);
+		LK();
+		if ((rc = gemm(g, 1, 0, outs[i], r, (uint32_t)T, g->lscale, Y + offs[i], w, us[i], r,
+			       1.0f, L->gB, r, g->gt, g->ct_base, err)) ||
+		    (rc = gemm(g, 1, 0, r, H, (uint32_t)T, 1.0f, g->du, r, a->h1, H, 1.0f, L->gA, H,
+			       CUDA_R_32F, g->ct_lora, err)))
+			return rc;
+	}
+out:
+	return rc;
+}
+
+/*
+ * The folded expert LoRA's products that read a whole token row (gate/up's
+ * U = x A_e^T, the down adapter's dU = s dy B_e, gate/up's gA_e += dU^T x)
+ * as one dense GEMM of every token against every expert's factor, [T, H]
+ * by [H, E fr]: eight times the FLOPs a token's K experts need, but the
+ * tokens read once ([T, H]), where the grouped products read each
+ * token's row again for each of its experts' rows ([T K, H]) and ran far
+ * from the memory's rate (cuBLAS's grouped GEMM at N = 16). A row p of the
+ * experts (slot perm[p] = t K + k, expert sel[perm[p]]) then takes its
+ * fr values of token t's row, or gives them back (k_tail_scatter).
+ */
+__global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t *sel,
+			      const float *w, uint32_t K, uint32_t E, uint32_t fr, uint32_t r,
+			      __nv_bfloat16 *tw, uint32_t ldt, uint32_t c0, __nv_bfloat16 *us,
+			      uint64_t n)
+{
+	/* tail [p, c0 + k] = D [t, e fr + k] (times the slot's weight w when
+	 * given, once rounded); us: its r first compact ([n, r]) */
+	uint64_t m = n * fr;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t p = i / fr;
+		uint32_t k = (uint32_t)(i - p * fr);
+		int32_t sl = perm[p];
+		uint64_t t = (uint64_t)sl / K;
+		float v = D[(t * E + (uint32_t)sel[sl]) * fr + k];
+		__nv_bfloat16 b = __float2bfloat16_rn(w ? w[sl] * v : v);
+		tw[p * ldt + c0 + k] = b;
+		if (us && k < r)
+			us[p * r + k] = b;
+	}
+}
+
+/* the reverse: Db [t, e fr + k] = tail [p, c0 + k] (Db zeroed first: the
+ * experts a token did not choose stay zero) */
+__global__ void k_tail_scatter(const __nv_bfloat16 *tw, uint32_t ldt, uint32_t c0,
+			       const int32_t *perm, const int32_t *sel, uint32_t K, uint32_t E,
+			       uint32_t fr, __nv_bfloat16 *Db, uint64_t n)
+{
+	uint64_t m = n * fr;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint64_t p = i / fr;
+		uint32_t k = (uint32_t)(i - p * fr);
+		int32_t sl = perm[p];
+		uint64_t t = (uint64_t)sl / K;
+		Db[(t * E + (uint32_t)sel[sl]) * fr + k] = tw[p * ldt + c0 + k];
+	}
+}
+
+/* B [E, out, r] as bf16 [E fr, out]: row e fr + k is B_e's column k
+ * (zeros for k >= r) */
+__global__ void k_bt_pad(const float *B, __nv_bfloat16 *dst, uint32_t E, uint32_t out,
+			 uint32_t r, uint32_t fr)
+{
+	uint64_t n = (uint64_t)E * fr * out;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t h = (uint32_t)(i % out);
+		uint64_t ek = i / out;
+		uint32_t k = (uint32_t)(ek % fr), e = (uint32_t)(ek / fr);
+		dst[i] = __float2bfloat16_rn(k < r ? B[((uint64_t)e * out + h) * r + k] : 0.0f);
+	}
+}
+
+/* forward, gate/up: U = h2 A_e^T for every token and expert (xb: h2 in
+ * bf16, [T, H]), each expert row's into the twin X's tail (row stride ld)
+ * and compact into Us (bf16 [TK, r]) */
+static int fold_u_gu(struct ms_gmodel *g, const struct dlora *L, const struct dacts *a,
+		     const __nv_bfloat16 *xb, void *X, uint32_t ld, void *Us,
+		     struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T, TK = T * g->K, fr = fold_width(L->r), in = L->in;
+	struct gctx c = main_ctx(g);
+	k_pad_factor<<<nblk((uint64_t)L->E * fr * in), NTH, 0, g->st>>>(
+		L->A, g->fab, L->E, L->r, L->in, (uint32_t)fr, L->in);
+	LK();
+	if ((rc = gemm_on(g, &c, 0, 1, (uint32_t)T, L->E * (uint32_t)fr, (uint32_t)in, 1.0f, xb,
+			  (uint32_t)in, g->fab, (uint32_t)in, 0.0f, g->ud, L->E * (uint32_t)fr,
+			  g->gt, g->ct_base, CUDA_R_32F, err)))
+		return rc;
+	k_tail_gather<<<nblk(TK * fr), NTH, 0, g->st>>>(
+		g->ud, a->perm, a->sel, NULL, g->K, L->E, (uint32_t)fr, L->r,
+		(__nv_bfloat16 *)X, ld, (uint32_t)in, (__nv_bfloat16 *)Us, TK);
+	LK();
+out:
+	return rc;
+}
+
+/* backward, down: dU = s dy B_e for every token and expert (xb: the
+ * combine's input gradient dy in bf16, [T, H]), each expert row's, times
+ * its slot's weight (the row's dY is w dy), into the twin dY's tail */
+static int fold_du_dn(struct ms_gmodel *g, const struct dlora *L, const struct dacts *a,
+		      const __nv_bfloat16 *xb, void *dY, uint32_t ld, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T, TK = T * g->K, fr = fold_width(L->r), out = L->out;
+	struct gctx c = main_ctx(g);
+	k_bt_pad<<<nblk((uint64_t)L->E * fr * out), NTH, 0, g->st>>>(L->B, g->fab, L->E, L->out,
+								      L->r, (uint32_t)fr);
+	LK();
+	if ((rc = gemm_on(g, &c, 0, 1, (uint32_t)T, L->E * (uint32_t)fr, (uint32_t)out,
+			  g->lscale, xb, (uint32_t)out, g->fab, (uint32_t)out, 0.0f, g->ud,
+			  L->E * (uint32_t)fr, g->gt, g->ct_base, CUDA_R_32F, err)))
+		return rc;
+	k_tail_gather<<<nblk(TK * fr), NTH, 0, g->st>>>(
+		g->ud, a->perm, a->sel, a->wts, g->K, L->E, (uint32_t)fr, L->r,
+		(__nv_bfloat16 *)dY, ld, (uint32_t)out, NULL, TK);
+	LK();
+out:
+	return rc;
+}
+
+/* backward, gate/up: gA_e += dU^T h2 over every token (xb: h2 in bf16),
+ * the expert rows' dU (the twin dY's tail) scattered into a zeroed [T, E
+ * fr]; gA [E r, in] is that GEMM's output where r = fr */
+static int fold_ga_gu(struct ms_gmodel *g, const struct dlora *L, const struct dacts *a,
+		      const void *dY, uint32_t ld, const __nv_bfloat16 *xb, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T, TK = T * g->K, fr = fold_width(L->r), out = L->out;
+	__nv_bfloat16 *Db = (__nv_bfloat16 *)g->ud;
+	CK(cudaMemsetAsync(Db, 0, T * L->E * fr * 2, g->st));
+	k_tail_scatter<<<nblk(TK * fr), NTH, 0, g->st>>>((const __nv_bfloat16 *)dY, ld,
+							  (uint32_t)out, a->perm, a->sel, g->K,
+							  L->E, (uint32_t)fr, Db, TK);
+	LK();
+	return gemm(g, 1, 0, L->E * (uint32_t)fr, L->in, (uint32_t)T, 1.0f, Db,
+		    L->E * (uint32_t)fr, xb, L->in, 1.0f, L->gA, L->in, g->gt, g->ct_base, err);
 out:
 	return rc;
 }
@@ -4808,7 +5193,8 @@ out:
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
-		      const __nv_bfloat16 *Xb, const int32_t *xperm, struct ms_err *err)
+		      const __nv_bfloat16 *Xb, const int32_t *xperm, int no_ga,
+		      struct ms_err *err)
 {
 	int rc;
 	uint32_t E = L->E, r = L->r, in = L->in, out = L->out;
@@ -4824,6 +5210,8 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	if ((rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
 		return rc;
 	site(g, SK_WGRAD_BF16);
+	if (no_ga)
+		return MS_OK;
 	if ((rc = ms_ggemm_wgrad_bf16(&wa, g->st, err)))
 		return rc;
 	site(g, SK_WGRAD_BF16);
@@ -4845,20 +5233,34 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		return rc;
 	ph(g, PH_NORM);
 	/* the projections' bf16 operand written by the norm (twin_buf) */
-	rms_fwd(g, T, a->x, d->ln1, a->h1, a->r1, (uint32_t)H, (float)m->cfg.rms_eps,
-		twin_buf(g));
+	rms_in(g, T, a->x, d->ln1, a->h1, a->r1, (uint32_t)H, (float)m->cfg.rms_eps,
+	       twin_buf(g), (uint32_t)(H + d->afr));
 	LK();
+	if (d->afr) {
+		ph(g, PH_ATT_LORA);
+		if ((rc = att_fold_u(g, d, a, err)))
+			return rc;
+	}
 	ph(g, PH_ATT_PROJ);
 	X = twin_of(g, a->h1);
+	/* v16: cuDNN reads V in bf16 and nothing reads the float32 one (no
+	 * separate v LoRA adds to it): the GEMM writes bf16 there, no cast */
+	g->v16 = g->cudnn && !dc && !(d->lv && !d->afr) && !d->v.bias;
 	if ((rc = lin_fwd(g, &d->q, X, T, a->q0, 0, err)) ||
-	    (rc = lin_fwd(g, &d->k, X, T, a->k0, 0, err)) ||
-	    (rc = lin_fwd(g, &d->v, X, T, a->v, 0, err)))
+	    (rc = lin_fwd(g, &d->k, X, T, a->k0, 0, err)))
 		return rc;
+	if (g->v16) {
+		struct gctx c = main_ctx(g);
+		if ((rc = lin_fwd_on(g, &c, &d->v, X, T, att16_v(g, a), 0, CUDA_R_16BF, err)))
+			return rc;
+	} else if ((rc = lin_fwd(g, &d->v, X, T, a->v, 0, err))) {
+		return rc;
+	}
 	ph(g, PH_ATT_LORA);
 	{
 		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
 		float *us[3] = {a->uq, a->uk, a->uv}, *ys[3] = {a->q0, a->k0, a->v};
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < 3 && !d->afr; i++) {
 			if (!ls[i])
 				continue;
 			if ((rc = lora_in(g, ls[i], a->h1, T, NULL, g->xsd, &xl, err)) ||
@@ -4934,13 +5336,13 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		      (rc = lora_fwd(g, d->lo, 0, xl, T, a->uo, g->y, err))))
 		return rc;
 	ph(g, PH_ATT_PROJ);
-	k_add<<<nblk(T * H), NTH, 0, g->st>>>(a->x2, a->x, g->y, T * H);
-	LK();
 	ph(g, PH_NORM);
 	/* a folded MoE layer gathers its experts' rows from h2's bf16 copy
-	 * (in xs, which that path does not use before the backward) */
+	 * (in xs, which that path does not use before the backward); the
+	 * residual x2 = x + y summed by the norm */
 	h2b = d->moe && g->E && d->egu[0].fr ? (__nv_bfloat16 *)g->xs : NULL;
-	rms_fwd(g, T, a->x2, d->ln2, a->h2, a->r2, (uint32_t)H, (float)m->cfg.rms_eps, h2b);
+	rms_fwd(g, T, a->x, d->ln2, a->h2, a->r2, (uint32_t)H, (float)m->cfg.rms_eps, h2b, 0,
+		g->y, a->x2);
 	LK();
 	if (d->moe) {
 		uint64_t TK = T * g->K;
@@ -4994,7 +5396,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if (fr) {
 			ph(g, PH_LORA);
 			if ((rc = egemm_counts(g, err)) ||
-			    (rc = fold_u(g, d->lgu, a->cnt, X, (uint32_t)ldx, a->ugu, TK, err)))
+			    (rc = fold_u_gu(g, d->lgu, a, h2b, (void *)X, (uint32_t)ldx, a->ugu,
+					    err)))
 				return rc;
 			ph(g, PH_EXPERTS);
 		}
@@ -5093,8 +5496,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	} else if (!d->moe) {
 		CK(cudaMemsetAsync(g->y, 0, T * H * 4, g->st));
 	}
-	k_add<<<nblk(T * H), NTH, 0, g->st>>>(xout, a->x2, g->y, T * H);
-	LK();
+	/* xout = x2 + y: done by the next norm (rms_in), which reads both
+	 * anyway, where it would read xout (one pass less over the rows) */
+	g->pend_src = a->x2;
+	g->pend_dst = xout;
 out:
 	return rc;
 }
@@ -5124,9 +5529,10 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		uint64_t ldy = H + fr, ldg = 2 * F + fr;
 		__nv_bfloat16 *xb = (__nv_bfloat16 *)g->xs;
 		if (fr)
+			/* and dxo in bf16 for the down LoRA's dU (fold_du_dn) */
 			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(
 				dxo, (const __nv_bfloat16 *)a->ye, a->pos, a->wts, NULL, twin_buf(g),
-				g->dw, g->K, (uint32_t)H, (uint32_t)ldy);
+				g->dw, g->K, (uint32_t)H, (uint32_t)ldy, xb);
 		else
 			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
 								      g->dye, twin_buf(g), g->dw,
@@ -5162,7 +5568,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		if (fr) {
 			ph(g, PH_B_LORA);
-			if ((rc = fold_du(g, d->ldn, a->cnt, X, (uint32_t)ldy, err)))
+			if ((rc = fold_du_dn(g, d->ldn, a, xb, (void *)X, (uint32_t)ldy, err)))
 				return rc;
 			ph(g, PH_B_EXPERTS);
 		}
@@ -5190,7 +5596,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * forward kept it */
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, a->actb,
-					     NULL, err)))
+					     NULL, 0, err)))
 				return rc;
 		} else if (d->ldn && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL,
@@ -5239,9 +5645,13 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * through the permutation (no gathered copy) */
 			k_cast<__nv_bfloat16><<<cast_blocks(T * H), NTH, 0, g->st>>>(a->h2, xb, T * H);
 			LK();
+			/* gA over every token at once where the rank fills the
+			 * folded width (fold_ga_gu), else by expert rows */
+			int dense = g->r == fr;
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, a->perm,
-					     err)))
+					     dense, err)) ||
+			    (dense && (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, xb, err))))
 				return rc;
 		} else if (d->lgu && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL,
@@ -5274,17 +5684,34 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 	}
 	ph(g, PH_B_NORM);
-	rms_bwd(g, T, a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2, (uint32_t)H);
+	/* and dx2's bf16 copy, the o projection's dgrad operand */
+	rms_bwd(g, T, a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2, (uint32_t)H, twin_buf(g));
 	LK();
 	ph(g, PH_B_ATT_PROJ);
-	if ((rc = opnd(g, g->dx2, T * H, g->cA, &X, err)) ||
-	    (rc = lin_dgrad(g, &d->o, X, T, g->dctx, 0, err)))
+	/* where only cuDNN reads dctx (no o LoRA), its GEMM writes it in
+	 * bf16, cuDNN's dO (in cB, free on that path): no float32 copy and
+	 * no cast pass */
+	g->do16 = g->cudnn && !d->lo ? g->cB : NULL;
+	X = twin_of(g, g->dx2);
+	if (g->do16) {
+		struct gctx c = main_ctx(g);
+		if ((rc = lin_dgrad_on(g, &c, &d->o, X, T, g->do16, 0, CUDA_R_16BF, err)))
+			return rc;
+	} else if ((rc = lin_dgrad(g, &d->o, X, T, g->dctx, 0, err))) {
 		return rc;
+	}
 	ph(g, PH_B_ATT_LORA);
 	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
 		      (rc = lora_bwd(g, d->lo, 0, xl, a->uo, g->dx2, T, g->dctx, NULL, err))))
 		return rc;
 	ph(g, PH_B_ATT_CORE);
+	/* dv16: cuDNN's bf16 dQ, dK (through the fused RoPE and norm
+	 * backward) and dV go straight into the qkv3 GEMM's bf16 operand,
+	 * where no float32 copy is read after (the q/k/v LoRA folded or
+	 * absent): no widening of dV and no concatenating pass, the same
+	 * bf16 values */
+	g->dv16 = d->qkv3 && g->cudnn && d->qn && g->hd <= NR_MAXN &&
+		  (d->afr || (!d->lq && !d->lk && !d->lv));
 	if ((rc = att_core(g, a, 1, !!d->lo, err)))
 		return rc;
 	ph(g, PH_B_NORM);
@@ -5294,24 +5721,39 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			/* k_rope_norm_bwd: the RoPE backward of the attention's dQ /
 			 * dK (rope_bwd's sources) and the norm's, into dq0 / dk0 */
 			uint64_t rq = T * g->nh, rk = T * g->nkv;
-			if (g->cudnn) {
+			if (g->dv16) {
+				/* bf16, straight into the qkv3 GEMM's operand */
 				const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
-				k_rope_norm_bwd<__nv_bfloat16><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
-					o + T * g->dq, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh,
-					half, g->S, g->rope_c, g->rope_s);
+				__nv_bfloat16 *c = (__nv_bfloat16 *)g->cA;
+				uint32_t w = g->dq + 2 * g->dkv + d->afr;
+				k_rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>
+					<<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
+						o + T * g->dq, a->q0, d->qn, a->rq, c, rq, g->hd, g->nh,
+						half, g->S, g->rope_c, g->rope_s, w, 0);
 				LK();
-				k_rope_norm_bwd<__nv_bfloat16><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
+				k_rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>
+					<<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
+						o + 2 * T * g->dq, a->k0, d->kn, a->rk, c, rk, g->hd,
+						g->nkv, half, g->S, g->rope_c, g->rope_s, w, g->dq);
+				LK();
+			} else if (g->cudnn) {
+				const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
+				k_rope_norm_bwd<__nv_bfloat16, float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
+					o + T * g->dq, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh,
+					half, g->S, g->rope_c, g->rope_s, g->dq, 0);
+				LK();
+				k_rope_norm_bwd<__nv_bfloat16, float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
 					o + 2 * T * g->dq, a->k0, d->kn, a->rk, g->dk0, rk, g->hd,
-					g->nkv, half, g->S, g->rope_c, g->rope_s);
+					g->nkv, half, g->S, g->rope_c, g->rope_s, g->dkv, 0);
 				LK();
 			} else {
-				k_rope_norm_bwd<float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
+				k_rope_norm_bwd<float, float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
 					g->dqv, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh, half,
-					g->S, g->rope_c, g->rope_s);
+					g->S, g->rope_c, g->rope_s, g->dq, 0);
 				LK();
-				k_rope_norm_bwd<float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
+				k_rope_norm_bwd<float, float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
 					g->dkk, a->k0, d->kn, a->rk, g->dk0, rk, g->hd, g->nkv, half,
-					g->S, g->rope_c, g->rope_s);
+					g->S, g->rope_c, g->rope_s, g->dkv, 0);
 				LK();
 			}
 		} else if ((rc = rope_bwd(g, 0, g->dq0, half, err)) ||
@@ -5341,10 +5783,29 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		/* dh1 = [dq | dk | dv] [W_q^T | W_k^T | W_v^T]^T: one GEMM of
 		 * K = q+k+v out, where three (two of K = kv out) each read
 		 * and wrote dh1's floats again */
-		uint32_t w = g->dq + 2 * g->dkv;
-		k_cat3<__nv_bfloat16><<<rows_grid(T), NTH, 0, g->st>>>(
-			g->dq0, g->dk0, g->dvv, (__nv_bfloat16 *)g->cA, T, g->dq, g->dkv, g->dkv);
-		LK();
+		uint32_t w0 = g->dq + 2 * g->dkv, w = w0 + d->afr;
+		if (g->dv16) {
+			/* dq and dk are there (k_rope_norm_bwd); dV from sdb */
+			const __nv_bfloat16 *gv = (const __nv_bfloat16 *)g->sdb + 2 * T * g->dq +
+						  T * g->dkv;
+			CK(cudaMemcpy2DAsync((__nv_bfloat16 *)g->cA + g->dq + g->dkv,
+					     (uint64_t)w * 2, gv, (uint64_t)g->dkv * 2,
+					     (uint64_t)g->dkv * 2, T, cudaMemcpyDeviceToDevice,
+					     g->st));
+		} else {
+			k_cat3<__nv_bfloat16><<<rows_grid(T), NTH, 0, g->st>>>(
+				g->dq0, g->dk0, g->dvv, (__nv_bfloat16 *)g->cA, T, g->dq, g->dkv,
+				g->dkv, w);
+			LK();
+		}
+		if (d->afr) {
+			/* the folded q/k/v LoRA's dU in the tail, its
+			 * gradients; its dX in the GEMM below */
+			ph(g, PH_B_ATT_LORA);
+			if ((rc = att_fold_bwd(g, d, a, w0, w, err)))
+				return rc;
+			ph(g, PH_B_ATT_PROJ);
+		}
 		if ((rc = gemm(g, 0, 1, (uint32_t)T, d->q.in, w, 1.0f, g->cA, w, lin_w(g, &d->q, 1),
 			       w, 0.0f, g->dh1, d->q.in, g->gt, g->ct_base, err)))
 			return rc;
@@ -5359,7 +5820,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	{
 		struct dlora *ls[3] = {d->lq, d->lk, d->lv};
 		float *us[3] = {a->uq, a->uk, a->uv}, *dys[3] = {g->dq0, g->dk0, g->dvv};
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < 3 && !d->afr; i++) {
 			if (!ls[i])
 				continue;
 			if ((rc = lora_in(g, ls[i], a->h1, T, NULL, g->xsd, &xl, err)) ||
@@ -5418,6 +5879,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	g->step = step;
 	g->nev = 0;
 	CK(cudaEventRecord(g->st0, g->st));
+	g->pend_dst = NULL;
 	ph(g, PH_COPY);
 	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
 	if (loss_mask)
@@ -5430,7 +5892,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, NULL, err)))
 			goto out;
 	ph(g, PH_NORM);
-	rms_fwd(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
+	rms_in(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
 	LK();
 	ph(g, PH_HEAD);
 	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
@@ -5575,6 +6037,7 @@ int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *
 	T = g->T;
 	g->train = 0;
 	g->noprof = 1;
+	g->pend_dst = NULL;
 	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
 	k_embed<<<nblk(T * H), NTH, 0, g->st>>>(g->dids, g->embed, g->a[0].x, (uint32_t)T,
 						(uint32_t)H);
@@ -5584,7 +6047,7 @@ int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *
 		if ((rc = layer_fwd(g, m, l, l + 1 < g->L ? g->a[l + 1].x : g->xf, &dc, err)))
 			goto out;
 	}
-	rms_fwd(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
+	rms_in(g, T, g->xf, g->norm, g->hf, g->rf, (uint32_t)H, (float)m->cfg.rms_eps);
 	LK();
 	if ((rc = opnd(g, g->hf, T * H, g->cA, &X, err)) ||
 	    (rc = gemm(g, 0, 1, (uint32_t)T, (uint32_t)V, (uint32_t)H, 1.0f, X, (uint32_t)H, g->lm,
@@ -5928,6 +6391,7 @@ static void gfree(struct ms_gmodel *g)
 	dfree(g, g->dnorm, MC_SCRATCH);
 	dfree(g, g->wbuf, MC_SCRATCH);
 	dfree(g, g->fab, MC_SCRATCH);
+	dfree(g, g->aab, MC_SCRATCH);
 	dfree(g, g->wpart, MC_SCRATCH);
 	dfree(g, g->colbuf, MC_COL);
 	for (int i = 0; i < NEV; i++)

@@ -85,6 +85,13 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	int fold = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r <= 64 &&
 		   (lora->targets & MS_LORA_EXPERTS) && H % 16 == 0 && F % 16 == 0;
 	int folded = 0;
+	/* the q/k/v LoRA folded into those GEMMs (train.cu's afr): on the
+	 * path the expert LoRA folds on, q, k and v quantized; afr: a
+	 * fold_width(r) tail column block per adapted projection */
+	uint64_t nqkv = !!(lora->targets & MS_LORA_Q) + !!(lora->targets & MS_LORA_K) +
+			!!(lora->targets & MS_LORA_V);
+	uint64_t afr = !f32 && !grouped && lora->dropout <= 0 && r > 0 && r <= 64 &&
+			       H % 16 == 0 ? nqkv * fr : 0;
 	/* fused attention on the bf16 path: cuDNN's where it is tried (its
 	 * buffers held whether or not it loads), the flash kernels
 	 * (kernels/flash.h) for the head dims they cover; either keeps a
@@ -112,6 +119,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		lin(&p, 1, rq, (uint32_t)H, c->attention_bias);
 		lin(&p, 1, rkv, (uint32_t)H, c->attention_bias);
 		lin(&p, 1, rkv, (uint32_t)H, c->attention_bias);
+		/* the fold's tail columns of W or W^T, whichever is wider */
+		p.wo += afr * (u64max(dq, H) + 2 * u64max(dkv, H));
 		lin(&p, 1, rh, (uint32_t)dq,
 		    c->attention_bias && c->family == MS_MODEL_QWEN3_MOE);
 		if (lora->targets & MS_LORA_Q)
@@ -152,6 +161,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	}
 	out->lora += 4 * ntot * 4;
 	out->scratch += p.wmax * p.esz;
+	if (afr)
+		out->scratch += (afr * H + u64max(dq, dkv) * fr) * 2;
 	if (folded)
 		out->scratch += E * fr * u64max(H, 2 * F) * 2 +
 				MS_GMODEL_WGRAD_SPLIT * E * r * u64max(H, 2 * F) * 4;
@@ -206,7 +217,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	if (TK)
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
 				E * ((TK + 255) / 256) * 4 + /* the sort's chunk counts */
-				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4;
+				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4 +
+				/* the folded LoRA's dense [T, E fr] products */
+				(folded ? T * E * fr * 4 : 0);
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
 	if (tried)
 		out->scratch += u64max(flash_k ? T * c->n_heads * 4 : 0,
@@ -217,7 +230,8 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	else
 		out->scratch += 2 * att * 4 + 2 * att * p.esz + (uint64_t)S * dq * 4;
 	if (!f32)
-		out->scratch += u64max(rows * (wide + (folded ? fr : 0)), T * V) * p.esz +
+		out->scratch += u64max(u64max(rows * (wide + (folded ? fr : 0)), T * V),
+				       afr ? T * (u64max(H, dq + 2 * dkv) + afr) : 0) * p.esz +
 				2 * T * u64max(dq, dkv) * p.esz;
 	out->scratch += T * 8 + T * 4 + T + 1;
 	/* the RoPE tables, allocated at the first step */

@@ -365,7 +365,11 @@ static int test_grouped_dropout(void) { return family_p("qwen3moe", M_GROUPED, 0
  * 0.0133 on mixtral, cosines 0.99993 and 0.99942; with float32
  * activations 0.0068 and 0.99981 on mixtral; each path against the CPU is
  * checked by the family cases, and moved little: mixtral's per-expert
- * logits 0.0073 from the CPU's, against 0.0073 before). */
+ * logits 0.0073 from the CPU's, against 0.0073 before). The per-expert
+ * path folds the q/v LoRA the same way (bf16 U, dU and factors); where the
+ * two then route a token differently and every such token of the first
+ * layer where that happens is a near-tie in the grouped run (routing_tie),
+ * only the loss is held, as in the family cases (MEASURE). */
 static int grouped_vs_loop(const char *name)
 {
 	struct fam f;
@@ -376,10 +380,13 @@ static int grouped_vs_loop(const char *name)
 	const struct ms_param *ps;
 	int32_t ids[2 * 16];
 	double wl = 0, mincos = 1;
+	int tie;
 	T_ASSERT(fam_open(&f, name) == 0);
 	ids_fill(ids, 2, 16, f.cfg.vocab);
 	T_ASSERT(run(&f, &ol, ids, NULL, 2, 16, &a) == 0);
 	T_ASSERT(run(&f, &og, ids, NULL, 2, 16, &b) == 0);
+	tie = routing_tie(&f, &b, &a, 2 * 16);
+	T_ASSERT_MSG(tie >= 0, "%s: the two paths route apart at a clear margin", name);
 	for (size_t i = 0; i < 2 * 16 * (size_t)f.cfg.vocab; i++) {
 		double d = fabs((double)a.logits[i] - b.logits[i]);
 		wl = d > wl ? d : wl;
@@ -400,10 +407,10 @@ static int grouped_vs_loop(const char *name)
 	ms_model_free(m);
 	fprintf(stderr, "  %s grouped vs per-expert: logits max diff %.3g, loss %.9g vs %.9g, "
 		"gradient min cosine %.7f\n", name, wl, b.loss, a.loss, mincos);
-	T_ASSERT_MSG(wl < 2.5e-2, "logits differ by %g", wl);
+	T_ASSERT_MSG(tie || wl < 2.5e-2, "logits differ by %g", wl);
 	T_ASSERT_MSG(fabs(a.loss - b.loss) <= 1e-3 * fabs(a.loss), "loss %.9g vs %.9g", b.loss,
 		     a.loss);
-	T_ASSERT_MSG(mincos > 0.999, "gradient cosine %.7f", mincos);
+	T_ASSERT_MSG(tie || mincos > 0.999, "gradient cosine %.7f", mincos);
 	res_free(&a);
 	res_free(&b);
 	fam_close(&f);
