@@ -1610,7 +1610,7 @@ __global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
 			 __nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
 {
 	/* tw: the bf16 twin (k_gather's), row stride ldt; the kept output in
-	 * float32 (act) or bf16 (actb). Eight elements a thread over the
+	 * float32 (act) or bf16 (actb), or neither (the twin kept). Eight elements a thread over the
 	 * whole tensor (ld8) where F, ldt and the pointers allow: a row a
 	 * block left most of a 256-thread block idle at F 768 */
 	if (F % 8 == 0 && ldt % 8 == 0 && al16(gu) && al16(act ? (const void *)act : actb) &&
@@ -1625,7 +1625,7 @@ __global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
 				v[j] = silu_d(a[j]) * b[j];
 			if (act)
 				st8(act + r * F + c, v);
-			else
+			else if (actb)
 				st8(actb + r * F + c, v);
 			if (tw)
 				st8(tw + r * ldt + c, v);
@@ -1639,7 +1639,7 @@ __global__ void k_swiglu(const G *gu, float *act, __nv_bfloat16 *actb,
 			__nv_bfloat16 b = __float2bfloat16_rn(v);
 			if (act)
 				act[r * F + c] = v;
-			else
+			else if (actb)
 				actb[r * F + c] = b;
 			if (tw)
 				tw[r * ldt + c] = b;
@@ -4101,9 +4101,11 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			 * and the unpermute, which those passes are bound by */
 			uint64_t eb = g->E && d->egu[0].fr ? 2 : 4;
 			DM(a->gu, (TK + BUCKET) * 2 * F * eb, MC_ACTS);
-			/* the folded LoRA's layers keep it in bf16 (actb) */
+			/* the folded LoRA's layers keep it in bf16 (actb), as
+			 * the down GEMM's twin operand itself: U's fr columns
+			 * after each row's F */
 			if (g->E && d->egu[0].fr)
-				DM(a->actb, (TK + BUCKET) * F * 2, MC_ACTS);
+				DM(a->actb, (TK + BUCKET) * (F + d->egu[0].fr) * 2, MC_ACTS);
 			else
 				DM(a->act, (TK + BUCKET) * F * 4, MC_ACTS);
 			if (d->lgu)
@@ -5193,7 +5195,7 @@ out:
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
-		      const __nv_bfloat16 *Xb, const int32_t *xperm, int no_ga,
+		      const __nv_bfloat16 *Xb, uint32_t xld, const int32_t *xperm, int no_ga,
 		      struct ms_err *err)
 {
 	int rc;
@@ -5201,7 +5203,7 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
 					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
-	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, in, L->gA,
+	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, xld, L->gA,
 					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
 	if ((rc = offsets_up(g, cnt, err)))
@@ -5428,15 +5430,18 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			return rc;
 		ph(g, PH_EXPERTS);
 		if (fr)
+			/* written once, into actb: the backward's kept copy and
+			 * the down GEMM's operand (row stride lda) */
 			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->gu,
-								    a->act, a->actb, twin_buf(g), TK,
-								    (uint32_t)F, (uint32_t)lda);
+								    (float *)NULL,
+								    (__nv_bfloat16 *)NULL, a->actb,
+								    TK, (uint32_t)F, (uint32_t)lda);
 		else
 			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, a->actb,
 								    twin_buf(g), TK, (uint32_t)F,
 								    (uint32_t)lda);
 		LK();
-		X = a->act ? twin_of(g, a->act) : twin_buf(g);
+		X = fr ? (const void *)a->actb : a->act ? twin_of(g, a->act) : twin_buf(g);
 		if ((rc = lora_in(g, d->ldn, a->act, TK, a->perm, g->actd, &al, err)))
 			return rc;
 		if (fr) {
@@ -5596,7 +5601,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * forward kept it */
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, a->actb,
-					     NULL, 0, err)))
+					     (uint32_t)(F + fr), NULL, 0, err)))
 				return rc;
 		} else if (d->ldn && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL,
@@ -5649,8 +5654,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * folded width (fold_ga_gu), else by expert rows */
 			int dense = g->r == fr;
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb, a->perm,
-					     dense, err)) ||
+					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb,
+					     (uint32_t)H, a->perm, dense, err)) ||
 			    (dense && (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, xb, err))))
 				return rc;
 		} else if (d->lgu && !g->f32 &&

@@ -196,8 +196,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		if (moe) {
 			acts += (T * E + 4 * TK) * 4;
 			/* gate/up output, SwiGLU's, the experts' outputs: bf16
-			 * where the LoRA folds */
-			acts += (TK + GP_BUCKET) * (2 * F + H + F) * (fold ? 2 : 4);
+			 * where the LoRA folds (SwiGLU's then fr wider: U's
+			 * columns, the down GEMM's operand) */
+			acts += (TK + GP_BUCKET) * (2 * F + H + F + (fold ? fr : 0)) * (fold ? 2 : 4);
 			if (lora->targets & MS_LORA_EXPERTS)
 				acts += 2 * TK * r * 4;
 			if (grouped)
