@@ -5190,8 +5190,9 @@ out:
  * row count (host-bound: the bench model's experts have many) or the rows
  * cut into equal chunks with partial sums (23.6 ms a step on the H200 for
  * what reads 1.2 GB a layer). dY: the twin (row stride ld, dU in its last
- * r columns); Us: fold_u's U; Xb: the input, row stride in, its row i
- * xperm[i] / K where xperm is given (the tokens, not gathered).
+ * r columns); Us: fold_u's U; Xb: the input, row stride xld, its row i
+ * xperm[i] / K where xperm is given (the tokens, not gathered); no_ga:
+ * gB only (fold_ga_gu gives gA).
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
