@@ -391,33 +391,48 @@ out:
 	return rc;
 }
 
-#define WB_NT 128   /* columns of X a block: four warps of 32 */
+/* k_wgrad_bf's blocks are 128 or 256 columns of X wide, a warp each 32
+ * (wb_launch picks); the ring's depth overridable for
+ * tools/bench/wgrad_probe.cu */
+#ifndef WB_KC
 #define WB_KC 32    /* rows a stage */
-#define WB_NTH 128
+#endif
 #ifndef WB_ST
 #define WB_ST 4     /* stages in the ring (k_wgrad_bf) */
 #endif
+
+/* the runs a group of `rows` rows is cut into, of at most `most`: all of
+ * them, or with run_rows as many as keep a run to about that many rows
+ * (at least one) */
+__device__ __forceinline__ uint32_t wb_runs(const struct ms_ggemm_wgrad_bf16 &p,
+					    uint32_t rows, uint32_t most)
+{
+	if (most < 2 || !p.run_rows)
+		return most < 2 ? 1 : most;
+	uint32_t k = (rows + p.run_rows - 1) / p.run_rows;
+	return k < 1 ? 1 : k > most ? most : k;
+}
 
 /* one stage of k_wgrad_bf: rows rb .. rb + WB_KC - 1 of X's block columns
  * and of U's R columns padded to RP, into shared memory, past r1, N or R
  * zeros; asynchronous (cp.async, one commit group) where U's rows are
  * 16-byte aligned with R a multiple of 8 (ua), else U by plain loads (a
  * sixteenth of the bytes, but each stage then waits for them) */
-template <int RP>
-__device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 8],
+template <int RP, int NT>
+__device__ __forceinline__ void wb_stage(bf16 (*sx)[NT + 8], bf16 (*su)[RP + 8],
 					 const struct ms_ggemm_wgrad_bf16 &p, uint32_t rb,
 					 uint32_t r1, uint32_t n0, bool ua)
 {
 	const bf16 *X = (const bf16 *)p.x, *U = (const bf16 *)p.u;
-	for (int i = threadIdx.x; i < WB_KC * (WB_NT / 8); i += WB_NTH) {
-		int rr = i / (WB_NT / 8), cc = i % (WB_NT / 8) * 8;
+	for (int i = threadIdx.x; i < WB_KC * (NT / 8); i += NT) {
+		int rr = i / (NT / 8), cc = i % (NT / 8) * 8;
 		uint32_t row = rb + rr, col = n0 + cc;
 		int ok = row < r1 && col < p.N;
 		uint64_t xr = ok && p.xperm ? (uint32_t)p.xperm[row] / p.xdiv : row;
 		cp16(&sx[rr][cc], ok ? X + xr * p.ldx + col : X, ok ? 16 : 0);
 	}
 	if (ua) {
-		for (int i = threadIdx.x; i < WB_KC * (RP / 8); i += WB_NTH) {
+		for (int i = threadIdx.x; i < WB_KC * (RP / 8); i += NT) {
 			int rr = i / (RP / 8), cc = i % (RP / 8) * 8;
 			uint32_t row = rb + rr;
 			int ok = row < r1 && (uint32_t)cc < p.R;
@@ -427,7 +442,7 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 
 		return;
 	}
 	cp_commit();
-	for (int i = threadIdx.x; i < WB_KC * RP; i += WB_NTH) {
+	for (int i = threadIdx.x; i < WB_KC * RP; i += NT) {
 		int rr = i / RP, cc = i % RP;
 		uint32_t row = rb + rr;
 		su[rr][cc] = row < r1 && (uint32_t)cc < p.R ? U[(uint64_t)row * p.ldu + cc]
@@ -435,28 +450,31 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[WB_NT + 8], bf16 (*su)[RP + 
 	}
 }
 
-/* grid (column slices of WB_NT, E): the product as C [n, j] = sum_row
+/* grid (column slices of NT, E): the product as C [n, j] = sum_row
  * X[row, n] U[row, j], X^T the mma's A (ldmatrix .trans of X's rows), U
  * its B; warp w owns columns w*32 .. +31 (two m16 tiles) and all of the
  * rank, padded to R (a multiple of 16) with zero columns. WB_ST stages in
  * a ring, WB_ST - 1 of them loading while one is summed: the kernel is a
  * stream of X, and with two stages (one in flight) a block waited on
  * each load in turn. */
-template <int R>
-__global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
+template <int R, int NT>
+__global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 {
 	/* dynamic, as uint4: 16-byte aligned for cp.async and ldmatrix
 	 * (wb_smem_bytes) */
 	extern __shared__ uint4 wb_smem[];
-	bf16 (*sx)[WB_KC][WB_NT + 8] = (bf16 (*)[WB_KC][WB_NT + 8])wb_smem;
+	bf16 (*sx)[WB_KC][NT + 8] = (bf16 (*)[WB_KC][NT + 8])wb_smem;
 	bf16 (*su)[WB_KC][R + 8] =
-		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (WB_NT + 8) / 8);
-	uint32_t e = blockIdx.y, n0 = blockIdx.x * WB_NT;
+		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8);
+	uint32_t e = blockIdx.y, n0 = blockIdx.x * NT;
 	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
 	bool ua = p.R % 8 == 0 && p.ldu % 8 == 0 && (uintptr_t)p.u % 16 == 0;
-	if (gridDim.z > 1) {
-		/* this block's run of the group's rows (blockIdx.z of gridDim.z) */
-		uint32_t run = (r1 - r0 + gridDim.z - 1) / gridDim.z;
+	uint32_t ns = wb_runs(p, r1 - r0, gridDim.z);
+	if (blockIdx.z >= ns)
+		return;   /* a run this group does not have */
+	if (ns > 1) {
+		/* this block's run of the group's rows (blockIdx.z of ns) */
+		uint32_t run = (r1 - r0 + ns - 1) / ns;
 		run = (run + WB_KC - 1) / WB_KC * WB_KC;
 		uint32_t a0 = r0 + blockIdx.z * run;
 		r0 = a0 < r1 ? a0 : r1;
@@ -478,7 +496,7 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 #pragma unroll
 	for (int s = 0; s < WB_ST - 1; s++) {
 		if ((uint32_t)s < nst)
-			wb_stage<R>(sx[s], su[s], p, r0 + s * WB_KC, r1, n0, ua);
+			wb_stage<R, NT>(sx[s], su[s], p, r0 + s * WB_KC, r1, n0, ua);
 		else
 			cp_commit();
 	}
@@ -486,7 +504,7 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 		int b = s % WB_ST;
 		uint32_t f = s + WB_ST - 1;
 		if (f < nst)
-			wb_stage<R>(sx[f % WB_ST], su[f % WB_ST], p, r0 + f * WB_KC, r1, n0, ua);
+			wb_stage<R, NT>(sx[f % WB_ST], su[f % WB_ST], p, r0 + f * WB_KC, r1, n0, ua);
 		else
 			cp_commit();
 		cp_wait<WB_ST - 1>();
@@ -526,7 +544,7 @@ __global__ void __launch_bounds__(WB_NTH) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 
 				uint32_t j = 8 * q + 2 * (l & 3) + (c & 1);
 				if (n >= p.N || j >= p.R)
 					continue;
-				if (gridDim.z > 1) {
+				if (ns > 1) {
 					pt[(uint64_t)j * p.N + n] = acc[t][q][c];
 					continue;
 				}
@@ -543,35 +561,85 @@ __global__ void k_wgrad_sum(struct ms_ggemm_wgrad_bf16 p)
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
 		uint64_t e = i / rn, jn = i % rn, j = jn / p.N, c = jn % p.N;
+		uint32_t ns = wb_runs(p, p.off[e + 1] - p.off[e], p.nsplit);
 		float s = 0.0f;
-		for (uint32_t z = 0; z < p.nsplit; z++)
+		if (ns < 2)
+			continue;   /* its one run's block wrote G */
+		for (uint32_t z = 0; z < ns; z++)
 			s += p.part[(uint64_t)z * n + i];
 		float *d = p.g + e * p.gstride + (p.trans ? c * p.R + j : j * p.N + c);
 		*d = p.alpha * s + (p.accumulate ? *d : 0.0f);
 	}
 }
 
-/* k_wgrad_bf's shared memory: WB_ST stages of X's and U's rows */
-static size_t wb_smem_bytes(uint32_t R)
+/* k_wgrad_bf's shared memory: WB_ST stages of X's rows (NT wide) and U's */
+static size_t wb_smem_bytes(uint32_t R, uint32_t NT)
 {
-	return (size_t)(WB_ST * WB_KC * (WB_NT + 8) + WB_ST * WB_KC * (R + 8)) * sizeof(bf16);
+	return (size_t)(WB_ST * WB_KC * (NT + 8) + WB_ST * WB_KC * (R + 8)) * sizeof(bf16);
 }
 
-/* k_wgrad_bf<R>'s launch, its shared memory allowed past the default 48 KB
- * where the ring needs it (R 48 and 64) */
-template <int R>
-static int wb_launch(const struct ms_ggemm_wgrad_bf16 *p, dim3 grid, cudaStream_t st,
-		     struct ms_err *err)
+/* k_wgrad_bf<R, NT>'s launch over grid (columns, groups, splits), its shared
+ * memory allowed past the default 48 KB where the ring needs it; with occ,
+ * only the blocks an SM holds at once (nothing launched) */
+template <int R, int NT>
+static int wb_launch(const struct ms_ggemm_wgrad_bf16 *p, uint32_t ns, cudaStream_t st,
+		     int *occ, struct ms_err *err)
 {
 	int rc = MS_OK;
-	size_t smem = wb_smem_bytes(R);
+	size_t smem = wb_smem_bytes(R, NT);
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(k_wgrad_bf<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					(int)smem));
-	k_wgrad_bf<R><<<grid, WB_NTH, smem, st>>>(*p);
+		CK(cudaFuncSetAttribute(k_wgrad_bf<R, NT>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	if (occ) {
+		/* the device's answer, kept (one device a process) */
+		static int known;
+		if (!known)
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&known, k_wgrad_bf<R, NT>,
+									 NT, smem));
+		*occ = known;
+		return MS_OK;
+	}
+	k_wgrad_bf<R, NT><<<dim3((p->N + NT - 1) / NT, p->E, ns), NT, smem, st>>>(*p);
 	CK(cudaGetLastError());
 out:
 	return rc;
+}
+
+/* The width of k_wgrad_bf's blocks whose grid fills the device's block
+ * slots (SMs times the blocks each holds) best over whole waves: the
+ * blocks of a launch do about the same work, so a last wave a few blocks
+ * deep costs about a whole wave's time (tools/bench/wgrad_probe.cu, on
+ * the H200 at the bench's shapes, one split: gate/up's N 1536 over 64
+ * experts took 0.099 ms in blocks of 128 and 0.071 in 256, the down
+ * input's N 768 0.041 and 0.052). 256 only where it fills strictly more. */
+template <int R>
+static int wb_run(const struct ms_ggemm_wgrad_bf16 *p, uint32_t ns, cudaStream_t st,
+		  struct ms_err *err)
+{
+	static int sms;
+	int rc, dev = 0, o1 = 0, o2 = 0;
+	if ((rc = wb_launch<R, 128>(p, ns, st, &o1, err)) ||
+	    (rc = wb_launch<R, 256>(p, ns, st, &o2, err)))
+		return rc;
+	if (!sms && (cudaGetDevice(&dev) != cudaSuccess ||
+		     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+			     cudaSuccess))
+		cudaGetLastError();
+	double fill[2] = {0, 0};
+	int occ[2] = {o1, o2}, nt[2] = {128, 256};
+	for (int k = 0; k < 2; k++) {
+		/* with run_rows, most groups' blocks past their first run return
+		 * at once: counted as one run each */
+		double b = (double)((p->N + nt[k] - 1) / nt[k]) * p->E * (p->run_rows ? 1 : ns),
+		       slots = (double)occ[k] * sms;
+		if (slots > 0)
+			fill[k] = b / (__builtin_ceil(b / slots) * slots);
+	}
+	if (p->width)
+		return p->width == 256 ? wb_launch<R, 256>(p, ns, st, NULL, err)
+				       : wb_launch<R, 128>(p, ns, st, NULL, err);
+	return fill[1] > fill[0] ? wb_launch<R, 256>(p, ns, st, NULL, err)
+				 : wb_launch<R, 128>(p, ns, st, NULL, err);
 }
 
 extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
@@ -579,7 +647,6 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 {
 	int rc = MS_OK;
 	uint32_t ns = p->nsplit > 1 ? p->nsplit : 1;
-	dim3 grid((p->N + WB_NT - 1) / WB_NT, p->E, ns);
 	if (!p->E || p->E > 65535 || !p->off || !p->u || !p->x || !p->g ||
 	    (ns > 1 && (!p->part || ns > 64)))
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): %u groups, "
@@ -587,27 +654,27 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 				  p->E, p->nsplit);
 	if (!p->R || p->R > MS_GGEMM_WGRAD_BF16_MAX_R || p->N % 8 || p->ldx % 8 ||
 	    p->ldu < p->R || p->ldx < p->N || (uintptr_t)p->x % 16 || (uintptr_t)p->u % 2 ||
-	    (p->xperm && !p->xdiv))
+	    (p->xperm && !p->xdiv) || (p->width && p->width != 128 && p->width != 256))
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16): rank %u (1 .. "
 				  "%u), N %u and X's stride %llu (multiples of 8, at least N), "
 				  "U's stride %llu (at least R), X 16-byte aligned, a permutation's "
-				  "divisor (at least 1): not covered",
+				  "divisor (at least 1), a width of 0, 128 or 256: not covered",
 				  p->R, MS_GGEMM_WGRAD_BF16_MAX_R, p->N,
 				  (unsigned long long)p->ldx, (unsigned long long)p->ldu);
 	if (!p->N)
 		return MS_OK;
 	switch ((p->R + 15) / 16 * 16) {
 	case 16:
-		rc = wb_launch<16>(p, grid, (cudaStream_t)stream, err);
+		rc = wb_run<16>(p, ns, (cudaStream_t)stream, err);
 		break;
 	case 32:
-		rc = wb_launch<32>(p, grid, (cudaStream_t)stream, err);
+		rc = wb_run<32>(p, ns, (cudaStream_t)stream, err);
 		break;
 	case 48:
-		rc = wb_launch<48>(p, grid, (cudaStream_t)stream, err);
+		rc = wb_run<48>(p, ns, (cudaStream_t)stream, err);
 		break;
 	default:
-		rc = wb_launch<64>(p, grid, (cudaStream_t)stream, err);
+		rc = wb_run<64>(p, ns, (cudaStream_t)stream, err);
 		break;
 	}
 	if (rc)

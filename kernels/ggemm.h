@@ -182,9 +182,16 @@ struct ms_ggemm_wgrad_bf16 {
 	 * block each, their float32 partial sums written to part (nsplit * E
 	 * * R * N floats) and added in split order by a second kernel: the
 	 * most loaded group no longer sets the time, and the sums still have
-	 * a fixed order */
+	 * a fixed order. run_rows > 0: a group is cut only into as many runs
+	 * (at most nsplit) as keep each to about run_rows rows, so a group
+	 * not above it is one run, written directly, no partials */
 	uint32_t nsplit;
 	float *part;
+	uint32_t run_rows;
+	/* 0: the blocks' width (columns of X) the launch picks, the one
+	 * whose grid fills the device's block slots best; 128 or 256: that
+	 * one (the tests take each) */
+	uint32_t width;
 };
 
 int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,

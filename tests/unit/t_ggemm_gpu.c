@@ -390,8 +390,9 @@ static int test_ggemm_shapes(void)
  * Tolerance: float32 sums of exact (bf16) or float32 products, (rows + 2)
  * 2^-23 (float32) or 2^-22 (the tensor cores' accumulation order is the
  * hardware's) of the sum of magnitudes. */
-static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
-		     int trans, int acc, int perm, uint32_t nsplit)
+static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
+		       int trans, int acc, int perm, uint32_t nsplit, uint32_t width,
+		       uint32_t run_rows)
 {
 	uint32_t off[65];
 	uint64_t rows, ldu = bf ? R + 8 : R + 3, ldx = bf ? N + 16 : N + 1;
@@ -461,6 +462,7 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
 			.ldx = ldx, .g = dg, .gstride = gs, .trans = trans, .alpha = 0.5f,
 			.accumulate = acc, .xperm = dp, .xdiv = 3, .nsplit = nsplit, .part = dpart,
+			.width = width, .run_rows = run_rows,
 		};
 		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
 			goto fail;
@@ -504,9 +506,10 @@ static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t 
 					worst = err_ / m;
 			}
 	}
-	printf("%s E %u R %u N %u rows %llu trans %d %s%s, %u split(s): max err/mag %.3g\n",
-	       what, E, R, N, (unsigned long long)rows, trans, acc ? "accumulate" : "write",
-	       perm ? ", X through a permutation" : "", nsplit ? nsplit : 1, worst);
+	printf("%s E %u R %u N %u rows %llu trans %d %s%s, %u split(s) (%u rows a run), width "
+	       "%u: max err/mag %.3g\n", what, E, R, N, (unsigned long long)rows, trans,
+	       acc ? "accumulate" : "write", perm ? ", X through a permutation" : "",
+	       nsplit ? nsplit : 1, run_rows, width, worst);
 	rc = 0;
 	goto out;
 fail:
@@ -526,6 +529,12 @@ out:
 	ms_gpu_free(dpart);
 	free(xp);
 	return rc;
+}
+
+static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
+		     int trans, int acc, int perm, uint32_t nsplit)
+{
+	return wgrad_run_w(bf, E, R, N, cnt, trans, acc, perm, nsplit, 0, 0);
 }
 
 static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
@@ -562,10 +571,12 @@ static int test_ggemm_wgrad(void)
 
 /* ranks that fill the padded width and ranks that do not (3, 4, 8: U's
  * rows then not 16-byte aligned), groups empty and across a stage (32
- * rows), N under, at and across the block's 128 columns, both G layouts,
- * X read directly and through a row permutation, rows in one run a
- * block or cut into runs with partial sums;
- * refused: a rank past the bound, an X stride not a multiple of 8 */
+ * rows), N under, at and across a block's 128 or 256 columns (each
+ * width taken), both G layouts, X read directly and through a row
+ * permutation, rows in one run a block or cut into runs with partial sums
+ * (every group, or only those past run_rows);
+ * refused: a rank past the bound, an X stride not a multiple of 8, a
+ * width neither 128 nor 256 */
 static int test_ggemm_wgrad_bf16(void)
 {
 	static const uint32_t edge[] = {0, 1, 31, 32, 33, 0, 300, 65};
@@ -589,6 +600,20 @@ static int test_ggemm_wgrad_bf16(void)
 	T_ASSERT(wgrad_run(1, 8, 16, 136, edge, 1, 1, 1, 4) == 0);
 	T_ASSERT(wgrad_run(1, 8, 16, 256, edge, 0, 0, 0, 4) == 0);
 	T_ASSERT(wgrad_run(1, 4, 48, 40, NULL, 1, 0, 0, 3) == 0);
+	/* each block width, whichever the device's fill would pick: N past
+	 * one block of either, and short of one */
+	for (uint32_t w = 128; w <= 256; w += 128) {
+		T_ASSERT(wgrad_run_w(1, 8, 16, 392, edge, 1, 1, 1, 0, w, 0) == 0);
+		T_ASSERT(wgrad_run_w(1, 8, 16, 520, edge, 0, 0, 0, 4, w, 0) == 0);
+		T_ASSERT(wgrad_run_w(1, 4, 64, 40, NULL, 1, 1, 0, 0, w, 0) == 0);
+	}
+	/* runs only where a group passes run_rows (edge's 300 in 4 runs at
+	 * most, 65 in 2, 33 and under whole: those write G directly, the
+	 * others through partials), X direct and permuted, accumulating and
+	 * not; a run_rows no group passes (every group one run) */
+	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 1, 1, 1, 4, 0, 40) == 0);
+	T_ASSERT(wgrad_run_w(1, 8, 3, 264, edge, 0, 0, 0, 4, 256, 64) == 0);
+	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 0, 1, 0, 4, 128, 1000) == 0);
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
@@ -600,6 +625,10 @@ static int test_ggemm_wgrad_bf16(void)
 	bad.xperm = (const int32_t *)8;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.xperm = NULL;
+	/* a width neither 128 nor 256 */
+	bad.width = 192;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.width = 0;
 	bad.N = 0;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_OK);
 	return 0;
