@@ -481,6 +481,7 @@ struct ms_gmodel {
 	float *xf, *hf, *rf, *logits, *y, *y2, *tmp, *dA, *dB, *dh1, *dx2, *dh2;
 	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
+	uint64_t tmp_n, du_n;        /* tmp's and du's floats */
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
 					group sums */
 	int flash;                   /* fused attention (flash.h's kernels or
@@ -1450,6 +1451,31 @@ __device__ __forceinline__ float rope_at(const float *v, uint32_t i, uint32_t ha
 }
 
 /* Y: float, or bf16 where the output is cuDNN's operand only (att16) */
+/* A lane's share of a head row (n <= NR_MAXN values, lane + 32 j), every
+ * global load of it issued at once, before the arithmetic that needs any
+ * of them: the norm and RoPE kernels below then wait on memory once a row
+ * instead of once a phase (with the loads in each phase, the sums, the
+ * RoPE factors and the output each a round trip, the backward moved about
+ * 1.1 TB/s on the H200 bench). The same values in the same order as the
+ * loads inside each phase gave. */
+#define NR_PL (NR_MAXN / 32)
+
+template <typename X>
+__device__ __forceinline__ void nr_load(const X *v, const float *w, const float *cs,
+					const float *sn, uint64_t o, uint64_t pos, uint32_t n,
+					uint32_t half, uint32_t lane, float *vv, float *wv,
+					float *cv, float *sv)
+{
+#pragma unroll
+	for (int j = 0; j < NR_PL; j++) {
+		uint32_t i = lane + 32 * j, f = i < half ? i : i - half;
+		vv[j] = i < n ? f32_of(v[o + i]) : 0.0f;
+		wv[j] = i < n ? w[i] : 0.0f;
+		cv[j] = i < 2 * half ? cs[pos * half + f] : 0.0f;
+		sv[j] = i < 2 * half ? sn[pos * half + f] : 0.0f;
+	}
+}
+
 template <typename Y>
 __global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 			    uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
@@ -1460,20 +1486,33 @@ __global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 	float *sr = sb[wi];
 	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
 	     row += (uint64_t)gridDim.x * wpb) {
-		const float *xr = x + row * n;
-		float r = warp_rstd(xr, n, eps, lane);
+		uint64_t pos = (row / nhead) % S;
+		float xv[NR_PL], wv[NR_PL], cv[NR_PL], sv[NR_PL];
+		nr_load(x, w, cs, sn, row * n, pos, n, half, lane, xv, wv, cv, sv);
+		/* warp_rstd's sums, from the registers */
+		double ss = 0;
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			if (lane + 32 * j < n)
+				ss += (double)xv[j] * xv[j];
+		for (int o = 16; o; o >>= 1)
+			ss += __shfl_xor_sync(0xffffffffu, ss, o);
+		float var = (float)(ss / n);
+		float r = (float)(1.0 / sqrt((double)(var + eps)));
 		if (!lane)
 			rstd[row] = r;
-		for (uint32_t i = lane; i < n; i += 32)
-			sr[i] = w[i] * (xr[i] * r);
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			if (lane + 32 * j < n)
+				sr[lane + 32 * j] = wv[j] * (xv[j] * r);
 		__syncwarp();
-		uint64_t pos = (row / nhead) % S;
-		for (uint32_t i = lane; i < n; i += 32) {
-			uint32_t f = i < half ? i : i - half;
-			y[row * n + i] = tocv<Y>(i >= 2 * half
-							 ? sr[i]
-							 : rope_at(sr, i, half, cs[pos * half + f],
-								   sn[pos * half + f], 0));
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++) {
+			uint32_t i = lane + 32 * j;
+			if (i < n)
+				y[row * n + i] = tocv<Y>(i >= 2 * half
+								 ? sr[i]
+								 : rope_at(sr, i, half, cv[j], sv[j], 0));
 		}
 		/* the row is read before the next one overwrites it */
 		__syncwarp();
@@ -1490,32 +1529,43 @@ __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, con
 	 * [rows, n]; or straight into the input gradient GEMM's bf16
 	 * operand [dq dk dv], no concatenating pass) */
 	__shared__ float sb[NTH / 32][NR_MAXN];
-	__shared__ float sd[NTH / 32][NR_MAXN];
 	uint32_t lane = threadIdx.x & 31, wi = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-	float *sr = sb[wi], *sg = sd[wi];
+	float *sr = sb[wi];
 	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
 	     row += (uint64_t)gridDim.x * wpb) {
 		uint64_t o = row * n, pos = (row / nhead) % S;
-		for (uint32_t i = lane; i < n; i += 32)
-			sr[i] = f32_of(dy[o + i]);
+		float dv[NR_PL], wv[NR_PL], cv[NR_PL], sv[NR_PL], xv[NR_PL], sg[NR_PL];
+		nr_load(dy, w, cs, sn, o, pos, n, half, lane, dv, wv, cv, sv);
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			xv[j] = lane + 32 * j < n ? x[o + lane + 32 * j] : 0.0f;
+		double r = rstd[row];
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			if (lane + 32 * j < n)
+				sr[lane + 32 * j] = dv[j];
 		__syncwarp();
-		for (uint32_t i = lane; i < n; i += 32) {
-			uint32_t f = i < half ? i : i - half;
-			sg[i] = i >= 2 * half ? sr[i]
-					      : rope_at(sr, i, half, cs[pos * half + f],
-							sn[pos * half + f], 1);
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++) {
+			uint32_t i = lane + 32 * j;
+			sg[j] = i >= n ? 0.0f
+				: i >= 2 * half ? sr[i]
+						: rope_at(sr, i, half, cv[j], sv[j], 1);
 		}
-		__syncwarp();
 		double dot = 0;
-		for (uint32_t i = lane; i < n; i += 32)
-			dot += (double)w[i] * sg[i] * x[o + i];
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			if (lane + 32 * j < n)
+				dot += (double)wv[j] * sg[j] * xv[j];
 		for (int k = 16; k; k >>= 1)
 			dot += __shfl_xor_sync(0xffffffffu, dot, k);
-		double r = rstd[row];
 		double c = r * r * r * dot / n;
 		Y *dr = dx + (row / nhead) * ldo + c0 + (row % nhead) * n;
-		for (uint32_t i = lane; i < n; i += 32)
-			dr[i] = tocv<Y>((float)(r * w[i] * sg[i] - c * x[o + i]));
+#pragma unroll
+		for (int j = 0; j < NR_PL; j++)
+			if (lane + 32 * j < n)
+				dr[lane + 32 * j] = tocv<Y>((float)(r * wv[j] * sg[j] - c * xv[j]));
+		/* the row is read before the next one overwrites it */
 		__syncwarp();
 	}
 }
@@ -4143,6 +4193,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	DM(g->dk0, T * g->dkv * 4, MC_SCRATCH);
 	DM(g->tmp, rows * wide * 4, MC_SCRATCH);
 	DM(g->du, rows * r * 4, MC_SCRATCH);
+	g->tmp_n = rows * wide;
+	g->du_n = rows * r;
 	if (g->pdrop > 0) {
 		DM(g->xsd, rows * wide * 4, MC_SCRATCH);
 		DM(g->actd, rows * u64max(F, Fs) * 4, MC_SCRATCH);
@@ -4832,8 +4884,33 @@ __global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint3
 			    uint32_t rs, uint32_t ks, float s, uint32_t kb = 0)
 {
 	/* columns [c0, c0 + fr): the factor's r in [kb, kb + r), zeros
-	 * elsewhere */
+	 * elsewhere. A thread a row's whole tail, 16 bytes a store, where
+	 * the tails are 16-byte aligned (a thread an element wrote 2-byte
+	 * stores across rows, and read A^T's column down its rows: 1.2 ms a
+	 * step on the H200 bench for 0.24 GB) */
 	uint64_t e = blockIdx.y;
+	if (fr % 8 == 0 && ld % 8 == 0 && c0 % 8 == 0 && es % 8 == 0 && al16(base)) {
+		for (uint32_t row = blockIdx.x * blockDim.x + threadIdx.x; row < rows;
+		     row += gridDim.x * blockDim.x) {
+			uint4 *o = (uint4 *)(base + e * es + (uint64_t)row * ld + c0);
+			const float *sr = src + e * ss + (uint64_t)row * rs;
+			for (uint32_t k0 = 0; k0 < fr; k0 += 8) {
+				uint32_t w[4];
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					uint32_t k = k0 + 2 * j;
+					float a = k >= kb && k - kb < r ? s * sr[(uint64_t)(k - kb) * ks] : 0.0f;
+					float b = k + 1 >= kb && k + 1 - kb < r
+							  ? s * sr[(uint64_t)(k + 1 - kb) * ks]
+							  : 0.0f;
+					__nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+					w[j] = *(uint32_t *)&h;
+				}
+				o[k0 / 8] = make_uint4(w[0], w[1], w[2], w[3]);
+			}
+		}
+		return;
+	}
 	uint32_t n = rows * fr;
 	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
 		uint32_t row = i / fr, k = i - row * fr;
@@ -4874,12 +4951,12 @@ static int fold_tails_att(struct ms_gmodel *g, const struct dlayer *d, int bwd,
 		const struct dlin *l = ls[i];
 		const struct dlora *L = Ls[i];
 		if (!bwd)
-			k_fold_tail<<<nblk((uint64_t)l->out * d->afr), NTH, 0, g->st>>>(
+			k_fold_tail<<<nblk(l->out), NTH, 0, g->st>>>(
 				(__nv_bfloat16 *)g->wbuf + l->woff, 0, l->in + d->afr, l->in, l->out,
 				L ? L->r : 0, d->afr, L ? L->B : NULL, 0, L ? L->r : 0, 1, g->lscale,
 				L ? d->acol[i] : 0);
 		else if (L)
-			k_fold_tail<<<nblk((uint64_t)l->in * fw), NTH, 0, g->st>>>(
+			k_fold_tail<<<nblk(l->in), NTH, 0, g->st>>>(
 				(__nv_bfloat16 *)g->wbuf + d->q.woff, 0, w0 + d->afr, w0 + d->acol[i],
 				l->in, L->r, fw, L->A, 0, 1, l->in, 1.0f);
 		else
@@ -4909,7 +4986,7 @@ static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, stru
 		/* the experts' places are evenly spaced: the same shapes in order */
 		uint64_t es = g->E > 1 ? l[1].woff - l[0].woff : 0;
 		uint32_t rows = bwd ? l->in : l->out, c0 = bwd ? l->out : l->in;
-		k_fold_tail<<<dim3(nblk((uint64_t)rows * l->fr), g->E), NTH, 0, g->st>>>(
+		k_fold_tail<<<dim3(nblk(rows), g->E), NTH, 0, g->st>>>(
 			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, L->r, l->fr,
 			bwd ? L->A : L->B, (uint64_t)L->r * (bwd ? L->in : L->out), bwd ? 1 : L->r,
 			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
@@ -4952,15 +5029,15 @@ out:
 
 /* float [rows, r] into bf16 columns [0, fw) of rows of stride ld, zeros
  * past r */
-__global__ void k_tail_put(const float *src, __nv_bfloat16 *dst, uint64_t rows, uint32_t r,
-			   uint32_t fw, uint32_t ld)
+__global__ void k_tail_put(const float *src, uint32_t lds, __nv_bfloat16 *dst, uint64_t rows,
+			   uint32_t r, uint32_t fw, uint32_t ld)
 {
 	uint64_t n = rows * fw;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
 		uint64_t row = i / fw;
 		uint32_t k = (uint32_t)(i - row * fw);
-		dst[row * ld + k] = __float2bfloat16_rn(k < r ? src[row * r + k] : 0.0f);
+		dst[row * ld + k] = __float2bfloat16_rn(k < r ? src[row * lds + k] : 0.0f);
 	}
 }
 
@@ -4968,7 +5045,11 @@ __global__ void k_tail_put(const float *src, __nv_bfloat16 *dst, uint64_t rows, 
  * in the twin [dq dk dv | tail] (row stride w, w0 its columns before the
  * tail): dU = s dY B (float, in du) into the tail's columns (the input
  * gradient's extra K), gB += s dY^T U, gA += dU^T X (X the norm's float
- * output, as the unfolded path reads it) */
+ * output, as the unfolded path reads it). With more than one adapter and
+ * room in du and tmp, the dUs side by side in du ([T, n r]) and every gA
+ * from one GEMM into tmp ([n r, H], then added to each): X read once,
+ * where a GEMM an adapter read it each time at M = r (on the H200 bench,
+ * q and v: 0.94 ms a step for the two) */
 static int att_fold_bwd(struct ms_gmodel *g, const struct dlayer *d, const struct dacts *a,
 			uint32_t w0, uint32_t w, struct ms_err *err)
 {
@@ -4979,23 +5060,41 @@ static int att_fold_bwd(struct ms_gmodel *g, const struct dlayer *d, const struc
 	const float *us[3] = {a->uq, a->uk, a->uv};
 	uint32_t outs[3] = {g->dq, g->dkv, g->dkv}, offs[3] = {0, g->dq, g->dq + g->dkv};
 	__nv_bfloat16 *Y = (__nv_bfloat16 *)g->cA, *Bp = g->aab + (uint64_t)g->afrmax * H;
+	uint32_t n = !!Ls[0] + !!Ls[1] + !!Ls[2], j = 0;
+	int one = n > 1 && T * n * r <= g->du_n && (uint64_t)n * r * H <= g->tmp_n;
+	uint32_t ld = one ? n * r : r;
 	for (int i = 0; i < 3; i++) {
 		const struct dlora *L = Ls[i];
 		if (!L)
 			continue;
+		float *du = g->du + (one ? j++ * r : 0);
 		k_pad_factor<<<nblk((uint64_t)outs[i] * fw), NTH, 0, g->st>>>(L->B, Bp, 1, outs[i],
 									       r, outs[i], fw);
 		LK();
 		if ((rc = gemm(g, 0, 0, (uint32_t)T, r, outs[i], g->lscale, Y + offs[i], w, Bp, fw,
-			       0.0f, g->du, r, g->gt, g->ct_base, err)))
+			       0.0f, du, ld, g->gt, g->ct_base, err)))
 			return rc;
-		k_tail_put<<<nblk(T * fw), NTH, 0, g->st>>>(g->du, Y + w0 + d->acol[i], T, r, fw, w);
+		k_tail_put<<<nblk(T * fw), NTH, 0, g->st>>>(du, ld, Y + w0 + d->acol[i], T, r, fw,
+							     w);
 		LK();
 		if ((rc = gemm(g, 1, 0, outs[i], r, (uint32_t)T, g->lscale, Y + offs[i], w, us[i], r,
 			       1.0f, L->gB, r, g->gt, g->ct_base, err)) ||
-		    (rc = gemm(g, 1, 0, r, H, (uint32_t)T, 1.0f, g->du, r, a->h1, H, 1.0f, L->gA, H,
-			       CUDA_R_32F, g->ct_lora, err)))
+		    (!one && (rc = gemm(g, 1, 0, r, H, (uint32_t)T, 1.0f, du, r, a->h1, H, 1.0f,
+					L->gA, H, CUDA_R_32F, g->ct_lora, err))))
 			return rc;
+	}
+	if (!one)
+		return MS_OK;
+	if ((rc = gemm(g, 1, 0, n * r, H, (uint32_t)T, 1.0f, g->du, ld, a->h1, H, 0.0f, g->tmp, H,
+		       CUDA_R_32F, g->ct_lora, err)))
+		return rc;
+	j = 0;
+	for (int i = 0; i < 3; i++) {
+		if (!Ls[i])
+			continue;
+		k_add<<<nblk((uint64_t)r * H), NTH, 0, g->st>>>(
+			Ls[i]->gA, Ls[i]->gA, g->tmp + (uint64_t)j++ * r * H, (uint64_t)r * H);
+		LK();
 	}
 out:
 	return rc;
@@ -5034,11 +5133,12 @@ __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t
 	}
 }
 
-/* the reverse: Db [t, e fr + k] = tail [p, c0 + k] (Db zeroed first: the
- * experts a token did not choose stay zero) */
+/* the reverse: Db [t, e fr + k] = tail [p, c0 + k], times the slot's
+ * weight w (once rounded) where given (Db zeroed first: the experts a
+ * token did not choose stay zero) */
 __global__ void k_tail_scatter(const __nv_bfloat16 *tw, uint32_t ldt, uint32_t c0,
-			       const int32_t *perm, const int32_t *sel, uint32_t K, uint32_t E,
-			       uint32_t fr, __nv_bfloat16 *Db, uint64_t n)
+			       const int32_t *perm, const int32_t *sel, const float *w,
+			       uint32_t K, uint32_t E, uint32_t fr, __nv_bfloat16 *Db, uint64_t n)
 {
 	uint64_t m = n * fr;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
@@ -5047,7 +5147,24 @@ __global__ void k_tail_scatter(const __nv_bfloat16 *tw, uint32_t ldt, uint32_t c
 		uint32_t k = (uint32_t)(i - p * fr);
 		int32_t sl = perm[p];
 		uint64_t t = (uint64_t)sl / K;
-		Db[(t * E + (uint32_t)sel[sl]) * fr + k] = tw[p * ldt + c0 + k];
+		__nv_bfloat16 v = tw[p * ldt + c0 + k];
+		Db[(t * E + (uint32_t)sel[sl]) * fr + k] =
+			w ? __float2bfloat16_rn(w[sl] * __bfloat162float(v)) : v;
+	}
+}
+
+/* gB_e [out, r] += C [e fr + k, o] for k < r: the dense product's rows
+ * (one an expert's rank index) into the experts' B gradients */
+__global__ void k_gb_put(const float *C, float *gB, uint32_t E, uint32_t out, uint32_t r,
+			 uint32_t fr)
+{
+	uint64_t n = (uint64_t)E * out * r;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		uint32_t k = (uint32_t)(i % r);
+		uint64_t eo = i / r;
+		uint32_t o = (uint32_t)(eo % out), e = (uint32_t)(eo / out);
+		gB[i] += C[((uint64_t)e * fr + k) * out + o];
 	}
 }
 
@@ -5126,11 +5243,42 @@ static int fold_ga_gu(struct ms_gmodel *g, const struct dlora *L, const struct d
 	__nv_bfloat16 *Db = (__nv_bfloat16 *)g->ud;
 	CK(cudaMemsetAsync(Db, 0, T * L->E * fr * 2, g->st));
 	k_tail_scatter<<<nblk(TK * fr), NTH, 0, g->st>>>((const __nv_bfloat16 *)dY, ld,
-							  (uint32_t)out, a->perm, a->sel, g->K,
-							  L->E, (uint32_t)fr, Db, TK);
+							  (uint32_t)out, a->perm, a->sel, NULL,
+							  g->K, L->E, (uint32_t)fr, Db, TK);
 	LK();
 	return gemm(g, 1, 0, L->E * (uint32_t)fr, L->in, (uint32_t)T, 1.0f, Db,
 		    L->E * (uint32_t)fr, xb, L->in, 1.0f, L->gA, L->in, g->gt, g->ct_base, err);
+out:
+	return rc;
+}
+
+/* backward, down: gB_e += s dY_e^T U_e over every token at once. dY_e's
+ * row of slot (t, k) is w_tk dy_t (the combine's backward), so with Uw [T,
+ * E fr] holding w_tk U of that slot at token t's expert-e columns (zeros
+ * elsewhere), [E fr, out] = s Uw^T dy is every expert's gB^T: one dense
+ * GEMM that reads dy once ([T, out], xb: dy in bf16, k_combine_bwd's),
+ * where the grouped product read the twin dY's [T K, out] rows. The rank
+ * fills the folded width (r = fr; C, in the split partials' scratch, is
+ * [E r, out]). */
+static int fold_gb_dn(struct ms_gmodel *g, const struct dlora *L, const struct dacts *a,
+		      const __nv_bfloat16 *xb, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T, TK = T * g->K, r = L->r, out = L->out;
+	__nv_bfloat16 *Uw = (__nv_bfloat16 *)g->ud;
+	CK(cudaMemsetAsync(Uw, 0, T * L->E * r * 2, g->st));
+	k_tail_scatter<<<nblk(TK * r), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->udn,
+							 (uint32_t)r, 0, a->perm, a->sel, a->wts,
+							 g->K, L->E, (uint32_t)r, Uw, TK);
+	LK();
+	if ((rc = gemm(g, 1, 0, L->E * (uint32_t)r, (uint32_t)out, (uint32_t)T, g->lscale, Uw,
+		       L->E * (uint32_t)r, xb, (uint32_t)out, 0.0f, g->wpart, (uint32_t)out,
+		       g->gt, g->ct_base, err)))
+		return rc;
+	k_gb_put<<<nblk((uint64_t)L->E * out * r), NTH, 0, g->st>>>(g->wpart, L->gB, L->E,
+								     (uint32_t)out, (uint32_t)r,
+								     (uint32_t)r);
+	LK();
 out:
 	return rc;
 }
@@ -5178,46 +5326,68 @@ out:
 	return rc;
 }
 
+#define WG_B 1
+#define WG_A 2
+
+/* fold_wgrad's rows a run (ms_ggemm_wgrad_bf16's run_rows): a quarter
+ * above the experts' mean, so that an expert near the mean is one run,
+ * one block summing its whole rows (no partials, no second kernel), and
+ * only one far above it is cut, into runs near the mean, up to
+ * MS_GMODEL_WGRAD_SPLIT (tools/bench/wgrad_probe.cu on the H200, 64
+ * experts of 956 .. 1114 rows: gate/up's gB took 0.112 ms with every
+ * expert cut in four, 0.071 whole; the down input's gA 0.062 and 0.041) */
+static uint32_t wgrad_run_rows(const uint32_t *cnt, uint32_t E)
+{
+	uint64_t sum = 0;
+	for (uint32_t e = 0; e < E; e++)
+		sum += cnt[e];
+	uint64_t r = (5 * sum + 4 * (uint64_t)E - 1) / (4 * (uint64_t)E);
+	return r < 32 ? 32 : r > 0xffffffffull ? 0xffffffffu : (uint32_t)r;
+}
+
 /*
  * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e, bf16 operands and
  * float32 gradients, each one launch over every expert's own rows
- * (ms_ggemm_wgrad_bf16, tensor cores), cut into MS_GMODEL_WGRAD_SPLIT runs
- * whose partials a second kernel sums in order (with one block an
- * expert's whole rows, the most loaded expert set the time: 17.0 -> 9.8 ms
- * a step on the H200 bench). cuBLAS offered neither in one
- * launch: it groups bf16 products only into a bf16 result, and its
- * batched form wants one shape, which took either a launch per distinct
- * row count (host-bound: the bench model's experts have many) or the rows
- * cut into equal chunks with partial sums (23.6 ms a step on the H200 for
- * what reads 1.2 GB a layer). dY: the twin (row stride ld, dU in its last
+ * (ms_ggemm_wgrad_bf16, tensor cores); an expert well above the mean's
+ * rows cut into up to MS_GMODEL_WGRAD_SPLIT runs (wgrad_run_rows) whose
+ * partials a second kernel sums in order (with one block an expert's
+ * whole rows, the most loaded expert set the time: 17.0 -> 9.8 ms a step
+ * on the H200 bench with an earlier kernel and every expert cut in
+ * four). cuBLAS offered neither in one launch: it groups bf16 products
+ * only into a bf16 result, and its batched form wants one shape, which
+ * took either a launch per distinct row count (host-bound: the bench
+ * model's experts have many) or the rows cut into equal chunks with
+ * partial sums (23.6 ms a step on the H200 for what reads 1.2 GB a
+ * layer). dY: the twin (row stride ld, dU in its last
  * r columns); Us: fold_u's U; Xb: the input, row stride xld, its row i
- * xperm[i] / K where xperm is given (the tokens, not gathered); no_ga:
- * gB only (fold_ga_gu gives gA).
+ * xperm[i] / K where xperm is given (the tokens, not gathered); which:
+ * WG_B, WG_A or both (fold_ga_gu gives gate/up's gA, fold_gb_dn the down
+ * adapter's gB, where the rank fills the folded width).
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
-		      const __nv_bfloat16 *Xb, uint32_t xld, const int32_t *xperm, int no_ga,
+		      const __nv_bfloat16 *Xb, uint32_t xld, const int32_t *xperm, int which,
 		      struct ms_err *err)
 {
 	int rc;
-	uint32_t E = L->E, r = L->r, in = L->in, out = L->out;
+	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, rr = wgrad_run_rows(cnt, E);
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
 					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
-					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
 	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, xld, L->gA,
 					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
-					 MS_GMODEL_WGRAD_SPLIT, g->wpart};
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
 	if ((rc = offsets_up(g, cnt, err)))
 		return rc;
 	site(g, -2);
-	if ((rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
+	if ((which & WG_B) && (rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
 		return rc;
-	site(g, SK_WGRAD_BF16);
-	if (no_ga)
-		return MS_OK;
-	if ((rc = ms_ggemm_wgrad_bf16(&wa, g->st, err)))
+	if (which & WG_B)
+		site(g, SK_WGRAD_BF16);
+	if ((which & WG_A) && (rc = ms_ggemm_wgrad_bf16(&wa, g->st, err)))
 		return rc;
-	site(g, SK_WGRAD_BF16);
+	if (which & WG_A)
+		site(g, SK_WGRAD_BF16);
 	return MS_OK;
 }
 
@@ -5599,10 +5769,15 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
 			/* the adapter's gradients read act in bf16, as the
-			 * forward kept it */
+			 * forward kept it; gB over every token at once where
+			 * the rank fills the folded width (fold_gb_dn: dy in
+			 * bf16 is still in xb), else by expert rows */
+			int dense = g->r == fr;
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, a->actb,
-					     (uint32_t)(F + fr), NULL, 0, err)))
+					     (uint32_t)(F + fr), NULL, dense ? WG_A : WG_A | WG_B,
+					     err)) ||
+			    (dense && (rc = fold_gb_dn(g, d->ldn, a, xb, err))))
 				return rc;
 		} else if (d->ldn && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->ldn, a->cnt, g->grouped ? a->goff : NULL,
@@ -5656,7 +5831,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			int dense = g->r == fr;
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
 					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb,
-					     (uint32_t)H, a->perm, dense, err)) ||
+					     (uint32_t)H, a->perm, dense ? WG_B : WG_A | WG_B,
+					     err)) ||
 			    (dense && (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, xb, err))))
 				return rc;
 		} else if (d->lgu && !g->f32 &&

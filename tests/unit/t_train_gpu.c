@@ -72,6 +72,26 @@ static void res_free(struct res *r)
 	memset(r, 0, sizeof *r);
 }
 
+/* nonzero: run() builds the adapter of f->lora's rank itself, every
+ * factor (B too) uniform in [-adapter_amp, adapter_amp] from a fixed hash
+ * of its tensor and element, instead of loading the golden adapter (which
+ * has the fixtures' rank) */
+static double adapter_amp;
+
+static void adapter_fill(struct ms_model *m)
+{
+	const struct ms_param *ps;
+	size_t np = ms_model_params(m, &ps);
+	for (size_t i = 0; i < np; i++)
+		for (uint64_t e = 0; e < ps[i].n; e++) {
+			uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ (e * 0xbf58476d1ce4e5b9ull);
+			z ^= z >> 31;
+			z *= 0x94d049bb133111ebull;
+			z ^= z >> 29;
+			ps[i].w[e] = (float)(adapter_amp * ((double)(z >> 11) / 4503599627370496.0 - 1.0));
+		}
+}
+
 /* forward logits, then one step (gradients to the host) */
 static int run(struct fam *f, const struct ms_model_opts *o, const int32_t *ids,
 	       const uint8_t *mask, uint32_t B, uint32_t S, struct res *r)
@@ -81,8 +101,14 @@ static int run(struct fam *f, const struct ms_model_opts *o, const int32_t *ids,
 	const struct ms_param *ps;
 	memset(r, 0, sizeof *r);
 	if (ms_model_build(&m, &f->cfg, f->base.t, f->base.n, f->quant.t, f->quant.n, &f->lora,
-			   f->adapter.t, f->adapter.n, o, &err))
+			   adapter_amp ? NULL : f->adapter.t, adapter_amp ? 0 : f->adapter.n, o,
+			   &err))
 		goto bad;
+	if (adapter_amp) {
+		adapter_fill(m);
+		if (ms_model_sync(m, NULL, MS_MODEL_TO_DEVICE, &err))
+			goto bad;
+	}
 	r->logits = calloc((size_t)B * S * f->cfg.vocab, sizeof(float));
 	if (!r->logits || ms_model_forward(m, ids, B, S, r->logits, &err))
 		goto bad;
@@ -325,6 +351,80 @@ static int family(const char *name, int mode)
 {
 	return family_p(name, mode, 0);
 }
+
+/*
+ * The folded expert LoRA at a rank that fills the folded width (r 16,
+ * fold_width 16): gate/up's gA and the down adapter's gB then come from a
+ * dense GEMM over every token (fold_ga_gu, fold_gb_dn) instead of the
+ * experts' rows, a path the fixtures' ranks (3 and 4) never take. The
+ * bf16 folded run against the CPU on one step, with an adapter of that
+ * rank built by the test (adapter_amp: random B as well, so that every
+ * gradient is nonzero), to the bf16 tolerances of family_p; the golden's
+ * logits are the fixture adapter's and are not compared.
+ */
+static int rank_full(const char *name)
+{
+	struct fam f;
+	struct res cpu, gpu;
+	struct ms_model_opts oc = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1};
+	struct ms_model_opts og = gpu_opts(M_BF16);
+	const struct ms_param *ps = NULL;
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	double wl = 0, wg = 0, gdot = 0, gna = 0, gnb = 0, gdd = 0;
+	int32_t ids[2 * 16];
+	int tie;
+
+	T_ASSERT(fam_open(&f, name) == 0);
+	f.lora.r = 16;
+	f.lora.alpha = 32;
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	adapter_amp = 0.25;
+	int ra = run(&f, &oc, ids, NULL, 2, 16, &cpu), rb = run(&f, &og, ids, NULL, 2, 16, &gpu);
+	adapter_amp = 0;
+	T_ASSERT(ra == 0 && rb == 0);
+	tie = routing_tie(&f, &cpu, &gpu, 2 * 16);
+	T_ASSERT_MSG(tie >= 0, "%s rank 16: routing differs from the CPU's", name);
+	T_ASSERT_EQ_INT(cpu.np, gpu.np);
+	for (size_t i = 0; i < 2 * 16 * (size_t)f.cfg.vocab; i++) {
+		double d = fabs((double)gpu.logits[i] - cpu.logits[i]);
+		wl = d > wl ? d : wl;
+	}
+	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
+				NULL, 0, &oc, &err) == MS_OK);
+	ms_model_params(m, &ps);
+	for (size_t i = 0; i < cpu.np; i++) {
+		double gmax = 0, dmax = 0;
+		for (uint64_t e = 0; e < ps[i].n; e++) {
+			double a = cpu.g[i][e], b = gpu.g[i][e];
+			gmax = fabs(a) > gmax ? fabs(a) : gmax;
+			dmax = fabs(a - b) > dmax ? fabs(a - b) : dmax;
+			gdot += a * b;
+			gna += a * a;
+			gnb += b * b;
+			gdd += (a - b) * (a - b);
+		}
+		T_ASSERT_MSG(gmax > 0, "%s: zero gradient", ps[i].name);
+		wg = dmax / gmax > wg ? dmax / gmax : wg;
+	}
+	ms_model_free(m);
+	fprintf(stderr, "  %s rank 16 bf16: logits max |gpu-cpu| %.3g; loss %.9g vs %.9g; "
+		"gradients worst %.3g of max; all: relative L2 %.3g, cosine %.6f\n", name, wl,
+		gpu.loss, cpu.loss, wg, sqrt(gdd / gna), gdot / sqrt(gna * gnb));
+	T_ASSERT_MSG(tie || wl < 5e-2, "logits differ by %g", wl);
+	T_ASSERT_MSG(fabs(gpu.loss - cpu.loss) <= 1e-2 * fabs(cpu.loss), "loss %.9g vs %.9g",
+		     gpu.loss, cpu.loss);
+	T_ASSERT_MSG(tie || (sqrt(gdd / gna) < 5e-2 && gdot / sqrt(gna * gnb) > 0.998),
+		     "gradients: relative L2 %g, cosine %g", sqrt(gdd / gna),
+		     gdot / sqrt(gna * gnb));
+	res_free(&cpu);
+	res_free(&gpu);
+	fam_close(&f);
+	return 0;
+}
+
+static int test_rank16_qwen3moe(void) { return rank_full("qwen3moe"); }
+static int test_rank16_mixtral(void) { return rank_full("mixtral"); }
 
 /* LoRA dropout: the device draws model.c's masks (the step's gradients
  * match only if every kept element and scale is the same) */
@@ -1230,6 +1330,8 @@ static const struct t_case cases[] = {
 	T_CASE(test_decode_bf16_mixtral),
 	T_CASE(test_decode_grouped_glm4moe),
 	T_CASE(test_rl_rollout),
+	T_CASE(test_rank16_qwen3moe),
+	T_CASE(test_rank16_mixtral),
 };
 
 /* --peft-logits ADAPTER OUT: the GPU model (float32 GEMMs) of the bundled
