@@ -1451,31 +1451,6 @@ __device__ __forceinline__ float rope_at(const float *v, uint32_t i, uint32_t ha
 }
 
 /* Y: float, or bf16 where the output is cuDNN's operand only (att16) */
-/* A lane's share of a head row (n <= NR_MAXN values, lane + 32 j), every
- * global load of it issued at once, before the arithmetic that needs any
- * of them: the norm and RoPE kernels below then wait on memory once a row
- * instead of once a phase (with the loads in each phase, the sums, the
- * RoPE factors and the output each a round trip, the backward moved about
- * 1.1 TB/s on the H200 bench). The same values in the same order as the
- * loads inside each phase gave. */
-#define NR_PL (NR_MAXN / 32)
-
-template <typename X>
-__device__ __forceinline__ void nr_load(const X *v, const float *w, const float *cs,
-					const float *sn, uint64_t o, uint64_t pos, uint32_t n,
-					uint32_t half, uint32_t lane, float *vv, float *wv,
-					float *cv, float *sv)
-{
-#pragma unroll
-	for (int j = 0; j < NR_PL; j++) {
-		uint32_t i = lane + 32 * j, f = i < half ? i : i - half;
-		vv[j] = i < n ? f32_of(v[o + i]) : 0.0f;
-		wv[j] = i < n ? w[i] : 0.0f;
-		cv[j] = i < 2 * half ? cs[pos * half + f] : 0.0f;
-		sv[j] = i < 2 * half ? sn[pos * half + f] : 0.0f;
-	}
-}
-
 template <typename Y>
 __global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 			    uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
@@ -1486,33 +1461,20 @@ __global__ void k_norm_rope(const float *x, const float *w, Y *y, float *rstd,
 	float *sr = sb[wi];
 	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
 	     row += (uint64_t)gridDim.x * wpb) {
-		uint64_t pos = (row / nhead) % S;
-		float xv[NR_PL], wv[NR_PL], cv[NR_PL], sv[NR_PL];
-		nr_load(x, w, cs, sn, row * n, pos, n, half, lane, xv, wv, cv, sv);
-		/* warp_rstd's sums, from the registers */
-		double ss = 0;
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			if (lane + 32 * j < n)
-				ss += (double)xv[j] * xv[j];
-		for (int o = 16; o; o >>= 1)
-			ss += __shfl_xor_sync(0xffffffffu, ss, o);
-		float var = (float)(ss / n);
-		float r = (float)(1.0 / sqrt((double)(var + eps)));
+		const float *xr = x + row * n;
+		float r = warp_rstd(xr, n, eps, lane);
 		if (!lane)
 			rstd[row] = r;
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			if (lane + 32 * j < n)
-				sr[lane + 32 * j] = wv[j] * (xv[j] * r);
+		for (uint32_t i = lane; i < n; i += 32)
+			sr[i] = w[i] * (xr[i] * r);
 		__syncwarp();
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++) {
-			uint32_t i = lane + 32 * j;
-			if (i < n)
-				y[row * n + i] = tocv<Y>(i >= 2 * half
-								 ? sr[i]
-								 : rope_at(sr, i, half, cv[j], sv[j], 0));
+		uint64_t pos = (row / nhead) % S;
+		for (uint32_t i = lane; i < n; i += 32) {
+			uint32_t f = i < half ? i : i - half;
+			y[row * n + i] = tocv<Y>(i >= 2 * half
+							 ? sr[i]
+							 : rope_at(sr, i, half, cs[pos * half + f],
+								   sn[pos * half + f], 0));
 		}
 		/* the row is read before the next one overwrites it */
 		__syncwarp();
@@ -1529,43 +1491,32 @@ __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, con
 	 * [rows, n]; or straight into the input gradient GEMM's bf16
 	 * operand [dq dk dv], no concatenating pass) */
 	__shared__ float sb[NTH / 32][NR_MAXN];
+	__shared__ float sd[NTH / 32][NR_MAXN];
 	uint32_t lane = threadIdx.x & 31, wi = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-	float *sr = sb[wi];
+	float *sr = sb[wi], *sg = sd[wi];
 	for (uint64_t row = (uint64_t)blockIdx.x * wpb + wi; row < rows;
 	     row += (uint64_t)gridDim.x * wpb) {
 		uint64_t o = row * n, pos = (row / nhead) % S;
-		float dv[NR_PL], wv[NR_PL], cv[NR_PL], sv[NR_PL], xv[NR_PL], sg[NR_PL];
-		nr_load(dy, w, cs, sn, o, pos, n, half, lane, dv, wv, cv, sv);
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			xv[j] = lane + 32 * j < n ? x[o + lane + 32 * j] : 0.0f;
-		double r = rstd[row];
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			if (lane + 32 * j < n)
-				sr[lane + 32 * j] = dv[j];
+		for (uint32_t i = lane; i < n; i += 32)
+			sr[i] = f32_of(dy[o + i]);
 		__syncwarp();
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++) {
-			uint32_t i = lane + 32 * j;
-			sg[j] = i >= n ? 0.0f
-				: i >= 2 * half ? sr[i]
-						: rope_at(sr, i, half, cv[j], sv[j], 1);
+		for (uint32_t i = lane; i < n; i += 32) {
+			uint32_t f = i < half ? i : i - half;
+			sg[i] = i >= 2 * half ? sr[i]
+					      : rope_at(sr, i, half, cs[pos * half + f],
+							sn[pos * half + f], 1);
 		}
+		__syncwarp();
 		double dot = 0;
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			if (lane + 32 * j < n)
-				dot += (double)wv[j] * sg[j] * xv[j];
+		for (uint32_t i = lane; i < n; i += 32)
+			dot += (double)w[i] * sg[i] * x[o + i];
 		for (int k = 16; k; k >>= 1)
 			dot += __shfl_xor_sync(0xffffffffu, dot, k);
+		double r = rstd[row];
 		double c = r * r * r * dot / n;
 		Y *dr = dx + (row / nhead) * ldo + c0 + (row % nhead) * n;
-#pragma unroll
-		for (int j = 0; j < NR_PL; j++)
-			if (lane + 32 * j < n)
-				dr[lane + 32 * j] = tocv<Y>((float)(r * wv[j] * sg[j] - c * xv[j]));
-		/* the row is read before the next one overwrites it */
+		for (uint32_t i = lane; i < n; i += 32)
+			dr[i] = tocv<Y>((float)(r * w[i] * sg[i] - c * x[o + i]));
 		__syncwarp();
 	}
 }
@@ -4884,33 +4835,8 @@ __global__ void k_fold_tail(__nv_bfloat16 *base, uint64_t es, uint32_t ld, uint3
 			    uint32_t rs, uint32_t ks, float s, uint32_t kb = 0)
 {
 	/* columns [c0, c0 + fr): the factor's r in [kb, kb + r), zeros
-	 * elsewhere. A thread a row's whole tail, 16 bytes a store, where
-	 * the tails are 16-byte aligned (a thread an element wrote 2-byte
-	 * stores across rows, and read A^T's column down its rows: 1.2 ms a
-	 * step on the H200 bench for 0.24 GB) */
+	 * elsewhere */
 	uint64_t e = blockIdx.y;
-	if (fr % 8 == 0 && ld % 8 == 0 && c0 % 8 == 0 && es % 8 == 0 && al16(base)) {
-		for (uint32_t row = blockIdx.x * blockDim.x + threadIdx.x; row < rows;
-		     row += gridDim.x * blockDim.x) {
-			uint4 *o = (uint4 *)(base + e * es + (uint64_t)row * ld + c0);
-			const float *sr = src + e * ss + (uint64_t)row * rs;
-			for (uint32_t k0 = 0; k0 < fr; k0 += 8) {
-				uint32_t w[4];
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					uint32_t k = k0 + 2 * j;
-					float a = k >= kb && k - kb < r ? s * sr[(uint64_t)(k - kb) * ks] : 0.0f;
-					float b = k + 1 >= kb && k + 1 - kb < r
-							  ? s * sr[(uint64_t)(k + 1 - kb) * ks]
-							  : 0.0f;
-					__nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-					w[j] = *(uint32_t *)&h;
-				}
-				o[k0 / 8] = make_uint4(w[0], w[1], w[2], w[3]);
-			}
-		}
-		return;
-	}
 	uint32_t n = rows * fr;
 	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
 		uint32_t row = i / fr, k = i - row * fr;
@@ -4951,12 +4877,12 @@ static int fold_tails_att(struct ms_gmodel *g, const struct dlayer *d, int bwd,
 		const struct dlin *l = ls[i];
 		const struct dlora *L = Ls[i];
 		if (!bwd)
-			k_fold_tail<<<nblk(l->out), NTH, 0, g->st>>>(
+			k_fold_tail<<<nblk((uint64_t)l->out * d->afr), NTH, 0, g->st>>>(
 				(__nv_bfloat16 *)g->wbuf + l->woff, 0, l->in + d->afr, l->in, l->out,
 				L ? L->r : 0, d->afr, L ? L->B : NULL, 0, L ? L->r : 0, 1, g->lscale,
 				L ? d->acol[i] : 0);
 		else if (L)
-			k_fold_tail<<<nblk(l->in), NTH, 0, g->st>>>(
+			k_fold_tail<<<nblk((uint64_t)l->in * fw), NTH, 0, g->st>>>(
 				(__nv_bfloat16 *)g->wbuf + d->q.woff, 0, w0 + d->afr, w0 + d->acol[i],
 				l->in, L->r, fw, L->A, 0, 1, l->in, 1.0f);
 		else
@@ -4986,7 +4912,7 @@ static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, stru
 		/* the experts' places are evenly spaced: the same shapes in order */
 		uint64_t es = g->E > 1 ? l[1].woff - l[0].woff : 0;
 		uint32_t rows = bwd ? l->in : l->out, c0 = bwd ? l->out : l->in;
-		k_fold_tail<<<dim3(nblk(rows), g->E), NTH, 0, g->st>>>(
+		k_fold_tail<<<dim3(nblk((uint64_t)rows * l->fr), g->E), NTH, 0, g->st>>>(
 			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, L->r, l->fr,
 			bwd ? L->A : L->B, (uint64_t)L->r * (bwd ? L->in : L->out), bwd ? 1 : L->r,
 			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
