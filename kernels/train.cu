@@ -321,6 +321,11 @@ struct dacts {
 					output in bf16 (act NULL): all the
 					backward reads of it (its LoRA's
 					gradients), at half the bytes */
+	__nv_bfloat16 *h2b;          /* ... and the ln2 norm's output in bf16,
+					written by the norm: the experts' rows
+					are gathered from it, and gate/up's
+					LoRA gradients read it (no cast of h2
+					in the backward) */
 };
 
 enum phase {
@@ -1163,20 +1168,36 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 	}
 }
 
+/* float32 of the bf16 bits in a 32-bit word's low and high halves */
+__device__ __forceinline__ float bf_lo(uint32_t u)
+{
+	return __uint_as_float(u << 16);
+}
+
+__device__ __forceinline__ float bf_hi(uint32_t u)
+{
+	return __uint_as_float(u & 0xffff0000u);
+}
+
 /* dx = res + d rmsnorm / dx . dy (model.c rms_bwd_row); res NULL: dx +=
  * it. The residual's copy into dx folded in: one pass less over T x H
- * floats, the same float addition */
+ * floats, the same float addition. With ss, dy is dy + the sum over the
+ * row's K expert slots of ss [pos [row K + k]] (bf16 rows of H, in
+ * double, in slot order): k_slot_sum's unpermute folded into the norm
+ * that reads its output, the same additions, without writing dy and
+ * reading it back (T x H floats each way) */
 template <int V>
 __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 			  const float *dy, const float *res, float *dx, uint32_t H,
-			  __nv_bfloat16 *db)
+			  __nv_bfloat16 *db, const __nv_bfloat16 *ss = NULL,
+			  const int32_t *pos = NULL, uint32_t K = 0)
 {
 	/* db: dx's bf16 copy as well (the next GEMM's operand, no cast pass) */
 	__shared__ double sh[33];
 	uint64_t o = (uint64_t)blockIdx.x * H;
 	double dot = 0;
 	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)dy | (uintptr_t)res |
-			   (uintptr_t)dx | ((uintptr_t)db & 7))) {
+			   (uintptr_t)dx | ((uintptr_t)db & 7) | ((uintptr_t)ss & 7))) {
 		/* k_rms's registers: x and dy read once */
 		float4 xv[V], dv[V];
 #pragma unroll
@@ -1188,6 +1209,21 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 				xv[k] = *(const float4 *)(x + o + i);
 				dv[k] = *(const float4 *)(dy + o + i);
 				wv = *(const float4 *)(w + i);
+			}
+			if (ss && i < H) {
+				double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+				for (uint32_t q = 0; q < K; q++) {
+					uint2 u = *(const uint2 *)(ss + (uint64_t)pos[blockIdx.x * K + q] *
+									   H + i);
+					s0 += bf_lo(u.x);
+					s1 += bf_hi(u.x);
+					s2 += bf_lo(u.y);
+					s3 += bf_hi(u.y);
+				}
+				dv[k].x = dv[k].x + (float)s0;
+				dv[k].y = dv[k].y + (float)s1;
+				dv[k].z = dv[k].z + (float)s2;
+				dv[k].w = dv[k].w + (float)s3;
 			}
 			dot += (double)wv.x * dv[k].x * xv[k].x + (double)wv.y * dv[k].y * xv[k].y +
 			       (double)wv.z * dv[k].z * xv[k].z + (double)wv.w * dv[k].w * xv[k].w;
@@ -1215,14 +1251,23 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
 		}
 		return;
 	}
+	/* the row's dy (with the slots' sum) at i */
+	auto dyi = [&](uint32_t i) {
+		if (!ss)
+			return dy[o + i];
+		double q = 0;
+		for (uint32_t k = 0; k < K; k++)
+			q += (double)__bfloat162float(ss[(uint64_t)pos[blockIdx.x * K + k] * H + i]);
+		return dy[o + i] + (float)q;
+	};
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-		dot += (double)w[i] * dy[o + i] * x[o + i];
+		dot += (double)w[i] * dyi(i) * x[o + i];
 	dot = block_sum(dot, sh);
 	double r = rstd[blockIdx.x];
 	double c = r * r * r * dot / H;
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
 		float v = (res ? res[o + i] : dx[o + i]) +
-			  (float)(r * w[i] * dy[o + i] - c * x[o + i]);
+			  (float)(r * w[i] * dyi(i) - c * x[o + i]);
 		dx[o + i] = v;
 		if (db)
 			db[o + i] = __float2bfloat16_rn(v);
@@ -1261,17 +1306,22 @@ static void rms_in(struct ms_gmodel *g, uint64_t rows, const float *x, const flo
 	rms_fwd(g, rows, x, w, y, rstd, H, eps, yb, ybld);
 }
 
+/* ss, pos, K: the expert slots' rows summed into dy (k_rms_bwd) */
 static void rms_bwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
 		    const float *rstd, const float *dy, const float *res, float *dx, uint32_t H,
-		    __nv_bfloat16 *db = NULL)
+		    __nv_bfloat16 *db = NULL, const __nv_bfloat16 *ss = NULL,
+		    const int32_t *pos = NULL, uint32_t K = 0)
 {
 	int v = rms_v(H);
 	if (v == 1)
-		k_rms_bwd<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
+		k_rms_bwd<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db, ss,
+								pos, K);
 	else if (v == 2)
-		k_rms_bwd<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
+		k_rms_bwd<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db, ss,
+								pos, K);
 	else
-		k_rms_bwd<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db);
+		k_rms_bwd<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, rstd, dy, res, dx, H, db, ss,
+								pos, K);
 }
 
 /* a warp's row of n floats: 1 / sqrt(mean of squares + eps), the squares
@@ -3934,6 +3984,7 @@ static void acts_release(struct ms_gmodel *g)
 			dfree(g, a->pos, MC_ACTS);
 			dfree(g, a->lse, MC_ACTS);
 			dfree(g, a->actb, MC_ACTS);
+			dfree(g, a->h2b, MC_ACTS);
 			dfree(g, a->goff, MC_ACTS);
 			if (a->cnt)
 				cudaFreeHost(a->cnt);
@@ -4105,9 +4156,10 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 			/* the folded LoRA's layers keep it in bf16 (actb), as
 			 * the down GEMM's twin operand itself: U's fr columns
 			 * after each row's F */
-			if (g->E && d->egu[0].fr)
+			if (g->E && d->egu[0].fr) {
 				DM(a->actb, (TK + BUCKET) * (F + d->egu[0].fr) * 2, MC_ACTS);
-			else
+				DM(a->h2b, T * H * 2, MC_ACTS);
+			} else
 				DM(a->act, (TK + BUCKET) * F * 4, MC_ACTS);
 			if (d->lgu)
 				DM(a->ugu, TK * r * 4, MC_ACTS);
@@ -5436,10 +5488,10 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		return rc;
 	ph(g, PH_ATT_PROJ);
 	ph(g, PH_NORM);
-	/* a folded MoE layer gathers its experts' rows from h2's bf16 copy
-	 * (in xs, which that path does not use before the backward); the
-	 * residual x2 = x + y summed by the norm */
-	h2b = d->moe && g->E && d->egu[0].fr ? (__nv_bfloat16 *)g->xs : NULL;
+	/* a folded MoE layer gathers its experts' rows from h2's bf16 copy,
+	 * which it keeps for the backward (h2b); the residual x2 = x + y
+	 * summed by the norm */
+	h2b = d->moe && g->E && d->egu[0].fr ? a->h2b : NULL;
 	rms_fwd(g, T, a->x, d->ln2, a->h2, a->r2, (uint32_t)H, (float)m->cfg.rms_eps, h2b, 0,
 		g->y, a->x2);
 	LK();
@@ -5748,18 +5800,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 
 		ph(g, fr ? PH_B_LORA_GRAD : PH_B_LORA);
 		if (fr) {
-			/* the input's tokens in bf16, read by the expert rows
-			 * through the permutation (no gathered copy) */
-			k_cast<__nv_bfloat16><<<cast_blocks(T * H), NTH, 0, g->st>>>(a->h2, xb, T * H);
-			LK();
-			/* gA over every token at once where the rank fills the
-			 * folded width (fold_ga_gu), else by expert rows */
+			/* the input's tokens in bf16 (the forward's h2b), read
+			 * by the expert rows through the permutation (no
+			 * gathered copy); gA over every token at once where
+			 * the rank fills the folded width (fold_ga_gu), else
+			 * by expert rows */
 			int dense = g->r == fr;
 			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, xb,
+					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, a->h2b,
 					     (uint32_t)H, a->perm, dense ? WG_B : WG_A | WG_B,
 					     err)) ||
-			    (dense && (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, xb, err))))
+			    (dense &&
+			     (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, a->h2b, err))))
 				return rc;
 		} else if (d->lgu && !g->f32 &&
 			   (rc = lora_bwd_experts(g, d->lgu, a->cnt, g->grouped ? a->goff : NULL,
@@ -5767,11 +5819,13 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		}
 		ph(g, PH_B_UNPERM);
-		if (fr)
+		/* folded without shared experts: the ln2 norm's backward sums
+		 * the slots itself (rms_bwd's ss, below) */
+		if (fr && d->sh)
 			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)g->dxs,
 								   a->pos, (const float *)NULL, g->dh2,
 								   (uint32_t)T, g->K, (uint32_t)H, 1);
-		else
+		else if (!fr)
 			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>(g->dxs, a->pos,
 								   (const float *)NULL, g->dh2,
 								   (uint32_t)T, g->K, (uint32_t)H, 1);
@@ -5792,8 +5846,15 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 	}
 	ph(g, PH_B_NORM);
-	/* and dx2's bf16 copy, the o projection's dgrad operand */
-	rms_bwd(g, T, a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2, (uint32_t)H, twin_buf(g));
+	/* and dx2's bf16 copy, the o projection's dgrad operand; a folded
+	 * MoE layer's unpermute (without shared experts, whose gradient dh2
+	 * has by now) summed here */
+	{
+		int us = d->moe && g->E && d->egu[0].fr && !d->sh;
+		rms_bwd(g, T, a->x2, d->ln2, a->r2, g->dh2, dxo, g->dx2, (uint32_t)H, twin_buf(g),
+			us ? (const __nv_bfloat16 *)g->dxs : NULL, us ? a->pos : NULL,
+			us ? g->K : 0);
+	}
 	LK();
 	ph(g, PH_B_ATT_PROJ);
 	/* where only cuDNN reads dctx (no o LoRA), its GEMM writes it in

@@ -199,6 +199,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 			 * where the LoRA folds (SwiGLU's then fr wider: U's
 			 * columns, the down GEMM's operand) */
 			acts += (TK + GP_BUCKET) * (2 * F + H + F + (fold ? fr : 0)) * (fold ? 2 : 4);
+			/* and, folded, the ln2 norm's output in bf16 (h2b) */
+			if (fold)
+				acts += T * H * 2;
 			if (lora->targets & MS_LORA_EXPERTS)
 				acts += 2 * TK * r * 4;
 			if (grouped)
