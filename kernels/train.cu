@@ -443,6 +443,12 @@ struct ms_gmodel {
 					the next norm (rms_in): pend_dst =
 					pend_src + y */
 	float *pend_dst;
+	const __nv_bfloat16 *pend_ye;  /* and y not written: the folded MoE
+					layer's expert outputs, summed over
+					each token's slots (pend_pos, weights
+					pend_w) by that norm (k_rms's ss) */
+	const int32_t *pend_pos;
+	const float *pend_w;
 	void *do16;                  /* this layer's backward's bf16 dO
 					(layer_bwd), or NULL */
 	int dv16;                    /* this layer's backward keeps cuDNN's dQ,
@@ -1087,19 +1093,53 @@ static int rms_v(uint32_t H)
 	return H <= 4u * NTH ? 1 : H <= 8u * NTH ? 2 : 4;
 }
 
+/* float32 of the bf16 bits in a 32-bit word's low and high halves */
+__device__ __forceinline__ float bf_lo(uint32_t u)
+{
+	return __uint_as_float(u << 16);
+}
+
+__device__ __forceinline__ float bf_hi(uint32_t u)
+{
+	return __uint_as_float(u & 0xffff0000u);
+}
+
+/* columns i .. i + 3 of row t's combine, sum over its K slots of
+ * ye [pos [t K + k]] * sw [t K + k]: float products summed in double in
+ * slot order (k_slot_sum's arithmetic), then rounded to float */
+__device__ __forceinline__ float4 slot_comb4(const __nv_bfloat16 *ye, const int32_t *pos,
+					     const float *sw, uint32_t K, uint64_t t, uint32_t H,
+					     uint32_t i)
+{
+	double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+	for (uint32_t q = 0; q < K; q++) {
+		uint2 u = *(const uint2 *)(ye + (uint64_t)pos[t * K + q] * H + i);
+		float wk = sw[t * K + q];
+		s0 += (double)(bf_lo(u.x) * wk);
+		s1 += (double)(bf_hi(u.x) * wk);
+		s2 += (double)(bf_lo(u.y) * wk);
+		s3 += (double)(bf_hi(u.y) * wk);
+	}
+	return make_float4((float)s0, (float)s1, (float)s2, (float)s3);
+}
+
 template <int V>
 __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		      uint32_t H, float eps, __nv_bfloat16 *yb, uint32_t ybld, const float *xa,
-		      float *xs)
+		      float *xs, const __nv_bfloat16 *ss = NULL, const int32_t *pos = NULL,
+		      const float *sw = NULL, uint32_t K = 0)
 {
 	/* xa: the residual add first, xs = x + xa (written), normalized (one
-	 * pass less over the rows than k_add and then the norm) */
+	 * pass less over the rows than k_add and then the norm); ss instead
+	 * of xa: what is added is the MoE combine of the expert outputs ss
+	 * (slot_comb4), which then is never written (k_slot_sum folded in:
+	 * the same additions, T x H floats neither written nor read back) */
 	__shared__ double sh[33];
 	const float *xr = x + (uint64_t)blockIdx.x * H;
 	float *yr = y + (uint64_t)blockIdx.x * H;
-	double ss = 0;
+	double ss2 = 0;
 	if (rms_vec<V>(H, (uintptr_t)x | (uintptr_t)w | (uintptr_t)y | ((uintptr_t)yb & 7) |
-			      (uintptr_t)xa | (uintptr_t)xs) &&
+			      (uintptr_t)xa | (uintptr_t)xs | ((uintptr_t)ss & 7)) &&
 	    ybld % 4 == 0) {
 		/* the row read once, 16 bytes a load, and kept for the output
 		 * (a scalar load an element, twice over the row, ran the norm
@@ -1109,20 +1149,21 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		for (int k = 0; k < V; k++) {
 			uint32_t i = 4 * (threadIdx.x + k * blockDim.x);
 			xv[k] = i < H ? *(const float4 *)(xr + i) : make_float4(0, 0, 0, 0);
-			if (xa && i < H) {
+			if ((xa || ss) && i < H) {
 				uint64_t o = (uint64_t)blockIdx.x * H + i;
-				float4 av = *(const float4 *)(xa + o);
+				float4 av = ss ? slot_comb4(ss, pos, sw, K, blockIdx.x, H, i)
+					       : *(const float4 *)(xa + o);
 				xv[k].x += av.x;
 				xv[k].y += av.y;
 				xv[k].z += av.z;
 				xv[k].w += av.w;
 				*(float4 *)(xs + o) = xv[k];
 			}
-			ss += (double)xv[k].x * xv[k].x + (double)xv[k].y * xv[k].y +
-			      (double)xv[k].z * xv[k].z + (double)xv[k].w * xv[k].w;
+			ss2 += (double)xv[k].x * xv[k].x + (double)xv[k].y * xv[k].y +
+			       (double)xv[k].z * xv[k].z + (double)xv[k].w * xv[k].w;
 		}
-		ss = block_sum(ss, sh);
-		float r = (float)(1.0 / sqrt((double)((float)(ss / H) + eps)));
+		ss2 = block_sum(ss2, sh);
+		float r = (float)(1.0 / sqrt((double)((float)(ss2 / H) + eps)));
 		if (threadIdx.x == 0)
 			rstd[blockIdx.x] = r;
 #pragma unroll
@@ -1145,18 +1186,31 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		}
 		return;
 	}
-	if (xa) {
+	if (xa || ss) {
 		/* the sum first (each thread its own elements, read back
 		 * below by the same thread) */
 		float *sr = xs + (uint64_t)blockIdx.x * H;
-		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-			sr[i] = xr[i] + xa[(uint64_t)blockIdx.x * H + i];
+		for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
+			float a;
+			if (ss) {
+				double q = 0;
+				for (uint32_t k = 0; k < K; k++)
+					q += (double)(__bfloat162float(
+							      ss[(uint64_t)pos[blockIdx.x * K + k] * H +
+								 i]) *
+						      sw[blockIdx.x * K + k]);
+				a = (float)q;
+			} else {
+				a = xa[(uint64_t)blockIdx.x * H + i];
+			}
+			sr[i] = xr[i] + a;
+		}
 		xr = sr;
 	}
 	for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-		ss += (double)xr[i] * xr[i];
-	ss = block_sum(ss, sh);
-	float var = (float)(ss / H);
+		ss2 += (double)xr[i] * xr[i];
+	ss2 = block_sum(ss2, sh);
+	float var = (float)(ss2 / H);
 	float r = (float)(1.0 / sqrt((double)(var + eps)));
 	if (threadIdx.x == 0)
 		rstd[blockIdx.x] = r;
@@ -1166,17 +1220,6 @@ __global__ void k_rms(const float *x, const float *w, float *y, float *rstd,
 		if (yb)
 			yb[(uint64_t)blockIdx.x * ybld + i] = __float2bfloat16_rn(v);
 	}
-}
-
-/* float32 of the bf16 bits in a 32-bit word's low and high halves */
-__device__ __forceinline__ float bf_lo(uint32_t u)
-{
-	return __uint_as_float(u << 16);
-}
-
-__device__ __forceinline__ float bf_hi(uint32_t u)
-{
-	return __uint_as_float(u & 0xffff0000u);
 }
 
 /* dx = res + d rmsnorm / dx . dy (model.c rms_bwd_row); res NULL: dx +=
@@ -1279,16 +1322,21 @@ __global__ void k_rms_bwd(const float *x, const float *w, const float *rstd,
  * xa, the sum written to xs (rms_in) */
 static void rms_fwd(const struct ms_gmodel *g, uint64_t rows, const float *x, const float *w,
 		    float *y, float *rstd, uint32_t H, float eps, __nv_bfloat16 *yb = NULL,
-		    uint32_t ybld = 0, const float *xa = NULL, float *xs = NULL)
+		    uint32_t ybld = 0, const float *xa = NULL, float *xs = NULL,
+		    const __nv_bfloat16 *ss = NULL, const int32_t *pos = NULL,
+		    const float *sw = NULL, uint32_t K = 0)
 {
 	int v = rms_v(H);
 	uint32_t ld = ybld ? ybld : H;
 	if (v == 1)
-		k_rms<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
+		k_rms<1><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs,
+							    ss, pos, sw, K);
 	else if (v == 2)
-		k_rms<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
+		k_rms<2><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs,
+							    ss, pos, sw, K);
 	else
-		k_rms<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs);
+		k_rms<4><<<(unsigned)rows, NTH, 0, g->st>>>(x, w, y, rstd, H, eps, yb, ld, xa, xs,
+							    ss, pos, sw, K);
 }
 
 /* a norm of x, the residual stream: where the previous layer left its
@@ -1299,8 +1347,12 @@ static void rms_in(struct ms_gmodel *g, uint64_t rows, const float *x, const flo
 		   uint32_t ybld = 0)
 {
 	if (g->pend_dst && g->pend_dst == x) {
-		rms_fwd(g, rows, g->pend_src, w, y, rstd, H, eps, yb, ybld, g->y, g->pend_dst);
+		/* y, or the MoE combine it was left as (pend_ye) */
+		rms_fwd(g, rows, g->pend_src, w, y, rstd, H, eps, yb, ybld,
+			g->pend_ye ? NULL : g->y, g->pend_dst, g->pend_ye, g->pend_pos,
+			g->pend_w, g->K);
 		g->pend_dst = NULL;
+		g->pend_ye = NULL;
 		return;
 	}
 	rms_fwd(g, rows, x, w, y, rstd, H, eps, yb, ybld);
@@ -5622,11 +5674,13 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 					    a->udn, a->ye, err)))
 			return rc;
 		ph(g, PH_COMBINE);
-		if (fr)
+		/* folded without shared experts: the combine is left to the
+		 * next norm (pend_ye, below) */
+		if (fr && d->sh)
 			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->ye,
 								   a->pos, a->wts, g->y, (uint32_t)T,
 								   g->K, (uint32_t)H, 0);
-		else
+		else if (!fr)
 			k_slot_sum<<<rows_grid(T), NTH, 0, g->st>>>(a->ye, a->pos, a->wts, g->y,
 								   (uint32_t)T, g->K, (uint32_t)H, 0);
 		LK();
@@ -5654,6 +5708,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	 * anyway, where it would read xout (one pass less over the rows) */
 	g->pend_src = a->x2;
 	g->pend_dst = xout;
+	g->pend_ye = NULL;
+	if (d->moe && g->E && d->egu[0].fr && !d->sh) {
+		g->pend_ye = (const __nv_bfloat16 *)a->ye;
+		g->pend_pos = a->pos;
+		g->pend_w = a->wts;
+	}
 out:
 	return rc;
 }
@@ -6049,6 +6109,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	g->nev = 0;
 	CK(cudaEventRecord(g->st0, g->st));
 	g->pend_dst = NULL;
+	g->pend_ye = NULL;
 	ph(g, PH_COPY);
 	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
 	if (loss_mask)
@@ -6207,6 +6268,7 @@ int ms_gmodel_decode(struct ms_model *m, struct ms_kv_cache *kv, const int32_t *
 	g->train = 0;
 	g->noprof = 1;
 	g->pend_dst = NULL;
+	g->pend_ye = NULL;
 	CK(cudaMemcpyAsync(g->dids, ids, T * 4, cudaMemcpyHostToDevice, g->st));
 	k_embed<<<nblk(T * H), NTH, 0, g->st>>>(g->dids, g->embed, g->a[0].x, (uint32_t)T,
 						(uint32_t)H);
