@@ -2514,6 +2514,17 @@ __global__ void k_adamw(float *w, float *g, float *m, float *v, uint64_t n,
 	}
 }
 
+/* element i of the device's B layout [E, out, r]: its expert, row and
+ * rank index */
+__device__ __forceinline__ void eok_of(uint64_t i, uint32_t out, uint32_t r, uint32_t *e,
+				       uint32_t *o, uint32_t *k)
+{
+	uint64_t eo = i / r;
+	*k = (uint32_t)(i % r);
+	*o = (uint32_t)(eo % out);
+	*e = (uint32_t)(eo / out);
+}
+
 /* PEFT's B [out, r*E] (column k*E+e) <-> the device's [E, out, r] */
 __global__ void k_bperm(const float *src, float *dst, uint32_t out, uint32_t r,
 			uint32_t E, int to_dev)
@@ -2522,9 +2533,8 @@ __global__ void k_bperm(const float *src, float *dst, uint32_t out, uint32_t r,
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
 		/* i indexes the device layout: e, o, k */
-		uint32_t k = (uint32_t)(i % r);
-		uint64_t eo = i / r;
-		uint32_t o = (uint32_t)(eo % out), e = (uint32_t)(eo / out);
+		uint32_t e, o, k;
+		eok_of(i, out, r, &e, &o, &k);
 		uint64_t h = (uint64_t)o * r * E + (uint64_t)k * E + e;
 		if (to_dev)
 			dst[i] = src[h];
@@ -5191,9 +5201,8 @@ __global__ void k_gb_put(const float *C, float *gB, uint32_t E, uint32_t out, ui
 	uint64_t n = (uint64_t)E * out * r;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t k = (uint32_t)(i % r);
-		uint64_t eo = i / r;
-		uint32_t o = (uint32_t)(eo % out), e = (uint32_t)(eo / out);
+		uint32_t e, o, k;
+		eok_of(i, out, r, &e, &o, &k);
 		gB[i] += C[((uint64_t)e * fr + k) * out + o];
 	}
 }

@@ -241,6 +241,65 @@ static int routing_tie(const struct fam *f, const struct res *c, const struct re
 	return 0;
 }
 
+/* b against a (the reference): the logits (n of them) and every gradient
+ * tensor, the tensors' sizes from a model built with o */
+struct gcmp {
+	double wl;         /* logits: max |b - a| */
+	double wg;         /* the worst tensor's max |b - a| over its max |a| */
+	const char *worst; /* ... which tensor */
+	double mincos;     /* the least cosine of a tensor's two gradients */
+	double l2, cos;    /* all gradients together: |b - a| / |a|, cosine */
+	const char *zero;  /* a tensor whose gradient in a is all zeros, or NULL */
+};
+
+static int gcmp_of(struct fam *f, const struct ms_model_opts *o, const struct res *a,
+		   const struct res *b, size_t n, struct gcmp *c)
+{
+	struct ms_model *m = NULL;
+	struct ms_err err = {0};
+	const struct ms_param *ps;
+	double dot = 0, na = 0, nb = 0, dd = 0;
+	memset(c, 0, sizeof *c);
+	c->mincos = 1;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)b->logits[i] - a->logits[i]);
+		c->wl = d > c->wl ? d : c->wl;
+	}
+	if (ms_model_build(&m, &f->cfg, f->base.t, f->base.n, f->quant.t, f->quant.n, &f->lora,
+			   NULL, 0, o, &err)) {
+		fprintf(stderr, "  model: %s\n", err.msg);
+		return -1;
+	}
+	ms_model_params(m, &ps);
+	for (size_t i = 0; i < a->np && i < b->np; i++) {
+		double gmax = 0, dmax = 0, td = 0, ta = 0, tb = 0;
+		for (uint64_t e = 0; e < ps[i].n; e++) {
+			double x = a->g[i][e], y = b->g[i][e];
+			gmax = fabs(x) > gmax ? fabs(x) : gmax;
+			dmax = fabs(x - y) > dmax ? fabs(x - y) : dmax;
+			td += x * y;
+			ta += x * x;
+			tb += y * y;
+			dd += (x - y) * (x - y);
+		}
+		dot += td;
+		na += ta;
+		nb += tb;
+		if (gmax == 0 && !c->zero)
+			c->zero = ps[i].name;
+		if (gmax > 0 && dmax / gmax > c->wg) {
+			c->wg = dmax / gmax;
+			c->worst = ps[i].name;
+		}
+		if (ta > 0 && tb > 0 && td / sqrt(ta * tb) < c->mincos)
+			c->mincos = td / sqrt(ta * tb);
+	}
+	c->l2 = na > 0 ? sqrt(dd / na) : 0;
+	c->cos = na > 0 && nb > 0 ? dot / sqrt(na * nb) : 0;
+	ms_model_free(m);
+	return 0;
+}
+
 /*
  * GPU vs the transformers + PEFT golden (the ids, mask and gradients
  * there) and vs the CPU path on the same inputs. Tolerances: float32 GEMMs
@@ -268,11 +327,9 @@ static int family_p(const char *name, int mode, double pdrop)
 	struct ms_model_opts oc = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1};
 	struct ms_model_opts og = gpu_opts(mode);
 	const struct ms_wtensor *ids_t, *mask_t, *lg_t;
-	const struct ms_param *ps = NULL;
-	struct ms_model *m = NULL;
-	struct ms_err err = {0};
+	struct gcmp c;
 	double tl = f32 ? 1e-4 : 5e-2, tloss = f32 ? 1e-5 : 1e-2, tg = f32 ? 1e-4 : 5e-2;
-	double wl = 0, wlg = 0, wg = 0, mincos = 1, gdot = 0, gna = 0, gnb = 0, gdd = 0;
+	double wlg = 0;
 	uint32_t B, S, V;
 	int32_t ids[64];
 	uint8_t mask[64];
@@ -297,50 +354,26 @@ static int family_p(const char *name, int mode, double pdrop)
 	T_ASSERT_EQ_INT(cpu.nt, gpu.nt);
 	T_ASSERT_EQ_INT(cpu.np, gpu.np);
 	for (size_t i = 0; i < (size_t)B * S * V; i++) {
-		double d = fabs((double)gpu.logits[i] - cpu.logits[i]);
 		double dg = fabs((double)gpu.logits[i] - fget(lg_t, i));
-		wl = d > wl ? d : wl;
 		wlg = dg > wlg ? dg : wlg;
 	}
-	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
-				NULL, 0, &oc, &err) == MS_OK);
-	ms_model_params(m, &ps);
-	for (size_t i = 0; i < cpu.np; i++) {
-		double gmax = 0, dmax = 0, dot = 0, na = 0, nb = 0;
-		for (uint64_t e = 0; e < ps[i].n; e++) {
-			double a = cpu.g[i][e], b = gpu.g[i][e];
-			gmax = fabs(a) > gmax ? fabs(a) : gmax;
-			dmax = fabs(a - b) > dmax ? fabs(a - b) : dmax;
-			dot += a * b;
-			na += a * a;
-			nb += b * b;
-			gdd += (a - b) * (a - b);
-		}
-		gdot += dot;
-		gna += na;
-		gnb += nb;
-		T_ASSERT_MSG(gmax > 0, "%s: zero gradient", ps[i].name);
-		T_ASSERT_MSG(!f32 || dmax <= tg * gmax, "%s %s: gradient differs by %g (max %g)",
-			     name, ps[i].name, dmax, gmax);
-		wg = dmax / gmax > wg ? dmax / gmax : wg;
-		if (na > 0 && nb > 0 && dot / sqrt(na * nb) < mincos)
-			mincos = dot / sqrt(na * nb);
-	}
+	T_ASSERT(gcmp_of(&f, &oc, &cpu, &gpu, (size_t)B * S * V, &c) == 0);
+	T_ASSERT_MSG(!c.zero, "%s: zero gradient", c.zero);
+	T_ASSERT_MSG(!f32 || c.wg <= tg, "%s %s: gradient %s differs by %g of its max", name,
+		     mode_name(mode), c.worst, c.wg);
 	fprintf(stderr,
 		"  %s %s: logits max |gpu-cpu| %.3g, |gpu-transformers| %.3g; loss %.9g vs "
 		"%.9g; gradients worst %.3g of max, min cosine %.6f; all: relative L2 %.3g, "
 		"cosine %.6f\n",
-		name, mode_name(mode), wl, wlg, gpu.loss, cpu.loss, wg, mincos,
-		sqrt(gdd / gna), gdot / sqrt(gna * gnb));
+		name, mode_name(mode), c.wl, wlg, gpu.loss, cpu.loss, c.wg, c.mincos, c.l2, c.cos);
 	/* (the forward runs without dropout, so the logits match the golden
 	 * either way) */
-	T_ASSERT_MSG(tie || (wl < tl && wlg < tl + 1e-4), "logits differ by %g / %g", wl, wlg);
+	T_ASSERT_MSG(tie || (c.wl < tl && wlg < tl + 1e-4), "logits differ by %g / %g", c.wl,
+		     wlg);
 	T_ASSERT_MSG(fabs(gpu.loss - cpu.loss) <= tloss * fabs(cpu.loss), "loss %.9g vs %.9g",
 		     gpu.loss, cpu.loss);
-	T_ASSERT_MSG(f32 || tie || (sqrt(gdd / gna) < tg && gdot / sqrt(gna * gnb) > 0.998),
-		     "gradients: relative L2 %g, cosine %g", sqrt(gdd / gna),
-		     gdot / sqrt(gna * gnb));
-	ms_model_free(m);
+	T_ASSERT_MSG(f32 || tie || (c.l2 < tg && c.cos > 0.998), "gradients: relative L2 %g, "
+		     "cosine %g", c.l2, c.cos);
 	res_free(&cpu);
 	res_free(&gpu);
 	fam_close(&f);
@@ -368,10 +401,7 @@ static int rank_full(const char *name)
 	struct res cpu, gpu;
 	struct ms_model_opts oc = {.colwise = MS_COLWISE_RESIDENT, .ep_size = 1};
 	struct ms_model_opts og = gpu_opts(M_BF16);
-	const struct ms_param *ps = NULL;
-	struct ms_model *m = NULL;
-	struct ms_err err = {0};
-	double wl = 0, wg = 0, gdot = 0, gna = 0, gnb = 0, gdd = 0;
+	struct gcmp c;
 	int32_t ids[2 * 16];
 	int tie;
 
@@ -386,37 +416,16 @@ static int rank_full(const char *name)
 	tie = routing_tie(&f, &cpu, &gpu, 2 * 16);
 	T_ASSERT_MSG(tie >= 0, "%s rank 16: routing differs from the CPU's", name);
 	T_ASSERT_EQ_INT(cpu.np, gpu.np);
-	for (size_t i = 0; i < 2 * 16 * (size_t)f.cfg.vocab; i++) {
-		double d = fabs((double)gpu.logits[i] - cpu.logits[i]);
-		wl = d > wl ? d : wl;
-	}
-	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
-				NULL, 0, &oc, &err) == MS_OK);
-	ms_model_params(m, &ps);
-	for (size_t i = 0; i < cpu.np; i++) {
-		double gmax = 0, dmax = 0;
-		for (uint64_t e = 0; e < ps[i].n; e++) {
-			double a = cpu.g[i][e], b = gpu.g[i][e];
-			gmax = fabs(a) > gmax ? fabs(a) : gmax;
-			dmax = fabs(a - b) > dmax ? fabs(a - b) : dmax;
-			gdot += a * b;
-			gna += a * a;
-			gnb += b * b;
-			gdd += (a - b) * (a - b);
-		}
-		T_ASSERT_MSG(gmax > 0, "%s: zero gradient", ps[i].name);
-		wg = dmax / gmax > wg ? dmax / gmax : wg;
-	}
-	ms_model_free(m);
+	T_ASSERT(gcmp_of(&f, &oc, &cpu, &gpu, 2 * 16 * (size_t)f.cfg.vocab, &c) == 0);
+	T_ASSERT_MSG(!c.zero, "%s: zero gradient", c.zero);
 	fprintf(stderr, "  %s rank 16 bf16: logits max |gpu-cpu| %.3g; loss %.9g vs %.9g; "
-		"gradients worst %.3g of max; all: relative L2 %.3g, cosine %.6f\n", name, wl,
-		gpu.loss, cpu.loss, wg, sqrt(gdd / gna), gdot / sqrt(gna * gnb));
-	T_ASSERT_MSG(tie || wl < 5e-2, "logits differ by %g", wl);
+		"gradients worst %.3g of max; all: relative L2 %.3g, cosine %.6f\n", name, c.wl,
+		gpu.loss, cpu.loss, c.wg, c.l2, c.cos);
+	T_ASSERT_MSG(tie || c.wl < 5e-2, "logits differ by %g", c.wl);
 	T_ASSERT_MSG(fabs(gpu.loss - cpu.loss) <= 1e-2 * fabs(cpu.loss), "loss %.9g vs %.9g",
 		     gpu.loss, cpu.loss);
-	T_ASSERT_MSG(tie || (sqrt(gdd / gna) < 5e-2 && gdot / sqrt(gna * gnb) > 0.998),
-		     "gradients: relative L2 %g, cosine %g", sqrt(gdd / gna),
-		     gdot / sqrt(gna * gnb));
+	T_ASSERT_MSG(tie || (c.l2 < 5e-2 && c.cos > 0.998), "gradients: relative L2 %g, "
+		     "cosine %g", c.l2, c.cos);
 	res_free(&cpu);
 	res_free(&gpu);
 	fam_close(&f);
@@ -478,11 +487,8 @@ static int grouped_vs_loop(const char *name)
 	struct fam f;
 	struct res a, b;
 	struct ms_model_opts ol = gpu_opts(M_BF16), og = gpu_opts(M_GROUPED);
-	struct ms_model *m = NULL;
-	struct ms_err err = {0};
-	const struct ms_param *ps;
+	struct gcmp c;
 	int32_t ids[2 * 16];
-	double wl = 0, mincos = 1;
 	int tie;
 	T_ASSERT(fam_open(&f, name) == 0);
 	ids_fill(ids, 2, 16, f.cfg.vocab);
@@ -490,30 +496,13 @@ static int grouped_vs_loop(const char *name)
 	T_ASSERT(run(&f, &og, ids, NULL, 2, 16, &b) == 0);
 	tie = routing_tie(&f, &b, &a, 2 * 16);
 	T_ASSERT_MSG(tie >= 0, "%s: the two paths route apart at a clear margin", name);
-	for (size_t i = 0; i < 2 * 16 * (size_t)f.cfg.vocab; i++) {
-		double d = fabs((double)a.logits[i] - b.logits[i]);
-		wl = d > wl ? d : wl;
-	}
-	T_ASSERT(ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n, &f.lora,
-				NULL, 0, &ol, &err) == MS_OK);
-	ms_model_params(m, &ps);
-	for (size_t i = 0; i < a.np; i++) {
-		double dot = 0, na = 0, nb = 0;
-		for (uint64_t e = 0; e < ps[i].n; e++) {
-			dot += (double)a.g[i][e] * b.g[i][e];
-			na += (double)a.g[i][e] * a.g[i][e];
-			nb += (double)b.g[i][e] * b.g[i][e];
-		}
-		if (na > 0 && nb > 0 && dot / sqrt(na * nb) < mincos)
-			mincos = dot / sqrt(na * nb);
-	}
-	ms_model_free(m);
+	T_ASSERT(gcmp_of(&f, &ol, &a, &b, 2 * 16 * (size_t)f.cfg.vocab, &c) == 0);
 	fprintf(stderr, "  %s grouped vs per-expert: logits max diff %.3g, loss %.9g vs %.9g, "
-		"gradient min cosine %.7f\n", name, wl, b.loss, a.loss, mincos);
-	T_ASSERT_MSG(tie || wl < 2.5e-2, "logits differ by %g", wl);
+		"gradient min cosine %.7f\n", name, c.wl, b.loss, a.loss, c.mincos);
+	T_ASSERT_MSG(tie || c.wl < 2.5e-2, "logits differ by %g", c.wl);
 	T_ASSERT_MSG(fabs(a.loss - b.loss) <= 1e-3 * fabs(a.loss), "loss %.9g vs %.9g", b.loss,
 		     a.loss);
-	T_ASSERT_MSG(tie || mincos > 0.999, "gradient cosine %.7f", mincos);
+	T_ASSERT_MSG(tie || c.mincos > 0.999, "gradient cosine %.7f", c.mincos);
 	res_free(&a);
 	res_free(&b);
 	fam_close(&f);

@@ -31,6 +31,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include "probe_fill.cuh"
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -89,18 +90,6 @@ using C4 = Coop<Shape<_256, _128, _64>, Shape<_1, _2, _1>>;
 using P1 = Ping<Shape<_128, _128, _64>, Shape<_1, _1, _1>>;
 using P2 = Ping<Shape<_64, _256, _64>, Shape<_1, _1, _1>>;
 using P3 = Ping<Shape<_128, _128, _64>, Shape<_2, _1, _1>>;
-
-__global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		unsigned h = (unsigned)i * 2654435761u ^ seed;
-		h ^= h >> 13;
-		h *= 0x5bd1e995;
-		h ^= h >> 15;
-		p[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f));
-	}
-}
 
 /* what the trainer would run before each product: the groups' sizes and
  * pointers from the row offsets on the device (no host round trip) */
@@ -256,8 +245,8 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 	CK(cudaMalloc(&R, rows * N * 4));
 	CK(cudaMalloc(&doff, (E + 1) * 4));
 	CK(cudaMemcpy(doff, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice));
-	fill<<<1024, 256>>>((__nv_bfloat16 *)X, rows * K, 1);
-	fill<<<1024, 256>>>((__nv_bfloat16 *)W, (size_t)E * N * K, 2);
+	probe_fill<<<1024, 256>>>((__nv_bfloat16 *)X, rows * K, 1);
+	probe_fill<<<1024, 256>>>((__nv_bfloat16 *)W, (size_t)E * N * K, 2);
 	double flop = 2.0 * off[E] * N * K;
 	/* the trainer's loop: one cublasGemmEx per expert, rows rounded up to
 	 * 128 (the last expert's into the slack), in expert order */

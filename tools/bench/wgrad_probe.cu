@@ -22,6 +22,8 @@
 #include "../../kernels/ggemm.cu"
 
 #include <cublas_v2.h>
+
+#include "probe_fill.cuh"
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -33,18 +35,6 @@ int ms_gpu_cuda_err(struct ms_err *err, cudaError_t e, const char *what)
 }
 
 #define PK(x) do { cudaError_t e_ = (x); if (e_) { printf("cuda %s line %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
-
-__global__ void fillb(bf16 *p, size_t n, unsigned seed)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		unsigned h = (unsigned)i * 2654435761u ^ seed;
-		h ^= h >> 13;
-		h *= 0x5bd1e995;
-		h ^= h >> 15;
-		p[i] = __float2bfloat16_rn((h & 0xffff) / 65536.0f - 0.5f);
-	}
-}
 
 /* 64 experts' rows for 8192 tokens, top-8 of distinct experts, expert e
  * drawn with weight 1 (uniform) or 16 + e (skewed, as t_ggemm_gpu
@@ -92,9 +82,9 @@ int main(void)
 	PK(cudaMalloc(&g, (size_t)E * R * 2048 * 4));
 	PK(cudaMalloc(&gd, (size_t)E * R * 2048 * 4));
 	PK(cudaMalloc(&part, (size_t)16 * E * R * 2048 * 4));
-	fillb<<<1024, 256>>>(x, (size_t)TK * 2064, 1);
-	fillb<<<1024, 256>>>(u, (size_t)TK * R, 2);
-	fillb<<<1024, 256>>>(ud, (size_t)T * E * R, 3);
+	probe_fill<<<1024, 256>>>(x, (size_t)TK * 2064, 1);
+	probe_fill<<<1024, 256>>>(u, (size_t)TK * R, 2);
+	probe_fill<<<1024, 256>>>(ud, (size_t)T * E * R, 3);
 	PK(cudaMemset(g, 0, (size_t)E * R * 2048 * 4));
 	PK(cudaDeviceSynchronize());
 	cudaEvent_t e0, e1;
