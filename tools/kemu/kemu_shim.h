@@ -134,6 +134,33 @@ static inline cudaError_t cudaGetLastError(void)
 	return cudaSuccess;
 }
 
+/* the emulated device, for a launch that sizes its grid by it: an H200's
+ * 132 SMs, each holding as many blocks as 2048 threads and 227 KiB of
+ * shared memory allow (at most 32) */
+enum { cudaDevAttrMultiProcessorCount = 16 };
+
+static inline cudaError_t cudaGetDevice(int *d)
+{
+	*d = 0;
+	return cudaSuccess;
+}
+
+static inline cudaError_t cudaDeviceGetAttribute(int *v, int attr, int)
+{
+	*v = attr == cudaDevAttrMultiProcessorCount ? 132 : 0;
+	return cudaSuccess;
+}
+
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F, int threads, size_t smem)
+{
+	int b = threads > 0 ? 2048 / threads : 1;
+	if (smem && (size_t)b * smem > KEMU_SMEM_OPTIN_MAX)
+		b = (int)(KEMU_SMEM_OPTIN_MAX / smem);
+	*n = b < 1 ? 1 : b > 32 ? 32 : b;
+	return cudaSuccess;
+}
+
 /* device memory is host memory here; launches run in order, so the
  * stream's order is the call order */
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
