@@ -5151,6 +5151,19 @@ out:
  * experts (slot perm[p] = t K + k, expert sel[perm[p]]) then takes its
  * fr values of token t's row, or gives them back (k_tail_scatter).
  */
+/* element i of the expert rows' [n, fr] tails: its row p and column k,
+ * the row's slot sl = perm[p] (token t = sl / K, expert sel[sl]), and the
+ * index of the same value in the dense [T, E fr] (returned) */
+__device__ __forceinline__ uint64_t tail_at(uint64_t i, uint32_t fr, const int32_t *perm,
+					    const int32_t *sel, uint32_t K, uint32_t E,
+					    uint64_t *p, uint32_t *k, int32_t *sl)
+{
+	*p = i / fr;
+	*k = (uint32_t)(i - *p * fr);
+	*sl = perm[*p];
+	return ((uint64_t)*sl / K * E + (uint32_t)sel[*sl]) * fr + *k;
+}
+
 __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t *sel,
 			      const float *w, uint32_t K, uint32_t E, uint32_t fr, uint32_t r,
 			      __nv_bfloat16 *tw, uint32_t ldt, uint32_t c0, __nv_bfloat16 *us,
@@ -5161,11 +5174,10 @@ __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t
 	uint64_t m = n * fr;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t p = i / fr;
-		uint32_t k = (uint32_t)(i - p * fr);
-		int32_t sl = perm[p];
-		uint64_t t = (uint64_t)sl / K;
-		float v = D[(t * E + (uint32_t)sel[sl]) * fr + k];
+		uint64_t p;
+		uint32_t k;
+		int32_t sl;
+		float v = D[tail_at(i, fr, perm, sel, K, E, &p, &k, &sl)];
 		__nv_bfloat16 b = __float2bfloat16_rn(w ? w[sl] * v : v);
 		tw[p * ldt + c0 + k] = b;
 		if (us && k < r)
@@ -5183,13 +5195,12 @@ __global__ void k_tail_scatter(const __nv_bfloat16 *tw, uint32_t ldt, uint32_t c
 	uint64_t m = n * fr;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t p = i / fr;
-		uint32_t k = (uint32_t)(i - p * fr);
-		int32_t sl = perm[p];
-		uint64_t t = (uint64_t)sl / K;
+		uint64_t p;
+		uint32_t k;
+		int32_t sl;
+		uint64_t d = tail_at(i, fr, perm, sel, K, E, &p, &k, &sl);
 		__nv_bfloat16 v = tw[p * ldt + c0 + k];
-		Db[(t * E + (uint32_t)sel[sl]) * fr + k] =
-			w ? __float2bfloat16_rn(w[sl] * __bfloat162float(v)) : v;
+		Db[d] = w ? __float2bfloat16_rn(w[sl] * __bfloat162float(v)) : v;
 	}
 }
 
