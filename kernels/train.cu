@@ -501,6 +501,12 @@ struct ms_gmodel {
 	int cudnn;                   /* ... through cuDNN's SDPA (sdpa.h) */
 	void *fws;                   /* their workspace */
 	void *sdb;                   /* cuDNN: bf16 O | dQ | dK | dV */
+	void *yes;                   /* the folded MoE layers' expert outputs
+					(bf16 [TK + BUCKET, H]), one buffer
+					for all of them: the combine (the next
+					norm) reads a layer's before the next
+					layer writes it, and the backward
+					never does (k_swiglu_bwd_dw) */
 	float *wpart;                /* the folded LoRA's gradients' partial
 					sums (fold_wgrad) */
 	struct ms_sdpa *sd;          /* cuDNN: the current shape's plans, one
@@ -1798,6 +1804,60 @@ __global__ void k_swiglu_bwd(const G *dact, const G *gu, float *dgu,
 				tw[r * ldt + F + c] = __float2bfloat16_rn(d1);
 			}
 		}
+}
+
+/* A folded layer's SwiGLU backward from the down dgrad of the combine's
+ * unweighted gradient: row p (slot sl = perm[p]) holds dact' = dy_t W_e
+ * (+ its LoRA's), the true dact being w_sl dact'; and, since the expert's
+ * output is ye = act W_e^T (+ s U B_e^T), the combine's weight gradient
+ * dw_sl = dy_t . ye = dact' . act (the same sum through the transposed
+ * product), act as k_swiglu kept it (its bf16 rounding recomputed from
+ * gu). So the combine's backward reads no ye, and ye need not be kept:
+ * a warp a row, dw in double over the row's lanes then by shuffles. */
+__global__ void k_swiglu_bwd_dw(const __nv_bfloat16 *dact, const __nv_bfloat16 *gu,
+				const int32_t *perm, const float *w, float *dw,
+				__nv_bfloat16 *tw, uint64_t n, uint32_t F, uint32_t ldt)
+{
+	uint32_t lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+	for (uint64_t p = (uint64_t)blockIdx.x * wpb + (threadIdx.x >> 5); p < n;
+	     p += (uint64_t)gridDim.x * wpb) {
+		int32_t sl = perm[p];
+		float wk = w[sl];
+		double d = 0;
+		/* eight elements a lane where F and ldt allow (ld8), else one */
+		int vec = F % 8 == 0 && ldt % 8 == 0;
+		for (uint32_t c = lane; !vec && c < F; c += 32) {
+			float gg = __bfloat162float(gu[p * 2 * F + c]);
+			float up = __bfloat162float(gu[p * 2 * F + F + c]);
+			float da = __bfloat162float(dact[p * F + c]);
+			float act = __bfloat162float(__float2bfloat16_rn(silu_d(gg) * up));
+			d += (double)da * act;
+			float dd = wk * da, sg = 1.0f / (1.0f + expf(-gg)), sw = gg * sg;
+			tw[p * ldt + c] =
+				__float2bfloat16_rn(dd * up * (sg * (1.0f + gg * (1.0f - sg))));
+			tw[p * ldt + F + c] = __float2bfloat16_rn(dd * sw);
+		}
+		for (uint32_t c = lane * 8; vec && c < F; c += 256) {
+			float gg[8], up[8], da[8], d0[8], d1[8];
+			ld8(gu + p * 2 * F + c, gg);
+			ld8(gu + p * 2 * F + F + c, up);
+			ld8(dact + p * F + c, da);
+			for (int j = 0; j < 8; j++) {
+				float act = __bfloat162float(__float2bfloat16_rn(silu_d(gg[j]) * up[j]));
+				d += (double)da[j] * act;
+				float dd = wk * da[j];
+				float sg = 1.0f / (1.0f + expf(-gg[j])), sw = gg[j] * sg;
+				d0[j] = dd * up[j] * (sg * (1.0f + gg[j] * (1.0f - sg)));
+				d1[j] = dd * sw;
+			}
+			st8(tw + p * ldt + c, d0);
+			st8(tw + p * ldt + F + c, d1);
+		}
+		for (int o = 16; o; o >>= 1)
+			d += __shfl_xor_sync(0xffffffffu, d, o);
+		if (!lane)
+			dw[sl] = (float)d;
+	}
 }
 
 /* the grid of a row-per-block kernel over n rows */
@@ -4038,7 +4098,7 @@ static void acts_release(struct ms_gmodel *g)
 			float *f[] = {a->x, a->h1, a->r1, a->q0, a->k0, a->v, a->rq, a->rk, a->q,
 				      a->k, a->ctx, a->uq, a->uk, a->uv, a->uo, a->x2, a->h2,
 				      a->r2, a->probs, a->wts, a->gu, a->act, a->ugu, a->udn,
-				      a->ye, a->sgu, a->sact};
+				      a->ye == g->yes ? NULL : a->ye, a->sgu, a->sact};
 			for (size_t i = 0; i < sizeof f / sizeof *f; i++)
 				dfree(g, f[i], MC_ACTS);
 			dfree(g, a->sel, MC_ACTS);
@@ -4077,6 +4137,8 @@ static void acts_release(struct ms_gmodel *g)
 	g->dz = g->du = g->dw = g->sc = g->dp = g->dctx2 = g->up = g->dup = g->ud = NULL;
 	dfree(g, g->dpad, MC_SCRATCH);
 	g->dpad = NULL;
+	dfree(g, g->yes, MC_SCRATCH);
+	g->yes = NULL;
 	g->lossrow = g->dsum = NULL;
 	g->cA = g->cB = g->cC = g->pg = g->dsg = g->fws = g->sdb = NULL;
 	g->sd = NULL;
@@ -4173,6 +4235,8 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 		rc = ms_err_nomem(err);
 		goto out;
 	}
+	if (g->folded && TK)
+		DM(g->yes, (TK + BUCKET) * H * 2, MC_SCRATCH);
 	for (uint32_t l = 0; l < g->L; l++) {
 		struct dacts *a = &g->a[l];
 		struct dlayer *d = &g->ly[l];
@@ -4227,7 +4291,10 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 				DM(a->ugu, TK * r * 4, MC_ACTS);
 			if (d->ldn)
 				DM(a->udn, TK * r * 4, MC_ACTS);
-			DM(a->ye, (TK + BUCKET) * H * eb, MC_ACTS);
+			if (g->E && d->egu[0].fr)
+				a->ye = (float *)g->yes;
+			else
+				DM(a->ye, (TK + BUCKET) * H * eb, MC_ACTS);
 			if (g->grouped)
 				DM(a->goff, 2 * ((uint64_t)g->E + 1) * 4, MC_ACTS);
 			/* pinned: the grouped path copies the counts while
@@ -5167,10 +5234,11 @@ __device__ __forceinline__ uint64_t tail_at(uint64_t i, uint32_t fr, const int32
 __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t *sel,
 			      const float *w, uint32_t K, uint32_t E, uint32_t fr, uint32_t r,
 			      __nv_bfloat16 *tw, uint32_t ldt, uint32_t c0, __nv_bfloat16 *us,
-			      uint64_t n)
+			      uint64_t n, const float *wu = NULL)
 {
 	/* tail [p, c0 + k] = D [t, e fr + k] (times the slot's weight w when
-	 * given, once rounded); us: its r first compact ([n, r]) */
+	 * given, once rounded); us: its r first compact ([n, r]), times wu
+	 * instead where wu is given */
 	uint64_t m = n * fr;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
@@ -5181,7 +5249,7 @@ __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t
 		__nv_bfloat16 b = __float2bfloat16_rn(w ? w[sl] * v : v);
 		tw[p * ldt + c0 + k] = b;
 		if (us && k < r)
-			us[p * r + k] = b;
+			us[p * r + k] = wu ? __float2bfloat16_rn(wu[sl] * v) : b;
 	}
 }
 
@@ -5202,6 +5270,17 @@ __global__ void k_tail_scatter(const __nv_bfloat16 *tw, uint32_t ldt, uint32_t c
 		__nv_bfloat16 v = tw[p * ldt + c0 + k];
 		Db[d] = w ? __float2bfloat16_rn(w[sl] * __bfloat162float(v)) : v;
 	}
+}
+
+/* o [p, k] = w [perm [p]] u [p, k] (once rounded): each expert row's U
+ * times its slot's routing weight */
+__global__ void k_wrows(const __nv_bfloat16 *u, const int32_t *perm, const float *w,
+			__nv_bfloat16 *o, uint64_t n, uint32_t r)
+{
+	uint64_t m = n * r;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+	     i += (uint64_t)gridDim.x * blockDim.x)
+		o[i] = __float2bfloat16_rn(w[perm[i / r]] * __bfloat162float(u[i]));
 }
 
 /* gB_e [out, r] += C [e fr + k, o] for k < r: the dense product's rows
@@ -5259,10 +5338,14 @@ out:
 }
 
 /* backward, down: dU = s dy B_e for every token and expert (xb: the
- * combine's input gradient dy in bf16, [T, H]), each expert row's, times
- * its slot's weight (the row's dY is w dy), into the twin dY's tail */
+ * combine's input gradient dy in bf16, [T, H]), each expert row's into the
+ * twin dY's tail as it is (the twin's rows are dy's own, unweighted: the
+ * routing weight is applied after the down dgrad, k_swiglu_bwd_dw) and,
+ * times its slot's weight (the row's true dU), compact into dUw (bf16 [TK,
+ * r], the down adapter's gA operand) */
 static int fold_du_dn(struct ms_gmodel *g, const struct dlora *L, const struct dacts *a,
-		      const __nv_bfloat16 *xb, void *dY, uint32_t ld, struct ms_err *err)
+		      const __nv_bfloat16 *xb, void *dY, uint32_t ld, __nv_bfloat16 *dUw,
+		      struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint64_t T = g->T, TK = T * g->K, fr = fold_width(L->r), out = L->out;
@@ -5275,8 +5358,8 @@ static int fold_du_dn(struct ms_gmodel *g, const struct dlora *L, const struct d
 			  L->E * (uint32_t)fr, g->gt, g->ct_base, CUDA_R_32F, err)))
 		return rc;
 	k_tail_gather<<<nblk(TK * fr), NTH, 0, g->st>>>(
-		g->ud, a->perm, a->sel, a->wts, g->K, L->E, (uint32_t)fr, L->r,
-		(__nv_bfloat16 *)dY, ld, (uint32_t)out, NULL, TK);
+		g->ud, a->perm, a->sel, NULL, g->K, L->E, (uint32_t)fr, L->r,
+		(__nv_bfloat16 *)dY, ld, (uint32_t)out, dUw, TK, a->wts);
 	LK();
 out:
 	return rc;
@@ -5410,21 +5493,23 @@ static uint32_t wgrad_run_rows(const uint32_t *cnt, uint32_t E)
  * partial sums (23.6 ms a step on the H200 for what reads 1.2 GB a
  * layer). dY: the twin (row stride ld, dU in its last
  * r columns); Us: fold_u's U; Xb: the input, row stride xld, its row i
- * xperm[i] / K where xperm is given (the tokens, not gathered); which:
+ * xperm[i] / K where xperm is given (the tokens, not gathered); dUs (row
+ * stride ldus): gA's dU where it is not dY's tail; which:
  * WG_B, WG_A or both (fold_ga_gu gives gate/up's gA, fold_gb_dn the down
  * adapter's gB, where the rank fills the folded width).
  */
 static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
 		      const __nv_bfloat16 *dY, uint32_t ld, const __nv_bfloat16 *Us,
 		      const __nv_bfloat16 *Xb, uint32_t xld, const int32_t *xperm, int which,
-		      struct ms_err *err)
+		      struct ms_err *err, const __nv_bfloat16 *dUs = NULL, uint32_t ldus = 0)
 {
 	int rc;
 	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, rr = wgrad_run_rows(cnt, E);
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
 					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
-	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dY + out, ld, Xb, xld, L->gA,
+	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dUs ? dUs : dY + out, dUs ? ldus : ld,
+					 Xb, xld, L->gA,
 					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
 	if ((rc = offsets_up(g, cnt, err)))
@@ -5738,6 +5823,33 @@ out:
 	return rc;
 }
 
+/* a MoE layer's router backward from the combine weights' gradient dw:
+ * dz, then its input gradient into dh2 (set) */
+static int route_bwd(struct ms_gmodel *g, const struct dlayer *d, const struct dacts *a,
+		     struct rcfg rc_, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t T = g->T, H = g->H;
+	ph(g, PH_B_ROUTER);
+	k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw, g->dz,
+						   (uint32_t)T);
+	LK();
+	if (!g->f32 && ms_router_dgrad_ok(d->router, g->dh2, (uint32_t)H)) {
+		/* router.h: cuBLAS's float32 GEMM of K = E host-bound */
+		site(g, -2);
+		if ((rc = ms_router_dgrad(g->dz, d->router, g->dh2, (uint32_t)T, g->E,
+					  (uint32_t)H, g->st, err)))
+			return rc;
+		site(g, SK_ROUTER_DGRAD);
+	} else if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
+			      d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H, CUDA_R_32F,
+			      CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
+		return rc;
+	}
+out:
+	return rc;
+}
+
 static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		     const float *dxo, float *dxi, struct ms_err *err)
 {
@@ -5762,33 +5874,26 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		uint32_t fr = g->E ? d->egu[0].fr : 0;
 		uint64_t ldy = H + fr, ldg = 2 * F + fr;
 		__nv_bfloat16 *xb = (__nv_bfloat16 *)g->xs;
-		if (fr)
-			/* and dxo in bf16 for the down LoRA's dU (fold_du_dn) */
-			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(
-				dxo, (const __nv_bfloat16 *)a->ye, a->pos, a->wts, NULL, twin_buf(g),
-				g->dw, g->K, (uint32_t)H, (uint32_t)ldy, xb);
-		else
+		if (fr) {
+			/* folded: dxo in bf16 (the down LoRA's dU and gB read
+			 * it) and its rows gathered into the twin as they are,
+			 * unweighted: the routing weights and their gradient
+			 * come after the down dgrad (k_swiglu_bwd_dw), so no
+			 * pass reads the experts' outputs ye */
+			k_cast<__nv_bfloat16><<<cast_blocks(T * H), NTH, 0, g->st>>>(dxo, xb, T * H);
+			LK();
+			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
+				   g->st>>>(xb, a->perm, g->K, NULL, twin_buf(g), TK, (uint32_t)H,
+					    (uint32_t)ldy);
+		} else {
 			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
 								      g->dye, twin_buf(g), g->dw,
 								      g->K, (uint32_t)H,
 								      (uint32_t)ldy);
-		LK();
-		ph(g, PH_B_ROUTER);
-		k_route_bwd<<<nblk(T, 64), 64, 0, g->st>>>(rc_, a->probs, a->sel, a->wts, g->dw,
-							   g->dz, (uint32_t)T);
-		LK();
-		if (!g->f32 && ms_router_dgrad_ok(d->router, g->dh2, (uint32_t)H)) {
-			/* router.h: cuBLAS's float32 GEMM of K = E host-bound */
-			site(g, -2);
-			if ((rc = ms_router_dgrad(g->dz, d->router, g->dh2, (uint32_t)T, g->E,
-						  (uint32_t)H, g->st, err)))
-				return rc;
-			site(g, SK_ROUTER_DGRAD);
-		} else if ((rc = gemm(g, 0, 0, (uint32_t)T, (uint32_t)H, g->E, 1.0f, g->dz, g->E,
-				      d->router, (uint32_t)H, 0.0f, g->dh2, (uint32_t)H,
-				      CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC, err))) {
-			return rc;
 		}
+		LK();
+		if (!fr && (rc = route_bwd(g, d, a, rc_, err)))
+			return rc;
 		ph(g, PH_B_EXPERTS);
 		if (!fr) {
 			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
@@ -5802,7 +5907,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		if (fr) {
 			ph(g, PH_B_LORA);
-			if ((rc = fold_du_dn(g, d->ldn, a, xb, (void *)X, (uint32_t)ldy, err)))
+			if ((rc = fold_du_dn(g, d->ldn, a, xb, (void *)X, (uint32_t)ldy,
+					     (__nv_bfloat16 *)g->up, err)))
 				return rc;
 			ph(g, PH_B_EXPERTS);
 		}
@@ -5831,10 +5937,20 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * the rank fills the folded width (fold_gb_dn: dy in
 			 * bf16 is still in xb), else by expert rows */
 			int dense = g->r == fr;
+			/* the twin's rows are dy's unweighted: gB from U
+			 * times each row's weight (Uw), gA from the weighted
+			 * compact dU fold_du_dn left in up */
+			__nv_bfloat16 *Uw = (__nv_bfloat16 *)g->dup;
+			if (!dense) {
+				k_wrows<<<nblk(TK * r), NTH, 0, g->st>>>(
+					(const __nv_bfloat16 *)a->udn, a->perm, a->wts, Uw, TK,
+					(uint32_t)r);
+				LK();
+			}
 			if ((rc = fold_wgrad(g, d->ldn, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldy, (const __nv_bfloat16 *)a->udn, a->actb,
-					     (uint32_t)(F + fr), NULL, dense ? WG_A : WG_A | WG_B,
-					     err)) ||
+					     (uint32_t)ldy, Uw, a->actb, (uint32_t)(F + fr), NULL,
+					     dense ? WG_A : WG_A | WG_B, err,
+					     (const __nv_bfloat16 *)g->up, (uint32_t)r)) ||
 			    (dense && (rc = fold_gb_dn(g, d->ldn, a, xb, err))))
 				return rc;
 		} else if (d->ldn && !g->f32 &&
@@ -5844,14 +5960,16 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		}
 		ph(g, PH_B_EXPERTS);
 		if (fr)
-			k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(
-				(const __nv_bfloat16 *)g->dact, (const __nv_bfloat16 *)a->gu, NULL,
-				twin_buf(g), TK, (uint32_t)F, (uint32_t)ldg);
+			k_swiglu_bwd_dw<<<nblk(TK, NTH / 32), NTH, 0, g->st>>>(
+				(const __nv_bfloat16 *)g->dact, (const __nv_bfloat16 *)a->gu, a->perm,
+				a->wts, g->dw, twin_buf(g), TK, (uint32_t)F, (uint32_t)ldg);
 		else
 			k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu,
 									twin_buf(g), TK, (uint32_t)F,
 									(uint32_t)ldg);
 		LK();
+		if (fr && (rc = route_bwd(g, d, a, rc_, err)))
+			return rc;
 		X = twin_of(g, g->dgu);
 		if (fr) {
 			ph(g, PH_B_LORA);

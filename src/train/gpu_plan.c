@@ -198,7 +198,11 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 			/* gate/up output, SwiGLU's, the experts' outputs: bf16
 			 * where the LoRA folds (SwiGLU's then fr wider: U's
 			 * columns, the down GEMM's operand) */
-			acts += (TK + GP_BUCKET) * (2 * F + H + F + (fold ? fr : 0)) * (fold ? 2 : 4);
+			/* (the experts' outputs, folded, in one scratch buffer
+			 * for every layer: the combine reads them in the next
+			 * norm and the backward never does) */
+			acts += (TK + GP_BUCKET) * (2 * F + (fold ? 0 : H) + F + (fold ? fr : 0)) *
+				(fold ? 2 : 4);
 			/* and, folded, the ln2 norm's output in bf16 (h2b) */
 			if (fold)
 				acts += T * H * 2;
@@ -222,8 +226,9 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		out->scratch += 3 * (TK + GP_BUCKET) * H * 4 + T * E * 4 + TK * 4 + (E + 1) * 8 +
 				E * ((TK + 255) / 256) * 4 + /* the sort's chunk counts */
 				2 * (TK + E * GP_BUCKET) * r * 4 + 4 * E * 4 +
-				/* the folded LoRA's dense [T, E fr] products */
-				(folded ? T * E * fr * 4 : 0);
+				/* the folded LoRA's dense [T, E fr] products, and
+				 * the folded layers' expert outputs (yes) */
+				(folded ? T * E * fr * 4 + (TK + GP_BUCKET) * H * 2 : 0);
 	out->scratch += rows * u64max(F, Fs) * 4 + rows * 2 * u64max(F, Fs) * 4;
 	if (tried)
 		out->scratch += u64max(flash_k ? T * c->n_heads * 4 : 0,

@@ -1318,15 +1318,16 @@ static int test_predict_grouped(void)
 							   f32, 0, 0, &u[f32]) == MS_OK);
 				T_ASSERT(ms_gmodel_predict(&f.cfg, &l0, 2, 16, MS_COLWISE_RESIDENT, f32,
 							   0, 0, &fo[f32]) == MS_OK);
-				/* gate/up's, SwiGLU's and the experts' outputs,
-				 * (TK + 128) x (3F + H), in bf16, less SwiGLU's
-				 * fr more columns and the norm's bf16 output
-				 * (T x H) kept */
+				/* gate/up's and SwiGLU's outputs, (TK + 128) x
+				 * 3F, in bf16, less SwiGLU's fr more columns
+				 * and the norm's bf16 output (T x H) kept; the
+				 * experts' outputs ((TK + 128) x H) out of the
+				 * activations (one scratch buffer) */
 				int64_t fr = ((int64_t)l0.r + 15) / 16 * 16;
 				int64_t half = f32 ? 0
 						   : nmoe * ((2 * 16 * (int64_t)f.cfg.top_k + 128) *
 								     (3 * (int64_t)f.cfg.moe_ffn +
-								      (int64_t)f.cfg.hidden - fr) * 2 -
+								      2 * (int64_t)f.cfg.hidden - fr) * 2 -
 							     2 * 16 * (int64_t)f.cfg.hidden * 2);
 				T_ASSERT_EQ_INT((int64_t)fo[f32].acts, (int64_t)u[f32].acts - half);
 				T_ASSERT(fo[f32].dense == u[f32].dense && fo[f32].lora == u[f32].lora &&
