@@ -866,7 +866,12 @@ __global__ void k_decode(const struct ddesc *d, int nd)
 	 * two 16-byte stores of 16 bf16 out), over the job's blocks as one
 	 * range; the per-code path below wrote 2 bytes a store and left most
 	 * of a block's threads idle on short rows (on the H200 at the bench
-	 * shape: the decode phases 9.5 -> 4.5 ms a step each) */
+	 * shape: the decode phases 9.5 -> 4.5 ms a step each). The two stores
+	 * write half sectors an instruction along the warp, and alone (nothing
+	 * loaded) they run at half cudaMemset's rate; yet whole-sector stores
+	 * (a lane a half block) were slower with the decode in them, with
+	 * 4-byte loads or with a block's codes shuffled to its half blocks'
+	 * lanes: tools/bench/decode_probe.cu, NOTES.md */
 	if (sizeof(T) == 2 && j.cols % 16 == 0 && j.ld % 8 == 0 && j.pst % 8 == 0 &&
 	    !((uintptr_t)j.out & 15) && !((uintptr_t)j.pk & 7) &&
 	    (uint64_t)j.rows * ng + (uint64_t)gridDim.x * blockDim.x <= 0xffffffffull) {
@@ -913,8 +918,9 @@ __global__ void k_decode(const struct ddesc *d, int nd)
  * a job: with 256 a block's threads took one or two scale blocks each
  * before the block ended (the bench's decode 8.2 -> 7.4 ms a step at 32,
  * on the H200; a thread a half block, with 16-byte stores side by side
- * along the warp, was slower: 8.2 -> 8.6) */
-#define DEC_BLOCKS 32
+ * along the warp, was slower: 8.2 -> 8.6); 64: a layer's experts 0.2151
+ * -> 0.2072 ms in tools/bench/decode_probe.cu (the last wave shorter) */
+#define DEC_BLOCKS 64
 static int dec_launch(struct ms_gmodel *g, const struct ddesc *dv, int nd, struct ms_err *err)
 {
 	int rc = MS_OK;
@@ -1707,7 +1713,9 @@ __device__ __forceinline__ void gu_at(const G *gu, uint64_t i, uint32_t F, uint6
 				      uint32_t *c, float *g8, float *u8)
 {
 	uint32_t fv = F / 8;
-	*r = i / fv;
+	/* a 32-bit division where the index allows (the 64-bit one is a
+	 * long software routine, an element group each) */
+	*r = i >> 32 ? i / fv : (uint32_t)i / fv;
 	*c = (uint32_t)(i - *r * fv) * 8;
 	ld8(gu + *r * 2 * F + *c, g8);
 	ld8(gu + *r * 2 * F + F + *c, u8);
@@ -1864,6 +1872,15 @@ __global__ void k_swiglu_bwd_dw(const __nv_bfloat16 *dact, const __nv_bfloat16 *
 static unsigned rows_grid(uint64_t n)
 {
 	return (unsigned)(n < (1u << 20) ? (n ? n : 1) : (1u << 20));
+}
+
+/* k_swiglu's and k_swiglu_bwd's grid over n rows of F: a thread an
+ * 8-element group (their vectorized path; the row path strides over
+ * whatever grid it gets). A block a row launched 2.7 times the blocks
+ * that had work at F 768 */
+static unsigned swiglu_grid(uint64_t n, uint32_t F)
+{
+	return nblk(n * ((F + 7) / 8));
 }
 
 /* Where a producer writes its output's bf16 twin (the GEMM operand
@@ -5738,12 +5755,12 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if (fr)
 			/* written once, into actb: the backward's kept copy and
 			 * the down GEMM's operand (row stride lda) */
-			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->gu,
+			k_swiglu<<<swiglu_grid(TK, F), NTH, 0, g->st>>>((const __nv_bfloat16 *)a->gu,
 								    (float *)NULL,
 								    (__nv_bfloat16 *)NULL, a->actb,
 								    TK, (uint32_t)F, (uint32_t)lda);
 		else
-			k_swiglu<<<rows_grid(TK), NTH, 0, g->st>>>(a->gu, a->act, a->actb,
+			k_swiglu<<<swiglu_grid(TK, F), NTH, 0, g->st>>>(a->gu, a->act, a->actb,
 								    twin_buf(g), TK, (uint32_t)F,
 								    (uint32_t)lda);
 		LK();
@@ -5796,8 +5813,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		if ((rc = opnd(g, a->h2, T * H, g->cA, &X, err)) ||
 		    (rc = lin_fwd(g, &d->sgu, X, T, a->sgu, 0, err)))
 			return rc;
-		k_swiglu<<<rows_grid(T), NTH, 0, g->st>>>(a->sgu, a->sact, NULL, twin_buf(g), T, Fs,
-							   Fs);
+		k_swiglu<<<swiglu_grid(T, Fs), NTH, 0, g->st>>>(a->sgu, a->sact, NULL, twin_buf(g),
+								T, Fs, Fs);
 		LK();
 		if ((rc = lin_fwd(g, &d->sdn, twin_of(g, a->sact), T, d->moe ? g->y2 : g->y, 0,
 				  err)))
@@ -5885,13 +5902,14 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
 				   g->st>>>(xb, a->perm, g->K, NULL, twin_buf(g), TK, (uint32_t)H,
 					    (uint32_t)ldy);
+			LK();
 		} else {
 			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
 								      g->dye, twin_buf(g), g->dw,
 								      g->K, (uint32_t)H,
 								      (uint32_t)ldy);
+			LK();
 		}
-		LK();
 		if (!fr && (rc = route_bwd(g, d, a, rc_, err)))
 			return rc;
 		ph(g, PH_B_EXPERTS);
@@ -5959,15 +5977,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			return rc;
 		}
 		ph(g, PH_B_EXPERTS);
-		if (fr)
+		/* a check each: the profile's sites tell the two kernels apart */
+		if (fr) {
 			k_swiglu_bwd_dw<<<nblk(TK, NTH / 32), NTH, 0, g->st>>>(
 				(const __nv_bfloat16 *)g->dact, (const __nv_bfloat16 *)a->gu, a->perm,
 				a->wts, g->dw, twin_buf(g), TK, (uint32_t)F, (uint32_t)ldg);
-		else
-			k_swiglu_bwd<<<rows_grid(TK), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu,
+			LK();
+		} else {
+			k_swiglu_bwd<<<swiglu_grid(TK, F), NTH, 0, g->st>>>(g->dact, a->gu, g->dgu,
 									twin_buf(g), TK, (uint32_t)F,
 									(uint32_t)ldg);
-		LK();
+			LK();
+		}
 		if (fr && (rc = route_bwd(g, d, a, rc_, err)))
 			return rc;
 		X = twin_of(g, g->dgu);
@@ -6037,8 +6058,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if ((rc = opnd(g, dxo, T * H, g->cA, &X, err)) ||
 		    (rc = lin_dgrad(g, &d->sdn, X, T, g->dact, 0, err)))
 			return rc;
-		k_swiglu_bwd<<<rows_grid(T), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu, twin_buf(g),
-							       T, Fs, 2 * Fs);
+		k_swiglu_bwd<<<swiglu_grid(T, Fs), NTH, 0, g->st>>>(g->dact, a->sgu, g->dgu,
+								    twin_buf(g), T, Fs, 2 * Fs);
 		LK();
 		if ((rc = lin_dgrad(g, &d->sgu, twin_of(g, g->dgu), T, g->dh2, 1.0f, err)))
 			return rc;
