@@ -47,6 +47,7 @@
 #include "mma.h"
 
 #define GG_BM 128                      /* rows of a tile (ms_ggemm_index's) */
+static_assert(GG_BM == MS_GGEMM_TILE_ROWS, "ggemm.h's tile rows");
 #define GG_BK 32                       /* K of a stage */
 #define GG_NTH 256                     /* 8 warps */
 #define GG_LD (GG_BK + 8)              /* a shared row, in bf16 (80 bytes) */
@@ -790,6 +791,95 @@ extern "C" int ms_ggemm_lowrank(const struct ms_ggemm_lowrank *p, void *stream,
 			       (cudaStream_t)stream>>>(*p);
 	else
 		k_lowrank_down<<<dim3(1, (unsigned)ytiles), GG_BM, 0, (cudaStream_t)stream>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+#define LRB_KC 128  /* the bf16 down product's chunk of D staged at a time */
+
+/* the bf16 down product: a block (256 threads) a row tile of one group,
+ * a warp 16 of its rows, the R outputs as R / 8 mma tiles of 16 x 8; X's
+ * fragments loaded straight from global memory (each element once, a
+ * lane two adjacent), W_e's chunk staged as [n][k] with rows padded so
+ * that a fragment's eight rows fall in distinct banks */
+__global__ void __launch_bounds__(256) k_lowrank_bf16(struct ms_ggemm_lowrank_bf16 p)
+{
+	__align__(16) __shared__ bf16 sw[MS_GGEMM_WGRAD_MAX_R][LRB_KC + 8];
+	uint32_t e, r0, r1;
+	if (!gg_tile(p.off, p.tiles, p.E, blockIdx.y, &e, &r0, &r1))
+		return;
+	uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, nt = p.R / 8;
+	uint64_t ra = r0 + 16 * warp + lane / 4, rb = ra + 8;
+	int va = ra < r1, vb = rb < r1, any = r0 + 16 * warp < r1;
+	const bf16 *xa = (const bf16 *)p.x + ra * p.ldx, *xb = (const bf16 *)p.x + rb * p.ldx;
+	const bf16 *w = (const bf16 *)p.w + (uint64_t)e * p.wstride;
+	float c[MS_GGEMM_WGRAD_MAX_R / 8][4] = {};
+	for (uint32_t d0 = 0; d0 < p.D; d0 += LRB_KC) {
+		uint32_t nd = p.D - d0 < LRB_KC ? p.D - d0 : LRB_KC;
+		__syncthreads();   /* the previous chunk's readers are done */
+		for (uint32_t i = threadIdx.x; i < p.R * LRB_KC; i += blockDim.x) {
+			uint32_t n = i / LRB_KC, k = i % LRB_KC;
+			bf16 v = __float2bfloat16_rn(0.0f);
+			if (k < nd)
+				v = p.wt ? w[(uint64_t)(d0 + k) * p.R + n] : w[(uint64_t)n * p.D + d0 + k];
+			sw[n][k] = v;
+		}
+		__syncthreads();
+		if (!any)
+			continue;
+#pragma unroll 4
+		for (uint32_t k = 0; k < nd; k += 16) {
+			/* A's fragment: rows ra, rb; columns kc, kc + 1 and 8 on
+			 * (nd is a multiple of 8: a pair is in or out whole) */
+			uint32_t kc = d0 + k + 2 * (lane % 4), a[4];
+			a[0] = va && kc < p.D ? *(const uint32_t *)(xa + kc) : 0u;
+			a[1] = vb && kc < p.D ? *(const uint32_t *)(xb + kc) : 0u;
+			a[2] = va && kc + 8 < p.D ? *(const uint32_t *)(xa + kc + 8) : 0u;
+			a[3] = vb && kc + 8 < p.D ? *(const uint32_t *)(xb + kc + 8) : 0u;
+#pragma unroll
+			for (uint32_t t = 0; t < MS_GGEMM_WGRAD_MAX_R / 8; t++) {
+				if (t >= nt)
+					break;
+				const bf16 *bn = &sw[8 * t + lane / 4][k + 2 * (lane % 4)];
+				uint32_t b[2] = {*(const uint32_t *)bn, *(const uint32_t *)(bn + 8)};
+				mma16816(c[t], a, b);
+			}
+		}
+	}
+	bf16 *ya = (bf16 *)p.y + ra * p.ldy, *yb = (bf16 *)p.y + rb * p.ldy;
+#pragma unroll
+	for (uint32_t t = 0; t < MS_GGEMM_WGRAD_MAX_R / 8; t++) {
+		if (t >= nt)
+			break;
+		uint32_t col = 8 * t + 2 * (lane % 4);
+		if (va)
+			*(uint32_t *)(ya + col) = pack2(p.alpha * c[t][0], p.alpha * c[t][1]);
+		if (vb)
+			*(uint32_t *)(yb + col) = pack2(p.alpha * c[t][2], p.alpha * c[t][3]);
+	}
+}
+
+extern "C" int ms_ggemm_lowrank_bf16(const struct ms_ggemm_lowrank_bf16 *p, void *stream,
+				     struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint64_t ytiles;
+	if (!p->E || p->E > MS_GGEMM_MAX_E || !p->R || p->R % 8 || p->R > MS_GGEMM_WGRAD_MAX_R ||
+	    p->D % 8 || !p->off || !p->tiles || !p->x || !p->w || !p->y || p->ldx < p->D ||
+	    p->ldy < p->R || p->ldx % 2 || p->ldy % 2 || ((uintptr_t)p->x & 3) ||
+	    ((uintptr_t)p->y & 3))
+		return ms_err_set(err, MS_EINVAL, "grouped low-rank product (bf16): %u groups, rank "
+				  "%u (a multiple of 8 up to %u), width %u (a multiple of 8): not "
+				  "covered, or a NULL pointer, short or odd stride, or a pointer "
+				  "not 4-byte aligned", p->E, p->R, MS_GGEMM_WGRAD_MAX_R, p->D);
+	if (!p->rows || !p->D)
+		return MS_OK;
+	ytiles = (p->rows + GG_BM - 1) / GG_BM + p->E;
+	if (ytiles > 65535)
+		return ms_err_set(err, MS_EINVAL, "grouped low-rank product (bf16): %llu rows: too "
+				  "many", (unsigned long long)p->rows);
+	k_lowrank_bf16<<<dim3(1, (unsigned)ytiles), 256, 0, (cudaStream_t)stream>>>(*p);
 	CK(cudaGetLastError());
 out:
 	return rc;

@@ -105,10 +105,14 @@ int ms_ggemm_supported(uint32_t N, uint32_t K);
 int ms_ggemm_nvfp4_check(const struct ms_ggemm_nvfp4 *d, uint32_t N, uint32_t K,
 			 struct ms_err *err);
 
+/* the rows of a tile in ms_ggemm_index's tables */
+#define MS_GGEMM_TILE_ROWS 128u
+
 /* From cnt [E] (device, rows per group): off [E + 1] (off[0] = 0, the
- * running sum) and tiles [E + 1] (the same over each group's row tiles),
- * both device memory, written on stream (a cudaStream_t; NULL: the
- * default). One small kernel, nothing copied to the host. */
+ * running sum) and tiles [E + 1] (the same over each group's row tiles of
+ * MS_GGEMM_TILE_ROWS), both device memory, written on stream (a
+ * cudaStream_t; NULL: the default). One small kernel, nothing copied to
+ * the host. */
 int ms_ggemm_index(const uint32_t *cnt, uint32_t E, uint32_t *off, uint32_t *tiles,
 		   void *stream, struct ms_err *err);
 
@@ -226,6 +230,34 @@ struct ms_ggemm_lowrank {
 };
 
 int ms_ggemm_lowrank(const struct ms_ggemm_lowrank *p, void *stream, struct ms_err *err);
+
+/*
+ * The down product in bf16 on the tensor cores (mma.sync, float32
+ * accumulators), over the same rows and row tiles:
+ *   Y[row, 0:R] = alpha X[row, 0:D] W_e^T, W_e [R, D] (wt: stored [D, R])
+ * X, W and Y bf16, Y rounded once from the float sums. What the folded
+ * LoRA's U = X A^T and dU = s dY B are, at a rank a multiple of 8: one
+ * pass over X's rows, W_e staged in shared memory a chunk of D at a time.
+ * R a multiple of 8 up to MS_GGEMM_WGRAD_MAX_R, D a multiple of 8, ldx
+ * and ldy even with x and y 4-byte aligned. Each output sums in a fixed
+ * order (deterministic); Y's other columns and rows are not written.
+ */
+struct ms_ggemm_lowrank_bf16 {
+	uint32_t E, R, D;
+	uint64_t rows;               /* a bound on off[E] */
+	const uint32_t *off, *tiles; /* device [E + 1] each (ms_ggemm_index) */
+	const void *x;               /* device bf16 [rows, D], row stride ldx */
+	uint64_t ldx;
+	const void *w;               /* device bf16: W_e at w + e * wstride */
+	uint64_t wstride;
+	int wt;                      /* W_e stored [D, R] */
+	void *y;                     /* device bf16 [rows, R], row stride ldy */
+	uint64_t ldy;
+	float alpha;
+};
+
+int ms_ggemm_lowrank_bf16(const struct ms_ggemm_lowrank_bf16 *p, void *stream,
+			  struct ms_err *err);
 
 #ifdef __cplusplus
 }

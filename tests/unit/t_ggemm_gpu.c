@@ -20,7 +20,8 @@
  * within and past a block, both layouts of G, written and accumulated;
  * its bf16 tensor-core form (ms_ggemm_wgrad_bf16) the same way, ranks 3
  * to 64;
- * and the grouped low-rank products (ms_ggemm_lowrank), down and up, with
+ * and the grouped low-rank products (ms_ggemm_lowrank), down and up, and
+ * the bf16 down product on the tensor cores (ms_ggemm_lowrank_bf16), with
  * W stored and transposed, the same way.
  *
  * With an NVFP4 B (decoded inside the kernel): one part, two parts along
@@ -761,6 +762,137 @@ static int test_ggemm_lowrank(void)
 	return 0;
 }
 
+/* One case of the bf16 low-rank product (ms_ggemm_lowrank_bf16) against a
+ * double reference from the same bf16 inputs: Y poisoned, a sentinel in
+ * its columns past R and rows past the groups. Tolerance: the float sum's
+ * (D + 2) units of 2^-23 of the products' magnitude, plus the one
+ * rounding to bf16 (2^-8 of the value). */
+#define BF_SENTINEL 0x7f7fu
+static int lowrank_bf_case(uint32_t E, uint32_t R, uint32_t D, const uint32_t *cnt, int wt)
+{
+	uint32_t c[64], off[65];
+	uint64_t rows, slack = 5, ldx = D + 4, ldy = R + 6, ws = (uint64_t)R * D + 8, ny;
+	uint16_t *x = NULL, *w = NULL, *y = NULL;
+	void *dx = NULL, *dw = NULL, *dy = NULL, *dc = NULL, *doff = NULL, *dt = NULL;
+	struct ms_err err = {0};
+	double worst = 0;
+	int rc = 1;
+
+	off[0] = 0;
+	for (uint32_t e = 0; e < E; e++) {
+		c[e] = cnt ? cnt[e] : (uint32_t)(rnd() % 301);
+		off[e + 1] = off[e] + c[e];
+	}
+	rows = off[E];
+	ny = (rows + slack) * ldy;
+	x = malloc((rows + 1) * ldx * 2);
+	w = malloc(E * ws * 2);
+	y = malloc(ny * 2);
+	T_ASSERT(x && w && y);
+	for (uint64_t i = 0; i < (rows + 1) * ldx; i++)
+		x[i] = to_bf16((float)gauss());
+	for (uint64_t i = 0; i < E * ws; i++)
+		w[i] = to_bf16((float)gauss());
+	for (uint64_t i = 0; i < ny; i++)
+		y[i] = i / ldy >= rows || i % ldy >= R ? BF_SENTINEL : 0xffffu;
+	if (ms_gpu_malloc(&dx, (rows + 1) * ldx * 2, &err) || ms_gpu_malloc(&dw, E * ws * 2, &err) ||
+	    ms_gpu_malloc(&dy, ny * 2, &err) || ms_gpu_malloc(&dc, E * 4, &err) ||
+	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) || ms_gpu_malloc(&dt, (E + 1) * 4, &err) ||
+	    ms_gpu_memcpy(dx, x, (rows + 1) * ldx * 2, &err) ||
+	    ms_gpu_memcpy(dw, w, E * ws * 2, &err) || ms_gpu_memcpy(dy, y, ny * 2, &err) ||
+	    ms_gpu_memcpy(dc, c, E * 4, &err) || ms_ggemm_index(dc, E, doff, dt, NULL, &err))
+		goto fail;
+	{
+		struct ms_ggemm_lowrank_bf16 p = {
+			.E = E, .R = R, .D = D, .rows = rows + slack, .off = doff, .tiles = dt,
+			.x = dx, .ldx = ldx, .w = dw, .wstride = ws, .wt = wt, .y = dy, .ldy = ldy,
+			.alpha = 0.5f,
+		};
+		if (ms_ggemm_lowrank_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
+			goto fail;
+	}
+	if (cudaMemcpy(y, dy, ny * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+		goto out;
+	for (uint32_t e = 0; e < E; e++) {
+		const uint16_t *we = w + e * ws;
+		for (uint64_t r = off[e]; r < off[e + 1]; r++)
+			for (uint64_t o = 0; o < R; o++) {
+				double s = 0, m = 0, want, er;
+				for (uint64_t k = 0; k < D; k++) {
+					/* W_e [R, D] as stored, or [D, R] */
+					double t = from_bf16(x[r * ldx + k]) *
+						   from_bf16(wt ? we[k * R + o] : we[o * D + k]);
+					s += t;
+					m += fabs(t);
+				}
+				want = 0.5 * s;
+				er = fabs(from_bf16(y[r * ldy + o]) - want);
+				if (!(er <= 0x1p-8 * fabs(want) + (D + 2) * 0x1p-23 * 0.5 * m + 1e-30)) {
+					fprintf(stderr, "lowrank bf16 E %u R %u D %u wt %d: row %llu "
+						"column %llu: gpu %.6g ref %.9g mag %.3g\n", E, R, D, wt,
+						(unsigned long long)r, (unsigned long long)o,
+						from_bf16(y[r * ldy + o]), want, 0.5 * m);
+					goto out;
+				}
+				if (m > 0 && er / (0.5 * m) > worst)
+					worst = er / (0.5 * m);
+			}
+	}
+	for (uint64_t i = 0; i < ny; i++)
+		if ((i / ldy >= rows || i % ldy >= R) && y[i] != BF_SENTINEL) {
+			fprintf(stderr, "lowrank bf16: element %llu outside the groups' rows and "
+				"width was written\n", (unsigned long long)i);
+			goto out;
+		}
+	printf("lowrank bf16 E %u R %u D %u rows %llu wt %d: max err/mag %.3g\n", E, R, D,
+	       (unsigned long long)rows, wt, worst);
+	rc = 0;
+	goto out;
+fail:
+	fprintf(stderr, "lowrank bf16: %s\n", err.msg[0] ? err.msg : "a CUDA copy failed");
+out:
+	free(x);
+	free(w);
+	free(y);
+	ms_gpu_free(dx);
+	ms_gpu_free(dw);
+	ms_gpu_free(dy);
+	ms_gpu_free(dc);
+	ms_gpu_free(doff);
+	ms_gpu_free(dt);
+	return rc;
+}
+
+static int test_ggemm_lowrank_bf16(void)
+{
+	static const uint32_t edge[] = {0, 1, 127, 128, 129, 0, 300, 5};
+	struct ms_err err = {0};
+	struct ms_ggemm_lowrank_bf16 bad = {.E = 1, .R = 12, .D = 16,
+					    .off = (const uint32_t *)8,
+					    .tiles = (const uint32_t *)8, .x = (const void *)8,
+					    .ldx = 16, .w = (const void *)8, .y = (void *)8,
+					    .ldy = 16};
+	/* D past a chunk (LRB_KC 128) and not a multiple of 16; W either
+	 * way; ranks 8, 16, 32; groups empty, one row, a tile +- 1 */
+	T_ASSERT(lowrank_bf_case(8, 16, 200, edge, 0) == 0);
+	T_ASSERT(lowrank_bf_case(8, 16, 136, edge, 1) == 0);
+	T_ASSERT(lowrank_bf_case(8, 8, 24, edge, 0) == 0);
+	T_ASSERT(lowrank_bf_case(8, 32, 264, edge, 1) == 0);
+	T_ASSERT(lowrank_bf_case(64, 16, 48, NULL, 0) == 0);
+	/* a rank not a multiple of 8, a width not a multiple of 8, an odd
+	 * stride, a misaligned pointer */
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.R = 16, bad.D = 12;
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.D = 16, bad.ldx = 17;
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.ldx = 16, bad.y = (void *)10;
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.y = (void *)8, bad.rows = 0;
+	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_OK);
+	return 0;
+}
+
 static int test_ggemm_refuses(void)
 {
 	struct ms_err err = {0};
@@ -1231,6 +1363,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_ggemm_wgrad),
 	T_CASE(test_ggemm_wgrad_bf16),
 	T_CASE(test_ggemm_lowrank),
+	T_CASE(test_ggemm_lowrank_bf16),
 };
 #endif
 

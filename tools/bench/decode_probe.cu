@@ -15,6 +15,12 @@
  *   shuffled  lane l loads block l (as block), then stores half blocks
  *             l / 2 and 16 + l / 2 (as half), taken by shuffles (tried,
  *             slower)
+ *   block cs  block with streaming stores (st.global.cs: evict first)
+ *   block x2  block with two scale blocks a thread step (i and i + the
+ *             grid's width), both loads issued before either decode
+ *   staged    a thread a scale block (as block) into shared memory, 256
+ *             a block step, then written out 16 bytes a lane side by side
+ *             (whole sectors an instruction, as half)
  *
  * next to what the memory allows: either grid writing the same bytes with
  * no loads or arithmetic (store only), cudaMemsetAsync of the output, and
@@ -131,6 +137,74 @@ __global__ void k_shuffled(const job *d)
 	}
 }
 
+/* block with streaming stores */
+__global__ void k_block_cs(const job *d)
+{
+	const job j = d[blockIdx.y];
+	uint32_t ng = j.cols / 16, n = j.rows * ng;
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		uint2 v = *(const uint2 *)(j.pk + 8 * (uint64_t)i);
+		float f = e4m3v(j.sc[i]) * j.tscale;
+		uint4 *p = (uint4 *)(j.out + 16 * (uint64_t)i);
+		__stcs(p, dec8(v.x, f));
+		__stcs(p + 1, dec8(v.y, f));
+	}
+}
+
+/* block, two scale blocks a thread step, loads first */
+__global__ void k_block_x2(const job *d)
+{
+	const job j = d[blockIdx.y];
+	uint32_t ng = j.cols / 16, n = j.rows * ng, w = gridDim.x * blockDim.x;
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 2 * w) {
+		uint32_t i2 = i + w;
+		uint2 v = *(const uint2 *)(j.pk + 8 * (uint64_t)i), v2 = make_uint2(0, 0);
+		uint32_t s = j.sc[i], s2 = 0;
+		if (i2 < n) {
+			v2 = *(const uint2 *)(j.pk + 8 * (uint64_t)i2);
+			s2 = j.sc[i2];
+		}
+		float f = e4m3v(s) * j.tscale;
+		uint4 *p = (uint4 *)(j.out + 16 * (uint64_t)i);
+		p[0] = dec8(v.x, f);
+		p[1] = dec8(v.y, f);
+		if (i2 < n) {
+			float f2 = e4m3v(s2) * j.tscale;
+			p = (uint4 *)(j.out + 16 * (uint64_t)i2);
+			p[0] = dec8(v2.x, f2);
+			p[1] = dec8(v2.y, f2);
+		}
+	}
+}
+
+/* a block 256 scale blocks a step through shared memory (blockDim 256):
+ * decoded as block, written out as 16-byte lanes side by side */
+__global__ void k_staged(const job *d)
+{
+	__shared__ uint4 st[512];
+	const job j = d[blockIdx.y];
+	uint32_t ng = j.cols / 16, n = j.rows * ng, t = threadIdx.x;
+	for (uint32_t b0 = blockIdx.x * 256; b0 < n; b0 += gridDim.x * 256) {
+		uint32_t i = b0 + t;
+		if (i < n) {
+			uint2 v = *(const uint2 *)(j.pk + 8 * (uint64_t)i);
+			float f = e4m3v(j.sc[i]) * j.tscale;
+			st[2 * t] = dec8(v.x, f);
+			st[2 * t + 1] = dec8(v.y, f);
+		}
+		__syncthreads();
+		/* the step's output is contiguous here (dense rows): 512 16-byte
+		 * pieces, thread t pieces t and 256 + t */
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			uint32_t k = 256 * h + t;
+			if (b0 + k / 2 < n)
+				*(uint4 *)(j.out + 16 * (uint64_t)b0 + 8 * (uint64_t)k) = st[k];
+		}
+		__syncthreads();
+	}
+}
+
 int main()
 {
 	const int E = 64;
@@ -226,6 +300,12 @@ int main()
 			run(nm, [&] { k_half<false><<<g, 256>>>(dj); }, true, bytes);
 			snprintf(nm, sizeof nm, "shuffled, %d", blocks);
 			run(nm, [&] { k_shuffled<<<g, 256>>>(dj); }, true, bytes);
+			snprintf(nm, sizeof nm, "block cs, %d", blocks);
+			run(nm, [&] { k_block_cs<<<g, 256>>>(dj); }, true, bytes);
+			snprintf(nm, sizeof nm, "block x2, %d", blocks);
+			run(nm, [&] { k_block_x2<<<g, 256>>>(dj); }, true, bytes);
+			snprintf(nm, sizeof nm, "staged, %d", blocks);
+			run(nm, [&] { k_staged<<<g, 256>>>(dj); }, true, bytes);
 			snprintf(nm, sizeof nm, "block, store only, %d", blocks);
 			run(nm, [&] { k_block<true><<<g, 256>>>(dj); }, false, bytes);
 			snprintf(nm, sizeof nm, "half, store only, %d", blocks);
