@@ -17,6 +17,7 @@
  */
 #include "../../kernels/router.cu"
 
+#include "probe_fill.cuh"
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -114,18 +115,6 @@ __global__ void __launch_bounds__(256) tried_dgrad(const float *dz, const float 
 	}
 }
 
-__global__ void fill(float *p, size_t n, unsigned seed)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		unsigned x = (unsigned)i * 2654435761u ^ seed;
-		x ^= x >> 13;
-		x *= 0x5bd1e995;
-		x ^= x >> 15;
-		p[i] = (x & 0xffff) / 65536.0f - 0.5f;
-	}
-}
-
 int main()
 {
 	const uint32_t T = 8192, E = 64, H = 2048;
@@ -136,8 +125,8 @@ int main()
 	PK(cudaMalloc(&z2, (size_t)T * E * 4));
 	PK(cudaMalloc(&dh, (size_t)T * H * 4));
 	PK(cudaMalloc(&dh2, (size_t)T * H * 4));
-	fill<<<1024, 256>>>(h, (size_t)T * H, 1);
-	fill<<<1024, 256>>>(W, (size_t)E * H, 2);
+	probe_fill<<<1024, 256>>>(h, (size_t)T * H, 1);
+	probe_fill<<<1024, 256>>>(W, (size_t)E * H, 2);
 	PK(cudaGetLastError());
 	int clk = 0, sms = 0;
 	PK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0));
