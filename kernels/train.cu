@@ -2279,6 +2279,40 @@ __global__ void k_gather(const S *src, const int32_t *perm, uint32_t K, float *d
 	}
 }
 
+/* The dispatch as a scatter: token t's row of src (float32 or bf16) read
+ * once and written, in bf16, to its K places pos[t K + k] of the twin tw
+ * (row stride ldt), and to xb[t] where xb is given (the backward's bf16
+ * copy of the gradient, k_cast's pass folded in). k_gather's copy the
+ * other way round: it read each token's row K times, once for each
+ * place, a dependent index load before each, and moved about 2 TB/s;
+ * the same bits */
+template <typename S>
+__global__ void k_dispatch(const S *src, const int32_t *pos, uint32_t K,
+			   __nv_bfloat16 *xb, __nv_bfloat16 *tw, uint64_t T, uint32_t H,
+			   uint32_t ldt)
+{
+	if (H % 8 == 0 && ldt % 8 == 0 && al16(src) && al16(tw) && (!xb || al16(xb))) {
+		for (uint64_t t = blockIdx.x; t < T; t += gridDim.x)
+			for (uint32_t c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
+				float v[8];
+				ld8(src + t * H + c, v);
+				if (xb)
+					st8(xb + t * H + c, v);
+				for (uint32_t k = 0; k < K; k++)
+					st8(tw + (uint64_t)pos[t * K + k] * ldt + c, v);
+			}
+		return;
+	}
+	for (uint64_t t = blockIdx.x; t < T; t += gridDim.x)
+		for (uint32_t c = threadIdx.x; c < H; c += blockDim.x) {
+			__nv_bfloat16 b = __float2bfloat16_rn(f32_of(src[t * H + c]));
+			if (xb)
+				xb[t * H + c] = b;
+			for (uint32_t k = 0; k < K; k++)
+				tw[(uint64_t)pos[t * K + k] * ldt + c] = b;
+		}
+}
+
 /* the sums of columns c .. c+7 over token t's K slots: sum_k src[pos[t,
  * k]], each times w[t, k] (a float product) where w is given, in double
  * and slot order (k_slot_sum) */
@@ -5706,14 +5740,17 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		 * float32 copy only the separate LoRA reads is not made */
 		uint32_t fr = g->E ? d->egu[0].fr : 0;
 		uint64_t ldx = H + fr, lda = F + fr;
-		unsigned gb = rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS);
-		if (h2b)
-			k_gather<<<gb, NTH, 0, g->st>>>(h2b, a->perm, g->K, NULL, twin_buf(g), TK,
-							(uint32_t)H, (uint32_t)ldx);
-		else
-			k_gather<<<gb, NTH, 0, g->st>>>(a->h2, a->perm, g->K, fr ? NULL : g->xs,
-							twin_buf(g), TK, (uint32_t)H, (uint32_t)ldx);
-		LK();
+		if (h2b) {
+			k_dispatch<<<rows_grid(T), NTH, 0, g->st>>>(
+				h2b, a->pos, g->K, (__nv_bfloat16 *)NULL, twin_buf(g), T,
+				(uint32_t)H, (uint32_t)ldx);
+			LK();
+		} else {
+			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
+				   g->st>>>(a->h2, a->perm, g->K, fr ? NULL : g->xs, twin_buf(g),
+					    TK, (uint32_t)H, (uint32_t)ldx);
+			LK();
+		}
 		ph(g, PH_EXPERTS);
 		X = twin_of(g, g->xs);
 		if ((rc = lora_in(g, d->lgu, g->xs, TK, a->perm, g->xsd, &xl, err)))
@@ -5897,11 +5934,9 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * unweighted: the routing weights and their gradient
 			 * come after the down dgrad (k_swiglu_bwd_dw), so no
 			 * pass reads the experts' outputs ye */
-			k_cast<__nv_bfloat16><<<cast_blocks(T * H), NTH, 0, g->st>>>(dxo, xb, T * H);
-			LK();
-			k_gather<<<rows_grid((TK + GATHER_ROWS - 1) / GATHER_ROWS), NTH, 0,
-				   g->st>>>(xb, a->perm, g->K, NULL, twin_buf(g), TK, (uint32_t)H,
-					    (uint32_t)ldy);
+			k_dispatch<<<rows_grid(T), NTH, 0, g->st>>>(dxo, a->pos, g->K, xb,
+								    twin_buf(g), T, (uint32_t)H,
+								    (uint32_t)ldy);
 			LK();
 		} else {
 			k_combine_bwd<<<(unsigned)T, NTH, 0, g->st>>>(dxo, a->ye, a->pos, a->wts,
