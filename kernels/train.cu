@@ -847,6 +847,14 @@ static void ph_fold(struct ms_gmodel *g)
 
 /* ---- device helpers --------------------------------------------------------------- */
 
+/* a / b by a 32-bit division where a allows (the 64-bit one is a long
+ * software routine: in a kernel's per-element index arithmetic it costs
+ * more than the element's work) */
+__device__ __forceinline__ uint64_t udiv(uint64_t a, uint32_t b)
+{
+	return a >> 32 ? a / b : (uint64_t)((uint32_t)a / b);
+}
+
 template <typename T> __device__ __forceinline__ T tocv(float x);
 template <> __device__ __forceinline__ float tocv<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 tocv<__nv_bfloat16>(float x)
@@ -1034,7 +1042,8 @@ __global__ void k_tcast(const float *x, T *y, uint32_t rows, uint32_t cols)
 	uint64_t n = (uint64_t)rows * cols;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t r = (uint32_t)(i / cols), c = (uint32_t)(i % cols);
+		uint64_t r = udiv(i, cols);
+		uint32_t c = (uint32_t)(i - r * cols);
 		y[(uint64_t)c * rows + r] = tocv<T>(x[i]);
 	}
 }
@@ -1713,9 +1722,7 @@ __device__ __forceinline__ void gu_at(const G *gu, uint64_t i, uint32_t F, uint6
 				      uint32_t *c, float *g8, float *u8)
 {
 	uint32_t fv = F / 8;
-	/* a 32-bit division where the index allows (the 64-bit one is a
-	 * long software routine, an element group each) */
-	*r = i >> 32 ? i / fv : (uint32_t)i / fv;
+	*r = udiv(i, fv);
 	*c = (uint32_t)(i - *r * fv) * 8;
 	ld8(gu + *r * 2 * F + *c, g8);
 	ld8(gu + *r * 2 * F + F + *c, u8);
@@ -2630,10 +2637,10 @@ __global__ void k_adamw(float *w, float *g, float *m, float *v, uint64_t n,
 __device__ __forceinline__ void eok_of(uint64_t i, uint32_t out, uint32_t r, uint32_t *e,
 				       uint32_t *o, uint32_t *k)
 {
-	uint64_t eo = i / r;
-	*k = (uint32_t)(i % r);
-	*o = (uint32_t)(eo % out);
-	*e = (uint32_t)(eo / out);
+	uint64_t eo = udiv(i, r), e_ = udiv(eo, out);
+	*k = (uint32_t)(i - eo * r);
+	*o = (uint32_t)(eo - e_ * out);
+	*e = (uint32_t)e_;
 }
 
 /* PEFT's B [out, r*E] (column k*E+e) <-> the device's [E, out, r] */
@@ -5116,9 +5123,9 @@ __global__ void k_pad_factor(const float *src, __nv_bfloat16 *dst, uint32_t E, u
 	uint64_t n = (uint64_t)E * rd * cd;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t c = (uint32_t)(i % cd);
-		uint64_t er = i / cd;
-		uint32_t r = (uint32_t)(er % rd), e = (uint32_t)(er / rd);
+		uint64_t er = udiv(i, cd), e_ = udiv(er, rd);
+		uint32_t c = (uint32_t)(i - er * cd);
+		uint32_t r = (uint32_t)(er - e_ * rd), e = (uint32_t)e_;
 		dst[i] = __float2bfloat16_rn(r < rs_ && c < cs ? src[((uint64_t)e * rs_ + r) * cs + c]
 							     : 0.0f);
 	}
@@ -5223,7 +5230,7 @@ __global__ void k_tail_put(const float *src, uint32_t lds, __nv_bfloat16 *dst, u
 	uint64_t n = rows * fw;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint64_t row = i / fw;
+		uint64_t row = udiv(i, fw);
 		uint32_t k = (uint32_t)(i - row * fw);
 		dst[row * ld + k] = __float2bfloat16_rn(k < r ? src[row * lds + k] : 0.0f);
 	}
@@ -5306,10 +5313,10 @@ __device__ __forceinline__ uint64_t tail_at(uint64_t i, uint32_t fr, const int32
 					    const int32_t *sel, uint32_t K, uint32_t E,
 					    uint64_t *p, uint32_t *k, int32_t *sl)
 {
-	*p = i / fr;
+	*p = udiv(i, fr);
 	*k = (uint32_t)(i - *p * fr);
 	*sl = perm[*p];
-	return ((uint64_t)*sl / K * E + (uint32_t)sel[*sl]) * fr + *k;
+	return ((uint64_t)((uint32_t)*sl / K) * E + (uint32_t)sel[*sl]) * fr + *k;
 }
 
 __global__ void k_tail_gather(const float *D, const int32_t *perm, const int32_t *sel,
@@ -5361,7 +5368,7 @@ __global__ void k_wrows(const __nv_bfloat16 *u, const int32_t *perm, const float
 	uint64_t m = n * r;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
 	     i += (uint64_t)gridDim.x * blockDim.x)
-		o[i] = __float2bfloat16_rn(w[perm[i / r]] * __bfloat162float(u[i]));
+		o[i] = __float2bfloat16_rn(w[perm[udiv(i, r)]] * __bfloat162float(u[i]));
 }
 
 /* gB_e [out, r] += C [e fr + k, o] for k < r: the dense product's rows
@@ -5386,9 +5393,9 @@ __global__ void k_bt_pad(const float *B, __nv_bfloat16 *dst, uint32_t E, uint32_
 	uint64_t n = (uint64_t)E * fr * out;
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		uint32_t h = (uint32_t)(i % out);
-		uint64_t ek = i / out;
-		uint32_t k = (uint32_t)(ek % fr), e = (uint32_t)(ek / fr);
+		uint64_t ek = udiv(i, out), e_ = udiv(ek, fr);
+		uint32_t h = (uint32_t)(i - ek * out);
+		uint32_t k = (uint32_t)(ek - e_ * fr), e = (uint32_t)e_;
 		dst[i] = __float2bfloat16_rn(k < r ? B[((uint64_t)e * out + h) * r + k] : 0.0f);
 	}
 }
