@@ -1644,6 +1644,193 @@ __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, con
 	}
 }
 
+/*
+ * The same two kernels where a head's row is 32 NV values and RoPE's half
+ * a multiple of 32 (the bench's and Qwen3's heads of 128, full rotary):
+ * every value of a row in a register (lane l holds l + 32 j, the squares
+ * and the dot product summed in the order above) and RoPE's partner of
+ * element j at j +- half / 32 in the same lane, so no shared memory; the
+ * forward two rows a warp step (both rows' loads before either's sums),
+ * the backward one (two was slower). The same bits as the kernels above
+ * (tools/bench NOTES: at the bench shapes, q's forward 0.075 -> 0.049 ms,
+ * its backward 0.109 -> 0.069). Rows are fewer than 2^32 (nr_fast).
+ */
+template <typename Y, int NV>
+__global__ void k_norm_rope_v(const float *x, const float *w, Y *y, float *rstd, uint32_t rows,
+			      uint32_t nhead, uint32_t half, uint32_t S, const float *cs,
+			      const float *sn, float eps)
+{
+	const uint32_t n = 32 * NV, hj = half / 32;
+	uint32_t lane = threadIdx.x & 31;
+	uint32_t gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	uint32_t nw = (gridDim.x * blockDim.x) >> 5;
+	float wv[NV];
+#pragma unroll
+	for (int j = 0; j < NV; j++)
+		wv[j] = w[lane + 32 * j];
+	for (uint32_t row0 = gw * 2; row0 < rows; row0 += nw * 2) {
+		float v[2][NV];
+#pragma unroll
+		for (int q = 0; q < 2; q++)
+#pragma unroll
+			for (int j = 0; j < NV; j++)
+				v[q][j] = row0 + q < rows
+						  ? x[(uint64_t)(row0 + q) * n + lane + 32 * j]
+						  : 0.0f;
+#pragma unroll
+		for (int q = 0; q < 2; q++) {
+			uint32_t row = row0 + q;
+			if (row >= rows)
+				break;
+			double ss = 0;
+#pragma unroll
+			for (int j = 0; j < NV; j++)
+				ss += (double)v[q][j] * v[q][j];
+			for (int o = 16; o; o >>= 1)
+				ss += __shfl_xor_sync(0xffffffffu, ss, o);
+			float var = (float)(ss / n);
+			float r = (float)(1.0 / sqrt((double)(var + eps)));
+			if (!lane)
+				rstd[row] = r;
+			float sr[NV];
+#pragma unroll
+			for (int j = 0; j < NV; j++)
+				sr[j] = wv[j] * (v[q][j] * r);
+			uint32_t pos = (row / nhead) % S;
+#pragma unroll
+			for (int j = 0; j < NV; j++) {
+				uint32_t i = lane + 32 * j;
+				float o;
+				if (i >= 2 * half) {
+					o = sr[j];
+				} else {
+					uint32_t f = i < half ? i : i - half;
+					float c = cs[(uint64_t)pos * half + f];
+					float s = sn[(uint64_t)pos * half + f];
+					/* in range: i < half has j + hj < NV */
+					if (i < half) {
+						float a = sr[j] * c, b = -sr[j + hj] * s;
+						o = a + b;
+					} else {
+						float a2 = sr[j] * c, b2 = sr[j - hj] * s;
+						o = a2 + b2;
+					}
+				}
+				y[(uint64_t)row * n + i] = tocv<Y>(o);
+			}
+		}
+	}
+}
+
+template <typename X, typename Y, int NV>
+__global__ void k_rope_norm_bwd_v(const X *dy, const float *x, const float *w, const float *rstd,
+				  Y *dx, uint32_t rows, uint32_t nhead, uint32_t half, uint32_t S,
+				  const float *cs, const float *sn, uint32_t ldo, uint32_t c0)
+{
+	const uint32_t n = 32 * NV, hj = half / 32;
+	uint32_t lane = threadIdx.x & 31;
+	uint32_t gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	uint32_t nw = (gridDim.x * blockDim.x) >> 5;
+	float wv[NV];
+#pragma unroll
+	for (int j = 0; j < NV; j++)
+		wv[j] = w[lane + 32 * j];
+	for (uint32_t row = gw; row < rows; row += nw) {
+		float dv[NV], xv[NV];
+#pragma unroll
+		for (int j = 0; j < NV; j++) {
+			dv[j] = f32_of(dy[(uint64_t)row * n + lane + 32 * j]);
+			xv[j] = x[(uint64_t)row * n + lane + 32 * j];
+		}
+		double r = rstd[row];
+		uint32_t pos = (row / nhead) % S;
+		float gv[NV];
+		double dot = 0;
+#pragma unroll
+		for (int j = 0; j < NV; j++) {
+			uint32_t i = lane + 32 * j;
+			if (i >= 2 * half) {
+				gv[j] = dv[j];
+			} else {
+				uint32_t f = i < half ? i : i - half;
+				float c = cs[(uint64_t)pos * half + f], s = sn[(uint64_t)pos * half + f];
+				gv[j] = i < half ? dv[j] * c + dv[j + hj] * s
+						 : dv[j] * c - dv[j - hj] * s;
+			}
+			dot += (double)wv[j] * gv[j] * xv[j];
+		}
+		for (int k = 16; k; k >>= 1)
+			dot += __shfl_xor_sync(0xffffffffu, dot, k);
+		double c = r * r * r * dot / n;
+		Y *dr = dx + (uint64_t)(row / nhead) * ldo + c0 + (row % nhead) * n;
+#pragma unroll
+		for (int j = 0; j < NV; j++)
+			dr[lane + 32 * j] = tocv<Y>((float)(r * wv[j] * gv[j] - c * xv[j]));
+	}
+}
+
+/* the register kernels' NV for a head of n and RoPE's half, 0 where they
+ * do not apply (k_norm_rope and k_rope_norm_bwd then) */
+static int nr_fast(uint64_t rows, uint32_t n, uint32_t half)
+{
+	if (rows >> 32 || n % 32 || half % 32 || 2 * half > n)
+		return 0;
+	return n == 32 || n == 64 || n == 128 || n == 256 ? (int)(n / 32) : 0;
+}
+
+/* the q/k norm + RoPE forward over rows of a head of n <= NR_MAXN */
+template <typename Y>
+static void norm_rope(cudaStream_t st, const float *x, const float *w, Y *y, float *rstd,
+		      uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
+		      const float *cs, const float *sn, float eps)
+{
+	int nv = nr_fast(rows, n, half);
+	unsigned gb = nblk((rows + 1) / 2, NTH / 32);
+	uint32_t r32 = (uint32_t)rows;
+	if (nv == 1)
+		k_norm_rope_v<Y, 1><<<gb, NTH, 0, st>>>(x, w, y, rstd, r32, nhead, half, S, cs,
+							       sn, eps);
+	else if (nv == 2)
+		k_norm_rope_v<Y, 2><<<gb, NTH, 0, st>>>(x, w, y, rstd, r32, nhead, half, S, cs,
+							       sn, eps);
+	else if (nv == 4)
+		k_norm_rope_v<Y, 4><<<gb, NTH, 0, st>>>(x, w, y, rstd, r32, nhead, half, S, cs,
+							       sn, eps);
+	else if (nv == 8)
+		k_norm_rope_v<Y, 8><<<gb, NTH, 0, st>>>(x, w, y, rstd, r32, nhead, half, S, cs,
+							       sn, eps);
+	else
+		k_norm_rope<Y><<<nblk(rows, NTH / 32), NTH, 0, st>>>(x, w, y, rstd, rows, n, nhead,
+								     half, S, cs, sn, eps);
+}
+
+/* its backward likewise */
+template <typename X, typename Y>
+static void rope_norm_bwd(cudaStream_t st, const X *dy, const float *x, const float *w,
+			  const float *rstd, Y *dx, uint64_t rows, uint32_t n, uint32_t nhead,
+			  uint32_t half, uint32_t S, const float *cs, const float *sn,
+			  uint32_t ldo, uint32_t c0)
+{
+	int nv = nr_fast(rows, n, half);
+	unsigned gb = nblk(rows, NTH / 32);
+	uint32_t r32 = (uint32_t)rows;
+	if (nv == 1)
+		k_rope_norm_bwd_v<X, Y, 1><<<gb, NTH, 0, st>>>(dy, x, w, rstd, dx, r32, nhead, half,
+							       S, cs, sn, ldo, c0);
+	else if (nv == 2)
+		k_rope_norm_bwd_v<X, Y, 2><<<gb, NTH, 0, st>>>(dy, x, w, rstd, dx, r32, nhead, half,
+							       S, cs, sn, ldo, c0);
+	else if (nv == 4)
+		k_rope_norm_bwd_v<X, Y, 4><<<gb, NTH, 0, st>>>(dy, x, w, rstd, dx, r32, nhead, half,
+							       S, cs, sn, ldo, c0);
+	else if (nv == 8)
+		k_rope_norm_bwd_v<X, Y, 8><<<gb, NTH, 0, st>>>(dy, x, w, rstd, dx, r32, nhead, half,
+							       S, cs, sn, ldo, c0);
+	else
+		k_rope_norm_bwd<X, Y><<<nblk(rows, NTH / 32), NTH, 0, st>>>(
+			dy, x, w, rstd, dx, rows, n, nhead, half, S, cs, sn, ldo, c0);
+}
+
 /* exp(s - mx): in double in the test mode (att_fwd_pairs' arithmetic), in
  * float (the fast exp) for the bf16 path, whose operands are rounded to 8
  * bits anyway */
@@ -5677,22 +5864,18 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 		 * scratch, free here) cast there */
 		float *yq = a16 ? g->dq0 : a->q, *yk = a16 ? g->dk0 : a->k;
 		if (nr && a16) {
-			k_norm_rope<__nv_bfloat16><<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
-				a->q0, d->qn, att16_q(g, a), a->rq, T * g->nh, g->hd, g->nh, half,
-				g->S, rcs, rsn, (float)m->cfg.rms_eps);
+			norm_rope(g->st, a->q0, d->qn, att16_q(g, a), a->rq, T * g->nh, g->hd,
+				  g->nh, half, g->S, rcs, rsn, (float)m->cfg.rms_eps);
 			LK();
-			k_norm_rope<__nv_bfloat16><<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
-				a->k0, d->kn, att16_k(g, a), a->rk, T * g->nkv, g->hd, g->nkv, half,
-				g->S, rcs, rsn, (float)m->cfg.rms_eps);
+			norm_rope(g->st, a->k0, d->kn, att16_k(g, a), a->rk, T * g->nkv, g->hd,
+				  g->nkv, half, g->S, rcs, rsn, (float)m->cfg.rms_eps);
 			LK();
 		} else if (nr) {
-			k_norm_rope<float><<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
-				a->q0, d->qn, a->q, a->rq, T * g->nh, g->hd, g->nh, half, g->S, rcs,
-				rsn, (float)m->cfg.rms_eps);
+			norm_rope(g->st, a->q0, d->qn, a->q, a->rq, T * g->nh, g->hd, g->nh, half,
+				  g->S, rcs, rsn, (float)m->cfg.rms_eps);
 			LK();
-			k_norm_rope<float><<<nblk(T * g->nkv, NTH / 32), NTH, 0, g->st>>>(
-				a->k0, d->kn, a->k, a->rk, T * g->nkv, g->hd, g->nkv, half, g->S,
-				rcs, rsn, (float)m->cfg.rms_eps);
+			norm_rope(g->st, a->k0, d->kn, a->k, a->rk, T * g->nkv, g->hd, g->nkv, half,
+				  g->S, rcs, rsn, (float)m->cfg.rms_eps);
 			LK();
 		} else if (d->qn) {
 			k_rms_rows<<<nblk(T * g->nh, NTH / 32), NTH, 0, g->st>>>(
@@ -6186,34 +6369,29 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 				const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
 				__nv_bfloat16 *c = (__nv_bfloat16 *)g->cA;
 				uint32_t w = g->dq + 2 * g->dkv + d->afr;
-				k_rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>
-					<<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
-						o + T * g->dq, a->q0, d->qn, a->rq, c, rq, g->hd, g->nh,
-						half, g->S, g->rope_c, g->rope_s, w, 0);
+				rope_norm_bwd(g->st, o + T * g->dq, a->q0, d->qn, a->rq, c, rq, g->hd,
+					      g->nh, half, g->S, g->rope_c, g->rope_s, w, 0);
 				LK();
-				k_rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>
-					<<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
-						o + 2 * T * g->dq, a->k0, d->kn, a->rk, c, rk, g->hd,
-						g->nkv, half, g->S, g->rope_c, g->rope_s, w, g->dq);
+				rope_norm_bwd(g->st, o + 2 * T * g->dq, a->k0, d->kn, a->rk, c, rk,
+					      g->hd, g->nkv, half, g->S, g->rope_c, g->rope_s, w,
+					      g->dq);
 				LK();
 			} else if (g->cudnn) {
 				const __nv_bfloat16 *o = (const __nv_bfloat16 *)g->sdb;
-				k_rope_norm_bwd<__nv_bfloat16, float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
-					o + T * g->dq, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh,
-					half, g->S, g->rope_c, g->rope_s, g->dq, 0);
+				rope_norm_bwd(g->st, o + T * g->dq, a->q0, d->qn, a->rq, g->dq0, rq,
+					      g->hd, g->nh, half, g->S, g->rope_c, g->rope_s, g->dq, 0);
 				LK();
-				k_rope_norm_bwd<__nv_bfloat16, float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
-					o + 2 * T * g->dq, a->k0, d->kn, a->rk, g->dk0, rk, g->hd,
-					g->nkv, half, g->S, g->rope_c, g->rope_s, g->dkv, 0);
+				rope_norm_bwd(g->st, o + 2 * T * g->dq, a->k0, d->kn, a->rk, g->dk0, rk,
+					      g->hd, g->nkv, half, g->S, g->rope_c, g->rope_s, g->dkv, 0);
 				LK();
 			} else {
-				k_rope_norm_bwd<float, float><<<nblk(rq, NTH / 32), NTH, 0, g->st>>>(
-					g->dqv, a->q0, d->qn, a->rq, g->dq0, rq, g->hd, g->nh, half,
-					g->S, g->rope_c, g->rope_s, g->dq, 0);
+				rope_norm_bwd(g->st, (const float *)g->dqv, a->q0, d->qn, a->rq, g->dq0,
+					      rq, g->hd, g->nh, half, g->S, g->rope_c, g->rope_s, g->dq,
+					      0);
 				LK();
-				k_rope_norm_bwd<float, float><<<nblk(rk, NTH / 32), NTH, 0, g->st>>>(
-					g->dkk, a->k0, d->kn, a->rk, g->dk0, rk, g->hd, g->nkv, half,
-					g->S, g->rope_c, g->rope_s, g->dkv, 0);
+				rope_norm_bwd(g->st, (const float *)g->dkk, a->k0, d->kn, a->rk, g->dk0,
+					      rk, g->hd, g->nkv, half, g->S, g->rope_c, g->rope_s,
+					      g->dkv, 0);
 				LK();
 			}
 		} else if ((rc = rope_bwd(g, 0, g->dq0, half, err)) ||
