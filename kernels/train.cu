@@ -731,7 +731,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD };
+       SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD, SK_LOWRANK };
 
 /* a site key's name in the profile: a GEMM's shape and types, a library
  * call, or the source line of a launch */
@@ -741,13 +741,14 @@ static void site_name(const struct ms_gmodel *g, int key, char *nm, size_t n)
 				    "cuDNN SDPA backward", "grouped weight gradient (bf16)",
 				    "batched GEMM (attention heads)",
 				    "cuBLAS grouped GEMM (expert LoRA)", "router logits (router.cu)",
-				    "router input gradient (router.cu)"};
+				    "router input gradient (router.cu)",
+				    "grouped low-rank product (bf16, expert LoRA)"};
 	if (key >= 100000 && key - 100000 < g->ngshape) {
 		const uint32_t *gs = g->gshape[key - 100000];
 		snprintf(nm, n, "GEMM %ux%ux%u%s%s %s -> %s", gs[0], gs[1], gs[2],
 			 gs[3] & 1 ? " A^T" : "", gs[3] & 2 ? " B^T" : "",
 			 gs[3] & 4 ? "bf16" : "float32", gs[3] & 8 ? "bf16" : "float32");
-	} else if (key >= SK_XGEMM && key <= SK_ROUTER_DGRAD)
+	} else if (key >= SK_XGEMM && key <= SK_LOWRANK)
 		snprintf(nm, n, "%s", lib[key - SK_XGEMM]);
 	else if (key == -2)
 		snprintf(nm, n, "before a library call");
@@ -3237,6 +3238,50 @@ out:
 	return rc;
 }
 
+/* the layer's expert row offsets and GG_BM-row tiles (ms_ggemm_index's
+ * tables: the cumulative counts of each) from the host's counts into dpad
+ * [2 (E + 1)], for the bf16 low-rank products */
+static int tiles_up(struct ms_gmodel *g, const uint32_t *cnt, struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t h[2 * (MAXE + 1)], *t = h + g->E + 1;
+	h[0] = t[0] = 0;
+	for (uint32_t e = 0; e < g->E; e++) {
+		h[e + 1] = h[e] + cnt[e];
+		t[e + 1] = t[e] + (cnt[e] + MS_GGEMM_TILE_ROWS - 1) / MS_GGEMM_TILE_ROWS;
+	}
+	CK(cudaMemcpyAsync(g->dpad, h, 2 * (g->E + 1) * sizeof(uint32_t),
+			   cudaMemcpyHostToDevice, g->st));
+out:
+	return rc;
+}
+
+/* Y [rows, R] = alpha X W_e^T over each expert's rows (ms_ggemm_lowrank_bf16,
+ * the tensor cores, one pass over X) where its shapes allow: 1 when it
+ * ran, 0 when they do not (the caller's cuBLAS grouped product then). On
+ * the H200 cuBLAS's grouped GEMM at R 16 read X at about 1.2 TB/s (85 us
+ * a call at the bench shapes, 32 calls a step) */
+static int lowrank_bf(struct ms_gmodel *g, const uint32_t *cnt, uint32_t R, uint32_t D,
+		      const void *X, uint64_t ldx, const void *W, int wt, void *Y, uint64_t ldy,
+		      float alpha, uint64_t rows, int *ran, struct ms_err *err)
+{
+	int rc = MS_OK;
+	*ran = 0;
+	if (R % 8 || R > MS_GGEMM_WGRAD_MAX_R || D % 8 || ldx % 2 || ldy % 2 ||
+	    ((uintptr_t)X & 3) || ((uintptr_t)Y & 3) || g->E > MAXE)
+		return MS_OK;
+	struct ms_ggemm_lowrank_bf16 p = {g->E, R, D, rows, g->dpad, g->dpad + g->E + 1, X, ldx,
+					  W, (uint64_t)R * D, wt, Y, ldy, alpha};
+	if ((rc = tiles_up(g, cnt, err)))
+		return rc;
+	site(g, -2);
+	if ((rc = ms_ggemm_lowrank_bf16(&p, g->st, err)))
+		return rc;
+	site(g, SK_LOWRANK);
+	*ran = 1;
+	return MS_OK;
+}
+
 /*
  * Product ls [e] of every expert (as expert_gemms) in one launch of the
  * CUTLASS grouped GEMM (xgemm.h) where it runs (this build has CUTLASS,
@@ -5702,12 +5747,15 @@ static int fold_u(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cn
 	uint64_t r = L->r, fr = fold_width(L->r), in = L->in, n = (uint64_t)L->E * fr * in;
 	const char *tail = (const char *)X + in * 2;
 	struct gg o = {CUBLAS_OP_T, CUBLAS_OP_N, (int)in, (int)ld, (int)ld, 1.0f, 0.0f, 1};
+	int ran;
 	k_pad_factor<<<nblk(n), NTH, 0, g->st>>>(L->A, g->fab, L->E, L->r, L->in, (uint32_t)fr,
 						  L->in);
 	LK();
-	if ((rc = ggemm_experts(g, &o, L->E, cnt, (int)fr, G_ROWS, (int)in,
-				gop{g->fab, fr * in, G_EXPERT}, gop{X, ld, G_ROW},
-				gop{tail, ld, G_ROW}, err)))
+	if ((rc = lowrank_bf(g, cnt, (uint32_t)fr, (uint32_t)in, X, ld, g->fab, 0, (void *)tail,
+			     ld, 1.0f, TK, &ran, err)) ||
+	    (!ran && (rc = ggemm_experts(g, &o, L->E, cnt, (int)fr, G_ROWS, (int)in,
+					 gop{g->fab, fr * in, G_EXPERT}, gop{X, ld, G_ROW},
+					 gop{tail, ld, G_ROW}, err))))
 		return rc;
 	CK(cudaMemcpy2DAsync(Us, r * 2, tail, (uint64_t)ld * 2, r * 2, TK,
 			     cudaMemcpyDeviceToDevice, g->st));
@@ -5724,9 +5772,14 @@ static int fold_du(struct ms_gmodel *g, const struct dlora *L, const uint32_t *c
 	int rc = MS_OK;
 	uint64_t fr = fold_width(L->r), out = L->out, n = (uint64_t)L->E * out * fr;
 	struct gg o = {CUBLAS_OP_N, CUBLAS_OP_N, (int)fr, (int)ld, (int)ld, g->lscale, 0.0f, 1};
+	int ran;
 	k_pad_factor<<<nblk(n), NTH, 0, g->st>>>(L->B, g->fab, L->E, L->out, L->r, L->out,
 						  (uint32_t)fr);
 	LK();
+	if ((rc = lowrank_bf(g, cnt, (uint32_t)fr, (uint32_t)out, dY, ld, g->fab, 1,
+			     (char *)dY + out * 2, ld, g->lscale, (uint64_t)g->T * g->K, &ran,
+			     err)) || ran)
+		return rc;
 	return ggemm_experts(g, &o, L->E, cnt, (int)fr, G_ROWS, (int)out,
 			     gop{g->fab, out * fr, G_EXPERT}, gop{dY, ld, G_ROW},
 			     gop{(const char *)dY + out * 2, ld, G_ROW}, err);
