@@ -37,7 +37,9 @@
  * Also here, over the same device offsets: the LoRA factors' grouped
  * weight gradients, in float32 on the CUDA cores (ms_ggemm_wgrad) and in
  * bf16 on the tensor cores (ms_ggemm_wgrad_bf16, the folded expert LoRA's
- * in train.cu), and the float32 low-rank products (ms_ggemm_lowrank).
+ * in train.cu), the float32 low-rank products (ms_ggemm_lowrank) and the
+ * bf16 down product (ms_ggemm_lowrank_bf16), streamed through
+ * shared-memory stages as the GEMM's A where the rows are 16-byte aligned.
  */
 #include <cuda_bf16.h>
 
@@ -798,7 +800,8 @@ out:
 
 #define LRB_KC 128  /* the bf16 down product's chunk of D staged at a time */
 
-/* the bf16 down product: a block (256 threads) a row tile of one group,
+/* the bf16 down product where X or W_e is not 16-byte aligned (else
+ * k_lowrank_pipe, below): a block (256 threads) a row tile of one group,
  * a warp 16 of its rows, the R outputs as R / 8 mma tiles of 16 x 8; X's
  * fragments loaded straight from global memory (each element once, a
  * lane two adjacent), W_e's chunk staged as [n][k] with rows padded so
@@ -860,6 +863,195 @@ __global__ void __launch_bounds__(256) k_lowrank_bf16(struct ms_ggemm_lowrank_bf
 	}
 }
 
+/*
+ * The bf16 down product streamed (k_lowrank_pipe), where X's rows and
+ * W_e are 16-byte aligned (x and w 16-byte aligned, ldx and wstride
+ * multiples of 8): the product reads X once and does 2 R flops a byte of
+ * it, so it is bound by the memory, and k_lowrank_bf16's 4-byte loads of
+ * X's fragments (half the sectors an instruction used) and W_e's scalar
+ * staging between two barriers leave most of it idle.
+ *
+ * A block (4 warps, a warp 16 rows) takes half a row tile: at the
+ * trainer's shapes about 1100 blocks of 100 or 200 KB of X, four an SM,
+ * smaller and more even pieces for the SMs than whole tiles. X's rows
+ * and W_e stream through LRP_ST shared-memory stages of LRP_KC columns
+ * of D by 16-byte cp.async (the next stages in flight while one is
+ * multiplied; one barrier a stage), then into the fragments by ldmatrix:
+ * X's rows and W_e [R, D]'s rows padded to 144 bytes, W_e [D, R]'s (read
+ * through ldmatrix .trans) to an odd number of 16 bytes, so that
+ * ldmatrix's eight row addresses fall in distinct banks. W_e's chunk
+ * rides with each stage (R x 64 bf16, 1 to 4 KiB, from L2 after
+ * the first block of the group) rather than whole once a block: a stage
+ * then holds for any D, and the extra reads (a quarter of X's bytes at
+ * R = 16) are L2's, not the memory's.
+ * Rows past the group and columns past D are fetched as zeros (a cp.async
+ * of source size 0 reads nothing), so the k step of 16 that D ends 8 into
+ * adds zeros; the sums run over D in order, as k_lowrank_bf16's, whatever
+ * the timing. Y is stored from the accumulators as k_lowrank_bf16 does.
+ */
+#define LRP_BM 64                      /* rows of a block: half a tile */
+static_assert(GG_BM % LRP_BM == 0, "a tile's halves");
+#define LRP_KC 64                      /* D of a stage */
+#define LRP_LD (LRP_KC + 8)            /* a shared row of X or W_e [R, D] (144 bytes) */
+#define LRP_ST 4                       /* stages: three in flight */
+#define LRP_NTH 128                    /* 4 warps of 16 rows */
+static_assert(LRP_BM == 16 * (LRP_NTH / 32), "a warp 16 rows");
+
+/* a rank's stage: X's LRP_BM rows, then W_e's chunk, [n][k] (RP rows:
+ * ldmatrix reads 16 rows of W a load, those past R unused) or, stored
+ * transposed, [k][n] (LDW: R + 8 or R + 16, an odd number of 16 bytes,
+ * at least RP) */
+template <int NT, int WT>
+struct lrp_cfg {
+	static constexpr int R = 8 * NT, RP = (R + 15) / 16 * 16;
+	static constexpr int LDW = WT ? (NT % 2 ? R + 16 : R + 8) : LRP_LD;
+	static constexpr int STAGE = LRP_BM * LRP_LD + (WT ? LRP_KC * LDW : RP * LRP_LD);
+	static constexpr int SMEM = LRP_ST * STAGE * (int)sizeof(bf16);
+};
+
+/* One stage: rows r0.. (up to r1) of X and W_e's rows (or, transposed,
+ * its rows k0..), columns k0 .. k0 + LRP_KC - 1 of D; D is a multiple of
+ * 8, so a chunk of 8 is wholly inside D or wholly past it */
+template <int NT, int WT>
+__device__ __forceinline__ void lrp_stage(bf16 *s, const struct ms_ggemm_lowrank_bf16 &p,
+					  const bf16 *x, const bf16 *w, uint32_t r0, uint32_t r1,
+					  uint32_t k0)
+{
+	typedef lrp_cfg<NT, WT> C;
+	bf16 *sw = s + LRP_BM * LRP_LD;
+	/* eight lanes a row: a warp four 128-byte runs of X, a thread's
+	 * copies issued back to back */
+	static_assert(LRP_BM * (LRP_KC / 8) % LRP_NTH == 0, "whole rounds of X");
+#pragma unroll
+	for (int j = 0; j < LRP_BM * (LRP_KC / 8) / LRP_NTH; j++) {
+		int i = (int)threadIdx.x + j * LRP_NTH;
+		int r = i / (LRP_KC / 8), c = i % (LRP_KC / 8) * 8;
+		int ok = r0 + r < r1 && k0 + c < p.D;
+		cp16(s + r * LRP_LD + c, ok ? x + (uint64_t)(r0 + r) * p.ldx + k0 + c : x,
+		     ok ? 16 : 0);
+	}
+	if constexpr (WT) {
+		for (int i = threadIdx.x; i < LRP_KC * NT; i += LRP_NTH) {
+			int k = i / NT, c = i % NT * 8;
+			int ok = k0 + k < p.D;
+			cp16(sw + k * C::LDW + c, ok ? w + (uint64_t)(k0 + k) * C::R + c : w,
+			     ok ? 16 : 0);
+		}
+	} else {
+		for (int i = threadIdx.x; i < C::R * (LRP_KC / 8); i += LRP_NTH) {
+			int n = i / (LRP_KC / 8), c = i % (LRP_KC / 8) * 8;
+			int ok = k0 + c < p.D;
+			cp16(sw + n * LRP_LD + c, ok ? w + (uint64_t)n * p.D + k0 + c : w,
+			     ok ? 16 : 0);
+		}
+	}
+}
+
+template <int NT, int WT>
+__global__ void __launch_bounds__(LRP_NTH) k_lowrank_pipe(struct ms_ggemm_lowrank_bf16 p)
+{
+	typedef lrp_cfg<NT, WT> C;
+	extern __shared__ uint4 lrp_smem[];
+	bf16 *sm = (bf16 *)lrp_smem;
+	uint32_t e, r0, r1;
+	if (!gg_tile(p.off, p.tiles, p.E, blockIdx.y, &e, &r0, &r1))
+		return;
+	r0 += blockIdx.x * LRP_BM;
+	if (r0 >= r1)
+		return;
+	uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int nk = (int)((p.D + LRP_KC - 1) / LRP_KC), any = r0 + 16 * warp < r1;
+	const bf16 *x = (const bf16 *)p.x, *w = (const bf16 *)p.w + (uint64_t)e * p.wstride;
+	float c[NT][4];
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+#pragma unroll
+		for (int h = 0; h < 4; h++)
+			c[t][h] = 0.0f;
+	for (int s = 0; s < LRP_ST - 1; s++) {
+		if (s < nk)
+			lrp_stage<NT, WT>(sm + s * C::STAGE, p, x, w, r0, r1, (uint32_t)s * LRP_KC);
+		cp_commit();
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		/* stage kt landed (at most LRP_ST - 2 later groups in flight),
+		 * and every warp is past stage kt - 1, which the prefetch of
+		 * kt + LRP_ST - 1 overwrites */
+		cp_wait<LRP_ST - 2>();
+		__syncthreads();
+		if (kt + LRP_ST - 1 < nk)
+			lrp_stage<NT, WT>(sm + ((kt + LRP_ST - 1) % LRP_ST) * C::STAGE, p, x, w, r0,
+					  r1, (uint32_t)(kt + LRP_ST - 1) * LRP_KC);
+		cp_commit();
+		/* a warp whose rows are all past the group only stages */
+		if (!any)
+			continue;
+		const bf16 *sx = sm + (kt % LRP_ST) * C::STAGE, *sw = sx + LRP_BM * LRP_LD;
+		uint32_t k0 = (uint32_t)kt * LRP_KC;
+#pragma unroll
+		for (int k = 0; k < LRP_KC; k += 16) {
+			if (k0 + k >= p.D)
+				break;
+			uint32_t a[4];
+			ldsm_a(a, sx, LRP_LD, 16 * warp, k);
+#pragma unroll
+			for (int t = 0; t < NT; t += 2) {
+				uint32_t b[4];
+				if constexpr (WT)
+					ldsm_bk(b, sw, C::LDW, k, 8 * t);
+				else
+					ldsm_bn(b, sw, LRP_LD, k, 8 * t);
+				mma16816(c[t], a, b);
+				if (t + 1 < NT)
+					mma16816(c[t + 1], a, b + 2);
+			}
+		}
+	}
+	if (!any)
+		return;
+	uint64_t ra = r0 + 16 * warp + lane / 4, rb = ra + 8;
+	bf16 *ya = (bf16 *)p.y + ra * p.ldy, *yb = (bf16 *)p.y + rb * p.ldy;
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		uint32_t col = 8 * t + 2 * (lane % 4);
+		if (ra < r1)
+			*(uint32_t *)(ya + col) = pack2(p.alpha * c[t][0], p.alpha * c[t][1]);
+		if (rb < r1)
+			*(uint32_t *)(yb + col) = pack2(p.alpha * c[t][2], p.alpha * c[t][3]);
+	}
+}
+
+template <int NT, int WT>
+static int lrp_launch(const struct ms_ggemm_lowrank_bf16 *p, uint64_t ytiles, cudaStream_t st,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	typedef lrp_cfg<NT, WT> C;
+	CK(cudaFuncSetAttribute(k_lowrank_pipe<NT, WT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				C::SMEM));
+	k_lowrank_pipe<NT, WT><<<dim3(GG_BM / LRP_BM, (unsigned)ytiles), LRP_NTH, C::SMEM, st>>>(*p);
+	CK(cudaGetLastError());
+out:
+	return rc;
+}
+
+template <int WT>
+static int lrp_run(const struct ms_ggemm_lowrank_bf16 *p, uint64_t ytiles, cudaStream_t st,
+		   struct ms_err *err)
+{
+	static_assert(MS_GGEMM_WGRAD_MAX_R == 32, "a kernel for each rank");
+	switch (p->R) {
+	case 8:
+		return lrp_launch<1, WT>(p, ytiles, st, err);
+	case 16:
+		return lrp_launch<2, WT>(p, ytiles, st, err);
+	case 24:
+		return lrp_launch<3, WT>(p, ytiles, st, err);
+	default:
+		return lrp_launch<4, WT>(p, ytiles, st, err);
+	}
+}
+
 extern "C" int ms_ggemm_lowrank_bf16(const struct ms_ggemm_lowrank_bf16 *p, void *stream,
 				     struct ms_err *err)
 {
@@ -879,6 +1071,12 @@ extern "C" int ms_ggemm_lowrank_bf16(const struct ms_ggemm_lowrank_bf16 *p, void
 	if (ytiles > 65535)
 		return ms_err_set(err, MS_EINVAL, "grouped low-rank product (bf16): %llu rows: too "
 				  "many", (unsigned long long)p->rows);
+	/* the streamed form where its 16-byte copies are aligned; else the
+	 * 4-byte one */
+	if (!((uintptr_t)p->x % 16) && !(p->ldx % 8) && !((uintptr_t)p->w % 16) &&
+	    !(p->wstride % 8))
+		return p->wt ? lrp_run<1>(p, ytiles, (cudaStream_t)stream, err)
+			     : lrp_run<0>(p, ytiles, (cudaStream_t)stream, err);
 	k_lowrank_bf16<<<dim3(1, (unsigned)ytiles), 256, 0, (cudaStream_t)stream>>>(*p);
 	CK(cudaGetLastError());
 out:

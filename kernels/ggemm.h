@@ -239,8 +239,13 @@ int ms_ggemm_lowrank(const struct ms_ggemm_lowrank *p, void *stream, struct ms_e
  * LoRA's U = X A^T and dU = s dY B are, at a rank a multiple of 8: one
  * pass over X's rows, W_e staged in shared memory a chunk of D at a time.
  * R a multiple of 8 up to MS_GGEMM_WGRAD_MAX_R, D a multiple of 8, ldx
- * and ldy even with x and y 4-byte aligned. Each output sums in a fixed
- * order (deterministic); Y's other columns and rows are not written.
+ * and ldy even with x and y 4-byte aligned. With x and w 16-byte aligned
+ * and ldx and wstride multiples of 8 (the trainer's twin rows), X and W_e
+ * stream through shared memory by 16-byte copies, near the rate of
+ * reading X once; otherwise a slower kernel of 4-byte loads. Each output
+ * sums in a fixed order (deterministic); Y's other columns and rows are
+ * not written, and X's columns past D are not read (Y may be X's tail
+ * columns: y = x + D, ldy = ldx).
  */
 struct ms_ggemm_lowrank_bf16 {
 	uint32_t E, R, D;

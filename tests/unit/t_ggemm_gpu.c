@@ -22,7 +22,9 @@
  * to 64;
  * and the grouped low-rank products (ms_ggemm_lowrank), down and up, and
  * the bf16 down product on the tensor cores (ms_ggemm_lowrank_bf16), with
- * W stored and transposed, the same way.
+ * W stored and transposed, the same way, through both its kernels (rows
+ * 16-byte aligned, streamed; and not), every rank, and with Y in X's
+ * tail columns as the trainer has it.
  *
  * With an NVFP4 B (decoded inside the kernel): one part, two parts along
  * N (gate and up stacked) and two along K (their transpose), random codes
@@ -764,88 +766,112 @@ static int test_ggemm_lowrank(void)
 
 /* One case of the bf16 low-rank product (ms_ggemm_lowrank_bf16) against a
  * double reference from the same bf16 inputs: Y poisoned, a sentinel in
- * its columns past R and rows past the groups. Tolerance: the float sum's
- * (D + 2) units of 2^-23 of the products' magnitude, plus the one
- * rounding to bf16 (2^-8 of the value). */
+ * its columns past R and rows past the groups (or, with Y in X's tail
+ * columns, X's other bytes unchanged). Tolerance: the float sum's (D + 2)
+ * units of 2^-23 of the products' magnitude, plus the one rounding to
+ * bf16 (2^-8 of the value). */
 #define BF_SENTINEL 0x7f7fu
-static int lowrank_bf_case(uint32_t E, uint32_t R, uint32_t D, const uint32_t *cnt, int wt)
+struct lbcase {
+	uint32_t E, R, D;
+	const uint32_t *cnt;   /* E counts, or NULL: random (0 .. 300) */
+	int wt;
+	uint32_t xpad, wpad;   /* X's stride past D (and R, alias), W_e's past R D */
+	uint32_t xoff;         /* X starts this many elements into its buffer */
+	int alias;             /* Y in X's columns D .. D + R - 1 (the trainer's) */
+};
+
+static int lowrank_bf_case(const struct lbcase *lc)
 {
-	uint32_t c[64], off[65];
-	uint64_t rows, slack = 5, ldx = D + 4, ldy = R + 6, ws = (uint64_t)R * D + 8, ny;
+	uint32_t E = lc->E, R = lc->R, D = lc->D, c[64], off[65];
+	uint64_t rows, slack = 5, ldx = D + lc->xpad + (lc->alias ? R : 0);
+	uint64_t ldy = lc->alias ? ldx : R + 6, ws = (uint64_t)R * D + lc->wpad, ny, nx, y0;
 	uint16_t *x = NULL, *w = NULL, *y = NULL;
 	void *dx = NULL, *dw = NULL, *dy = NULL, *dc = NULL, *doff = NULL, *dt = NULL;
 	struct ms_err err = {0};
 	double worst = 0;
-	int rc = 1;
+	int rc = 1, wt = lc->wt;
 
 	off[0] = 0;
 	for (uint32_t e = 0; e < E; e++) {
-		c[e] = cnt ? cnt[e] : (uint32_t)(rnd() % 301);
+		c[e] = lc->cnt ? lc->cnt[e] : (uint32_t)(rnd() % 301);
 		off[e + 1] = off[e] + c[e];
 	}
 	rows = off[E];
-	ny = (rows + slack) * ldy;
-	x = malloc((rows + 1) * ldx * 2);
+	/* X's rows from its buffer's element xoff; with alias Y is that
+	 * buffer, its rows' columns from D (y0: where Y starts in y) */
+	nx = lc->xoff + (rows + 1) * ldx;
+	ny = lc->alias ? nx : (rows + slack) * ldy;
+	y0 = lc->alias ? lc->xoff + D : 0;
+	x = malloc(nx * 2);
 	w = malloc(E * ws * 2);
 	y = malloc(ny * 2);
 	T_ASSERT(x && w && y);
-	for (uint64_t i = 0; i < (rows + 1) * ldx; i++)
+	for (uint64_t i = 0; i < nx; i++)
 		x[i] = to_bf16((float)gauss());
 	for (uint64_t i = 0; i < E * ws; i++)
 		w[i] = to_bf16((float)gauss());
-	for (uint64_t i = 0; i < ny; i++)
-		y[i] = i / ldy >= rows || i % ldy >= R ? BF_SENTINEL : 0xffffu;
-	if (ms_gpu_malloc(&dx, (rows + 1) * ldx * 2, &err) || ms_gpu_malloc(&dw, E * ws * 2, &err) ||
-	    ms_gpu_malloc(&dy, ny * 2, &err) || ms_gpu_malloc(&dc, E * 4, &err) ||
+	for (uint64_t i = 0; i < ny; i++) {
+		uint64_t q = i - y0, in = i >= y0 && q / ldy < rows && q % ldy < R;
+		if (lc->alias)
+			x[i] = y[i] = in ? 0xffffu : x[i];
+		else
+			y[i] = in ? 0xffffu : BF_SENTINEL;
+	}
+	if (ms_gpu_malloc(&dx, nx * 2, &err) || ms_gpu_malloc(&dw, E * ws * 2, &err) ||
+	    (!lc->alias && ms_gpu_malloc(&dy, ny * 2, &err)) || ms_gpu_malloc(&dc, E * 4, &err) ||
 	    ms_gpu_malloc(&doff, (E + 1) * 4, &err) || ms_gpu_malloc(&dt, (E + 1) * 4, &err) ||
-	    ms_gpu_memcpy(dx, x, (rows + 1) * ldx * 2, &err) ||
-	    ms_gpu_memcpy(dw, w, E * ws * 2, &err) || ms_gpu_memcpy(dy, y, ny * 2, &err) ||
+	    ms_gpu_memcpy(dx, x, nx * 2, &err) || ms_gpu_memcpy(dw, w, E * ws * 2, &err) ||
+	    (!lc->alias && ms_gpu_memcpy(dy, y, ny * 2, &err)) ||
 	    ms_gpu_memcpy(dc, c, E * 4, &err) || ms_ggemm_index(dc, E, doff, dt, NULL, &err))
 		goto fail;
 	{
 		struct ms_ggemm_lowrank_bf16 p = {
 			.E = E, .R = R, .D = D, .rows = rows + slack, .off = doff, .tiles = dt,
-			.x = dx, .ldx = ldx, .w = dw, .wstride = ws, .wt = wt, .y = dy, .ldy = ldy,
+			.x = (const uint16_t *)dx + lc->xoff, .ldx = ldx, .w = dw, .wstride = ws,
+			.wt = wt, .y = (uint16_t *)(lc->alias ? dx : dy) + y0, .ldy = ldy,
 			.alpha = 0.5f,
 		};
 		if (ms_ggemm_lowrank_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
 			goto fail;
 	}
-	if (cudaMemcpy(y, dy, ny * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+	if (cudaMemcpy(y, lc->alias ? dx : dy, ny * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
 		goto out;
 	for (uint32_t e = 0; e < E; e++) {
 		const uint16_t *we = w + e * ws;
 		for (uint64_t r = off[e]; r < off[e + 1]; r++)
 			for (uint64_t o = 0; o < R; o++) {
-				double s = 0, m = 0, want, er;
+				double s = 0, m = 0, want, er, got = from_bf16(y[y0 + r * ldy + o]);
 				for (uint64_t k = 0; k < D; k++) {
 					/* W_e [R, D] as stored, or [D, R] */
-					double t = from_bf16(x[r * ldx + k]) *
+					double t = from_bf16(x[lc->xoff + r * ldx + k]) *
 						   from_bf16(wt ? we[k * R + o] : we[o * D + k]);
 					s += t;
 					m += fabs(t);
 				}
 				want = 0.5 * s;
-				er = fabs(from_bf16(y[r * ldy + o]) - want);
+				er = fabs(got - want);
 				if (!(er <= 0x1p-8 * fabs(want) + (D + 2) * 0x1p-23 * 0.5 * m + 1e-30)) {
 					fprintf(stderr, "lowrank bf16 E %u R %u D %u wt %d: row %llu "
 						"column %llu: gpu %.6g ref %.9g mag %.3g\n", E, R, D, wt,
-						(unsigned long long)r, (unsigned long long)o,
-						from_bf16(y[r * ldy + o]), want, 0.5 * m);
+						(unsigned long long)r, (unsigned long long)o, got, want,
+						0.5 * m);
 					goto out;
 				}
 				if (m > 0 && er / (0.5 * m) > worst)
 					worst = er / (0.5 * m);
 			}
 	}
-	for (uint64_t i = 0; i < ny; i++)
-		if ((i / ldy >= rows || i % ldy >= R) && y[i] != BF_SENTINEL) {
+	for (uint64_t i = 0; i < ny; i++) {
+		uint64_t q = i - y0, in = i >= y0 && q / ldy < rows && q % ldy < R;
+		if (!in && y[i] != (lc->alias ? x[i] : BF_SENTINEL)) {
 			fprintf(stderr, "lowrank bf16: element %llu outside the groups' rows and "
 				"width was written\n", (unsigned long long)i);
 			goto out;
 		}
-	printf("lowrank bf16 E %u R %u D %u rows %llu wt %d: max err/mag %.3g\n", E, R, D,
-	       (unsigned long long)rows, wt, worst);
+	}
+	printf("lowrank bf16 E %u R %u D %u rows %llu wt %d ldx %llu%s: max err/mag %.3g\n", E,
+	       R, D, (unsigned long long)rows, wt, (unsigned long long)ldx,
+	       lc->alias ? " (Y in X)" : "", worst);
 	rc = 0;
 	goto out;
 fail:
@@ -866,19 +892,46 @@ out:
 static int test_ggemm_lowrank_bf16(void)
 {
 	static const uint32_t edge[] = {0, 1, 127, 128, 129, 0, 300, 5};
+	/* a half tile (64 rows, k_lowrank_pipe's block) +- 1, a tile + 1 */
+	static const uint32_t half[] = {1, 0, 63, 64, 65, 129};
+	/* every case: x, w from ms_gpu_malloc (aligned); xpad 4 makes ldx
+	 * 4 mod 8, xoff 4 moves x 8 bytes, wpad 4 makes wstride 4 mod 8:
+	 * each leaves k_lowrank_pipe for k_lowrank_bf16 */
+	static const struct lbcase cs[] = {
+		/* k_lowrank_bf16: D past its chunk (128) and not a multiple
+		 * of 16; W either way; ranks 8, 16, 32; groups empty, one
+		 * row, a tile +- 1 */
+		{8, 16, 200, edge, 0, 4, 8, 0, 0},
+		{8, 16, 136, edge, 1, 4, 8, 0, 0},
+		{8, 8, 24, edge, 0, 4, 8, 0, 0},
+		{8, 32, 264, edge, 1, 4, 8, 0, 0},
+		{64, 16, 48, NULL, 0, 4, 8, 0, 0},
+		{6, 16, 64, half, 0, 0, 0, 4, 0},
+		{6, 16, 64, half, 1, 0, 4, 0, 0},
+		/* k_lowrank_pipe: the trainer's two (Y in X's tail, D 768 and
+		 * 1536 over 12 and 24 stages), on fewer rows */
+		{6, 16, 768, half, 0, 0, 0, 0, 1},
+		{4, 16, 1536, half, 1, 0, 0, 0, 1},
+		/* every rank either way; D ending 8 into a k step of 16, past
+		 * a stage, under one (8, 24); the edge groups */
+		{8, 8, 200, edge, 0, 0, 0, 0, 0},
+		{8, 8, 200, edge, 1, 8, 8, 0, 0},
+		{6, 24, 136, half, 0, 0, 0, 0, 0},
+		{6, 24, 136, half, 1, 0, 0, 0, 0},
+		{6, 32, 264, half, 0, 0, 0, 0, 1},
+		{6, 32, 264, half, 1, 0, 8, 0, 0},
+		{6, 16, 8, half, 1, 0, 0, 0, 0},
+		{6, 32, 24, half, 0, 0, 0, 0, 0},
+		{64, 16, 48, NULL, 1, 0, 0, 0, 0},
+	};
 	struct ms_err err = {0};
 	struct ms_ggemm_lowrank_bf16 bad = {.E = 1, .R = 12, .D = 16,
 					    .off = (const uint32_t *)8,
 					    .tiles = (const uint32_t *)8, .x = (const void *)8,
 					    .ldx = 16, .w = (const void *)8, .y = (void *)8,
 					    .ldy = 16};
-	/* D past a chunk (LRB_KC 128) and not a multiple of 16; W either
-	 * way; ranks 8, 16, 32; groups empty, one row, a tile +- 1 */
-	T_ASSERT(lowrank_bf_case(8, 16, 200, edge, 0) == 0);
-	T_ASSERT(lowrank_bf_case(8, 16, 136, edge, 1) == 0);
-	T_ASSERT(lowrank_bf_case(8, 8, 24, edge, 0) == 0);
-	T_ASSERT(lowrank_bf_case(8, 32, 264, edge, 1) == 0);
-	T_ASSERT(lowrank_bf_case(64, 16, 48, NULL, 0) == 0);
+	for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+		T_ASSERT(lowrank_bf_case(&cs[i]) == 0);
 	/* a rank not a multiple of 8, a width not a multiple of 8, an odd
 	 * stride, a misaligned pointer */
 	T_ASSERT_EQ_INT(ms_ggemm_lowrank_bf16(&bad, NULL, &err), MS_EINVAL);
