@@ -22,13 +22,13 @@ for s in 0.5 0.1 0.2 0.3 0.4; do
 done
 # launch sites of the tree to resolve: the check (LK) after the first
 # k_gather launch, after the first call of rms_bwd (a host function
-# that launches k_rms_bwd), and after the first launch whose <<< starts
-# the line below its kernel's name (k_rope_norm_bwd's bf16 form)
+# that launches k_rms_bwd), and after the first call of rope_norm_bwd
+# (one that launches either form of k_rope_norm_bwd)
 lk_after() { awk -v p="$1" 'index($0, p) { f = 1 } f && /LK\(\);/ { print NR; exit }' \
 	"$ROOT/kernels/train.cu"; }
 line=$(lk_after 'k_gather<<<')
 line2=$(lk_after 'rms_bwd(g, ')
-line3=$(lk_after 'k_rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>')
+line3=$(lk_after 'rope_norm_bwd(g->st, ')
 python3 - "$D" "$line" "$line2" "$line3" <<'PY'
 import json, os, sys
 d, line, line2, line3 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -58,7 +58,7 @@ has 'ours, grouped: not run' "$W/r.md" "a mode not asked for"
 has 'torch.compile of the same (mode default): failed: no compiler here' "$W/r.md" "a failed PyTorch row"
 has "| \`k_gather (train.cu:$line)\` | 5.000 | 0.000 | 2 |" "$W/r.md" "a launch site by its kernel"
 has "| \`k_rms_bwd (train.cu:$line2)\` | 0.500 | 0.000 | 1 |" "$W/r.md" "a launch through a host function"
-has "| \`k_rope_norm_bwd (train.cu:$line3)\` | 0.250 | 0.000 | 1 |" "$W/r.md" "a launch split over two lines"
+has "| \`k_rope_norm_bwd (train.cu:$line3)\` | 0.250 | 0.000 | 1 |" "$W/r.md" "a launch through a host function of a kernel family"
 has '| `cuDNN SDPA backward` | 50.000 | 1.500 | 16 | 89.7% |' "$W/r.md" "a library call's site, its GPU idle"
 # the tables sort by time
 [ "$(grep -n '`big`' "$W/r.md" | cut -d: -f1)" -lt "$(grep -n '`small`' "$W/r.md" | cut -d: -f1)" ] &&

@@ -86,8 +86,10 @@ def torch_lines(path):
 
 
 # the trainer's host functions that launch one kernel (their call stands
-# where a launch statement would): the kernel each launches
-LAUNCHERS = {"rms_fwd": "k_rms", "rms_in": "k_rms", "rms_bwd": "k_rms_bwd"}
+# where a launch statement would): the kernel each launches (norm_rope and
+# rope_norm_bwd: the family, its register form or its shared-memory one)
+LAUNCHERS = {"rms_fwd": "k_rms", "rms_in": "k_rms", "rms_bwd": "k_rms_bwd",
+             "norm_rope": "k_norm_rope", "rope_norm_bwd": "k_rope_norm_bwd"}
 
 
 def site_label(site, src):
@@ -107,10 +109,6 @@ def site_label(site, src):
             break
         m = re.search(r"\b(k_\w+)(<[^<>]*>)?<<<", src[i])
         if m:
-            return "%s (train.cu:%d)" % (m.group(1), n)
-        # a launch whose <<< starts the next line (a long template name)
-        m = re.search(r"\b(k_\w+)(<[^<>]*>)?\s*$", src[i])
-        if m and i + 1 < len(src) and src[i + 1].lstrip().startswith("<<<"):
             return "%s (train.cu:%d)" % (m.group(1), n)
         m = re.search(r"\b(%s)\(" % "|".join(LAUNCHERS), src[i])
         if m:
