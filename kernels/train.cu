@@ -1653,8 +1653,8 @@ __global__ void k_rope_norm_bwd(const X *dy, const float *x, const float *w, con
  * element j at j +- half / 32 in the same lane, so no shared memory; the
  * forward two rows a warp step (both rows' loads before either's sums),
  * the backward one (two was slower). The same bits as the kernels above
- * (tools/bench NOTES: at the bench shapes, q's forward 0.075 -> 0.049 ms,
- * its backward 0.109 -> 0.069). Rows are fewer than 2^32 (nr_fast).
+ * (tools/bench/norm_rope_probe.cu at the bench shapes: q's forward
+ * 0.075 -> 0.049 ms, its backward 0.109 -> 0.069). Rows are fewer than 2^32 (nr_fast).
  */
 template <typename Y, int NV>
 __global__ void k_norm_rope_v(const float *x, const float *w, Y *y, float *rstd, uint32_t rows,
@@ -3257,10 +3257,11 @@ out:
 }
 
 /* Y [rows, R] = alpha X W_e^T over each expert's rows (ms_ggemm_lowrank_bf16,
- * the tensor cores, one pass over X) where its shapes allow: 1 when it
- * ran, 0 when they do not (the caller's cuBLAS grouped product then). On
- * the H200 cuBLAS's grouped GEMM at R 16 read X at about 1.2 TB/s (85 us
- * a call at the bench shapes, 32 calls a step) */
+ * the tensor cores, one pass over X) where its shapes allow: *ran 1 when
+ * it ran, 0 when they do not (the caller's cuBLAS grouped product then).
+ * On the H200 at the bench shapes (tools/bench/lowrank_probe.cu) it takes
+ * 0.043 and 0.083 ms where cuBLAS's grouped GEMM took 0.063 and 0.097,
+ * the same bits */
 static int lowrank_bf(struct ms_gmodel *g, const uint32_t *cnt, uint32_t R, uint32_t D,
 		      const void *X, uint64_t ldx, const void *W, int wt, void *Y, uint64_t ldy,
 		      float alpha, uint64_t rows, int *ran, struct ms_err *err)
