@@ -239,6 +239,7 @@ struct dlin {
 	void *w, *wt;                /* not quantized */
 	float *bias;
 	uint64_t woff;               /* elements into the decode scratch */
+	uint32_t lyr;                /* its layer (wbase: which scratch) */
 	uint32_t pst, sst;           /* columnwise row strides (codes, scales) */
 	uint32_t fr;                 /* the columns an expert's folded LoRA
 					adds to its GEMMs' K (fold_width of the
@@ -334,8 +335,11 @@ enum phase {
 	PH_HEAD, PH_LOSS, PH_B_HEAD, PH_B_EXPERTS, PH_B_ROUTE, PH_B_ATT_CORE,
 	PH_B_ATT_PROJ, PH_B_SHARED, PH_B_NORM, PH_OPTIM, PH_COPY, PH_LORA, PH_B_LORA,
 	PH_B_LORA_GRAD, PH_ATT_LORA, PH_B_ATT_LORA, PH_TOPK, PH_SORT, PH_B_ROUTER,
-	PH_B_UNPERM, PH_N
+	PH_B_UNPERM, PH_WAIT_DEC, PH_S_DECODE_ROW, PH_S_DECODE_COL, PH_S_TRANSPOSE, PH_N
 };
+/* the phases after PH_WAIT_DEC run on the decode stream (decode_unit),
+ * beside the main stream's */
+#define PH_SIDE(p) ((p) > PH_WAIT_DEC)
 static const char *phase_name[PH_N] = {
 	"embed", "rmsnorm+rope", "attention projections (+LoRA)",
 	"attention core (scores, softmax, context)", "router logits",
@@ -348,6 +352,9 @@ static const char *phase_name[PH_N] = {
 	"expert LoRA (grouped)", "bwd expert LoRA",
 	"bwd expert LoRA gradients (folded)", "attention LoRA", "bwd attention LoRA",
 	"top-k", "sort + gather", "bwd router", "bwd unpermute",
+	"wait for the decode stream", "decode NVFP4 rowwise (decode stream)",
+	"decode NVFP4 columnwise (decode stream)",
+	"columnwise transpose (on demand, decode stream)",
 };
 
 struct dreg {
@@ -481,7 +488,19 @@ struct ms_gmodel {
 	uint64_t ntot;
 	int moments_valid;           /* Mo/Vo hold the optimizer's state */
 	/* scratch */
-	void *wbuf;                  /* decode scratch (GEMM type) */
+	void *wbuf;                  /* decode scratch (GEMM type): two of
+					wmax elements with the decode ahead */
+	uint64_t wmax;
+	/* the decode ahead: a layer pass's weights decoded on a stream of
+	 * their own (dst) while the pass before runs (decode_unit) */
+	int ahead;
+	cudaStream_t dst;
+	cudaEvent_t dev_main, dev_dec[2];
+	int dnext;                   /* the pass already queued there, or -1 */
+	int dat;                     /* queue it at the expert GEMMs (1) */
+	int dpend, dpl, dpb;         /* ... the pass to queue there (dpend) */
+	uint32_t bl;                 /* the layer being built (up_lin) */
+	int xsms;                    /* SMs the expert GEMMs leave free */
 	uint8_t *colbuf;             /* on-demand transpose chunk */
 	uint64_t colcap;
 	float *rope_c, *rope_s;
@@ -564,6 +583,13 @@ struct ms_gmodel {
 	 * since is no launch of this file's) */
 	int evsite[NEV];
 	int sites;
+	/* the decode stream's phase marks (dec_issue: side), apart from the
+	 * main stream's: -1 closes a pass's decode */
+#define NSEV 2048
+	cudaEvent_t sevs[NSEV];
+	int sevph[NSEV];
+	int nsev;
+	int side;
 	/* MS_PROFILE_TIMELINE: one step's events (the third step's, the
 	 * first after the warm-up) as lines of host and GPU times into this
 	 * file */
@@ -682,7 +708,18 @@ static void dfree(struct ms_gmodel *g, void *p, int c)
 
 static void mark(struct ms_gmodel *g, int p, int site)
 {
-	if (g->noprof || g->nev >= NEV)
+	if (g->noprof)
+		return;
+	if (g->side) {
+		/* the decode stream: its phases, not its launches */
+		if (site != -1 || g->nsev >= NSEV ||
+		    (!g->sevs[g->nsev] && cudaEventCreate(&g->sevs[g->nsev]) != cudaSuccess))
+			return;
+		cudaEventRecord(g->sevs[g->nsev], g->st);
+		g->sevph[g->nsev++] = p;
+		return;
+	}
+	if (g->nev >= NEV)
 		return;
 	if (!g->evs[g->nev] && cudaEventCreate(&g->evs[g->nev]) != cudaSuccess)
 		return;
@@ -694,6 +731,11 @@ static void mark(struct ms_gmodel *g, int p, int site)
 
 static void ph(struct ms_gmodel *g, int p)
 {
+	if (g->side) {
+		mark(g, p == PH_DECODE_ROW ? PH_S_DECODE_ROW : p == PH_DECODE_COL ? PH_S_DECODE_COL
+			: p == PH_TRANSPOSE ? PH_S_TRANSPOSE : p, -1);
+		return;
+	}
 	g->ph_cur = p;
 	mark(g, p, -1);
 }
@@ -844,6 +886,16 @@ static void ph_fold(struct ms_gmodel *g)
 		}
 	}
 	g->nev = 0;
+	/* the decode stream's: an interval to the phase marked at its start */
+	for (int i = 0; i + 1 < g->nsev; i++) {
+		float ms = 0;
+		if (g->sevph[i] >= 0 &&
+		    cudaEventElapsedTime(&ms, g->sevs[i], g->sevs[i + 1]) == cudaSuccess) {
+			g->pa.ph_ms[g->sevph[i]] += ms;
+			g->pa.ph_calls[g->sevph[i]]++;
+		}
+	}
+	g->nsev = 0;
 }
 
 /* ---- device helpers --------------------------------------------------------------- */
@@ -3032,13 +3084,22 @@ out:
 	return rc;
 }
 
+/* the decode scratch of layer l's forward pass (bwd 0) or backward: with
+ * the decode ahead, one of two that alternate along the step's order of
+ * passes (forward 0 .. L-1, backward L-1 .. 0), so that a pass's decode
+ * writes the one the pass before it does not read */
+static void *wbase(const struct ms_gmodel *g, uint32_t l, int bwd)
+{
+	return (char *)g->wbuf + (g->ahead ? ((l + (uint32_t)bwd) & 1) * g->wmax * g->esz : 0);
+}
+
 /* a frozen projection's weight in the GEMM type: W [out, in] (fwd) or
  * W^T [in, out] (bwd) */
 static const void *lin_w(struct ms_gmodel *g, const struct dlin *l, int bwd)
 {
 	if (!l->nparts)
 		return bwd ? l->wt : l->w;
-	return (const char *)g->wbuf + l->woff * g->esz;
+	return (const char *)wbase(g, l->lyr, bwd) + l->woff * g->esz;
 }
 
 /* Y [n, out] = X [n, in] W^T (+ b); X already a GEMM operand. Folded
@@ -3294,6 +3355,8 @@ static int lowrank_bf(struct ms_gmodel *g, const uint32_t *cnt, uint32_t R, uint
  * bit for bit (tools/bench/cutlass_grouped_probe.cu). Y float32, or
  * bf16 with ybf (a folded layer's expert activations).
  */
+static int dec_pending(struct ms_gmodel *g, struct ms_err *err);
+
 static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 			  const uint32_t *cnt, const void *X, uint64_t ldx, void *Y, uint64_t ldy,
 			  int ybf, struct ms_err *err)
@@ -3311,9 +3374,17 @@ static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 		     (bwd ? ls[e].out : ls[e].in) + ls[e].fr == K;
 	if (!ok || ls[0].bias)
 		return expert_gemms(g, ls, bwd, cnt, X, ldx, Y, ldy, ybf, err);
+	if (g->ahead) {
+		int rc_ = dec_pending(g, err);
+		if (rc_)
+			return rc_;
+	}
 	/* dpad's offsets from cnt, here: between a layer's products other
 	 * users put other tables there (lora_bwd_blas) */
-	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf};
+	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf, 0};
+	/* with the decode ahead, SMs left to its stream */
+	if (g->ahead && g->dnext >= 0)
+		p.sms = -g->xsms;
 	int rc = offsets_up(g, cnt, err);
 	site(g, -2);
 	if (rc || (rc = ms_xgemm_run(&p, g->st, err)))
@@ -3745,6 +3816,7 @@ static int up_lin(struct ms_gmodel *g, const struct ms_model *m, const struct li
 	dl->out = hl->out;
 	dl->in = hl->in;
 	dl->nparts = hl->nparts;
+	dl->lyr = g->bl;
 	if (!hl->out)
 		return MS_OK;
 	if ((rc = up_f(g, hl->bias, hl->out, &dl->bias, MC_DENSE, err)))
@@ -3872,7 +3944,8 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 			struct ddesc *f = &hf[n], *b = &hb[n];
 			f->pk = d->pk;
 			f->sc = d->sc;
-			f->out = OFF(g->wbuf, l->woff + ro * (l->in + l->fr));
+			f->out = OFF(wbase(g, (uint32_t)(dl - g->ly), 0),
+				     l->woff + ro * (l->in + l->fr));
 			f->rows = (uint32_t)d->rows;
 			f->cols = l->in;
 			f->ld = l->in + l->fr;
@@ -3884,7 +3957,8 @@ static int build_descs(struct ms_gmodel *g, const struct ms_model *m, struct dla
 			b->sc = d->sct;
 			b->spk = d->pk;
 			b->ssc = d->sc;
-			b->out = OFF(g->wbuf, cw ? dl->q.woff + c0 + ro : l->woff + ro);
+			b->out = OFF(wbase(g, (uint32_t)(dl - g->ly), 1),
+				     cw ? dl->q.woff + c0 + ro : l->woff + ro);
 			b->rows = l->in;
 			b->cols = (uint32_t)d->rows;
 			b->ld = cw ? (uint32_t)cw : l->out + l->fr;
@@ -4159,7 +4233,29 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 				"--colwise resident");
 		goto out;
 	}
-	CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+	/* the decode ahead (decode_unit): the main stream first where both
+	 * have work; a diagnostic switch for measuring it (MS_DECODE_AHEAD=0)
+	 * and the SMs the expert GEMMs leave it (MS_XGEMM_FREE_SMS) */
+	{
+		const char *e = getenv("MS_DECODE_AHEAD"), *x = getenv("MS_XGEMM_FREE_SMS");
+		g->ahead = !g->f32 && c->n_layers > 1 && !(e && !strcmp(e, "0"));
+		g->xsms = x ? atoi(x) : 0;
+		g->dnext = -1;
+		g->dat = getenv("MS_DECODE_AT") && !strcmp(getenv("MS_DECODE_AT"), "gemm");
+	}
+	if (g->ahead) {
+		int lo = 0, hi = 0;
+		CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+		if (getenv("MS_DEC_PRIO") && !strcmp(getenv("MS_DEC_PRIO"), "0"))
+			hi = lo;
+		CK(cudaStreamCreateWithPriority(&g->st, cudaStreamNonBlocking, hi));
+		CK(cudaStreamCreateWithPriority(&g->dst, cudaStreamNonBlocking, lo));
+		CK(cudaEventCreateWithFlags(&g->dev_main, cudaEventDisableTiming));
+		CK(cudaEventCreateWithFlags(&g->dev_dec[0], cudaEventDisableTiming));
+		CK(cudaEventCreateWithFlags(&g->dev_dec[1], cudaEventDisableTiming));
+	} else {
+		CK(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+	}
 	if ((rc = ms_gmodel_blas_load(err)))
 		goto out;
 	if (blas.create(&g->blas) != CUBLAS_STATUS_SUCCESS) {
@@ -4228,6 +4324,7 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		const struct layer *L = &m->layers[l];
 		struct dlayer *d = &g->ly[l];
 		uint64_t wo = 0, cb = 0;
+		g->bl = l;
 		/* the q/k/v LoRA folds (afr) on the path the expert LoRA
 		 * folds on, where q, k and v are all NVFP4 over one input
 		 * (their input gradient then one GEMM, build_descs' qkv3) */
@@ -4314,7 +4411,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		if (cb > colmax)
 			colmax = cb;
 	}
-	DM(g->wbuf, wmax * g->esz, MC_SCRATCH);
+	g->wmax = wmax;
+	if (!wmax)
+		g->ahead = 0;
+	DM(g->wbuf, (g->ahead ? 2 : 1) * wmax * g->esz, MC_SCRATCH);
 	if (g->afrmax)
 		DM(g->aab, ((uint64_t)g->afrmax * g->H +
 			    (uint64_t)(g->dq > g->dkv ? g->dq : g->dkv) * fold_width(g->r)) * 2,
@@ -4788,6 +4888,66 @@ static int decode_layer(struct ms_gmodel *g, struct dlayer *d, int bwd, struct m
 {
 	int rc = decode_parts(g, d, bwd, err);
 	return rc ? rc : fold_tails(g, d, bwd, err);
+}
+
+/* queue pass (l, bwd)'s decode on the decode stream, after what the main
+ * stream holds now, and mark its end (dev_dec of its scratch). Its phases
+ * go to the profile's marks of that stream (side). */
+static int dec_issue(struct ms_gmodel *g, uint32_t l, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK;
+	cudaStream_t ms = g->st;
+	CK(cudaEventRecord(g->dev_main, g->st));
+	CK(cudaStreamWaitEvent(g->dst, g->dev_main, 0));
+	g->st = g->dst;
+	g->side = 1;
+	rc = decode_layer(g, &g->ly[l], bwd, err);
+	if (!rc)
+		mark(g, -1, -1);
+	g->st = ms;
+	g->side = 0;
+	if (rc)
+		return rc;
+	CK(cudaEventRecord(g->dev_dec[(l + (uint32_t)bwd) & 1], g->dst));
+out:
+	return rc;
+}
+
+static int dec_pending(struct ms_gmodel *g, struct ms_err *err)
+{
+	if (!g->dpend)
+		return MS_OK;
+	g->dpend = 0;
+	g->dnext = g->dpb ? (int)(2 * g->L - 1 - g->dpl) : (int)g->dpl;
+	return dec_issue(g, g->dpl, g->dpb, err);
+}
+
+/* Layer l's weights for its forward pass (bwd 0) or backward. With the
+ * decode ahead, the pass after this one is queued on the decode stream
+ * now, behind the main stream's work so far (the pass before this one,
+ * the last to read the scratch it writes), and runs while this pass does;
+ * the main stream waits for this pass's own. */
+static int decode_unit(struct ms_gmodel *g, uint32_t l, int bwd, struct ms_err *err)
+{
+	int rc = MS_OK, u = bwd ? (int)(2 * g->L - 1 - l) : (int)l;
+	if (!g->ahead)
+		return decode_layer(g, &g->ly[l], bwd, err);
+	if (g->dnext != u && (rc = dec_issue(g, l, bwd, err)))
+		return rc;
+	g->dnext = -1;
+	g->dpend = 0;
+	if (!bwd && l + 1 < g->L)
+		g->dpl = l + 1, g->dpb = 0, g->dpend = 1;
+	else if (!bwd && g->train)
+		g->dpl = l, g->dpb = 1, g->dpend = 1;
+	else if (bwd && l > 0)
+		g->dpl = l - 1, g->dpb = 1, g->dpend = 1;
+	if (g->dpend && !(g->dat && g->ly[l].moe) && (rc = dec_pending(g, err)))
+		return rc;
+	ph(g, PH_WAIT_DEC);
+	CK(cudaStreamWaitEvent(g->st, g->dev_dec[(l + (uint32_t)bwd) & 1], 0));
+out:
+	return rc;
 }
 
 /* Row-major batched GEMM over explicit operand pointers (one per item of
@@ -5379,12 +5539,14 @@ static int fold_tails_att(struct ms_gmodel *g, const struct dlayer *d, int bwd,
 		const struct dlora *L = Ls[i];
 		if (!bwd)
 			k_fold_tail<<<nblk((uint64_t)l->out * tail_groups(d->afr)), NTH, 0, g->st>>>(
-				(__nv_bfloat16 *)g->wbuf + l->woff, 0, l->in + d->afr, l->in, l->out,
+				(__nv_bfloat16 *)wbase(g, l->lyr, 0) + l->woff, 0, l->in + d->afr,
+				l->in, l->out,
 				L ? L->r : 0, d->afr, L ? L->B : NULL, 0, L ? L->r : 0, 1, g->lscale,
 				L ? d->acol[i] : 0);
 		else if (L)
 			k_fold_tail<<<nblk((uint64_t)l->in * tail_groups(fw)), NTH, 0, g->st>>>(
-				(__nv_bfloat16 *)g->wbuf + d->q.woff, 0, w0 + d->afr, w0 + d->acol[i],
+				(__nv_bfloat16 *)wbase(g, l->lyr, 1) + d->q.woff, 0, w0 + d->afr,
+				w0 + d->acol[i],
 				l->in, L->r, fw, L->A, 0, 1, l->in, 1.0f);
 		else
 			continue;
@@ -5415,7 +5577,8 @@ static int fold_tails(struct ms_gmodel *g, const struct dlayer *d, int bwd, stru
 		uint32_t rows = bwd ? l->in : l->out, c0 = bwd ? l->out : l->in;
 		k_fold_tail<<<dim3(nblk((uint64_t)rows * tail_groups(l->fr)), g->E), NTH, 0,
 			      g->st>>>(
-			(__nv_bfloat16 *)g->wbuf + l->woff, es, c0 + l->fr, c0, rows, L->r, l->fr,
+			(__nv_bfloat16 *)wbase(g, l->lyr, bwd) + l->woff, es, c0 + l->fr, c0,
+			rows, L->r, l->fr,
 			bwd ? L->A : L->B, (uint64_t)L->r * (bwd ? L->in : L->out), bwd ? 1 : L->r,
 			bwd ? L->in : 1, bwd ? 1.0f : g->lscale);
 		LK();
@@ -5866,7 +6029,7 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 	__nv_bfloat16 *h2b;
 	int rc;
 
-	if ((rc = decode_layer(g, d, 0, err)))
+	if ((rc = decode_unit(g, l, 0, err)))
 		return rc;
 	ph(g, PH_NORM);
 	/* the projections' bf16 operand written by the norm (twin_buf) */
@@ -6188,7 +6351,7 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	const float *xl;
 	int rc;
 
-	if ((rc = decode_layer(g, d, 1, err)))
+	if ((rc = decode_unit(g, l, 1, err)))
 		return rc;
 	if (d->moe) {
 		uint64_t TK = T * g->K;
@@ -6570,6 +6733,8 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	g->train = backward;
 	g->step = step;
 	g->nev = 0;
+	g->dnext = -1;
+	g->dpend = 0;
 	CK(cudaEventRecord(g->st0, g->st));
 	g->pend_dst = NULL;
 	g->pend_ye = NULL;
@@ -6941,7 +7106,13 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 	cJSON_AddNumberToObject(o, "steps", (double)A->steps);
 	cJSON_AddNumberToObject(o, "warmup_steps_left_out", A == &g->pa ? (double)g->pw.steps : 0);
 	cJSON_AddNumberToObject(o, "step_ms", A->step_ms / st);
-	cJSON_AddNumberToObject(o, "colwise_ms", A->ph_ms[PH_TRANSPOSE] / st);
+	/* the transpose on the decode stream (the decode ahead) runs beside
+	 * the step: colwise_stream says which */
+	cJSON_AddNumberToObject(o, "colwise_ms",
+				(A->ph_ms[PH_TRANSPOSE] + A->ph_ms[PH_S_TRANSPOSE]) / st);
+	cJSON_AddStringToObject(o, "colwise_stream", A->ph_calls[PH_S_TRANSPOSE] ? "decode"
+										   : "main");
+	cJSON_AddNumberToObject(o, "decode_wait_ms", A->ph_ms[PH_WAIT_DEC] / st);
 	cJSON_AddStringToObject(o, "gemm", g->f32 ? "f32" : "bf16");
 	cJSON_AddStringToObject(o, "expert_gemm",
 				g->fused ? "fused" : g->grouped ? "grouped" : "per-expert");
@@ -6976,6 +7147,7 @@ int ms_gmodel_profile(const struct ms_model *m, char **json, struct ms_err *err)
 		cJSON_AddNumberToObject(k, "host_ms", A->ph_host_ms[p] / st);
 		cJSON_AddNumberToObject(k, "idle_ms", A->ph_idle_ms[p] / st);
 		cJSON_AddNumberToObject(k, "calls", (double)A->ph_calls[p]);
+		cJSON_AddStringToObject(k, "stream", PH_SIDE(p) ? "decode" : "main");
 		cJSON_AddItemToArray(ks, k);
 	}
 	cJSON_AddItemToObject(o, "kernels", ks);
@@ -7045,6 +7217,15 @@ static void gfree(struct ms_gmodel *g)
 		return;
 	if (g->st)
 		cudaStreamSynchronize(g->st);
+	if (g->dst) {
+		cudaStreamSynchronize(g->dst);
+		cudaStreamDestroy(g->dst);
+	}
+	for (int i = 0; i < 3; i++) {
+		cudaEvent_t e = i < 2 ? g->dev_dec[i] : g->dev_main;
+		if (e)
+			cudaEventDestroy(e);
+	}
 	acts_release(g);
 	if (g->ly) {
 		for (uint32_t l = 0; l < g->L; l++) {
@@ -7091,6 +7272,9 @@ static void gfree(struct ms_gmodel *g)
 	for (int i = 0; i < NEV; i++)
 		if (g->evs[i])
 			cudaEventDestroy(g->evs[i]);
+	for (int i = 0; i < NSEV; i++)
+		if (g->sevs[i])
+			cudaEventDestroy(g->sevs[i]);
 	for (int i = 0; i < PSLOTS; i++)
 		if (g->pev[i])
 			cudaEventDestroy(g->pev[i]);

@@ -6,6 +6,7 @@
  * tables); t_train_gpu compares the two byte for byte on the fixture
  * families, so a change to one that misses the other fails the GPU tier.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "nvfp4.h"
@@ -160,7 +161,13 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 		p.colmax = u64max(p.colmax, p.cb);
 	}
 	out->lora += 4 * ntot * 4;
-	out->scratch += p.wmax * p.esz;
+	/* the decode ahead (train.cu's decode_unit): a second decode scratch,
+	 * bf16, more than one layer, something decoded, not switched off */
+	{
+		const char *e = getenv("MS_DECODE_AHEAD");
+		int ahead = !f32 && c->n_layers > 1 && p.wmax && !(e && !strcmp(e, "0"));
+		out->scratch += (ahead ? 2 : 1) * p.wmax * p.esz;
+	}
 	if (afr)
 		out->scratch += (afr * H + u64max(dq, dkv) * fr) * 2;
 	if (folded)

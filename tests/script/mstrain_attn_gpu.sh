@@ -7,7 +7,8 @@
 # cuDNN's losses are flash's to bf16 rounding (cuDNN rounds its outputs to
 # bf16, and sums in another order); with cuDNN, columnwise on demand saves
 # the resident run's adapter byte for byte (cuDNN's deterministic
-# backward); MS_PROFILE_SITES trains the same and its profile's sites add
+# backward), and the decode ahead the bits of a decode in line (MS_DECODE_AHEAD=0);
+# MS_PROFILE_SITES trains the same and its profile's sites add
 # up to the phases. Skipped without a GPU; where cuDNN does not load, auto is
 # checked to fall back to flash and to say why, and --attention cudnn to
 # be refused with exit 3.
@@ -67,6 +68,33 @@ cmp -s l-cudnn l-ondemand && ok || bad "cudnn: on-demand and resident losses dif
 cmp -s runs/cudnn/step-000006/adapter/adapter_model.safetensors \
 	runs/ondemand/step-000006/adapter/adapter_model.safetensors && ok ||
 	bad "cudnn: on-demand and resident saved different adapters"
+# the decode ahead (the default where there is more than one layer): each
+# layer's weights decoded on a stream of their own while the layer before
+# runs; MS_DECODE_AHEAD=0 decodes in line: the same bits, and a profile
+# with no phase on that stream
+export MS_DECODE_AHEAD=0
+expect 0 run inline --attention cudnn --colwise on-demand
+unset MS_DECODE_AHEAD
+losses m-inline.jsonl >l-inline
+cmp -s l-ondemand l-inline && ok || bad "the decode ahead and in line trained differently"
+cmp -s runs/ondemand/step-000006/adapter/adapter_model.safetensors \
+	runs/inline/step-000006/adapter/adapter_model.safetensors && ok ||
+	bad "the decode ahead and in line saved different adapters"
+[ "$(pfield p-ondemand.json colwise_stream)" = decode ] &&
+	[ "$(pfield p-inline.json colwise_stream)" = main ] && ok ||
+	bad "the transposes' stream: '$(pfield p-ondemand.json colwise_stream)' ahead, '$(pfield p-inline.json colwise_stream)' in line"
+python3 -c '
+import json, sys
+a, b = (json.load(open(f))["kernels"] for f in sys.argv[1:3])
+side = {k["name"] for k in a if k.get("stream") == "decode"}
+print("decode stream phases: %s" % ", ".join(sorted(side)))
+sys.exit(not ({"columnwise transpose (on demand, decode stream)",
+               "decode NVFP4 rowwise (decode stream)",
+               "decode NVFP4 columnwise (decode stream)"} <= side and
+              any(k["name"] == "wait for the decode stream" for k in a) and
+              all(k.get("stream") == "main" for k in b) and
+              not any(k["name"] == "wait for the decode stream" for k in b)))
+' p-ondemand.json p-inline.json && ok || bad "the decode stream's phases in the profiles"
 python3 -c '
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
@@ -107,7 +135,9 @@ python3 -c '
 import json, sys
 p = json.load(open(sys.argv[1]))
 s, k = p.get("sites", []), p["kernels"]
-ts, tk = sum(x["ms"] for x in s), sum(x["ms"] for x in k)
+# the decode stream's phases run beside the main stream's launches
+ts = sum(x["ms"] for x in s)
+tk = sum(x["ms"] for x in k if x.get("stream", "main") == "main")
 names = " ".join(x["site"] for x in s)
 print("sites: %d, %.3f ms a step against the phases %.3f" % (len(s), ts, tk))
 sys.exit(not (s and abs(ts - tk) <= 0.01 * tk and "cuDNN SDPA forward" in names and

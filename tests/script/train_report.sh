@@ -70,6 +70,33 @@ rm "$D/prof-sites.json"
 expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
 	--modes resident --out "$W/r2.md"
 hasnt 'launch by launch' "$W/r2.md" "a launch table without its profile"
+# the decode ahead: the on-demand transpose ran on the decode stream (its
+# time and the main stream's wait for it said apart), and that stream's
+# phases are summed apart from the main stream's
+D2=$W/run2
+mkdir -p "$D2" && cp "$cfg" "$D2/config.json" || exit 3
+i=0
+for s in 0.5 0.1 0.2 0.2 0.2; do
+	i=$((i + 1))
+	echo "{\"step\": $i, \"seconds\": $s, \"loss\": 2.5}" >>"$D2/m-on-demand.jsonl"
+done
+python3 - "$D2" <<'PY'
+import json, os, sys
+json.dump({"step_ms": 200.0, "steps": 3, "colwise_ms": 8.0, "colwise_stream": "decode",
+           "decode_wait_ms": 1.0,
+           "kernels": [{"name": "big", "ms": 150.0, "calls": 40, "stream": "main"},
+                       {"name": "wait for the decode stream", "ms": 1.0, "calls": 32,
+                        "stream": "main"},
+                       {"name": "columnwise transpose (on demand, decode stream)",
+                        "ms": 8.0, "calls": 16, "stream": "decode"}]},
+          open(os.path.join(sys.argv[1], "prof-on-demand.json"), "w"))
+PY
+expect 0 python3 "$R" "$D2" --batch 2 --seq 16 --steps 5 --device test --date today \
+	--modes on-demand --out "$W/r4.md"
+has 'took 8.00 ms a step on the decode stream' "$W/r4.md" "the transpose on the decode stream"
+has 'waited 1.00 ms a step in all' "$W/r4.md" "the main stream's wait for it"
+has "the main stream's kernels: 151.0 ms (75.5%); beside them, the decode stream's" \
+	"$W/r4.md" "the decode stream's phases summed apart"
 rm "$D/config.json"
 expect 3 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today --out "$W/r3.md"
 

@@ -53,10 +53,12 @@ struct res {
 	float *logits;
 	size_t np;
 	float **g;
+	size_t *gn;                   /* their lengths */
 	/* the forward's routing, MoE layers in order: sel [T * top_k] and
 	 * probs [T * n_experts] each (NULL for a dense layer) */
 	int32_t *sel[64];
 	float *probs[64];
+	struct ms_model_mem mem;      /* what the model held after the step */
 };
 
 static void res_free(struct res *r)
@@ -64,6 +66,7 @@ static void res_free(struct res *r)
 	for (size_t i = 0; i < r->np; i++)
 		free(r->g[i]);
 	free(r->g);
+	free(r->gn);
 	free(r->logits);
 	for (int l = 0; l < 64; l++) {
 		free(r->sel[l]);
@@ -129,10 +132,13 @@ static int run(struct fam *f, const struct ms_model_opts *o, const int32_t *ids,
 		goto bad;
 	r->np = ms_model_params(m, &ps);
 	r->g = calloc(r->np, sizeof *r->g);
+	r->gn = calloc(r->np, sizeof *r->gn);
 	for (size_t i = 0; i < r->np; i++) {
+		r->gn[i] = ps[i].n;
 		r->g[i] = malloc(ps[i].n * sizeof(float));
 		memcpy(r->g[i], ps[i].g, ps[i].n * sizeof(float));
 	}
+	ms_model_mem(m, &r->mem);
 	ms_model_free(m);
 	return 0;
 bad:
@@ -770,6 +776,60 @@ static int test_predict_mixtral(void) { return predict("mixtral"); }
 static int test_predict_glm4moe(void) { return predict("glm4moe"); }
 static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
 
+/* The decode ahead (the default where there is more than one layer: each
+ * layer pass's weights decoded on a stream of their own while the pass
+ * before runs, into the other of two decode scratches) against the decode
+ * in line (MS_DECODE_AHEAD=0): in both colwise modes the same loss, logits
+ * and gradients bit for bit, each allocating what the planner predicts for
+ * it, the ahead one more decode scratch */
+static int ahead(const char *name)
+{
+	struct fam f;
+	int32_t ids[2 * 16];
+	T_ASSERT(fam_open(&f, name) == 0);
+	T_ASSERT(f.cfg.n_layers > 1);
+	ids_fill(ids, 2, 16, f.cfg.vocab);
+	for (int col = 0; col < 2; col++) {
+		struct ms_model_opts o = gpu_opts(0);
+		struct ms_model_mem pa, pi;
+		struct res a, b;
+		int rb;
+		o.colwise = col ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT;
+		T_ASSERT(run(&f, &o, ids, NULL, 2, 16, &a) == 0);
+		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, 0, o.expert_gemm, o.attention,
+				  &pa);
+		setenv("MS_DECODE_AHEAD", "0", 1);
+		rb = run(&f, &o, ids, NULL, 2, 16, &b);
+		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, 0, o.expert_gemm, o.attention,
+				  &pi);
+		unsetenv("MS_DECODE_AHEAD");
+		T_ASSERT(rb == 0);
+		fprintf(stderr, "  %s %s: scratch ahead %llu (predicted %llu), in line %llu "
+			"(predicted %llu)\n", name, col ? "on-demand" : "resident",
+			(unsigned long long)a.mem.scratch, (unsigned long long)pa.scratch,
+			(unsigned long long)b.mem.scratch, (unsigned long long)pi.scratch);
+		T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
+		T_ASSERT(memcmp(a.logits, b.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
+		T_ASSERT(a.np == b.np);
+		for (size_t i = 0; i < a.np; i++)
+			T_ASSERT_MSG(a.gn[i] == b.gn[i] &&
+					     memcmp(a.g[i], b.g[i], a.gn[i] * sizeof(float)) == 0,
+				     "%s: gradient %zu differs between the decode ahead and in line",
+				     name, i);
+		T_ASSERT(a.mem.scratch == pa.scratch);
+		T_ASSERT(b.mem.scratch == pi.scratch);
+		T_ASSERT(a.mem.scratch > b.mem.scratch);
+		T_ASSERT(a.mem.acts == b.mem.acts && a.mem.dense == b.mem.dense);
+		res_free(&a);
+		res_free(&b);
+	}
+	fam_close(&f);
+	return 0;
+}
+
+static int test_ahead_qwen3moe(void) { return ahead("qwen3moe"); }
+static int test_ahead_glm4moe(void) { return ahead("glm4moe"); }
+
 static int test_colwise_qwen3moe(void) { return colwise("qwen3moe", 0); }
 static int test_colwise_glm4moe(void) { return colwise("glm4moe", 1); }
 static int test_colwise_grouped_mixtral(void) { return colwise("mixtral", M_GROUPED); }
@@ -1307,6 +1367,8 @@ static const struct t_case cases[] = {
 	T_CASE(test_predict_glm4moe),
 	T_CASE(test_predict_glm4moe_var),
 	T_CASE(test_colwise_qwen3moe),
+	T_CASE(test_ahead_qwen3moe),
+	T_CASE(test_ahead_glm4moe),
 	T_CASE(test_colwise_glm4moe),
 	T_CASE(test_colwise_grouped_mixtral),
 	T_CASE(test_optim_noclip),
