@@ -9,11 +9,14 @@
  * Refused: H not a multiple of 32, a misaligned row, a NULL pointer.
  * The input gradient (ms_router_dgrad) likewise: tokens 1 .. 70, experts
  * 1, 6, 33 and 64 (steps of 32 and tails), H 4, 132 and 2048 (a block's
- * 128 columns and tails); refused: H not a multiple of 4, a misaligned W
+ * 128 columns and tails); tokens 260 and 300 (two blocks of W's resident
+ * slice) with experts 64 and 128, and 129 (past it); refused: H not a multiple of 4, a misaligned W
  * or dh, a NULL pointer.
  *
  * Tolerance, per logit: |gpu - ref| <= (H + 2) 2^-23 mag + 1e-30, mag the
- * sum of |h w| over H (float32 accumulation of H products).
+ * sum of |h w| over H (float32 accumulation of H products); and the bits
+ * of the host's chain of float32 FMAs over H in order (router.h's
+ * order; the input gradient's over E).
  *
  * GPU tier: without a GPU the binary says it skipped.
  */
@@ -62,10 +65,18 @@ static int logits_case(uint32_t T, uint32_t E, uint32_t H)
 	for (uint32_t t = 0; t < T; t++)
 		for (uint32_t e = 0; e < E; e++) {
 			double s = 0, m = 0, g = z[(uint64_t)t * E + e];
+			float c = 0;
 			for (uint32_t k = 0; k < H; k++) {
 				double p = (double)h[(uint64_t)t * H + k] * w[(uint64_t)e * H + k];
 				s += p;
 				m += fabs(p);
+				c = fmaf(h[(uint64_t)t * H + k], w[(uint64_t)e * H + k], c);
+			}
+			/* router.h's order: one chain of float32 FMAs over H */
+			if (memcmp(&c, &z[(uint64_t)t * E + e], 4)) {
+				fprintf(stderr, "router T %u E %u H %u: (%u, %u): gpu %.9g, the FMA chain "
+					"over H in order %.9g\n", T, E, H, t, e, g, c);
+				goto out;
 			}
 			if (!(fabs(g - s) <= (H + 2) * 0x1p-23 * m + 1e-30)) {
 				fprintf(stderr, "router T %u E %u H %u: (%u, %u): gpu %.9g ref %.9g\n", T,
@@ -132,10 +143,18 @@ static int dgrad_case(uint32_t T, uint32_t E, uint32_t H)
 	for (uint32_t t = 0; t < T; t++)
 		for (uint32_t j = 0; j < H; j++) {
 			double s = 0, m = 0, g = dh[(uint64_t)t * H + j];
+			float c = 0;
 			for (uint32_t e = 0; e < E; e++) {
 				double p = (double)dz[(uint64_t)t * E + e] * w[(uint64_t)e * H + j];
 				s += p;
 				m += fabs(p);
+				c = fmaf(dz[(uint64_t)t * E + e], w[(uint64_t)e * H + j], c);
+			}
+			/* router.h's order: one chain of float32 FMAs over E */
+			if (memcmp(&c, &dh[(uint64_t)t * H + j], 4)) {
+				fprintf(stderr, "router dgrad T %u E %u H %u: (%u, %u): gpu %.9g, the FMA "
+					"chain over E in order %.9g\n", T, E, H, t, j, g, c);
+				goto out;
 			}
 			if (!(fabs(g - s) <= (E + 2) * 0x1p-23 * m + 1e-30)) {
 				fprintf(stderr, "router dgrad T %u E %u H %u: (%u, %u): gpu %.9g ref %.9g\n",
@@ -164,6 +183,12 @@ static int test_router_dgrad(void)
 		for (size_t j = 0; j < 4; j++)
 			T_ASSERT(dgrad_case(ts[i], es[j], i % 2 ? 132 : 4) == 0);
 	T_ASSERT(dgrad_case(40, 64, 2048) == 0);
+	/* W's slice resident (E up to 128, its shared memory past 48 KB at
+	 * 128): tokens over two blocks of 256 and a tail; E 129 the tiled
+	 * kernel */
+	T_ASSERT(dgrad_case(300, 64, 260) == 0);
+	T_ASSERT(dgrad_case(260, 128, 132) == 0);
+	T_ASSERT(dgrad_case(33, 129, 132) == 0);
 	return 0;
 }
 
