@@ -10,12 +10,7 @@
  * loads are 16 bytes along H (a row's 32 floats by 8 threads), taken into
  * registers one step ahead.
  */
-#include <stdlib.h>
-
-#include <cuda_bf16.h>
-
 #include "gpu_internal.h"
-#include "mma.h"
 #include "router.h"
 
 #define RT_BM 32     /* tokens a block */
@@ -104,112 +99,6 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
 		}
 }
 
-/*
- * The same logits with the steps streamed through shared memory in a ring
- * of RP_ST cp.async stages (RP_ST - 1 of them in flight while one is
- * summed): the kernel above holds one step's loads in registers, and with
- * a block's four warps the only ones an SM has for each block, the step's
- * 512 FMAs a thread did not cover those loads' latency. The tiles stay in
- * their global layout ([token][k], [expert][k], rows RP_LD floats: 16-byte
- * rows, consecutive rows on distinct banks); thread (ty, tx) owns tokens
- * ty + 8 i and experts tx + 16 j, so that a warp's reads of a row are two
- * broadcasts (tokens) or sixteen consecutive rows (experts). Each logit is
- * the same chain of FMAs over H in order: the same bits as k_router_tiled.
- */
-#define RP_ST 3
-#define RP_LD (RT_BK + 4)
-#define RP_SMEM (RP_ST * (RT_BM + RT_BN) * RP_LD * 4)
-
-__device__ __forceinline__ void rp_stage(float (*as)[RP_LD], float (*bs)[RP_LD], const float *h,
-					 const float *W, uint32_t T, uint32_t E, uint32_t H,
-					 uint32_t t0, uint32_t e0, uint32_t k)
-{
-	for (int i = threadIdx.x; i < RT_BM * (RT_BK / 4); i += RT_NTH) {
-		int r = i / (RT_BK / 4), c = i % (RT_BK / 4) * 4;
-		uint32_t t = t0 + r;
-		cp16(&as[r][c], t < T ? h + (uint64_t)t * H + k + c : h, t < T ? 16 : 0);
-	}
-	for (int i = threadIdx.x; i < RT_BN * (RT_BK / 4); i += RT_NTH) {
-		int r = i / (RT_BK / 4), c = i % (RT_BK / 4) * 4;
-		uint32_t e = e0 + r;
-		cp16(&bs[r][c], e < E ? W + (uint64_t)e * H + k + c : W, e < E ? 16 : 0);
-	}
-	cp_commit();
-}
-
-__device__ __forceinline__ float f4at(float4 v, int q)
-{
-	return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
-}
-
-/* acc[j] += a b_j for a row's four columns */
-__device__ __forceinline__ void fma4x4row(float acc[4], float a, float4 b)
-{
-	acc[0] = fmaf(a, b.x, acc[0]);
-	acc[1] = fmaf(a, b.y, acc[1]);
-	acc[2] = fmaf(a, b.z, acc[2]);
-	acc[3] = fmaf(a, b.w, acc[3]);
-}
-
-__global__ void __launch_bounds__(RT_NTH) k_router_pipe(const float *h, const float *W,
-							  float *z, uint32_t T, uint32_t E,
-							  uint32_t H)
-{
-	/* dynamic, as uint4: 16-byte aligned for cp.async (RP_SMEM bytes) */
-	extern __shared__ uint4 rp_smem[];
-	float (*as)[RT_BM][RP_LD] = (float (*)[RT_BM][RP_LD])rp_smem;
-	float (*bs)[RT_BN][RP_LD] = (float (*)[RT_BN][RP_LD])(rp_smem + RP_ST * RT_BM * RP_LD / 4);
-	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / RT_BK;
-	int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-	float acc[4][4] = {};
-#pragma unroll
-	for (int s = 0; s < RP_ST - 1; s++) {
-		if ((uint32_t)s < nst)
-			rp_stage(as[s], bs[s], h, W, T, E, H, t0, e0, s * RT_BK);
-		else
-			cp_commit();
-	}
-	for (uint32_t s = 0; s < nst; s++) {
-		uint32_t f = s + RP_ST - 1;
-		int b = s % RP_ST;
-		/* stage f refills the buffer the last iteration read (its
-		 * closing barrier passed) */
-		if (f < nst)
-			rp_stage(as[f % RP_ST], bs[f % RP_ST], h, W, T, E, H, t0, e0, f * RT_BK);
-		else
-			cp_commit();
-		cp_wait<RP_ST - 1>();
-		__syncthreads();
-#pragma unroll
-		for (int kk = 0; kk < RT_BK; kk += 4) {
-			float4 a[4], w[4];
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-				a[i] = *(const float4 *)&as[b][ty + 8 * i][kk];
-#pragma unroll
-			for (int j = 0; j < 4; j++)
-				w[j] = *(const float4 *)&bs[b][tx + 16 * j][kk];
-#pragma unroll
-			for (int q = 0; q < 4; q++)
-#pragma unroll
-				for (int i = 0; i < 4; i++)
-#pragma unroll
-					for (int j = 0; j < 4; j++)
-						acc[i][j] = fmaf(f4at(a[i], q), f4at(w[j], q), acc[i][j]);
-		}
-		__syncthreads();
-	}
-	cp_wait<0>();
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t t = t0 + ty + 8 * i, e = e0 + tx + 16 * j;
-			if (t < T && e < E)
-				z[(uint64_t)t * E + e] = acc[i][j];
-		}
-}
-
 /* dh [T, H] = dz [T, E] W [E, H], E in order (the router's input
  * gradient, K = E: cuBLAS's float32 GEMM of it, pedantic, cost the H200
  * bench 1.7 ms a step and, once the host had nothing else to wait for,
@@ -251,88 +140,6 @@ __global__ void __launch_bounds__(256) k_router_dgrad(const float *dz, const flo
 	}
 }
 
-/*
- * The input gradient with W's slice resident: a block owns 128 columns of
- * dh and RD_TOK tokens, loads W's [E, 128] slice into shared memory once
- * and streams its tokens' dz rows through two cp.async buffers of 32
- * tokens (k_router_dgrad, a block a 32 x 128 tile, read the slice again
- * for every 32 tokens: 134 MB of L2 reads a layer at the bench shape for
- * a 64 MB output). E is padded with zeros to EP, a multiple of 32, as
- * k_router_dgrad pads it to its steps of 32: each element is the same
- * chain of FMAs over E in order, the same bits. Thread (ty, tx): tokens
- * 4 ty .. +3 of a buffer, columns 4 tx .. +3.
- */
-#define RD_TOK 256
-#define RD_EMAX 128u
-
-static size_t rd_smem_bytes(uint32_t EP)
-{
-	return ((size_t)EP * (128 + 4) + 2 * 32 * (size_t)(EP + 4)) * 4;
-}
-
-__device__ __forceinline__ void rd_stage(float *zs, const float *dz, uint32_t T, uint32_t E,
-					 uint32_t EP, uint32_t t0)
-{
-	for (uint32_t i = threadIdx.x; i < 32 * EP; i += blockDim.x) {
-		uint32_t r = i / EP, e = i % EP, t = t0 + r;
-		int ok = t < T && e < E;
-		cp4(zs + r * (EP + 4) + e, ok ? dz + (uint64_t)t * E + e : dz, ok ? 4 : 0);
-	}
-	cp_commit();
-}
-
-__global__ void __launch_bounds__(256) k_router_dgrad_w(const float *dz, const float *W,
-							 float *dh, uint32_t T, uint32_t E,
-							 uint32_t H, uint32_t EP)
-{
-	extern __shared__ uint4 rd_smem[];
-	float *ws = (float *)rd_smem, *zb = ws + (size_t)EP * (128 + 4);
-	uint32_t j0 = blockIdx.x * 128, tb = blockIdx.y * RD_TOK;
-	uint32_t nt = T - tb < RD_TOK ? T - tb : RD_TOK, ns = (nt + 31) / 32;
-	int tid = threadIdx.x, tx = tid % 32, ty = tid / 32;
-	/* W's slice (zeros past E and H) and the first buffer: one group */
-	for (uint32_t i = tid; i < EP * 32; i += blockDim.x) {
-		uint32_t e = i / 32, c = i % 32 * 4, j = j0 + c;
-		int ok = e < E && j < H;
-		cp16(ws + e * (128 + 4) + c, ok ? W + (uint64_t)e * H + j : W, ok ? 16 : 0);
-	}
-	rd_stage(zb, dz, T, E, EP, tb);
-	for (uint32_t s = 0; s < ns; s++) {
-		const float *zs = zb + (s & 1) * 32 * (EP + 4);
-		/* the next buffer refills the one the last iteration read (its
-		 * closing barrier passed) */
-		if (s + 1 < ns)
-			rd_stage(zb + ((s + 1) & 1) * 32 * (EP + 4), dz, T, E, EP, tb + (s + 1) * 32);
-		else
-			cp_commit();
-		cp_wait<1>();
-		__syncthreads();
-		float acc[4][4] = {};
-		for (uint32_t e0 = 0; e0 < EP; e0 += 4) {
-			float4 a[4];
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-				a[i] = *(const float4 *)(zs + (ty * 4 + i) * (EP + 4) + e0);
-#pragma unroll
-			for (int q = 0; q < 4; q++) {
-				float4 w = *(const float4 *)(ws + (e0 + q) * (128 + 4) + tx * 4);
-#pragma unroll
-				for (int i = 0; i < 4; i++)
-					fma4x4row(acc[i], f4at(a[i], q), w);
-			}
-		}
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			uint32_t t = tb + s * 32 + ty * 4 + i, j = j0 + tx * 4;
-			if (t < T && j < H)
-				*(float4 *)(dh + (uint64_t)t * H + j) =
-					make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-		}
-		__syncthreads();
-	}
-	cp_wait<0>();
-}
-
 extern "C" int ms_router_ok(const float *h, const float *W, uint32_t H)
 {
 	return h && W && H % RT_BK == 0 && !((uintptr_t)h & 15) && !((uintptr_t)W & 15);
@@ -349,13 +156,8 @@ extern "C" int ms_router_logits(const float *h, const float *W, float *z, uint32
 		return MS_OK;
 	if ((E + RT_BN - 1) / RT_BN > 65535)
 		return ms_err_set(err, MS_EINVAL, "router logits: %u experts: too many", E);
-	/* MS_ROUTER_TILED: the first kernel, for measuring the two */
-	if (getenv("MS_ROUTER_TILED"))
-		k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
-				  (cudaStream_t)stream>>>(h, W, z, T, E, H);
-	else
-		k_router_pipe<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH,
-				RP_SMEM, (cudaStream_t)stream>>>(h, W, z, T, E, H);
+	k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
+			  (cudaStream_t)stream>>>(h, W, z, T, E, H);
 	CK(cudaGetLastError());
 out:
 	return rc;
@@ -377,18 +179,8 @@ extern "C" int ms_router_dgrad(const float *dz, const float *W, float *dh, uint3
 		return MS_OK;
 	if ((H + 127) / 128 > 65535)
 		return ms_err_set(err, MS_EINVAL, "router input gradient: H %u: too wide", H);
-	if (E <= RD_EMAX && !getenv("MS_ROUTER_TILED") && (T + RD_TOK - 1) / RD_TOK <= 65535) {
-		uint32_t EP = (E + 31) / 32 * 32;
-		size_t smem = rd_smem_bytes(EP);
-		if (smem > 48 * 1024)
-			CK(cudaFuncSetAttribute(k_router_dgrad_w,
-						cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-		k_router_dgrad_w<<<dim3((H + 127) / 128, (T + RD_TOK - 1) / RD_TOK), 256, smem,
-				   (cudaStream_t)stream>>>(dz, W, dh, T, E, H, EP);
-	} else {
-		k_router_dgrad<<<dim3((T + 31) / 32, (H + 127) / 128), 256, 0,
-				 (cudaStream_t)stream>>>(dz, W, dh, T, E, H);
-	}
+	k_router_dgrad<<<dim3((T + 31) / 32, (H + 127) / 128), 256, 0, (cudaStream_t)stream>>>(
+		dz, W, dh, T, E, H);
 	CK(cudaGetLastError());
 out:
 	return rc;

@@ -497,10 +497,7 @@ struct ms_gmodel {
 	cudaStream_t dst;
 	cudaEvent_t dev_main, dev_dec[2];
 	int dnext;                   /* the pass already queued there, or -1 */
-	int dat;                     /* queue it at the expert GEMMs (1) */
-	int dpend, dpl, dpb;         /* ... the pass to queue there (dpend) */
 	uint32_t bl;                 /* the layer being built (up_lin) */
-	int xsms;                    /* SMs the expert GEMMs leave free */
 	uint8_t *colbuf;             /* on-demand transpose chunk */
 	uint64_t colcap;
 	float *rope_c, *rope_s;
@@ -3355,8 +3352,6 @@ static int lowrank_bf(struct ms_gmodel *g, const uint32_t *cnt, uint32_t R, uint
  * bit for bit (tools/bench/cutlass_grouped_probe.cu). Y float32, or
  * bf16 with ybf (a folded layer's expert activations).
  */
-static int dec_pending(struct ms_gmodel *g, struct ms_err *err);
-
 static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 			  const uint32_t *cnt, const void *X, uint64_t ldx, void *Y, uint64_t ldy,
 			  int ybf, struct ms_err *err)
@@ -3374,17 +3369,9 @@ static int expert_product(struct ms_gmodel *g, const struct dlin *ls, int bwd,
 		     (bwd ? ls[e].out : ls[e].in) + ls[e].fr == K;
 	if (!ok || ls[0].bias)
 		return expert_gemms(g, ls, bwd, cnt, X, ldx, Y, ldy, ybf, err);
-	if (g->ahead) {
-		int rc_ = dec_pending(g, err);
-		if (rc_)
-			return rc_;
-	}
 	/* dpad's offsets from cnt, here: between a layer's products other
 	 * users put other tables there (lora_bwd_blas) */
-	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf, 0};
-	/* with the decode ahead, SMs left to its stream */
-	if (g->ahead && g->dnext >= 0)
-		p.sms = -g->xsms;
+	struct ms_xgemm p = {g->E, N, K, g->dpad, X, w0, ws / g->esz, Y, g->xsc, ybf};
 	int rc = offsets_up(g, cnt, err);
 	site(g, -2);
 	if (rc || (rc = ms_xgemm_run(&p, g->st, err)))
@@ -4233,21 +4220,17 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 				"--colwise resident");
 		goto out;
 	}
-	/* the decode ahead (decode_unit): the main stream first where both
-	 * have work; a diagnostic switch for measuring it (MS_DECODE_AHEAD=0)
-	 * and the SMs the expert GEMMs leave it (MS_XGEMM_FREE_SMS) */
+	/* the decode ahead (decode_unit), unless MS_DECODE_AHEAD=0: the main
+	 * stream at the higher priority, so that the decode stream's blocks
+	 * take what its kernels leave */
 	{
-		const char *e = getenv("MS_DECODE_AHEAD"), *x = getenv("MS_XGEMM_FREE_SMS");
+		const char *e = getenv("MS_DECODE_AHEAD");
 		g->ahead = !g->f32 && c->n_layers > 1 && !(e && !strcmp(e, "0"));
-		g->xsms = x ? atoi(x) : 0;
 		g->dnext = -1;
-		g->dat = getenv("MS_DECODE_AT") && !strcmp(getenv("MS_DECODE_AT"), "gemm");
 	}
 	if (g->ahead) {
 		int lo = 0, hi = 0;
 		CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-		if (getenv("MS_DEC_PRIO") && !strcmp(getenv("MS_DEC_PRIO"), "0"))
-			hi = lo;
 		CK(cudaStreamCreateWithPriority(&g->st, cudaStreamNonBlocking, hi));
 		CK(cudaStreamCreateWithPriority(&g->dst, cudaStreamNonBlocking, lo));
 		CK(cudaEventCreateWithFlags(&g->dev_main, cudaEventDisableTiming));
@@ -4913,15 +4896,6 @@ out:
 	return rc;
 }
 
-static int dec_pending(struct ms_gmodel *g, struct ms_err *err)
-{
-	if (!g->dpend)
-		return MS_OK;
-	g->dpend = 0;
-	g->dnext = g->dpb ? (int)(2 * g->L - 1 - g->dpl) : (int)g->dpl;
-	return dec_issue(g, g->dpl, g->dpb, err);
-}
-
 /* Layer l's weights for its forward pass (bwd 0) or backward. With the
  * decode ahead, the pass after this one is queued on the decode stream
  * now, behind the main stream's work so far (the pass before this one,
@@ -4935,14 +4909,13 @@ static int decode_unit(struct ms_gmodel *g, uint32_t l, int bwd, struct ms_err *
 	if (g->dnext != u && (rc = dec_issue(g, l, bwd, err)))
 		return rc;
 	g->dnext = -1;
-	g->dpend = 0;
 	if (!bwd && l + 1 < g->L)
-		g->dpl = l + 1, g->dpb = 0, g->dpend = 1;
+		rc = dec_issue(g, l + 1, 0, err), g->dnext = u + 1;
 	else if (!bwd && g->train)
-		g->dpl = l, g->dpb = 1, g->dpend = 1;
+		rc = dec_issue(g, l, 1, err), g->dnext = u + 1;
 	else if (bwd && l > 0)
-		g->dpl = l - 1, g->dpb = 1, g->dpend = 1;
-	if (g->dpend && !(g->dat && g->ly[l].moe) && (rc = dec_pending(g, err)))
+		rc = dec_issue(g, l - 1, 1, err), g->dnext = u + 1;
+	if (rc)
 		return rc;
 	ph(g, PH_WAIT_DEC);
 	CK(cudaStreamWaitEvent(g->st, g->dev_dec[(l + (uint32_t)bwd) & 1], 0));
@@ -6734,7 +6707,6 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	g->step = step;
 	g->nev = 0;
 	g->dnext = -1;
-	g->dpend = 0;
 	CK(cudaEventRecord(g->st0, g->st));
 	g->pend_dst = NULL;
 	g->pend_ye = NULL;

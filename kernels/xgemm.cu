@@ -226,10 +226,6 @@ extern "C" int ms_xgemm_run(const struct ms_xgemm *p, void *stream, struct ms_er
 	cudaError_t de = cudaGetDevice(&dev);
 	if (de != cudaSuccess)
 		return ms_gpu_cuda_err(err, de, "cudaGetDevice");
-	if (p->sms > 0 && p->sms < sms)
-		sms = p->sms;
-	else if (p->sms < 0 && -p->sms < sms)
-		sms += p->sms;
 	lay l = layout(p->scratch, p->E);
 	k_groups<<<(p->E + 127) / 128, 128, 0, st>>>(p->off, p->E, (int)p->N, (int)p->K,
 						       (const EA *)p->x, (const EA *)p->w,

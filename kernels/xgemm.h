@@ -49,9 +49,6 @@ struct ms_xgemm {
 	void *y;                     /* device [off[E], N] */
 	void *scratch;               /* device, MS_XGEMM_SCRATCH bytes */
 	int ybf16;                   /* y in bf16 instead of float32 */
-	int sms;                     /* the persistent grid: 0 every SM, n > 0
-					n of them, n < 0 all but -n (room for
-					other streams' kernels to run beside) */
 };
 
 /* 1 when this build and this device run it for N and K (multiples of 8),

@@ -135,7 +135,7 @@ python3 -c '
 import json, sys
 p = json.load(open(sys.argv[1]))
 s, k = p.get("sites", []), p["kernels"]
-# the decode stream's phases run beside the main stream's launches
+# the phases of the decode stream run beside the launches of the main one
 ts = sum(x["ms"] for x in s)
 tk = sum(x["ms"] for x in k if x.get("stream", "main") == "main")
 names = " ".join(x["site"] for x in s)
