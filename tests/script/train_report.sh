@@ -11,15 +11,22 @@
 R=$ROOT/tools/bench/train_report.py
 cfg=$FX/train/qwen3moe/base/config.json
 [ -f "$cfg" ] || cfg=$FX/hf/qwen3moe/config.json
+# a run directory DIR with the model's config and MODE's metrics, a
+# step each of SECONDS: rundir DIR MODE SECONDS...
+rundir() {
+	d=$1 m=$2
+	shift 2
+	mkdir -p "$d" && cp "$cfg" "$d/config.json" || exit 3
+	i=0
+	for s in "$@"; do
+		i=$((i + 1))
+		echo "{\"step\": $i, \"seconds\": $s, \"loss\": 2.5}" >>"$d/m-$m.jsonl"
+	done
+}
 D=$W/run
-mkdir -p "$D" && cp "$cfg" "$D/config.json" || exit 3
 # resident: steps of 0.5, 0.1, 0.2, 0.3, 0.4 s: after 2 warm-up steps the
 # median of 0.2, 0.3, 0.4 is 0.3 s
-i=0
-for s in 0.5 0.1 0.2 0.3 0.4; do
-	i=$((i + 1))
-	echo "{\"step\": $i, \"seconds\": $s, \"loss\": 2.5}" >>"$D/m-resident.jsonl"
-done
+rundir "$D" resident 0.5 0.1 0.2 0.3 0.4
 # launch sites of the tree to resolve: the check (LK) after the first
 # k_gather launch, after the first call of rms_bwd (a host function
 # that launches k_rms_bwd), and after the first call of rope_norm_bwd
@@ -74,12 +81,7 @@ hasnt 'launch by launch' "$W/r2.md" "a launch table without its profile"
 # time and the main stream's wait for it said apart), and that stream's
 # phases are summed apart from the main stream's
 D2=$W/run2
-mkdir -p "$D2" && cp "$cfg" "$D2/config.json" || exit 3
-i=0
-for s in 0.5 0.1 0.2 0.2 0.2; do
-	i=$((i + 1))
-	echo "{\"step\": $i, \"seconds\": $s, \"loss\": 2.5}" >>"$D2/m-on-demand.jsonl"
-done
+rundir "$D2" on-demand 0.5 0.1 0.2 0.2 0.2
 python3 - "$D2" <<'PY'
 import json, os, sys
 json.dump({"step_ms": 200.0, "steps": 3, "colwise_ms": 8.0, "colwise_stream": "decode",
