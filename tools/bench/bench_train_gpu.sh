@@ -297,7 +297,17 @@ if [ "$DEV" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
 else
 	NAME="$(uname -m) CPU, $(nproc) cores (no GPU: mstrain --device $DEV)"
 fi
-VERS="mstrain $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# the commit the binaries were built from (make writes $BUILD/commit),
+# and this tree's where it differs: the launch sites are named from this
+# tree's kernels/train.cu
+TREE=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')
+if [ -s "$BUILD/commit" ]; then
+	VERS="mstrain built from $(cat "$BUILD/commit")"
+	[ "$(cat "$BUILD/commit")" = "$TREE" ] ||
+		VERS="$VERS (this tree: $TREE, whose kernels/train.cu names the launch sites)"
+else
+	VERS="mstrain $TREE"
+fi
 command -v nvcc >/dev/null 2>&1 && VERS="$VERS, $(nvcc --version | sed -n 's/.*release \([^,]*\).*/CUDA \1/p')"
 REP=$W/RESULTS.md
 if ! python3 "$ROOT/$B/train_report.py" "$W" --batch "$BATCH" --seq "$SEQ" --steps "$STEPS" \
