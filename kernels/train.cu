@@ -4224,8 +4224,10 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 	 * stream at the higher priority, so that the decode stream's blocks
 	 * take what its kernels leave */
 	{
-		const char *e = getenv("MS_DECODE_AHEAD");
-		g->ahead = !g->f32 && c->n_layers > 1 && !(e && !strcmp(e, "0"));
+		int on = 1;
+		if ((rc = ms_gmodel_decode_ahead(&on, err)))
+			goto out;
+		g->ahead = !g->f32 && c->n_layers > 1 && on;
 		g->dnext = -1;
 	}
 	if (g->ahead) {

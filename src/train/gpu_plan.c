@@ -68,6 +68,20 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 	lin_d(p, nparts, rows, in, bias, 1);
 }
 
+int ms_gmodel_decode_ahead(int *on, struct ms_err *err)
+{
+	const char *e = getenv("MS_DECODE_AHEAD");
+	*on = 1;
+	if (!e || !*e || !strcmp(e, "1"))
+		return MS_OK;
+	if (!strcmp(e, "0")) {
+		*on = 0;
+		return MS_OK;
+	}
+	return ms_err_set(err, MS_EINVAL, "MS_DECODE_AHEAD '%.32s': 0 (decode in line) or 1 "
+			  "(decode ahead, the default)", e);
+}
+
 int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,
 		      uint32_t B, uint32_t S, enum ms_colwise_mode colwise, int f32,
 		      int expert_gemm, int attention, struct ms_model_mem *out)
@@ -162,11 +176,13 @@ int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lo
 	}
 	out->lora += 4 * ntot * 4;
 	/* the decode ahead (train.cu's decode_unit): a second decode scratch,
-	 * bf16, more than one layer, something decoded, not switched off */
+	 * bf16, more than one layer, something decoded, not switched off (a
+	 * value the trainer refuses counts as on: run_fp.c says it first) */
 	{
-		const char *e = getenv("MS_DECODE_AHEAD");
-		int ahead = !f32 && c->n_layers > 1 && p.wmax && !(e && !strcmp(e, "0"));
-		out->scratch += (ahead ? 2 : 1) * p.wmax * p.esz;
+		int on = 1;
+		struct ms_err e = {0};
+		ms_gmodel_decode_ahead(&on, &e);
+		out->scratch += (!f32 && c->n_layers > 1 && p.wmax && on ? 2 : 1) * p.wmax * p.esz;
 	}
 	if (afr)
 		out->scratch += (afr * H + u64max(dq, dkv) * fr) * 2;

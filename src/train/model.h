@@ -373,6 +373,13 @@ static inline uint64_t ms_gmodel_sdpa_ws(uint32_t B, uint32_t nh, uint32_t S)
 	return (uint64_t)B * nh * sp * (2 * sp + 640) + (1u << 20);
 }
 
+/* MS_DECODE_AHEAD as the GPU trainer reads it (its bf16 path decodes each
+ * layer pass's weights on a stream of its own while the pass before runs,
+ * into a second decode scratch, unless it is 0): *on 1 where it is unset,
+ * empty or 1, 0 where it is 0; MS_EINVAL for anything else. gpu_plan.c;
+ * the trainer refuses what it refuses, and the planner predicts with it. */
+int ms_gmodel_decode_ahead(int *on, struct ms_err *err);
+
 int ms_gmodel_predict(const struct ms_model_cfg *cfg, const struct ms_lora_cfg *lora,
 		      uint32_t batch, uint32_t seq, enum ms_colwise_mode colwise,
 		      int gpu_f32, int expert_gemm, int attention, struct ms_model_mem *out);

@@ -75,6 +75,12 @@ static int train_footprint(struct ms_inv *inv, const struct ms_fp_plan *fp,
 		ms_err_prefix(err, "role 'base': config.json");
 		goto out;
 	}
+	{
+		/* what the trainer would refuse (its part says so) */
+		int on;
+		if ((rc = ms_gmodel_decode_ahead(&on, err)) != MS_OK)
+			goto out;
+	}
 	out->present = 1;
 	out->batch = tp.batch;
 	out->seq_len = tp.seq_len;

@@ -172,6 +172,25 @@ assert 0 < d["nvfp4_colwise"] < r["nvfp4_colwise"] / 2, (d, r)
 assert b["resident"]["acts"] > r["acts"] > 0 and b["resident"]["lora"] == r["lora"]
 PY
 then ok; else bad "the trainer part does not add up"; fi
+# MS_DECODE_AHEAD, read as the trainer reads it: 0 holds one decode
+# scratch fewer (the largest layer's decoded weights) and nothing else; a
+# value the trainer refuses is said in the trainer's part
+export MS_DECODE_AHEAD=0
+run 0 "trainer json, the decode in line" "$B/msinv" footprint --json "$tmp/plans/train-lora.json"
+cp "$tmp/out" "$tmp/fp-inline.json"
+export MS_DECODE_AHEAD=sometimes
+run 0 "MS_DECODE_AHEAD refused" "$B/msinv" footprint "$tmp/plans/train-lora.json"
+has "$tmp/out" "MS_DECODE_AHEAD refused: said" "trainer on one gpu: no prediction: MS_DECODE_AHEAD 'sometimes': 0 (decode in line) or 1"
+unset MS_DECODE_AHEAD
+if python3 - "$tmp/fp64.json" "$tmp/fp-inline.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["trainer"] for p in sys.argv[1:3])
+for m in ("resident", "on-demand"):
+    x, y = a[m], b[m]
+    assert 0 < y["scratch"] < x["scratch"], (x, y)
+    assert all(x[k] == y[k] for k in ("nvfp4_rowwise", "nvfp4_colwise", "dense", "lora", "acts"))
+PY
+then ok; else bad "MS_DECODE_AHEAD=0 did not predict one decode scratch fewer"; fi
 mkdir "$tmp/noconfig" && cp "$FX"/peft/qwen3moe-E8-r4/base/*.safetensors "$tmp/noconfig/"
 sed "s|\"path\": \"[^\"]*\"|\"path\": \"$tmp/noconfig\"|" "$tmp/plans/train-lora.json" >"$tmp/plans/noconfig.json"
 run 0 "no config.json" "$B/msinv" footprint "$tmp/plans/noconfig.json"
