@@ -781,7 +781,8 @@ static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
  * before runs, into the other of two decode scratches) against the decode
  * in line (MS_DECODE_AHEAD=0): in both colwise modes the same loss, logits
  * and gradients bit for bit, each allocating what the planner predicts for
- * it, the ahead one more decode scratch */
+ * it, the ahead one more decode scratch; a value other than 0 or 1 is
+ * refused */
 static int ahead(const char *name)
 {
 	struct fam f;
@@ -822,6 +823,18 @@ static int ahead(const char *name)
 		T_ASSERT(a.mem.acts == b.mem.acts && a.mem.dense == b.mem.dense);
 		res_free(&a);
 		res_free(&b);
+	}
+	{
+		/* a value it does not know: refused, with one line naming it */
+		struct ms_model_opts o = gpu_opts(0);
+		struct ms_model *m = NULL;
+		struct ms_err err = {0};
+		setenv("MS_DECODE_AHEAD", "yes", 1);
+		int rc = ms_model_build(&m, &f.cfg, f.base.t, f.base.n, f.quant.t, f.quant.n,
+					&f.lora, NULL, 0, &o, &err);
+		unsetenv("MS_DECODE_AHEAD");
+		T_ASSERT_EQ_INT(rc, MS_EINVAL);
+		T_ASSERT(m == NULL && strstr(err.msg, "MS_DECODE_AHEAD 'yes'"));
 	}
 	fam_close(&f);
 	return 0;
