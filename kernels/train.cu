@@ -497,7 +497,6 @@ struct ms_gmodel {
 	cudaStream_t dst;
 	cudaEvent_t dev_main, dev_dec[2];
 	int dnext;                   /* the pass already queued there, or -1 */
-	uint32_t bl;                 /* the layer being built (up_lin) */
 	uint8_t *colbuf;             /* on-demand transpose chunk */
 	uint64_t colcap;
 	float *rope_c, *rope_s;
@@ -3794,8 +3793,9 @@ static uint64_t fold_extra(const struct dlin *l)
 /* one frozen projection: its NVFP4 parts (rowwise, and columnwise through
  * the validating transpose: kept when resident, else only checked) or its
  * float weight in both orientations */
-static int up_lin(struct ms_gmodel *g, const struct ms_model *m, const struct lin *hl,
-		  struct dlin *dl, uint64_t *woff, uint64_t *colbytes, struct ms_err *err)
+static int up_lin(struct ms_gmodel *g, const struct ms_model *m, uint32_t layer,
+		  const struct lin *hl, struct dlin *dl, uint64_t *woff, uint64_t *colbytes,
+		  struct ms_err *err)
 {
 	int rc = MS_OK;
 	uint8_t *vp = NULL, *vs = NULL;
@@ -3803,7 +3803,7 @@ static int up_lin(struct ms_gmodel *g, const struct ms_model *m, const struct li
 	dl->out = hl->out;
 	dl->in = hl->in;
 	dl->nparts = hl->nparts;
-	dl->lyr = g->bl;
+	dl->lyr = layer;
 	if (!hl->out)
 		return MS_OK;
 	if ((rc = up_f(g, hl->bias, hl->out, &dl->bias, MC_DENSE, err)))
@@ -4309,7 +4309,6 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		const struct layer *L = &m->layers[l];
 		struct dlayer *d = &g->ly[l];
 		uint64_t wo = 0, cb = 0;
-		g->bl = l;
 		/* the q/k/v LoRA folds (afr) on the path the expert LoRA
 		 * folds on, where q, k and v are all NVFP4 over one input
 		 * (their input gradient then one GEMM, build_descs' qkv3) */
@@ -4334,13 +4333,13 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 			const struct lin *hl[3] = {&L->q, &L->k, &L->v};
 			struct dlin *dl3[3] = {&d->q, &d->k, &d->v};
 			for (int i = 0; i < 3; i++) {
-				if ((rc = up_lin(g, m, hl[i], dl3[i], &wo, &cb, err)))
+				if ((rc = up_lin(g, m, l, hl[i], dl3[i], &wo, &cb, err)))
 					goto out;
 				dl3[i]->fr = afr;
 				wo += fold_extra(dl3[i]);
 			}
 		}
-		if ((rc = up_lin(g, m, &L->o, &d->o, &wo, &cb, err)))
+		if ((rc = up_lin(g, m, l, &L->o, &d->o, &wo, &cb, err)))
 			goto out;
 		d->lq = dlora_of(g, m, L->lq);
 		d->lk = dlora_of(g, m, L->lk);
@@ -4372,11 +4371,11 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 				if (!ex[e].gu.nparts || !ex[e].down.nparts)
 					fr = 0;
 			for (uint32_t e = 0; e < g->E; e++) {
-				if ((rc = up_lin(g, m, &ex[e].gu, &d->egu[e], wex, &cb, err)))
+				if ((rc = up_lin(g, m, l, &ex[e].gu, &d->egu[e], wex, &cb, err)))
 					goto out;
 				d->egu[e].fr = fr;
 				*wex += fold_extra(&d->egu[e]);
-				if ((rc = up_lin(g, m, &ex[e].down, &d->edn[e], wex, &cb, err)))
+				if ((rc = up_lin(g, m, l, &ex[e].down, &d->edn[e], wex, &cb, err)))
 					goto out;
 				d->edn[e].fr = fr;
 				*wex += fold_extra(&d->edn[e]);
@@ -4385,8 +4384,8 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		}
 		if (L->sh.gu.out) {
 			d->sh = 1;
-			if ((rc = up_lin(g, m, &L->sh.gu, &d->sgu, &wo, &cb, err)) ||
-			    (rc = up_lin(g, m, &L->sh.down, &d->sdn, &wo, &cb, err)))
+			if ((rc = up_lin(g, m, l, &L->sh.gu, &d->sgu, &wo, &cb, err)) ||
+			    (rc = up_lin(g, m, l, &L->sh.down, &d->sdn, &wo, &cb, err)))
 				goto out;
 		}
 		d->wtotal = wo;
