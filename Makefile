@@ -105,7 +105,14 @@ REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/tests/replay_%)
 
 .PHONY: all shlib python deps pkgcheck test demo check-asan check-kernels-emu test-gpu test-interop bench bench-gpu bench-train-gpu bench-bins install clean venv fault goldens-train
 
+# and $(BUILD)/commit: the commit the tools are now built from (all has
+# just brought them up to date with the tree; "+" when src/ or kernels/
+# hold uncommitted changes, "unknown" outside a git checkout), for what
+# runs a build elsewhere and reports on it (bench-train-gpu's versions line)
 all: $(LIB) $(TOOLS)
+	@if c=$$(git rev-parse --short HEAD 2>/dev/null); then \
+	  git diff --quiet HEAD -- src kernels 2>/dev/null || c="$$c+"; \
+	else c=unknown; fi; echo "$$c" > $(BUILD)/commit
 
 # ---- dependencies ---------------------------------------------------------
 deps:
@@ -258,15 +265,8 @@ $(BUILD)/tools/%.o: tools/%.c $(PUB_INC)/ms.h tools/cli.h | $(BUILD)/tools pkgch
 $(WALL_EXEMPT:%=$(BUILD)/tools/%.o): $(BUILD)/tools/%.o: tools/%.c $(LIB_HDR) tools/cli.h | $(BUILD)/tools pkgcheck
 	$(CC) $(ALL_CFLAGS) -Itools -c -o $@ $<
 
-# with each tool, $(BUILD)/commit: the commit it was built from ("+" when
-# src/ or kernels/ held uncommitted changes; "unknown" outside a git
-# checkout), for what runs a build elsewhere and reports on it
-# (bench-train-gpu's versions line)
 $(BUILD)/%: $(BUILD)/tools/%.o $(CLI_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(CLI_OBJ) $(LIB) $(LDLIBS) $(CUDA_LIBS)
-	@if c=$$(git rev-parse --short HEAD 2>/dev/null); then \
-	  git diff --quiet HEAD -- src kernels 2>/dev/null || c="$$c+"; \
-	else c=unknown; fi; echo "$$c" > $(BUILD)/commit
 
 $(BUILD)/src $(BUILD)/src/train $(BUILD)/tools $(BUILD)/tests $(BUILD)/kernels $(BUILD)/bench $(BUILD)/include:
 	mkdir -p $@
