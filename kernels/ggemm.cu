@@ -460,7 +460,7 @@ __device__ __forceinline__ void wb_stage(bf16 (*sx)[NT + 8], bf16 (*su)[RP + 8],
  * a ring, WB_ST - 1 of them loading while one is summed: the kernel is a
  * stream of X, and with two stages (one in flight) a block waited on
  * each load in turn. */
-template <int R, int NT>
+template <int R, int NT, bool DU>
 __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 {
 	/* dynamic, as uint4: 16-byte aligned for cp.async and ldmatrix
@@ -469,12 +469,26 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 	bf16 (*sx)[WB_KC][NT + 8] = (bf16 (*)[WB_KC][NT + 8])wb_smem;
 	bf16 (*su)[WB_KC][R + 8] =
 		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8);
+	/* DU: W_e's rows of this column slice, [NT][R], after the ring */
+	bf16 (*sw)[R + 8] = (bf16 (*)[R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8 +
+					      WB_ST * WB_KC * (R + 8) / 8);
 	uint32_t e = blockIdx.y, n0 = blockIdx.x * NT;
 	uint32_t r0 = p.off[e], r1 = p.off[e + 1];
 	bool ua = p.R % 8 == 0 && p.ldu % 8 == 0 && (uintptr_t)p.u % 16 == 0;
 	uint32_t ns = wb_runs(p, r1 - r0, gridDim.z);
 	if (blockIdx.z >= ns)
 		return;   /* a run this group does not have */
+	if (DU) {
+		/* its own commit group, ahead of the ring's: landed by the
+		 * first stage's wait */
+		const bf16 *W = (const bf16 *)p.w + (uint64_t)e * p.wstride;
+		for (int i = threadIdx.x; i < NT * (R / 8); i += NT) {
+			int k = i / (R / 8), cc = i % (R / 8) * 8;
+			int ok = n0 + k < p.N;
+			cp16(&sw[k][cc], ok ? W + (uint64_t)(n0 + k) * p.ldw + cc : W, ok ? 16 : 0);
+		}
+		cp_commit();
+	}
 	if (ns > 1) {
 		/* this block's run of the group's rows (blockIdx.z of ns) */
 		uint32_t run = (r1 - r0 + ns - 1) / ns;
@@ -530,6 +544,39 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 				}
 			}
 		}
+		if (DU && w < WB_KC / 16) {
+			/* the stage's rows 16 w .. +15 times W_e's slice: a warp
+			 * a row tile over all NT columns, so no warp's partial
+			 * needs another's (the kernel waits on X, not on these) */
+			float d[R / 8][4];
+#pragma unroll
+			for (int q = 0; q < R / 8; q++)
+#pragma unroll
+				for (int c = 0; c < 4; c++)
+					d[q][c] = 0.0f;
+#pragma unroll 4
+			for (int k0 = 0; k0 < NT; k0 += 16) {
+				uint32_t a[4];
+				ldsm_a(a, &sx[b][0][0], NT + 8, 16 * w, k0);
+#pragma unroll
+				for (int q = 0; q < R / 16; q++) {
+					uint32_t bb[4];
+					ldsm_bk(bb, &sw[0][0], R + 8, k0, 16 * q);
+					mma16816(d[2 * q], a, bb);
+					mma16816(d[2 * q + 1], a, bb + 2);
+				}
+			}
+			float *dp = p.dpart + (uint64_t)blockIdx.x * p.drows * R;
+#pragma unroll
+			for (int q = 0; q < R / 8; q++)
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					uint32_t row = r0 + s * WB_KC + 16 * w + (l >> 2) + 8 * (c >> 1);
+					if (row < r1)
+						dp[(uint64_t)row * R + 8 * q + 2 * (l & 3) + (c & 1)] =
+							d[q][c];
+				}
+		}
 		/* the stage's readers are done before it is refilled */
 		__syncthreads();
 	}
@@ -575,34 +622,56 @@ __global__ void k_wgrad_sum(struct ms_ggemm_wgrad_bf16 p)
 	}
 }
 
-/* k_wgrad_bf's shared memory: WB_ST stages of X's rows (NT wide) and U's */
-static size_t wb_smem_bytes(uint32_t R, uint32_t NT)
+/* DU's second half: DU[row, j] = dalpha * (the slices' partials, added
+ * in slice order), rounded once to bf16 */
+__global__ void k_wgrad_du_sum(struct ms_ggemm_wgrad_bf16 p, uint32_t RP, uint32_t nsl)
 {
-	return (size_t)(WB_ST * WB_KC * (NT + 8) + WB_ST * WB_KC * (R + 8)) * sizeof(bf16);
+	uint64_t n = (uint64_t)p.off[p.E] * RP;
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		float s = 0.0f;
+		for (uint32_t z = 0; z < nsl; z++)
+			s += p.dpart[z * p.drows * RP + i];
+		((bf16 *)p.du)[i / RP * p.lddu + i % RP] = __float2bfloat16_rn(p.dalpha * s);
+	}
+}
+
+/* k_wgrad_bf's shared memory: WB_ST stages of X's rows (NT wide) and U's;
+ * with DU, W_e's NT rows of this slice */
+static size_t wb_smem_bytes(uint32_t R, uint32_t NT, bool du)
+{
+	return (size_t)(WB_ST * WB_KC * (NT + 8) + WB_ST * WB_KC * (R + 8) +
+			(du ? NT * (R + 8) : 0)) * sizeof(bf16);
 }
 
 /* k_wgrad_bf<R, NT>'s launch over grid (columns, groups, splits), its shared
  * memory allowed past the default 48 KB where the ring needs it; with occ,
  * only the blocks an SM holds at once (nothing launched) */
-template <int R, int NT>
+template <int R, int NT, bool DU>
 static int wb_launch(const struct ms_ggemm_wgrad_bf16 *p, uint32_t ns, cudaStream_t st,
 		     int *occ, struct ms_err *err)
 {
 	int rc = MS_OK;
-	size_t smem = wb_smem_bytes(R, NT);
+	size_t smem = wb_smem_bytes(R, NT, DU);
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(k_wgrad_bf<R, NT>,
+		CK(cudaFuncSetAttribute(k_wgrad_bf<R, NT, DU>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	if (occ) {
 		/* the device's answer, kept (one device a process) */
 		static int known;
 		if (!known)
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&known, k_wgrad_bf<R, NT>,
-									 NT, smem));
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+				&known, k_wgrad_bf<R, NT, DU>, NT, smem));
 		*occ = known;
 		return MS_OK;
 	}
-	k_wgrad_bf<R, NT><<<dim3((p->N + NT - 1) / NT, p->E, ns), NT, smem, st>>>(*p);
+	k_wgrad_bf<R, NT, DU><<<dim3((p->N + NT - 1) / NT, p->E, ns), NT, smem, st>>>(*p);
+	CK(cudaGetLastError());
+	if (DU) {
+		uint64_t n = p->drows * R, nb = (n + 255) / 256;
+		k_wgrad_du_sum<<<(unsigned)(nb < 4096 ? nb : 4096), 256, 0, st>>>(
+			*p, R, (p->N + NT - 1) / NT);
+	}
 	CK(cudaGetLastError());
 out:
 	return rc;
@@ -615,14 +684,14 @@ out:
  * the H200 at the bench's shapes, one split: gate/up's N 1536 over 64
  * experts took 0.099 ms in blocks of 128 and 0.071 in 256, the down
  * input's N 768 0.041 and 0.052). 256 only where it fills strictly more. */
-template <int R>
+template <int R, bool DU>
 static int wb_run(const struct ms_ggemm_wgrad_bf16 *p, uint32_t ns, cudaStream_t st,
 		  struct ms_err *err)
 {
 	static int sms;
 	int rc, dev = 0, o1 = 0, o2 = 0;
-	if ((rc = wb_launch<R, 128>(p, ns, st, &o1, err)) ||
-	    (rc = wb_launch<R, 256>(p, ns, st, &o2, err)))
+	if ((rc = wb_launch<R, 128, DU>(p, ns, st, &o1, err)) ||
+	    (rc = wb_launch<R, 256, DU>(p, ns, st, &o2, err)))
 		return rc;
 	if (!sms && (cudaGetDevice(&dev) != cudaSuccess ||
 		     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
@@ -639,10 +708,16 @@ static int wb_run(const struct ms_ggemm_wgrad_bf16 *p, uint32_t ns, cudaStream_t
 			fill[k] = b / (__builtin_ceil(b / slots) * slots);
 	}
 	if (p->width)
-		return p->width == 256 ? wb_launch<R, 256>(p, ns, st, NULL, err)
-				       : wb_launch<R, 128>(p, ns, st, NULL, err);
-	return fill[1] > fill[0] ? wb_launch<R, 256>(p, ns, st, NULL, err)
-				 : wb_launch<R, 128>(p, ns, st, NULL, err);
+		return p->width == 256 ? wb_launch<R, 256, DU>(p, ns, st, NULL, err)
+				       : wb_launch<R, 128, DU>(p, ns, st, NULL, err);
+	return fill[1] > fill[0] ? wb_launch<R, 256, DU>(p, ns, st, NULL, err)
+				 : wb_launch<R, 128, DU>(p, ns, st, NULL, err);
+}
+
+extern "C" uint64_t ms_ggemm_wgrad_bf16_dpart(uint32_t N, uint32_t R, uint64_t drows)
+{
+	/* the narrower block width's slices: enough for either */
+	return (uint64_t)((N + 127) / 128) * drows * ((R + 15) / 16 * 16);
 }
 
 extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
@@ -664,20 +739,32 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 				  "divisor (at least 1), a width of 0, 128 or 256: not covered",
 				  p->R, MS_GGEMM_WGRAD_BF16_MAX_R, p->N,
 				  (unsigned long long)p->ldx, (unsigned long long)p->ldu);
+	uint32_t rp = (p->R + 15) / 16 * 16;
+	if (p->du && (!p->N || !p->w || !p->dpart || p->ldw < rp || p->ldw % 8 || p->wstride % 8 ||
+		      (uintptr_t)p->w % 16 || (uintptr_t)p->du % 2 || p->lddu < rp))
+		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16) with its "
+				  "low-rank product: N of 0, W's stride %llu (a multiple of 8, at "
+				  "least %u), W 16-byte aligned, DU's stride %llu (at least %u), "
+				  "the partials' buffer: not covered",
+				  (unsigned long long)p->ldw, rp, (unsigned long long)p->lddu, rp);
 	if (!p->N)
 		return MS_OK;
-	switch ((p->R + 15) / 16 * 16) {
+	switch (rp) {
 	case 16:
-		rc = wb_run<16>(p, ns, (cudaStream_t)stream, err);
+		rc = p->du ? wb_run<16, true>(p, ns, (cudaStream_t)stream, err)
+			   : wb_run<16, false>(p, ns, (cudaStream_t)stream, err);
 		break;
 	case 32:
-		rc = wb_run<32>(p, ns, (cudaStream_t)stream, err);
+		rc = p->du ? wb_run<32, true>(p, ns, (cudaStream_t)stream, err)
+			   : wb_run<32, false>(p, ns, (cudaStream_t)stream, err);
 		break;
 	case 48:
-		rc = wb_run<48>(p, ns, (cudaStream_t)stream, err);
+		rc = p->du ? wb_run<48, true>(p, ns, (cudaStream_t)stream, err)
+			   : wb_run<48, false>(p, ns, (cudaStream_t)stream, err);
 		break;
 	default:
-		rc = wb_run<64>(p, ns, (cudaStream_t)stream, err);
+		rc = p->du ? wb_run<64, true>(p, ns, (cudaStream_t)stream, err)
+			   : wb_run<64, false>(p, ns, (cudaStream_t)stream, err);
 		break;
 	}
 	if (rc)

@@ -196,7 +196,27 @@ struct ms_ggemm_wgrad_bf16 {
 	 * whose grid fills the device's block slots best; 128 or 256: that
 	 * one (the tests take each) */
 	uint32_t width;
+	/* NULL, or in the same pass over X the low-rank product the folded
+	 * LoRA's backward takes of it as well (dU = s dY B beside gB = s
+	 * dY^T U: gate/up's dY read once, not twice):
+	 *   DU[row, 0:RP] = dalpha X[row, 0:N] W_e, over each group's rows,
+	 * RP = R rounded up to 16, W_e [N, RP] bf16 at w + e * wstride (row
+	 * stride ldw: at least RP, a multiple of 8; w 16-byte aligned), DU
+	 * bf16 (row stride lddu), rounded once from the float sums. Each
+	 * block's column slice's partial sums go to dpart
+	 * (ms_ggemm_wgrad_bf16_dpart floats, drows a bound on off[E]) and a
+	 * second kernel adds the slices in order: a fixed order every run. */
+	const void *w;
+	uint64_t ldw, wstride;
+	void *du;
+	uint64_t lddu;
+	float dalpha;
+	float *dpart;
+	uint64_t drows;
 };
+
+/* the floats ms_ggemm_wgrad_bf16's dpart takes for N, R and drows */
+uint64_t ms_ggemm_wgrad_bf16_dpart(uint32_t N, uint32_t R, uint64_t drows);
 
 int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *stream,
 			struct ms_err *err);

@@ -508,6 +508,7 @@ struct ms_gmodel {
 	float *dctx, *dqv, *dkk, *dvv, *dq0, *dk0, *xs, *xsd, *actd, *dye, *dact;
 	float *dgu, *dxs, *dz, *du, *dw, *sc, *dp;
 	uint64_t tmp_n, du_n;        /* tmp's and du's floats */
+	uint64_t dgu_n;              /* dgu's floats */
 	float *dctx2;                /* [S, nh*hd]: per-head dV / dK before the
 					group sums */
 	int flash;                   /* fused attention (flash.h's kernels or
@@ -769,7 +770,7 @@ static uint32_t gemm_tt(int ta, int tb, cudaDataType_t ty, cudaDataType_t cty)
 
 /* the library calls' site keys (no source line of theirs to name) */
 enum { SK_XGEMM = 90001, SK_SDPA_FWD, SK_SDPA_BWD, SK_WGRAD_BF16, SK_GEMM_BATCHED,
-       SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD, SK_LOWRANK };
+       SK_GEMM_GROUPED, SK_ROUTER, SK_ROUTER_DGRAD, SK_LOWRANK, SK_WGRAD_DU };
 
 /* a site key's name in the profile: a GEMM's shape and types, a library
  * call, or the source line of a launch */
@@ -780,13 +781,14 @@ static void site_name(const struct ms_gmodel *g, int key, char *nm, size_t n)
 				    "batched GEMM (attention heads)",
 				    "cuBLAS grouped GEMM (expert LoRA)", "router logits (router.cu)",
 				    "router input gradient (router.cu)",
-				    "grouped low-rank product (bf16, expert LoRA)"};
+				    "grouped low-rank product (bf16, expert LoRA)",
+				    "grouped weight gradient with dU (bf16)"};
 	if (key >= 100000 && key - 100000 < g->ngshape) {
 		const uint32_t *gs = g->gshape[key - 100000];
 		snprintf(nm, n, "GEMM %ux%ux%u%s%s %s -> %s", gs[0], gs[1], gs[2],
 			 gs[3] & 1 ? " A^T" : "", gs[3] & 2 ? " B^T" : "",
 			 gs[3] & 4 ? "bf16" : "float32", gs[3] & 8 ? "bf16" : "float32");
-	} else if (key >= SK_XGEMM && key <= SK_LOWRANK)
+	} else if (key >= SK_XGEMM && key <= SK_WGRAD_DU)
 		snprintf(nm, n, "%s", lib[key - SK_XGEMM]);
 	else if (key == -2)
 		snprintf(nm, n, "before a library call");
@@ -4716,6 +4718,7 @@ static int acts_alloc(struct ms_gmodel *g, const struct ms_model *m, uint32_t B,
 	}
 	DM(g->dact, rows * u64max(F, Fs) * 4, MC_SCRATCH);
 	DM(g->dgu, rows * 2 * u64max(F, Fs) * 4, MC_SCRATCH);
+	g->dgu_n = rows * 2 * u64max(F, Fs);
 	if (!g->flash)
 		DM(g->dctx2, (uint64_t)S * g->dq * 4, MC_SCRATCH);
 	if (TK) {
@@ -5992,6 +5995,44 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	return MS_OK;
 }
 
+/*
+ * backward, gate/up: fold_du's dU = s dY B and fold_wgrad's gB += s dY^T
+ * U in one pass over the twin dY (ms_ggemm_wgrad_bf16 with its DU), where
+ * each read dY's [T K, out] rows on its own (201 MB a layer on the bench
+ * model); the column slices' partial dU in dgu, unused by the folded path
+ * until the shared experts' backward. *done 0 (nothing launched): a
+ * shape it does not cover, fold_du and fold_wgrad's WG_B then as before.
+ */
+static int fold_du_gb(struct ms_gmodel *g, const struct dlora *L, const uint32_t *cnt,
+		      const void *dY, uint32_t ld, const __nv_bfloat16 *Us, int *done,
+		      struct ms_err *err)
+{
+	int rc = MS_OK;
+	uint32_t E = L->E, r = L->r, out = L->out, fr = fold_width(r);
+	uint64_t TK = (uint64_t)g->T * g->K, n = (uint64_t)E * out * fr;
+	*done = 0;
+	if (g->f32 || !out || out % 8 || ld % 8 || (uintptr_t)dY % 16 || r > MS_GGEMM_WGRAD_BF16_MAX_R ||
+	    ms_ggemm_wgrad_bf16_dpart(out, r, TK) > g->dgu_n)
+		return MS_OK;
+	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
+					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart, wgrad_run_rows(cnt, E)};
+	wb.w = g->fab, wb.ldw = fr, wb.wstride = (uint64_t)out * fr;
+	wb.du = (char *)dY + (uint64_t)out * 2, wb.lddu = ld, wb.dalpha = g->lscale;
+	wb.dpart = g->dgu, wb.drows = TK;
+	k_pad_factor<<<nblk(n), NTH, 0, g->st>>>(L->B, g->fab, E, out, r, out, fr);
+	LK();
+	if ((rc = offsets_up(g, cnt, err)))
+		return rc;
+	site(g, -2);
+	if ((rc = ms_ggemm_wgrad_bf16(&wb, g->st, err)))
+		return rc;
+	site(g, SK_WGRAD_DU);
+	*done = 1;
+out:
+	return rc;
+}
+
 static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, float *xout,
 		     const struct kvdec *dc, struct ms_err *err)
 {
@@ -6438,10 +6479,18 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 		if (fr && (rc = route_bwd(g, d, a, rc_, err)))
 			return rc;
 		X = twin_of(g, g->dgu);
+		int gbdone = 0;
 		if (fr) {
-			ph(g, PH_B_LORA);
-			if ((rc = fold_du(g, d->lgu, a->cnt, X, (uint32_t)ldg, err)))
+			/* gB with dU where the shape allows (fold_du_gb) */
+			ph(g, PH_B_LORA_GRAD);
+			if ((rc = fold_du_gb(g, d->lgu, a->cnt, X, (uint32_t)ldg,
+					     (const __nv_bfloat16 *)a->ugu, &gbdone, err)))
 				return rc;
+			if (!gbdone) {
+				ph(g, PH_B_LORA);
+				if ((rc = fold_du(g, d->lgu, a->cnt, X, (uint32_t)ldg, err)))
+					return rc;
+			}
 			ph(g, PH_B_EXPERTS);
 		}
 		if (g->grouped && (rc = egemm(g, d, a, 2, X, g->H, 2 * g->F, g->dxs, err)))
@@ -6471,10 +6520,11 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 			 * the rank fills the folded width (fold_ga_gu), else
 			 * by expert rows */
 			int dense = g->r == fr;
-			if ((rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
-					     (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, a->h2b,
-					     (uint32_t)H, a->perm, dense ? WG_B : WG_A | WG_B,
-					     err)) ||
+			int which = (dense ? 0 : WG_A) | (gbdone ? 0 : WG_B);
+			if ((which &&
+			     (rc = fold_wgrad(g, d->lgu, a->cnt, (const __nv_bfloat16 *)g->cA,
+					      (uint32_t)ldg, (const __nv_bfloat16 *)a->ugu, a->h2b,
+					      (uint32_t)H, a->perm, which, err))) ||
 			    (dense &&
 			     (rc = fold_ga_gu(g, d->lgu, a, g->cA, (uint32_t)ldg, a->h2b, err))))
 				return rc;

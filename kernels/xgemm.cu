@@ -71,7 +71,12 @@ using EA = cutlass::bfloat16_t;
 using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
 using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major is K x N column-major */
 using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
-using Tile = Shape<_128, _256, _64>;
+/* MS_XG_TILE_K: the K tile (a build-time trial; the folded LoRA's 16
+ * columns of K past F or H take a whole K tile of zeros past them) */
+#ifndef MS_XG_TILE_K
+#define MS_XG_TILE_K 64
+#endif
+using Tile = Shape<_128, _256, Int<MS_XG_TILE_K>>;
 using Cluster = Shape<_1, _1, _1>;
 
 /* the kernel for an output element type D (float or bfloat16_t) */

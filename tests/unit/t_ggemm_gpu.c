@@ -395,7 +395,7 @@ static int test_ggemm_shapes(void)
  * hardware's) of the sum of magnitudes. */
 static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
 		       int trans, int acc, int perm, uint32_t nsplit, uint32_t width,
-		       uint32_t run_rows)
+		       uint32_t run_rows, int dup)
 {
 	uint32_t off[65];
 	uint64_t rows, ldu = bf ? R + 8 : R + 3, ldx = bf ? N + 16 : N + 1;
@@ -406,7 +406,15 @@ static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_
 	void *du = NULL, *dx = NULL, *dg = NULL, *doff = NULL, *dp = NULL, *dpart = NULL;
 	int32_t *xp = NULL;
 	double *xg = NULL;
-	const char *what = bf ? "wgrad bf16" : "wgrad";
+	/* dup: DU = 0.25 X W_e as well, W_e [N, RP] (stride RP + 8), DU's
+	 * stride RP + 5, its columns past RP and a row past the groups'
+	 * sentinels */
+	uint32_t rp = (R + 15) / 16 * 16;
+	uint64_t ldw = rp + 8, lddu = rp + 5, nw = (uint64_t)E * N * ldw;
+	uint16_t *w = NULL, *hdu = NULL;
+	double *wv = NULL;
+	void *dw = NULL, *ddu = NULL, *ddp = NULL;
+	const char *what = bf ? dup ? "wgrad bf16 with DU" : "wgrad bf16" : "wgrad";
 	struct ms_err err = {0};
 	double worst = 0, ulp = bf ? 0x1p-22 : 0x1p-23;
 	int rc = 1;
@@ -460,6 +468,20 @@ static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_
 		goto fail;
 	if (nsplit > 1 && ms_gpu_malloc(&dpart, (uint64_t)nsplit * E * R * N * 4, &err))
 		goto fail;
+	if (dup) {
+		w = malloc(nw * 2);
+		wv = malloc(nw * 8);
+		hdu = malloc((rows + 1) * lddu * 2);
+		T_ASSERT(w && wv && hdu);
+		fill(w, wv, nw, 1.0);
+		for (uint64_t i = 0; i < (rows + 1) * lddu; i++)
+			hdu[i] = 0x7fc1;   /* a NaN: what the kernel must overwrite or leave */
+		if (ms_gpu_malloc(&dw, nw * 2, &err) || ms_gpu_malloc(&ddu, (rows + 1) * lddu * 2, &err) ||
+		    ms_gpu_malloc(&ddp, ms_ggemm_wgrad_bf16_dpart(N, R, rows + 1) * 4, &err) ||
+		    ms_gpu_memcpy(dw, w, nw * 2, &err) ||
+		    ms_gpu_memcpy(ddu, hdu, (rows + 1) * lddu * 2, &err))
+			goto fail;
+	}
 	if (bf) {
 		struct ms_ggemm_wgrad_bf16 p = {
 			.E = E, .R = R, .N = N, .off = doff, .u = du, .ldu = ldu, .x = dx,
@@ -467,6 +489,10 @@ static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_
 			.accumulate = acc, .xperm = dp, .xdiv = 3, .nsplit = nsplit, .part = dpart,
 			.width = width, .run_rows = run_rows,
 		};
+		if (dup) {
+			p.w = dw, p.ldw = ldw, p.wstride = (uint64_t)N * ldw, p.du = ddu;
+			p.lddu = lddu, p.dalpha = 0.25f, p.dpart = (float *)ddp, p.drows = rows + 1;
+		}
 		if (ms_ggemm_wgrad_bf16(&p, NULL, &err) || ms_gpu_sync(&err))
 			goto fail;
 	} else {
@@ -509,6 +535,50 @@ static int wgrad_run_w(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_
 					worst = err_ / m;
 			}
 	}
+	if (dup) {
+		/* DU against a double reference: the float sums' error as G's,
+		 * then one rounding to bf16 (half its ulp: 2^-8 of the value) */
+		double dworst = 0;
+		if (cudaMemcpy(hdu, ddu, (rows + 1) * lddu * 2, cudaMemcpyDeviceToHost) !=
+		    cudaSuccess)
+			goto out;
+		for (uint32_t e = 0; e < E; e++)
+			for (uint64_t r = off[e]; r < off[e + 1]; r++)
+				for (uint32_t j = 0; j < lddu; j++) {
+					double s = 0, m = 0, got = from_bf16(hdu[r * lddu + j]), d;
+					if (j >= rp) {
+						if (hdu[r * lddu + j] != 0x7fc1) {
+							fprintf(stderr, "%s: row %llu: DU past its %u "
+								"columns was written\n", what,
+								(unsigned long long)r, rp);
+							goto out;
+						}
+						continue;
+					}
+					for (uint32_t n = 0; n < N; n++) {
+						double t = xv[r * ldx + n] *
+							   wv[((uint64_t)e * N + n) * ldw + j];
+						s += t;
+						m += fabs(t);
+					}
+					s *= 0.25, m *= 0.25;
+					d = fabs(got - s);
+					if (!(d <= 0x1p-8 * fabs(s) + (N + 2) * 0x1p-22 * m + 1e-30)) {
+						fprintf(stderr, "%s E %u R %u N %u: DU row %llu col %u: "
+							"gpu %.9g ref %.9g mag %.3g\n", what, E, R, N,
+							(unsigned long long)r, j, got, s, m);
+						goto out;
+					}
+					if (m > 0 && d / m > dworst)
+						dworst = d / m;
+				}
+		for (uint32_t j = 0; j < lddu; j++)
+			if (hdu[rows * lddu + j] != 0x7fc1) {
+				fprintf(stderr, "%s: DU's row past the groups was written\n", what);
+				goto out;
+			}
+		printf("%s: DU max err/mag %.3g\n", what, dworst);
+	}
 	printf("%s E %u R %u N %u rows %llu trans %d %s%s, %u split(s) (%u rows a run), width "
 	       "%u: max err/mag %.3g\n", what, E, R, N, (unsigned long long)rows, trans,
 	       acc ? "accumulate" : "write", perm ? ", X through a permutation" : "",
@@ -530,6 +600,12 @@ out:
 	ms_gpu_free(doff);
 	ms_gpu_free(dp);
 	ms_gpu_free(dpart);
+	ms_gpu_free(dw);
+	ms_gpu_free(ddu);
+	ms_gpu_free(ddp);
+	free(w);
+	free(wv);
+	free(hdu);
 	free(xp);
 	return rc;
 }
@@ -537,7 +613,7 @@ out:
 static int wgrad_run(int bf, uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt,
 		     int trans, int acc, int perm, uint32_t nsplit)
 {
-	return wgrad_run_w(bf, E, R, N, cnt, trans, acc, perm, nsplit, 0, 0);
+	return wgrad_run_w(bf, E, R, N, cnt, trans, acc, perm, nsplit, 0, 0, 0);
 }
 
 static int wgrad_case(uint32_t E, uint32_t R, uint32_t N, const uint32_t *cnt, int trans,
@@ -606,17 +682,28 @@ static int test_ggemm_wgrad_bf16(void)
 	/* each block width, whichever the device's fill would pick: N past
 	 * one block of either, and short of one */
 	for (uint32_t w = 128; w <= 256; w += 128) {
-		T_ASSERT(wgrad_run_w(1, 8, 16, 392, edge, 1, 1, 1, 0, w, 0) == 0);
-		T_ASSERT(wgrad_run_w(1, 8, 16, 520, edge, 0, 0, 0, 4, w, 0) == 0);
-		T_ASSERT(wgrad_run_w(1, 4, 64, 40, NULL, 1, 1, 0, 0, w, 0) == 0);
+		T_ASSERT(wgrad_run_w(1, 8, 16, 392, edge, 1, 1, 1, 0, w, 0, 0) == 0);
+		T_ASSERT(wgrad_run_w(1, 8, 16, 520, edge, 0, 0, 0, 4, w, 0, 0) == 0);
+		T_ASSERT(wgrad_run_w(1, 4, 64, 40, NULL, 1, 1, 0, 0, w, 0, 0) == 0);
 	}
 	/* runs only where a group passes run_rows (edge's 300 in 4 runs at
 	 * most, 65 in 2, 33 and under whole: those write G directly, the
 	 * others through partials), X direct and permuted, accumulating and
 	 * not; a run_rows no group passes (every group one run) */
-	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 1, 1, 1, 4, 0, 40) == 0);
-	T_ASSERT(wgrad_run_w(1, 8, 3, 264, edge, 0, 0, 0, 4, 256, 64) == 0);
-	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 0, 1, 0, 4, 128, 1000) == 0);
+	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 1, 1, 1, 4, 0, 40, 0) == 0);
+	T_ASSERT(wgrad_run_w(1, 8, 3, 264, edge, 0, 0, 0, 4, 256, 64, 0) == 0);
+	T_ASSERT(wgrad_run_w(1, 8, 16, 136, edge, 0, 1, 0, 4, 128, 1000, 0) == 0);
+	/* with DU, the low-rank product of the same pass: ranks that fill
+	 * 16 and not (3: W and DU 16 wide), 32, 64; groups empty and across
+	 * a stage, N past a block of either width and short of one, X
+	 * direct and permuted, one run a group or cut into runs */
+	for (uint32_t w = 128; w <= 256; w += 128) {
+		T_ASSERT(wgrad_run_w(1, 8, 16, 392, edge, 1, 1, 0, 0, w, 0, 1) == 0);
+		T_ASSERT(wgrad_run_w(1, 8, 3, 136, edge, 0, 0, 1, 4, w, 40, 1) == 0);
+		T_ASSERT(wgrad_run_w(1, 4, 64, 40, NULL, 1, 1, 0, 0, w, 0, 1) == 0);
+	}
+	T_ASSERT(wgrad_run_w(1, 8, 32, 520, edge, 0, 1, 1, 4, 0, 0, 1) == 0);
+	T_ASSERT(wgrad_run_w(1, 64, 16, 1536, NULL, 1, 0, 0, 4, 0, 1000, 1) == 0);
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.R = 16, bad.ldu = 16, bad.ldx = 12;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
@@ -632,6 +719,16 @@ static int test_ggemm_wgrad_bf16(void)
 	bad.width = 192;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
 	bad.width = 0;
+	/* DU with W's stride short of the padded rank, then W misaligned,
+	 * then without the partials' buffer */
+	bad.du = (void *)16, bad.lddu = 16, bad.w = (const void *)16, bad.ldw = 8;
+	bad.dpart = (float *)16;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.ldw = 16, bad.w = (const void *)8;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.w = (const void *)16, bad.dpart = NULL;
+	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_EINVAL);
+	bad.du = NULL;
 	bad.N = 0;
 	T_ASSERT_EQ_INT(ms_ggemm_wgrad_bf16(&bad, NULL, &err), MS_OK);
 	return 0;
