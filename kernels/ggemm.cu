@@ -469,7 +469,8 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 	bf16 (*sx)[WB_KC][NT + 8] = (bf16 (*)[WB_KC][NT + 8])wb_smem;
 	bf16 (*su)[WB_KC][R + 8] =
 		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8);
-	/* DU: W_e's rows of this column slice, [NT][R], after the ring */
+	/* DU at a rank past 16 (wb_du_shared): W_e's rows of this column
+	 * slice, [NT][R], after the ring */
 	bf16 (*sw)[R + 8] = (bf16 (*)[R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8 +
 					      WB_ST * WB_KC * (R + 8) / 8);
 	uint32_t e = blockIdx.y, n0 = blockIdx.x * NT;
@@ -478,10 +479,31 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 	uint32_t ns = wb_runs(p, r1 - r0, gridDim.z);
 	if (blockIdx.z >= ns)
 		return;   /* a run this group does not have */
-	if (DU) {
+	int w = threadIdx.x >> 5, l = threadIdx.x & 31, i4 = l >> 3;
+	const bf16 *W = DU ? (const bf16 *)p.w + (uint64_t)e * p.wstride : NULL;
+	/* DU at rank 16: the B fragments of W_e's rows under this warp's 32
+	 * columns (two k16 steps, two n8 tiles), in registers for the whole
+	 * block: lane l's (k 2 (l % 4), +1 and +8, +9; n l / 4) */
+	uint32_t wf[2][2][2] = {};
+	if (DU && R == 16) {
+#pragma unroll
+		for (int t = 0; t < 2; t++)
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+#pragma unroll
+				for (int q = 0; q < 2; q++) {
+					uint32_t k = n0 + w * 32 + 16 * t + 2 * (l & 3) + 8 * q, n = 8 * h + (l >> 2);
+					uint16_t lo = 0, hi = 0;
+					if (k < p.N)
+						lo = ((const uint16_t *)W)[(uint64_t)k * p.ldw + n];
+					if (k + 1 < p.N)
+						hi = ((const uint16_t *)W)[(uint64_t)(k + 1) * p.ldw + n];
+					wf[t][h][q] = (uint32_t)lo | (uint32_t)hi << 16;
+				}
+	}
+	if (DU && R > 16) {
 		/* its own commit group, ahead of the ring's: landed by the
 		 * first stage's wait */
-		const bf16 *W = (const bf16 *)p.w + (uint64_t)e * p.wstride;
 		for (int i = threadIdx.x; i < NT * (R / 8); i += NT) {
 			int k = i / (R / 8), cc = i % (R / 8) * 8;
 			int ok = n0 + k < p.N;
@@ -498,7 +520,6 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 		r1 = r0 + run < r1 ? r0 + run : r1;
 	}
 	uint32_t nst = (r1 - r0 + WB_KC - 1) / WB_KC;
-	int w = threadIdx.x >> 5, l = threadIdx.x & 31, i4 = l >> 3;
 	float acc[2][R / 8][4];
 #pragma unroll
 	for (int t = 0; t < 2; t++)
@@ -544,7 +565,49 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 				}
 			}
 		}
-		if (DU && w < WB_KC / 16) {
+		if (DU && R == 16) {
+			/* every warp the stage's 32 rows times its 32 columns'
+			 * slice of W_e, then the warps' partials added in warp
+			 * order through the stage's own buffer, read by now (a
+			 * warp's [WB_KC][16] floats: NT / 32 of them fit in
+			 * its WB_KC rows of NT + 8 bf16). Where two warps did
+			 * a row tile's whole slice each, with W_e in shared
+			 * memory, they set the stage's time (A/B on the H200:
+			 * the fused launch 0.136 ms a layer) and W_e's slice
+			 * cost blocks an SM. */
+			float d[WB_KC / 16][2][4] = {};
+#pragma unroll
+			for (int t = 0; t < 2; t++)
+#pragma unroll
+				for (int mt = 0; mt < WB_KC / 16; mt++) {
+					uint32_t a[4];
+					ldsm_a(a, &sx[b][0][0], NT + 8, 16 * mt, w * 32 + 16 * t);
+#pragma unroll
+					for (int h = 0; h < 2; h++)
+						mma16816(d[mt][h], a, wf[t][h]);
+				}
+			__syncthreads();
+			float (*red)[WB_KC][16] = (float (*)[WB_KC][16])&sx[b][0][0];
+#pragma unroll
+			for (int mt = 0; mt < WB_KC / 16; mt++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+#pragma unroll
+					for (int c = 0; c < 4; c++)
+						red[w][16 * mt + (l >> 2) + 8 * (c >> 1)]
+						   [8 * h + 2 * (l & 3) + (c & 1)] = d[mt][h][c];
+			__syncthreads();
+			float *dp = p.dpart + (uint64_t)blockIdx.x * p.drows * 16;
+			for (int i = threadIdx.x; i < WB_KC * 16; i += NT) {
+				uint32_t row = r0 + s * WB_KC + i / 16;
+				float v = 0.0f;
+				for (int q = 0; q < NT / 32; q++)
+					v += red[q][i / 16][i % 16];
+				if (row < r1)
+					dp[(uint64_t)row * 16 + i % 16] = v;
+			}
+		}
+		if (DU && R > 16 && w < WB_KC / 16) {
 			/* the stage's rows 16 w .. +15 times W_e's slice: a warp
 			 * a row tile over all NT columns, so no warp's partial
 			 * needs another's (the kernel waits on X, not on these) */
@@ -637,11 +700,12 @@ __global__ void k_wgrad_du_sum(struct ms_ggemm_wgrad_bf16 p, uint32_t RP, uint32
 }
 
 /* k_wgrad_bf's shared memory: WB_ST stages of X's rows (NT wide) and U's;
- * with DU, W_e's NT rows of this slice */
+ * with DU past rank 16, W_e's NT rows of this slice (at 16 they are in
+ * registers, the blocks an SM holds those without DU) */
 static size_t wb_smem_bytes(uint32_t R, uint32_t NT, bool du)
 {
 	return (size_t)(WB_ST * WB_KC * (NT + 8) + WB_ST * WB_KC * (R + 8) +
-			(du ? NT * (R + 8) : 0)) * sizeof(bf16);
+			(du && R > 16 ? NT * (R + 8) : 0)) * sizeof(bf16);
 }
 
 /* k_wgrad_bf<R, NT>'s launch over grid (columns, groups, splits), its shared
