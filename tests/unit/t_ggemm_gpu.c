@@ -19,7 +19,12 @@
  * reference: groups of 0 .. 300 rows, ranks 1, 3, 4, 16 and 32, columns
  * within and past a block, both layouts of G, written and accumulated;
  * its bf16 tensor-core form (ms_ggemm_wgrad_bf16) the same way, ranks 3
- * to 64;
+ * to 64, and with its DU (the low-rank product of the same pass over X,
+ * rank 16's every-warp form and the wider ranks' two-warp one, 128- and
+ * 256-wide blocks, runs, a permuted X, 64 groups at the bench's 1536
+ * columns) against a double reference within the float sums' error and
+ * one bf16 rounding, DU's columns past the padded rank and its rows past
+ * the groups left as they were;
  * and the grouped low-rank products (ms_ggemm_lowrank), down and up, and
  * the bf16 down product on the tensor cores (ms_ggemm_lowrank_bf16), with
  * W stored and transposed, the same way, through both its kernels (rows

@@ -11,7 +11,9 @@
  * a device-to-device copy of X's bytes (the memory's rate here); and,
  * for the down adapter's gB, the dense alternative train.cu takes at rank
  * 16 (fold_gb_dn: one cuBLAS GEMM of every token against every expert's
- * U, [E R, T] x [T, H], bf16 in, float32 out). The ring's depth is a -D
+ * U, [E R, T] x [T, H], bf16 in, float32 out); and gate/up's gB with its
+ * DU (dU = dY B_e in the same pass, train.cu's fold_du_gb) at each
+ * width. The ring's depth is a -D
  * (kernels/ggemm.cu reads WB_ST). Not built by make:
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc -Ikernels -o wgrad_probe \
@@ -82,6 +84,11 @@ int main(void)
 	PK(cudaMalloc(&g, (size_t)E * R * 2048 * 4));
 	PK(cudaMalloc(&gd, (size_t)E * R * 2048 * 4));
 	PK(cudaMalloc(&part, (size_t)16 * E * R * 2048 * 4));
+	bf16 *wb;
+	float *dpart;
+	PK(cudaMalloc(&wb, (size_t)E * 1536 * R * 2));
+	PK(cudaMalloc(&dpart, ms_ggemm_wgrad_bf16_dpart(1536, R, TK) * 4));
+	probe_fill<<<1024, 256>>>(wb, (size_t)E * 1536 * R, 4);
 	probe_fill<<<1024, 256>>>(x, (size_t)TK * 2064, 1);
 	probe_fill<<<1024, 256>>>(u, (size_t)TK * R, 2);
 	probe_fill<<<1024, 256>>>(ud, (size_t)T * E * R, 3);
@@ -143,6 +150,32 @@ int main(void)
 				printf("  split %u, run_rows %4u, width %3s: %.3f ms (%.2f TB/s of X "
 				       "and U)\n", cf[k][0], cf[k][1],
 				       cf[k][2] ? (cf[k][2] == 128 ? "128" : "256") : "any",
+				       ms / reps, xbytes / (ms / reps * 1e9));
+			}
+			/* gate/up: with its DU as train.cu's fold_du_gb takes it
+			 * (dU = dY B_e into X's tail, B_e [N, 16]), run_rows as
+			 * the trainer's, each width */
+			for (int k = 0; c == 1 && k < 3; k++) {
+				const uint32_t wd[3] = {0, 128, 256};
+				struct ms_ggemm_wgrad_bf16 p = {E, R, N, doff, u, R, x, lds[c], g,
+								(uint64_t)N * R, 1, 1.0f, 1, NULL, 1,
+								4, part, rr, wd[k]};
+				p.w = wb, p.ldw = R, p.wstride = (uint64_t)N * R;
+				p.du = x + N, p.lddu = lds[c], p.dalpha = 2.0f, p.dpart = dpart;
+				p.drows = TK;
+				if (ms_ggemm_wgrad_bf16(&p, 0, &err)) {
+					printf("  error: %s\n", err.msg);
+					return 1;
+				}
+				PK(cudaDeviceSynchronize());
+				PK(cudaEventRecord(e0));
+				for (int i = 0; i < reps; i++)
+					ms_ggemm_wgrad_bf16(&p, 0, &err);
+				PK(cudaEventRecord(e1));
+				PK(cudaEventSynchronize(e1));
+				PK(cudaEventElapsedTime(&ms, e0, e1));
+				printf("  with DU, run_rows %4u, width %3s: %.3f ms (%.2f TB/s of X "
+				       "and U)\n", rr, wd[k] ? (wd[k] == 128 ? "128" : "256") : "any",
 				       ms / reps, xbytes / (ms / reps * 1e9));
 			}
 		}
