@@ -469,8 +469,8 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 	bf16 (*sx)[WB_KC][NT + 8] = (bf16 (*)[WB_KC][NT + 8])wb_smem;
 	bf16 (*su)[WB_KC][R + 8] =
 		(bf16 (*)[WB_KC][R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8);
-	/* DU at a rank past 16 (wb_du_shared): W_e's rows of this column
-	 * slice, [NT][R], after the ring */
+	/* DU at a rank past 16 (the two-warp form below): W_e's rows of this
+	 * column slice, [NT][R], after the ring */
 	bf16 (*sw)[R + 8] = (bf16 (*)[R + 8])(wb_smem + WB_ST * WB_KC * (NT + 8) / 8 +
 					      WB_ST * WB_KC * (R + 8) / 8);
 	uint32_t e = blockIdx.y, n0 = blockIdx.x * NT;
@@ -492,12 +492,14 @@ __global__ void __launch_bounds__(NT) k_wgrad_bf(struct ms_ggemm_wgrad_bf16 p)
 			for (int h = 0; h < 2; h++)
 #pragma unroll
 				for (int q = 0; q < 2; q++) {
-					uint32_t k = n0 + w * 32 + 16 * t + 2 * (l & 3) + 8 * q, n = 8 * h + (l >> 2);
+					const uint16_t *W16 = (const uint16_t *)W;
+					uint32_t k = n0 + w * 32 + 16 * t + 2 * (l & 3) + 8 * q;
+					uint32_t n = 8 * h + (l >> 2);
 					uint16_t lo = 0, hi = 0;
 					if (k < p.N)
-						lo = ((const uint16_t *)W)[(uint64_t)k * p.ldw + n];
+						lo = W16[(uint64_t)k * p.ldw + n];
 					if (k + 1 < p.N)
-						hi = ((const uint16_t *)W)[(uint64_t)(k + 1) * p.ldw + n];
+						hi = W16[(uint64_t)(k + 1) * p.ldw + n];
 					wf[t][h][q] = (uint32_t)lo | (uint32_t)hi << 16;
 				}
 	}
@@ -804,8 +806,9 @@ extern "C" int ms_ggemm_wgrad_bf16(const struct ms_ggemm_wgrad_bf16 *p, void *st
 				  p->R, MS_GGEMM_WGRAD_BF16_MAX_R, p->N,
 				  (unsigned long long)p->ldx, (unsigned long long)p->ldu);
 	uint32_t rp = (p->R + 15) / 16 * 16;
-	if (p->du && (!p->N || !p->w || !p->dpart || p->ldw < rp || p->ldw % 8 || p->wstride % 8 ||
-		      (uintptr_t)p->w % 16 || (uintptr_t)p->du % 2 || p->lddu < rp))
+	if (p->du && (!p->N || !p->w || !p->dpart || p->ldw < rp || p->ldw % 8 ||
+		      p->wstride % 8 || (uintptr_t)p->w % 16 || (uintptr_t)p->du % 2 ||
+		      p->lddu < rp))
 		return ms_err_set(err, MS_EINVAL, "grouped weight gradient (bf16) with its "
 				  "low-rank product: N of 0, W's stride %llu (a multiple of 8, at "
 				  "least %u), W 16-byte aligned, DU's stride %llu (at least %u), "

@@ -6011,8 +6011,8 @@ static int fold_du_gb(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	uint32_t E = L->E, r = L->r, out = L->out, fr = fold_width(r);
 	uint64_t TK = (uint64_t)g->T * g->K, n = (uint64_t)E * out * fr;
 	*done = 0;
-	if (g->f32 || !out || out % 8 || ld % 8 || (uintptr_t)dY % 16 || r > MS_GGEMM_WGRAD_BF16_MAX_R ||
-	    ms_ggemm_wgrad_bf16_dpart(out, r, TK) > g->dgu_n)
+	if (g->f32 || !out || out % 8 || ld % 8 || (uintptr_t)dY % 16 ||
+	    r > MS_GGEMM_WGRAD_BF16_MAX_R || ms_ggemm_wgrad_bf16_dpart(out, r, TK) > g->dgu_n)
 		return MS_OK;
 	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
 					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
