@@ -68,6 +68,26 @@ static void route(int skew, uint32_t E, uint32_t T, uint32_t K, std::vector<uint
 		off[e + 1] = off[e] + cnt[e];
 }
 
+/* ms a call of p over reps calls after one (its errors said), -1 on one */
+static float time_wb(const struct ms_ggemm_wgrad_bf16 &p, cudaEvent_t e0, cudaEvent_t e1,
+		     int reps)
+{
+	struct ms_err err = {0};
+	float ms = 0;
+	if (ms_ggemm_wgrad_bf16(&p, 0, &err)) {
+		printf("  error: %s\n", err.msg);
+		return -1;
+	}
+	PK(cudaDeviceSynchronize());
+	PK(cudaEventRecord(e0));
+	for (int i = 0; i < reps; i++)
+		ms_ggemm_wgrad_bf16(&p, 0, &err);
+	PK(cudaEventRecord(e1));
+	PK(cudaEventSynchronize(e1));
+	PK(cudaEventElapsedTime(&ms, e0, e1));
+	return ms / reps;
+}
+
 int main(void)
 {
 	const uint32_t E = 64, T = 8192, K = 8, R = 16, TK = T * K;
@@ -97,7 +117,6 @@ int main(void)
 	cudaEvent_t e0, e1;
 	PK(cudaEventCreate(&e0));
 	PK(cudaEventCreate(&e1));
-	struct ms_err err = {0};
 	const int reps = 20;
 	printf("WB_ST %d WB_KC %d\n", WB_ST, WB_KC);
 	for (int skew = 0; skew < 2; skew++) {
@@ -136,21 +155,12 @@ int main(void)
 				struct ms_ggemm_wgrad_bf16 p = {E, R, N, doff, u, R, x, lds[c], g,
 								(uint64_t)N * R, 1, 1.0f, 1, NULL, 1,
 								cf[k][0], part, cf[k][1], cf[k][2]};
-				if (ms_ggemm_wgrad_bf16(&p, 0, &err)) {
-					printf("  error: %s\n", err.msg);
+				if ((ms = time_wb(p, e0, e1, reps)) < 0)
 					return 1;
-				}
-				PK(cudaDeviceSynchronize());
-				PK(cudaEventRecord(e0));
-				for (int i = 0; i < reps; i++)
-					ms_ggemm_wgrad_bf16(&p, 0, &err);
-				PK(cudaEventRecord(e1));
-				PK(cudaEventSynchronize(e1));
-				PK(cudaEventElapsedTime(&ms, e0, e1));
 				printf("  split %u, run_rows %4u, width %3s: %.3f ms (%.2f TB/s of X "
 				       "and U)\n", cf[k][0], cf[k][1],
 				       cf[k][2] ? (cf[k][2] == 128 ? "128" : "256") : "any",
-				       ms / reps, xbytes / (ms / reps * 1e9));
+				       ms, xbytes / (ms * 1e9));
 			}
 			/* gate/up: with its DU as train.cu's fold_du_gb takes it
 			 * (dU = dY B_e into X's tail, B_e [N, 16]), run_rows as
@@ -163,20 +173,11 @@ int main(void)
 				p.w = wb, p.ldw = R, p.wstride = (uint64_t)N * R;
 				p.du = x + N, p.lddu = lds[c], p.dalpha = 2.0f, p.dpart = dpart;
 				p.drows = TK;
-				if (ms_ggemm_wgrad_bf16(&p, 0, &err)) {
-					printf("  error: %s\n", err.msg);
+				if ((ms = time_wb(p, e0, e1, reps)) < 0)
 					return 1;
-				}
-				PK(cudaDeviceSynchronize());
-				PK(cudaEventRecord(e0));
-				for (int i = 0; i < reps; i++)
-					ms_ggemm_wgrad_bf16(&p, 0, &err);
-				PK(cudaEventRecord(e1));
-				PK(cudaEventSynchronize(e1));
-				PK(cudaEventElapsedTime(&ms, e0, e1));
 				printf("  with DU, run_rows %4u, width %3s: %.3f ms (%.2f TB/s of X "
 				       "and U)\n", rr, wd[k] ? (wd[k] == 128 ? "128" : "256") : "any",
-				       ms / reps, xbytes / (ms / reps * 1e9));
+				       ms, xbytes / (ms * 1e9));
 			}
 		}
 	}
