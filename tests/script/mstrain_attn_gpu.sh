@@ -143,6 +143,13 @@ print("sites: %d, %.3f ms a step against the phases %.3f" % (len(s), ts, tk))
 sys.exit(not (s and abs(ts - tk) <= 0.01 * tk and "cuDNN SDPA forward" in names and
               "cuDNN SDPA backward" in names and "GEMM " in names and "train.cu:" in names))
 ' p-sites.json && ok || bad "MS_PROFILE_SITES: the sites do not add up to the phases or miss a kind"
+# the folded gate/up LoRA's dU and gB from one pass (fold_du_gb), not the
+# two launches it falls back to where a shape is not covered
+python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["sites"]
+sys.exit(not any(x["site"] == "grouped weight gradient with dU (bf16)" for x in s))
+' p-sites.json && ok || bad "MS_PROFILE_SITES: no launch of gate/up's dU with gB (fold_du_gb fell back)"
 [ -z "$(pfield p-cudnn.json sites)" ] && ok || bad "a profile without MS_PROFILE_SITES lists sites"
 
 echo "$t_name: $pass passed, $fail failed"
