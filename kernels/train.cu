@@ -5947,6 +5947,18 @@ static uint32_t wgrad_run_rows(const uint32_t *cnt, uint32_t E)
 	return r < 32 ? 32 : r > 0xffffffffull ? 0xffffffffu : (uint32_t)r;
 }
 
+/* the launch of gB_e += s dY_e^T U_e (dY: the twin, row stride ld; Us:
+ * fold_u's U) that fold_wgrad and fold_du_gb both make */
+static struct ms_ggemm_wgrad_bf16 wgrad_b(const struct ms_gmodel *g, const struct dlora *L,
+					   const uint32_t *cnt, const __nv_bfloat16 *dY,
+					   uint32_t ld, const __nv_bfloat16 *Us)
+{
+	struct ms_ggemm_wgrad_bf16 wb = {L->E, L->r, L->out, g->dpad, Us, L->r, dY, ld, L->gB,
+					 (uint64_t)L->out * L->r, 1, g->lscale, 1, NULL, 1,
+					 MS_GMODEL_WGRAD_SPLIT, g->wpart, wgrad_run_rows(cnt, L->E)};
+	return wb;
+}
+
 /*
  * backward: gB_e += s dY_e^T U_e and gA_e += dU_e^T X_e, bf16 operands and
  * float32 gradients, each one launch over every expert's own rows
@@ -5973,12 +5985,10 @@ static int fold_wgrad(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 		      struct ms_err *err, const __nv_bfloat16 *dUs = NULL, uint32_t ldus = 0)
 {
 	int rc;
-	uint32_t E = L->E, r = L->r, in = L->in, out = L->out, rr = wgrad_run_rows(cnt, E);
-	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
-					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
-					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
-	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dUs ? dUs : dY + out, dUs ? ldus : ld,
-					 Xb, xld, L->gA,
+	uint32_t E = L->E, r = L->r, in = L->in, rr = wgrad_run_rows(cnt, E);
+	struct ms_ggemm_wgrad_bf16 wb = wgrad_b(g, L, cnt, dY, ld, Us);
+	struct ms_ggemm_wgrad_bf16 wa = {E, r, in, g->dpad, dUs ? dUs : dY + L->out,
+					 dUs ? ldus : ld, Xb, xld, L->gA,
 					 (uint64_t)r * in, 0, 1.0f, 1, xperm, g->K,
 					 MS_GMODEL_WGRAD_SPLIT, g->wpart, rr};
 	if ((rc = offsets_up(g, cnt, err)))
@@ -6014,9 +6024,8 @@ static int fold_du_gb(struct ms_gmodel *g, const struct dlora *L, const uint32_t
 	if (g->f32 || !out || out % 8 || ld % 8 || (uintptr_t)dY % 16 ||
 	    r > MS_GGEMM_WGRAD_BF16_MAX_R || ms_ggemm_wgrad_bf16_dpart(out, r, TK) > g->dgu_n)
 		return MS_OK;
-	struct ms_ggemm_wgrad_bf16 wb = {E, r, out, g->dpad, Us, r, dY, ld, L->gB,
-					 (uint64_t)out * r, 1, g->lscale, 1, NULL, 1,
-					 MS_GMODEL_WGRAD_SPLIT, g->wpart, wgrad_run_rows(cnt, E)};
+	struct ms_ggemm_wgrad_bf16 wb =
+		wgrad_b(g, L, cnt, (const __nv_bfloat16 *)dY, ld, Us);
 	wb.w = g->fab, wb.ldw = fr, wb.wstride = (uint64_t)out * fr;
 	wb.du = (char *)dY + (uint64_t)out * 2, wb.lddu = ld, wb.dalpha = g->lscale;
 	wb.dpart = g->dgu, wb.drows = TK;
