@@ -497,6 +497,12 @@ struct ms_gmodel {
 	cudaStream_t dst;
 	cudaEvent_t dev_main, dev_dec[2];
 	int dnext;                   /* the pass already queued there, or -1 */
+	int dec_at;                  /* where a pass queues the next one's
+					decode: bit 0 a forward pass, bit 1 a
+					backward, at its attention core; else
+					at its start (ms_gmodel_decode_ahead,
+					the colwise mode) */
+	int dpend_l, dpend_b;        /* that pass, not yet queued (-1 none) */
 	uint8_t *colbuf;             /* on-demand transpose chunk */
 	uint64_t colcap;
 	float *rope_c, *rope_s;
@@ -4230,7 +4236,19 @@ int ms_gmodel_build(struct ms_model *m, struct ms_err *err)
 		if ((rc = ms_gmodel_decode_ahead(&on, err)))
 			goto out;
 		g->ahead = !g->f32 && c->n_layers > 1 && on;
+		/* unset: at the attention core where the columnwise copy is
+		 * kept (A/B on the H200, two runs each: 99.53 / 100.00 ms
+		 * queued at the pass's start, 98.48 / 99.02 at the attention
+		 * core, the decode then running beside cuDNN's attention and
+		 * the projections' GEMMs more than beside memory-bound
+		 * kernels); on demand, at the start, the backward's decode
+		 * with its transposes needing the whole pass before (queued
+		 * at the attention core the main stream waited 5.5 ms a
+		 * step: 107.4 ms) */
+		g->dec_at = on > 1 ? on - 2
+				   : m->opts.colwise == MS_COLWISE_RESIDENT ? 3 : 0;
 		g->dnext = -1;
+		g->dpend_l = -1;
 	}
 	if (g->ahead) {
 		int lo = 0, hi = 0;
@@ -4900,27 +4918,50 @@ out:
 	return rc;
 }
 
+/* the next pass's decode that decode_unit left to be queued later (at
+ * the attention core, dec_at), queued now; nothing where none waits */
+static int dec_kick(struct ms_gmodel *g, struct ms_err *err)
+{
+	int l = g->dpend_l;
+	if (l < 0)
+		return MS_OK;
+	g->dpend_l = -1;
+	return dec_issue(g, (uint32_t)l, g->dpend_b, err);
+}
+
 /* Layer l's weights for its forward pass (bwd 0) or backward. With the
  * decode ahead, the pass after this one is queued on the decode stream
- * now, behind the main stream's work so far (the pass before this one,
- * the last to read the scratch it writes), and runs while this pass does;
- * the main stream waits for this pass's own. */
+ * now (or at this pass's attention core, dec_at: dec_kick), behind the
+ * main stream's work so far (the pass before this one, the last to read
+ * the scratch it writes), and runs while this pass does; the main stream
+ * waits for this pass's own. */
 static int decode_unit(struct ms_gmodel *g, uint32_t l, int bwd, struct ms_err *err)
 {
-	int rc = MS_OK, u = bwd ? (int)(2 * g->L - 1 - l) : (int)l;
+	int rc = MS_OK, u = bwd ? (int)(2 * g->L - 1 - l) : (int)l, nb = 1;
+	uint32_t nl;
 	if (!g->ahead)
 		return decode_layer(g, &g->ly[l], bwd, err);
+	/* one the pass before left unqueued (no attention core ran) */
+	if ((rc = dec_kick(g, err)))
+		return rc;
 	if (g->dnext != u && (rc = dec_issue(g, l, bwd, err)))
 		return rc;
 	g->dnext = -1;
 	if (!bwd && l + 1 < g->L)
-		rc = dec_issue(g, l + 1, 0, err), g->dnext = u + 1;
+		nl = l + 1, nb = 0;
 	else if (!bwd && g->train)
-		rc = dec_issue(g, l, 1, err), g->dnext = u + 1;
+		nl = l;
 	else if (bwd && l > 0)
-		rc = dec_issue(g, l - 1, 1, err), g->dnext = u + 1;
-	if (rc)
-		return rc;
+		nl = l - 1;
+	else
+		nb = -1;
+	if (nb >= 0) {
+		g->dnext = u + 1;
+		if (g->dec_at & (bwd ? 2 : 1))
+			g->dpend_l = (int)nl, g->dpend_b = nb;
+		else if ((rc = dec_issue(g, nl, nb, err)))
+			return rc;
+	}
 	ph(g, PH_WAIT_DEC);
 	CK(cudaStreamWaitEvent(g->st, g->dev_dec[(l + (uint32_t)bwd) & 1], 0));
 out:
@@ -6140,6 +6181,8 @@ static int layer_fwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l, 
 			LK();
 		}
 	}
+	if ((rc = dec_kick(g, err)))
+		return rc;
 	ph(g, PH_ATT_CORE);
 	if ((rc = dc ? att_decode(g, a, dc, err) : att_core(g, a, 0, !!d->lo, err)))
 		return rc;
@@ -6597,6 +6640,8 @@ static int layer_bwd(struct ms_gmodel *g, const struct ms_model *m, uint32_t l,
 	if (d->lo && ((rc = lora_in(g, d->lo, a->ctx, T, NULL, g->xsd, &xl, err)) ||
 		      (rc = lora_bwd(g, d->lo, 0, xl, a->uo, g->dx2, T, g->dctx, NULL, err))))
 		return rc;
+	if ((rc = dec_kick(g, err)))
+		return rc;
 	ph(g, PH_B_ATT_CORE);
 	/* dv16: cuDNN's bf16 dQ, dK (through the fused RoPE and norm
 	 * backward) and dV go straight into the qkv3 GEMM's bf16 operand,
@@ -6767,6 +6812,7 @@ int ms_gmodel_step(struct ms_model *m, const int32_t *ids, const uint8_t *loss_m
 	g->step = step;
 	g->nev = 0;
 	g->dnext = -1;
+	g->dpend_l = -1;
 	CK(cudaEventRecord(g->st0, g->st));
 	g->pend_dst = NULL;
 	g->pend_ye = NULL;

@@ -70,6 +70,7 @@ static void lin(struct gp *p, int nparts, const uint32_t *rows, uint32_t in, int
 
 int ms_gmodel_decode_ahead(int *on, struct ms_err *err)
 {
+	static const char *const at[] = {"start", "attn-fwd", "attn-bwd", "attn"};
 	const char *e = getenv("MS_DECODE_AHEAD");
 	*on = 1;
 	if (!e || !*e || !strcmp(e, "1"))
@@ -78,8 +79,14 @@ int ms_gmodel_decode_ahead(int *on, struct ms_err *err)
 		*on = 0;
 		return MS_OK;
 	}
-	return ms_err_set(err, MS_EINVAL, "MS_DECODE_AHEAD '%.32s': 0 (decode in line) or 1 "
-			  "(decode ahead, the default)", e);
+	for (int i = 0; i < 4; i++)
+		if (!strcmp(e, at[i])) {
+			*on = 2 + i;
+			return MS_OK;
+		}
+	return ms_err_set(err, MS_EINVAL, "MS_DECODE_AHEAD '%.32s': 0 (decode in line), 1 "
+			  "(decode ahead, the default), start, attn-fwd, attn-bwd or attn (where "
+			  "a pass queues the next one's decode)", e);
 }
 
 int ms_gmodel_predict(const struct ms_model_cfg *c, const struct ms_lora_cfg *lora,

@@ -376,7 +376,10 @@ static inline uint64_t ms_gmodel_sdpa_ws(uint32_t B, uint32_t nh, uint32_t S)
 /* MS_DECODE_AHEAD as the GPU trainer reads it (its bf16 path decodes each
  * layer pass's weights on a stream of its own while the pass before runs,
  * into a second decode scratch, unless it is 0): *on 1 where it is unset,
- * empty or 1, 0 where it is 0; MS_EINVAL for anything else. gpu_plan.c;
+ * empty or 1 (the trainer's choice of where a pass queues the next one's
+ * decode), 2 for start (at the pass's start), 3, 4 or 5 for attn-fwd,
+ * attn-bwd or attn (at the attention core of a forward pass, a backward
+ * one or both), 0 where it is 0; MS_EINVAL for anything else. gpu_plan.c;
  * the trainer refuses what it refuses, and the planner predicts with it. */
 int ms_gmodel_decode_ahead(int *on, struct ms_err *err);
 

@@ -180,7 +180,11 @@ run 0 "trainer json, the decode in line" "$B/msinv" footprint --json "$tmp/plans
 cp "$tmp/out" "$tmp/fp-inline.json"
 export MS_DECODE_AHEAD=sometimes
 run 0 "MS_DECODE_AHEAD refused" "$B/msinv" footprint "$tmp/plans/train-lora.json"
-has "$tmp/out" "MS_DECODE_AHEAD refused: said" "trainer on one gpu: no prediction: MS_DECODE_AHEAD 'sometimes': 0 (decode in line) or 1"
+has "$tmp/out" "MS_DECODE_AHEAD refused: said" "trainer on one gpu: no prediction: MS_DECODE_AHEAD 'sometimes': 0 (decode in line), 1"
+# where a pass queues the next decode does not change what is held
+export MS_DECODE_AHEAD=attn
+run 0 "trainer json, the decode queued at the attention core" "$B/msinv" footprint --json "$tmp/plans/train-lora.json"
+if cmp -s "$tmp/out" "$tmp/fp64.json"; then ok; else bad "MS_DECODE_AHEAD=attn: not the default's prediction"; fi
 unset MS_DECODE_AHEAD
 if python3 - "$tmp/fp64.json" "$tmp/fp-inline.json" <<'PY'
 import json, sys

@@ -779,10 +779,10 @@ static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
 /* The decode ahead (the default where there is more than one layer: each
  * layer pass's weights decoded on a stream of their own while the pass
  * before runs, into the other of two decode scratches) against the decode
- * in line (MS_DECODE_AHEAD=0): in both colwise modes the same loss, logits
- * and gradients bit for bit, each allocating what the planner predicts for
- * it, the ahead one more decode scratch; a value other than 0 or 1 is
- * refused */
+ * in line (MS_DECODE_AHEAD=0) and queued where the colwise mode does not
+ * queue it unset (start, attn): in both colwise modes the same loss, logits and gradients bit
+ * for bit, each allocating what the planner predicts for it, the ahead
+ * ones one more decode scratch; a value it does not know is refused */
 static int ahead(const char *name)
 {
 	struct fam f;
@@ -793,8 +793,8 @@ static int ahead(const char *name)
 	for (int col = 0; col < 2; col++) {
 		struct ms_model_opts o = gpu_opts(0);
 		struct ms_model_mem pa, pi;
-		struct res a, b;
-		int rb;
+		struct res a, b, c;
+		int rb, rc2;
 		o.colwise = col ? MS_COLWISE_ON_DEMAND : MS_COLWISE_RESIDENT;
 		T_ASSERT(run(&f, &o, ids, NULL, 2, 16, &a) == 0);
 		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, 0, o.expert_gemm, o.attention,
@@ -803,8 +803,21 @@ static int ahead(const char *name)
 		rb = run(&f, &o, ids, NULL, 2, 16, &b);
 		ms_gmodel_predict(&f.cfg, &f.lora, 2, 16, o.colwise, 0, o.expert_gemm, o.attention,
 				  &pi);
+		/* the queue point the mode does not take unset */
+		setenv("MS_DECODE_AHEAD", col ? "attn" : "start", 1);
+		rc2 = run(&f, &o, ids, NULL, 2, 16, &c);
 		unsetenv("MS_DECODE_AHEAD");
-		T_ASSERT(rb == 0);
+		T_ASSERT(rb == 0 && rc2 == 0);
+		T_ASSERT(memcmp(&a.loss, &c.loss, sizeof a.loss) == 0);
+		T_ASSERT(memcmp(a.logits, c.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
+		T_ASSERT(a.np == c.np);
+		for (size_t i = 0; i < a.np; i++)
+			T_ASSERT_MSG(a.gn[i] == c.gn[i] &&
+					     memcmp(a.g[i], c.g[i], a.gn[i] * sizeof(float)) == 0,
+				     "%s: gradient %zu differs between the decode queued at the "
+				     "pass's start and at its attention core", name, i);
+		T_ASSERT(c.mem.scratch == a.mem.scratch);
+		res_free(&c);
 		fprintf(stderr, "  %s %s: scratch ahead %llu (predicted %llu), in line %llu "
 			"(predicted %llu)\n", name, col ? "on-demand" : "resident",
 			(unsigned long long)a.mem.scratch, (unsigned long long)pa.scratch,
