@@ -776,6 +776,21 @@ static int test_predict_mixtral(void) { return predict("mixtral"); }
 static int test_predict_glm4moe(void) { return predict("glm4moe"); }
 static int test_predict_glm4moe_var(void) { return predict("glm4moe-var"); }
 
+/* two runs of 2 x 16 tokens: the same loss, logits and gradients, bit
+ * for bit (what: the two ways of the decode it names) */
+static int res_same(const struct res *a, const struct res *b, uint32_t vocab, const char *name,
+		    const char *what)
+{
+	T_ASSERT(memcmp(&a->loss, &b->loss, sizeof a->loss) == 0);
+	T_ASSERT(memcmp(a->logits, b->logits, 2 * 16 * vocab * sizeof(float)) == 0);
+	T_ASSERT(a->np == b->np);
+	for (size_t i = 0; i < a->np; i++)
+		T_ASSERT_MSG(a->gn[i] == b->gn[i] &&
+				     memcmp(a->g[i], b->g[i], a->gn[i] * sizeof(float)) == 0,
+			     "%s: gradient %zu differs between the decode %s", name, i, what);
+	return 0;
+}
+
 /* The decode ahead (the default where there is more than one layer: each
  * layer pass's weights decoded on a stream of their own while the pass
  * before runs, into the other of two decode scratches) against the decode
@@ -808,28 +823,15 @@ static int ahead(const char *name)
 		rc2 = run(&f, &o, ids, NULL, 2, 16, &c);
 		unsetenv("MS_DECODE_AHEAD");
 		T_ASSERT(rb == 0 && rc2 == 0);
-		T_ASSERT(memcmp(&a.loss, &c.loss, sizeof a.loss) == 0);
-		T_ASSERT(memcmp(a.logits, c.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
-		T_ASSERT(a.np == c.np);
-		for (size_t i = 0; i < a.np; i++)
-			T_ASSERT_MSG(a.gn[i] == c.gn[i] &&
-					     memcmp(a.g[i], c.g[i], a.gn[i] * sizeof(float)) == 0,
-				     "%s: gradient %zu differs between the decode queued at the "
-				     "pass's start and at its attention core", name, i);
+		T_ASSERT(res_same(&a, &c, f.cfg.vocab, name, "queued at the pass's start and "
+			 "at its attention core") == 0);
 		T_ASSERT(c.mem.scratch == a.mem.scratch);
 		res_free(&c);
 		fprintf(stderr, "  %s %s: scratch ahead %llu (predicted %llu), in line %llu "
 			"(predicted %llu)\n", name, col ? "on-demand" : "resident",
 			(unsigned long long)a.mem.scratch, (unsigned long long)pa.scratch,
 			(unsigned long long)b.mem.scratch, (unsigned long long)pi.scratch);
-		T_ASSERT(memcmp(&a.loss, &b.loss, sizeof a.loss) == 0);
-		T_ASSERT(memcmp(a.logits, b.logits, 2 * 16 * f.cfg.vocab * sizeof(float)) == 0);
-		T_ASSERT(a.np == b.np);
-		for (size_t i = 0; i < a.np; i++)
-			T_ASSERT_MSG(a.gn[i] == b.gn[i] &&
-					     memcmp(a.g[i], b.g[i], a.gn[i] * sizeof(float)) == 0,
-				     "%s: gradient %zu differs between the decode ahead and in line",
-				     name, i);
+		T_ASSERT(res_same(&a, &b, f.cfg.vocab, name, "ahead and in line") == 0);
 		T_ASSERT(a.mem.scratch == pa.scratch);
 		T_ASSERT(b.mem.scratch == pi.scratch);
 		T_ASSERT(a.mem.scratch > b.mem.scratch);

@@ -43,23 +43,10 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "cutlass_probe.cuh"
+
 using namespace cute;
 
-#define CK(x)                                                                                  \
-	do {                                                                                   \
-		cudaError_t e_ = (x);                                                          \
-		if (e_) {                                                                      \
-			printf("cuda %s line %d\n", cudaGetErrorString(e_), __LINE__);         \
-			exit(1);                                                               \
-		}                                                                              \
-	} while (0)
-
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
-using EA = cutlass::bfloat16_t;
-using ED = cutlass::bfloat16_t;
-using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
-using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major: K x N column-major */
-using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
 
 template <class Tile, class Cluster, class KSched, class ESched> struct Grouped {
 	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -169,15 +156,7 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 	hw.device_id = 0;
 	hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
 	typename Gemm::Arguments args;
-	decltype(args.epilogue.thread) fa;
-	fa.alpha = 1.0f;
-	fa.beta = 0.0f;
-	fa.alpha_ptr = nullptr;
-	fa.beta_ptr = nullptr;
-	fa.alpha_ptr_array = nullptr;
-	fa.beta_ptr_array = nullptr;
-	fa.dAlpha = {cute::_0{}, cute::_0{}, 0};
-	fa.dBeta = {cute::_0{}, cute::_0{}, 0};
+	auto fa = probe_epilogue_args<Gemm>();
 	args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
 					{E, ps, nullptr},
 					{pa, sa, pb, sb},

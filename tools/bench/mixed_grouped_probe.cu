@@ -43,24 +43,11 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include "cutlass_probe.cuh"
+
 using namespace cute;
 
-#define CK(x)                                                                                  \
-	do {                                                                                   \
-		cudaError_t e_ = (x);                                                          \
-		if (e_) {                                                                      \
-			printf("cuda %s line %d\n", cudaGetErrorString(e_), __LINE__);         \
-			exit(1);                                                               \
-		}                                                                              \
-	} while (0)
-
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
-using EA = cutlass::bfloat16_t;
-using ED = cutlass::bfloat16_t;
 using ES = cutlass::bfloat16_t;
-using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
-using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major: K-major, as the converted operand must be */
-using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
 using PTile = Shape<_128, _256, _64>;
 using PCl = Shape<_1, _1, _1>;
 
@@ -163,15 +150,7 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 	hw.device_id = 0;
 	hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
 	typename Gemm::Arguments args;
-	decltype(args.epilogue.thread) fa;
-	fa.alpha = 1.0f;
-	fa.beta = 0.0f;
-	fa.alpha_ptr = nullptr;
-	fa.beta_ptr = nullptr;
-	fa.alpha_ptr_array = nullptr;
-	fa.beta_ptr_array = nullptr;
-	fa.dAlpha = {cute::_0{}, cute::_0{}, 0};
-	fa.dBeta = {cute::_0{}, cute::_0{}, 0};
+	auto fa = probe_epilogue_args<Gemm>();
 	typename Main::Arguments ma{};
 	ma.ptr_A = (const EA **)dpa;
 	ma.dA = dsa;
