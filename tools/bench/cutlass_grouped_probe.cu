@@ -163,17 +163,9 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 					{fa, (const ED **)pd, sd, pd, sd},
 					hw};
 	Gemm gemm;
-	size_t ws = Gemm::get_workspace_size(args);
-	void *wsp = nullptr;
-	CK(cudaMalloc(&wsp, ws ? ws : 16));
-	if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-		printf("%s N %d K %d: CUTLASS cannot implement it\n", name, N, K);
+	void *wsp;
+	if (!probe_init(gemm, args, &wsp, name, N, K))
 		return;
-	}
-	if (gemm.initialize(args, wsp) != cutlass::Status::kSuccess) {
-		printf("%s N %d K %d: initialize failed\n", name, N, K);
-		return;
-	}
 	CK(cudaMemset(Y, 0, (size_t)(65536 + 128) * N * 2));
 	float ms = 0;
 	double host = 0;

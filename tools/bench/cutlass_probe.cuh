@@ -46,4 +46,24 @@ template <class Gemm> static auto probe_epilogue_args()
 	return fa;
 }
 
+/* gemm made ready for args, its workspace in *wsp (freed by the caller);
+ * false, with a line naming the product, where CUTLASS refuses it */
+template <class Gemm>
+static bool probe_init(Gemm &gemm, typename Gemm::Arguments &args, void **wsp, const char *name,
+		       int N, int K)
+{
+	size_t ws = Gemm::get_workspace_size(args);
+	*wsp = nullptr;
+	CK(cudaMalloc(wsp, ws ? ws : 16));
+	if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
+		printf("  %-30s N %4d K %4d: CUTLASS cannot implement it\n", name, N, K);
+		return false;
+	}
+	if (gemm.initialize(args, *wsp) != cutlass::Status::kSuccess) {
+		printf("  %-30s N %4d K %4d: initialize failed\n", name, N, K);
+		return false;
+	}
+	return true;
+}
+
 #endif

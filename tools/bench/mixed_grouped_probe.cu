@@ -167,17 +167,9 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 					{fa, (const ED **)dpd, dsd, (ED **)dpd, dsd},
 					hw};
 	Gemm gemm;
-	size_t ws = Gemm::get_workspace_size(args);
-	void *wsp = nullptr;
-	CK(cudaMalloc(&wsp, ws ? ws : 16));
-	if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-		printf("  %-30s N %4d K %4d: CUTLASS cannot implement it\n", name, N, K);
+	void *wsp;
+	if (!probe_init(gemm, args, &wsp, name, N, K))
 		return;
-	}
-	if (gemm.initialize(args, wsp) != cutlass::Status::kSuccess) {
-		printf("  %-30s N %4d K %4d: initialize failed\n", name, N, K);
-		return;
-	}
 	cudaEvent_t a, b;
 	CK(cudaEventCreate(&a));
 	CK(cudaEventCreate(&b));
