@@ -30,6 +30,16 @@ using LA = cutlass::layout::RowMajor;    /* X [rows, K] */
 using LB = cutlass::layout::ColumnMajor; /* W [N, K] row-major: K x N column-major (K-major) */
 using LD = cutlass::layout::RowMajor;    /* Y [rows, N] */
 
+/* the grouped epilogue's per-group scalar arrays, none (the plain one
+ * has no such members) */
+template <class F>
+static auto probe_no_arrays(F &f, int) -> decltype(f.alpha_ptr_array = nullptr, void())
+{
+	f.alpha_ptr_array = nullptr;
+	f.beta_ptr_array = nullptr;
+}
+template <class F> static void probe_no_arrays(F &, long) {}
+
 /* Gemm's epilogue arguments for D = the product */
 template <class Gemm> static auto probe_epilogue_args()
 {
@@ -39,8 +49,7 @@ template <class Gemm> static auto probe_epilogue_args()
 	fa.beta = 0.0f;
 	fa.alpha_ptr = nullptr;
 	fa.beta_ptr = nullptr;
-	fa.alpha_ptr_array = nullptr;
-	fa.beta_ptr_array = nullptr;
+	probe_no_arrays(fa, 0);
 	fa.dAlpha = {cute::_0{}, cute::_0{}, 0};
 	fa.dBeta = {cute::_0{}, cute::_0{}, 0};
 	return fa;
