@@ -80,27 +80,7 @@ static void run(const char *name, int M, int N, int K, const EA *X, const EA *W,
 	void *wsp;
 	if (!probe_init(gemm, args, &wsp, name, N, K))
 		return;
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	int bad = 0;
-	for (int it = 0; it < 22; it++) {
-		if (it == 2)
-			CK(cudaEventRecord(a));
-		bad |= gemm.run() != cutlass::Status::kSuccess;
-	}
-	CK(cudaEventRecord(b));
-	CK(cudaEventSynchronize(b));
-	CK(cudaGetLastError());
-	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, a, b));
-	ms /= 20;
-	if (bad)
-		printf("  %-30s N %4d K %4d: run failed\n", name, N, K);
-	else
-		printf("  %-30s N %4d K %4d: %.3f ms, %.0f TFLOP/s\n", name, N, K, ms,
-		       2.0 * M * N * K / (ms * 1e-3) / 1e12);
-	cudaEventDestroy(a), cudaEventDestroy(b);
+	probe_time(gemm, name, N, K, 2.0 * M * N * K);
 	cudaFree(wsp);
 }
 

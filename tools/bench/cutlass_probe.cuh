@@ -75,4 +75,33 @@ static bool probe_init(Gemm &gemm, typename Gemm::Arguments &args, void **wsp, c
 	return true;
 }
 
+/* gemm's GPU time a call (CUDA events over 20 runs after 2), printed
+ * with its rate for flop */
+template <class Gemm>
+static void probe_time(Gemm &gemm, const char *name, int N, int K, double flop)
+{
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	int bad = 0;
+	for (int it = 0; it < 22; it++) {
+		if (it == 2)
+			CK(cudaEventRecord(a));
+		bad |= gemm.run() != cutlass::Status::kSuccess;
+	}
+	CK(cudaEventRecord(b));
+	CK(cudaEventSynchronize(b));
+	CK(cudaGetLastError());
+	float ms = 0;
+	CK(cudaEventElapsedTime(&ms, a, b));
+	ms /= 20;
+	if (bad)
+		printf("  %-30s N %4d K %4d: run failed\n", name, N, K);
+	else
+		printf("  %-30s N %4d K %4d: %.3f ms, %.0f TFLOP/s\n", name, N, K, ms,
+		       flop / (ms * 1e-3) / 1e12);
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+}
+
 #endif

@@ -170,27 +170,7 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 	void *wsp;
 	if (!probe_init(gemm, args, &wsp, name, N, K))
 		return;
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	int bad = 0;
-	for (int it = 0; it < 22; it++) {
-		if (it == 2)
-			CK(cudaEventRecord(a));
-		bad |= gemm.run() != cutlass::Status::kSuccess;
-	}
-	CK(cudaEventRecord(b));
-	CK(cudaEventSynchronize(b));
-	CK(cudaGetLastError());
-	float ms = 0;
-	CK(cudaEventElapsedTime(&ms, a, b));
-	ms /= 20;
-	if (bad)
-		printf("  %-30s N %4d K %4d: run failed\n", name, N, K);
-	else
-		printf("  %-30s N %4d K %4d: %.3f ms, %.0f TFLOP/s\n", name, N, K, ms,
-		       flop / (ms * 1e-3) / 1e12);
-	cudaEventDestroy(a), cudaEventDestroy(b);
+	probe_time(gemm, name, N, K, flop);
 	cudaFree(X), cudaFree(W), cudaFree(S), cudaFree(Y), cudaFree(wsp);
 	cudaFree(dps), cudaFree(dpa), cudaFree(dpb), cudaFree(dpd), cudaFree(dpsc);
 	cudaFree(dsa), cudaFree(dsb), cudaFree(dsd), cudaFree(dss);
