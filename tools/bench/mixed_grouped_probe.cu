@@ -12,8 +12,9 @@
  * NOTES.md) are worth having only if the converting GEMM loses less.
  *
  * It is a ceiling, not NVFP4: CUTLASS 4.2 takes a scale a K tile (its
- * chunk_size a multiple of the tile's K), NVFP4 one every 16 values, and
- * e2m1 converts in software on sm_90. Three forms a product, each GPU
+ * chunk_size a multiple of the tile's K), NVFP4 one every 16 values (a
+ * K tile of 16 does not build: the builder's 4-bit shared memory atom
+ * wants a longer K), and e2m1 converts in software on sm_90. Three forms a product, each GPU
  * time a call (CUDA events over 20 calls) and TFLOP/s: bf16 x bf16; bf16
  * x int4 with a scale a K tile (CUTLASS's fastest 4-bit path, its
  * conversion by lookup); bf16 x e2m1 with a scale a K tile. The values
