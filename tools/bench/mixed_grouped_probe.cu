@@ -19,6 +19,9 @@
  * x int4 with a scale a K tile (CUTLASS's fastest 4-bit path, its
  * conversion by lookup); bf16 x e2m1 with a scale a K tile. The values
  * are random and not checked against a reference: only the time counts.
+ * Each form also with the weights as operand A (see Grouped); forms are
+ * named on the command line (bf16 bf16-swap int4-swap e2m1-swap int4
+ * e2m1), all of them without.
  * Not built by make (it needs CUTLASS's headers and sm_90a; without
  * -DNDEBUG ptxas serialises the wgmma pipeline):
  *
@@ -30,6 +33,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -37,7 +44,69 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/numeric_conversion.h"
+
+/* e2m1 to float and to bf16 by their bits, declared before any collective
+ * is instantiated: CUTLASS 4.2 converts e2m1 on sm_90 one element at a
+ * time through its software float path (about a tenth of the GEMM's rate
+ * when measured), as cvt from e2m1 is Blackwell's. The magnitude's three
+ * bits placed at the lowest exponent bits and the mantissa's first read
+ * as a number 2^-126 too small for every code, the subnormal 0.5
+ * included, so one exact multiply by 2^126 gives the value (without
+ * flushing subnormals: nvcc's default). */
+namespace cutlass {
+template <>
+struct NumericArrayConverter<float, float_e2m1_t, 8, FloatRoundStyle::round_to_nearest> {
+	using result_type = Array<float, 8>;
+	using source_type = Array<float_e2m1_t, 8>;
+	static FloatRoundStyle const round_style = FloatRoundStyle::round_to_nearest;
+	CUTLASS_DEVICE static result_type convert(source_type const &s)
+	{
+		uint32_t x = reinterpret_cast<uint32_t const &>(s);
+		result_type r;
+		CUTLASS_PRAGMA_UNROLL
+		for (int i = 0; i < 8; i++) {
+			uint32_t c = x >> (4 * i);
+			uint32_t b = ((c & 7u) << 22) | ((c & 8u) << 28);
+			r[i] = __uint_as_float(b) * 0x1p126f;
+		}
+		return r;
+	}
+	CUTLASS_DEVICE result_type operator()(source_type const &s) const { return convert(s); }
+};
+/* bf16 the same way, two a register: the codes' magnitudes at bits 8:6
+ * of each half, the signs at 15, one bf16x2 multiply by 2^126 */
+template <int N, FloatRoundStyle Round>
+struct NumericArrayConverter<bfloat16_t, float_e2m1_t, N, Round> {
+	static_assert(N % 8 == 0, "eight codes a register");
+	using result_type = Array<bfloat16_t, N>;
+	using source_type = Array<float_e2m1_t, N>;
+	static FloatRoundStyle const round_style = Round;
+	CUTLASS_DEVICE static result_type convert(source_type const &s)
+	{
+		uint32_t const *x = reinterpret_cast<uint32_t const *>(&s);
+		result_type r;
+		uint32_t *o = reinterpret_cast<uint32_t *>(&r);
+		const __nv_bfloat162 two126 = __halves2bfloat162(__ushort_as_bfloat16(0x7e80),
+								    __ushort_as_bfloat16(0x7e80));
+		CUTLASS_PRAGMA_UNROLL
+		for (int w = 0; w < N / 8; w++)
+			CUTLASS_PRAGMA_UNROLL
+			for (int j = 0; j < 4; j++) {
+				uint32_t v = x[w] >> (8 * j); /* codes 2j (3:0), 2j+1 (7:4) */
+				uint32_t b = ((v & 7u) << 6) | ((v & 8u) << 12) | ((v & 0x70u) << 18) |
+					     ((v & 0x80u) << 24);
+				__nv_bfloat162 h = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&b), two126);
+				o[4 * w + j] = *reinterpret_cast<uint32_t *>(&h);
+			}
+		return r;
+	}
+	CUTLASS_DEVICE result_type operator()(source_type const &s) const { return convert(s); }
+};
+} // namespace cutlass
+
 #include "cutlass/gemm/collective/collective_builder.hpp"
+#include "nvfp4_mixed.cuh"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
@@ -52,26 +121,47 @@ using ES = cutlass::bfloat16_t;
 using PTile = Shape<_128, _256, _64>;
 using PCl = Shape<_1, _1, _1>;
 
-/* B's element: bf16 (the trainer's GEMM) or a tuple (4-bit type, its
- * scale), which makes the builder pick the mixed-input collective */
-template <class EB, int AlignB, class T = PTile, class C = PCl> struct Grouped {
+/* the weights' element: bf16 (the trainer's GEMM) or a tuple (4-bit
+ * type, its scale), which makes the builder pick the mixed-input
+ * collective. SWAP false: X [rows, K] is A and W is B, as xgemm.cu has
+ * them; the collective then swaps the operands inside (the narrow one
+ * must be A, wgmma's register operand), which the grouped kernel's tile
+ * scheduler and epilogue do not follow. SWAP true: W [N, K] is A
+ * (row-major, K-major), X is B (K x rows column-major) and D = (X W^T)^T
+ * is written column-major, so Y [rows, N] row-major as before: the form
+ * the trainer would use. */
+template <class EW, int AlignW, bool SWAP, class T = PTile, class C = PCl> struct Grouped {
+	using LDx = cute::conditional_t<SWAP, cutlass::layout::ColumnMajor, LD>;
 	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
 		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, C,
-		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LD *, 8, ED, LD *, 8,
-		cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LDx *, 8, ED, LDx *,
+		8, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
 		cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
-	using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EB, LB *, AlignB,
-		float, T, C,
-		cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-			sizeof(typename Epi::SharedStorage))>,
-		cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+	using Stages = cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+		sizeof(typename Epi::SharedStorage))>;
+	using Sched = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+	using MainAB = typename cutlass::gemm::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EW, LB *, AlignW,
+		float, T, C, Stages, Sched>::CollectiveOp;
+	using MainWX = typename cutlass::gemm::collective::CollectiveBuilder<
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EW, cutlass::layout::RowMajor *,
+		AlignW, EA, cutlass::layout::ColumnMajor *, 8, float, T, C, Stages,
+		Sched>::CollectiveOp;
+	using Main = cute::conditional_t<SWAP, MainWX, MainAB>;
 	using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Main, Epi>;
 	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
-using GBf = Grouped<EA, 8>;
-using GI4 = Grouped<cute::tuple<cutlass::int4b_t, ES>, 32>;
-using GE2 = Grouped<cute::tuple<cutlass::float_e2m1_t, ES>, 32>;
+using GBf = Grouped<EA, 8, false>;
+using GBfS = Grouped<EA, 8, true>;
+using GI4 = Grouped<cute::tuple<cutlass::int4b_t, ES>, 32, false>;
+using GE2 = Grouped<cute::tuple<cutlass::float_e2m1_t, ES>, 32, false>;
+using GI4S = Grouped<cute::tuple<cutlass::int4b_t, ES>, 32, true>;
+using GE2S = Grouped<cute::tuple<cutlass::float_e2m1_t, ES>, 32, true>;
+/* a float scale: the decode's arithmetic (the code's value times the
+ * block's float factor, rounded to bf16 once) */
+using GE2FS = Grouped<cute::tuple<cutlass::float_e2m1_t, float>, 32, true>;
+/* NVFP4: a factor every 16 values (nvfp4_mixed.cuh) */
+using GNV = Grouped<cute::tuple<cutlass::float_e2m1_t, nvfp4_f2, uint64_t>, 32, true>;
 
 /* bytes of random bits (the 4-bit operands' codes, bf16 values kept
  * finite by clearing the exponent's top bit) */
@@ -87,47 +177,92 @@ __global__ void fill(uint8_t *p, size_t n, uint32_t seed, int bf)
 	}
 }
 
-template <class G, bool MIXED>
-static void run(const char *name, const std::vector<int> &off, int N, int K, double flop)
+/* whether the command line asks for form f (no arguments: all, the
+ * swapped forms first, since a fault ends the process) */
+static bool want(int argc, char **argv, const char *f)
+{
+	if (argc < 2)
+		return true;
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], f))
+			return true;
+	return false;
+}
+
+/* the mainloop's scale type (bf16 where it has none) */
+template <class M, class = void> struct scale_of {
+	using type = ES;
+};
+template <class M> struct scale_of<M, std::void_t<typename M::ElementScale>> {
+	using type = typename M::ElementScale;
+};
+
+/* a product's operands on the device: X [rows, K] bf16, W [E][N, K] (bf16
+ * or 4-bit codes), S (and Z, NVFP4's second pair) the scales of each
+ * expert's [N, K / 64] in N-major order, Y [rows, N] bf16 */
+struct Bufs {
+	uint8_t *X, *W, *S, *Z, *Y;
+};
+
+/* times product G over b (random operands where b is null), Y left in
+ * b->Y. MIXED: 0 none, 1 a scale a K tile, 2 NVFP4's factor pairs */
+template <class G, int MIXED, bool SWAP>
+static void run(const char *name, const std::vector<int> &off, int N, int K, double flop,
+		const Bufs *b = nullptr)
 {
 	using Gemm = typename G::Gemm;
 	using SA = typename Gemm::GemmKernel::InternalStrideA;
 	using SB = typename Gemm::GemmKernel::InternalStrideB;
 	using SD = typename Gemm::GemmKernel::InternalStrideD;
 	using Main = typename G::Main;
-	using EB = typename Main::ElementB;
+	using EX = cute::conditional_t<SWAP, typename Main::ElementB, typename Main::ElementA>;
+	using EB = cute::conditional_t<SWAP, typename Main::ElementA, typename Main::ElementB>;
 	using SS = cute::Stride<cute::Int<1>, int64_t, int64_t>; /* the collective's StrideScale */
 	int E = (int)off.size() - 1;
 	size_t rows = (size_t)off[E];
 	size_t bbits = cutlass::sizeof_bits<EB>::value;
 	int chunk = size<2>(PTile{});
 	std::vector<typename ProblemShape::UnderlyingProblemShape> ps(E);
-	std::vector<const EA *> pa(E);
+	std::vector<const EX *> pa(E);
 	std::vector<const EB *> pb(E);
 	std::vector<ED *> pd(E);
-	std::vector<const ES *> psc(E);
+	using ESc = typename scale_of<Main>::type;
+	std::vector<const ESc *> psc(E);
+	std::vector<const void *> pz(E);
 	std::vector<SA> sa(E);
 	std::vector<SB> sb(E);
 	std::vector<SD> sd(E);
 	std::vector<SS> ss(E);
-	uint8_t *X, *W, *S, *Y;
-	CK(cudaMalloc(&X, rows * K * 2));
-	CK(cudaMalloc(&W, (size_t)E * N * K * bbits / 8));
-	CK(cudaMalloc(&S, (size_t)E * N * (K / chunk + 1) * 2));
-	CK(cudaMalloc(&Y, rows * N * 2));
-	fill<<<1024, 256>>>(X, rows * K * 2, 1, 1);
-	fill<<<1024, 256>>>(W, (size_t)E * N * K * bbits / 8, 2, bbits == 16);
-	fill<<<1024, 256>>>(S, (size_t)E * N * (K / chunk + 1) * 2, 3, 1);
+	size_t nsc = (size_t)E * N * (K / chunk + 1) * sizeof(ESc);
+	Bufs o = {};
+	if (b)
+		o = *b;
+	else {
+		CK(cudaMalloc(&o.X, rows * K * 2));
+		CK(cudaMalloc(&o.W, (size_t)E * N * K * bbits / 8));
+		CK(cudaMalloc(&o.S, nsc));
+		CK(cudaMalloc(&o.Y, rows * N * 2));
+		fill<<<1024, 256>>>(o.X, rows * K * 2, 1, 1);
+		fill<<<1024, 256>>>(o.W, (size_t)E * N * K * bbits / 8, 2, bbits == 16);
+		fill<<<1024, 256>>>(o.S, nsc, 3, 1);
+		o.Z = o.S;
+	}
 	for (int e = 0; e < E; e++) {
 		int m = off[e + 1] - off[e];
-		ps[e] = {m, N, K};
-		pa[e] = (const EA *)X + (size_t)off[e] * K;
-		pb[e] = (const EB *)(W + (size_t)e * N * K * bbits / 8);
-		pd[e] = (ED *)Y + (size_t)off[e] * N;
-		psc[e] = (const ES *)S + (size_t)e * N * (K / chunk);
-		sa[e] = cutlass::make_cute_packed_stride(SA{}, {m, K, 1});
-		sb[e] = cutlass::make_cute_packed_stride(SB{}, {N, K, 1});
-		sd[e] = cutlass::make_cute_packed_stride(SD{}, {m, N, 1});
+		ps[e] = SWAP ? typename ProblemShape::UnderlyingProblemShape{N, m, K}
+			     : typename ProblemShape::UnderlyingProblemShape{m, N, K};
+		pa[e] = (const EX *)o.X + (size_t)off[e] * K;
+		pb[e] = (const EB *)(o.W + (size_t)e * N * K * bbits / 8);
+		pd[e] = (ED *)o.Y + (size_t)off[e] * N;
+		psc[e] = (const ESc *)o.S + (size_t)e * N * (K / chunk);
+		pz[e] = (const ESc *)o.Z + (size_t)e * N * (K / chunk); /* (Z's elements are ESc's size) */
+		/* (the operands' roles swap with SWAP: W's strides are A's) */
+		sa[e] = cutlass::make_cute_packed_stride(SA{}, SWAP ? cute::make_shape(N, K, 1)
+								   : cute::make_shape(m, K, 1));
+		sb[e] = cutlass::make_cute_packed_stride(SB{}, SWAP ? cute::make_shape(m, K, 1)
+								   : cute::make_shape(N, K, 1));
+		sd[e] = cutlass::make_cute_packed_stride(SD{}, SWAP ? cute::make_shape(N, m, 1)
+								   : cute::make_shape(m, N, 1));
 		ss[e] = cutlass::make_cute_packed_stride(SS{}, {N, K / chunk, 1});
 	}
 	/* the arrays to the device in one buffer */
@@ -143,6 +278,7 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 	auto dpb = up(pb);
 	auto dpd = up(pd);
 	auto dpsc = up(psc);
+	auto dpz = up(pz);
 	auto dsa = up(sa);
 	auto dsb = up(sb);
 	auto dsd = up(sd);
@@ -153,32 +289,189 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 	typename Gemm::Arguments args;
 	auto fa = probe_epilogue_args<Gemm>();
 	typename Main::Arguments ma{};
-	ma.ptr_A = (const EA **)dpa;
-	ma.dA = dsa;
-	ma.ptr_B = (const EB **)dpb;
-	ma.dB = dsb;
+	if constexpr (SWAP) {
+		ma.ptr_A = (decltype(ma.ptr_A))dpb;
+		ma.dA = dsa;
+		ma.ptr_B = (decltype(ma.ptr_B))dpa;
+		ma.dB = dsb;
+	} else {
+		ma.ptr_A = (decltype(ma.ptr_A))dpa;
+		ma.dA = dsa;
+		ma.ptr_B = (decltype(ma.ptr_B))dpb;
+		ma.dB = dsb;
+	}
 	if constexpr (MIXED) {
-		ma.ptr_S = (const ES **)dpsc;
+		ma.ptr_S = (const ESc **)dpsc;
 		ma.dS = dss;
 		ma.chunk_size = chunk;
 	}
+	if constexpr (MIXED == 2)
+		ma.ptr_Z = (decltype(ma.ptr_Z))dpz;
+	/* the mixed-input collective's can_implement reads the strides
+	 * through their (device) pointers whenever host shapes are given, so
+	 * it gets none and checks nothing: the shapes here are known good */
 	args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-					{E, dps, ps.data()},
+					{E, dps, MIXED ? nullptr : ps.data()},
 					ma,
 					{fa, (const ED **)dpd, dsd, (ED **)dpd, dsd},
 					hw};
 	Gemm gemm;
 	void *wsp;
-	if (!probe_init(gemm, args, &wsp, name, N, K))
-		return;
-	probe_time(gemm, name, N, K, flop);
-	cudaFree(X), cudaFree(W), cudaFree(S), cudaFree(Y), cudaFree(wsp);
-	cudaFree(dps), cudaFree(dpa), cudaFree(dpb), cudaFree(dpd), cudaFree(dpsc);
+	if (probe_init(gemm, args, &wsp, name, N, K))
+		probe_time(gemm, name, N, K, flop);
+	cudaFree(wsp);
+	if (!b)
+		cudaFree(o.X), cudaFree(o.W), cudaFree(o.S), cudaFree(o.Y);
+	cudaFree(dps), cudaFree(dpa), cudaFree(dpb), cudaFree(dpd), cudaFree(dpsc), cudaFree(dpz);
 	cudaFree(dsa), cudaFree(dsb), cudaFree(dsd), cudaFree(dss);
 }
 
-int main(void)
+/* NVFP4 factors in [0.25, 4) (an e4m3 scale times a tensor scale's
+ * magnitude), as the two pair tensors S (blocks 0, 1 of each K tile) and
+ * Z (2, 3), N-major: S[e][t][n] */
+__global__ void fill_factors(nvfp4_f2 *S, nvfp4_f2 *Z, size_t n)
 {
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		uint32_t x = (uint32_t)i * 2246822519u ^ 0x9e3779b9u;
+		x ^= x >> 13;
+		x *= 3266489917u;
+		x ^= x >> 16;
+		float f[4];
+		for (int j = 0; j < 4; j++)
+			f[j] = __uint_as_float(0x3e800000u + ((x >> (8 * j)) & 0xff) * 0x20000u);
+		S[i] = {{f[0], f[1]}};
+		Z[i] = {{f[2], f[3]}};
+	}
+}
+
+/* W's bf16: each code times its block's factor, rounded once (k_decode's
+ * arithmetic), a thread a byte of codes; in the tail tile (the last 64
+ * columns) v_j at column 16 kb + 2t (j = 4 kb + t), zeros elsewhere */
+__global__ void decode_ref(const uint8_t *codes, const nvfp4_f2 *S, const nvfp4_f2 *Z,
+			   __nv_bfloat16 *W, int E, int N, int K)
+{
+	size_t n = (size_t)E * N * K / 2;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		size_t el = 2 * i;
+		int k = (int)(el % K);
+		size_t row = el / K; /* e N + n */
+		if (k >= K - 64) {
+			const uint8_t *tail = codes + row * (K / 2) + (K - 64) / 2;
+			int kk = k - (K - 64), kb = kk / 16, p = kk % 16; /* p even */
+			__nv_bfloat16 v = __ushort_as_bfloat16(0);
+			if (p / 2 < 4)
+				v = __ushort_as_bfloat16(
+					(unsigned short)(tail[8 * kb + p / 2] | tail[8 * kb + p / 2 + 4] << 8));
+			W[el] = v;
+			W[el + 1] = __ushort_as_bfloat16(0);
+			continue;
+		}
+		int e = (int)(row / N), r = (int)(row % N);
+		size_t fi = ((size_t)e * (K / 64) + k / 64) * N + r;
+		int blk = (k % 64) / 16;
+		float f = blk < 2 ? S[fi].f[blk] : Z[fi].f[blk - 2];
+		W[el] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i]) * f);
+		W[el + 1] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i] >> 4) * f);
+	}
+}
+
+/* the tail tile: each row's 16 bf16 (random, finite) packed into its last
+ * 32 bytes of codes, its factors the raw mark; X's tail columns zero but
+ * at 16 kb + 2t */
+__global__ void make_tail(uint8_t *codes, nvfp4_f2 *S, nvfp4_f2 *Z, __nv_bfloat16 *X, int E, int N,
+			  int K, size_t rows)
+{
+	size_t nr = (size_t)E * N;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nr + rows;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		if (i < nr) {
+			uint16_t v[16];
+			for (int j = 0; j < 16; j++) {
+				uint32_t x = (uint32_t)(i * 16 + j) * 2654435761u ^ 0x5bd1e995u;
+				x ^= x >> 15;
+				x *= 2246822519u;
+				x ^= x >> 13;
+				v[j] = (uint16_t)((x & 0x807f) | (0x3c00 + ((x >> 8) & 0x0780)));
+			}
+			nvfp4_tail_pack(v, codes + i * (K / 2) + (K - 64) / 2);
+			size_t e = i / N, r = i % N, fi = (e * (K / 64) + K / 64 - 1) * N + r;
+			float m = __uint_as_float(NVFP4_RAW);
+			S[fi] = {{m, m}};
+			Z[fi] = {{m, m}};
+		} else {
+			__nv_bfloat16 *x = X + (i - nr) * K + (K - 64);
+			for (int c = 0; c < 64; c++)
+				if (!(c % 2 == 0 && (c % 16) / 2 < 4))
+					x[c] = __ushort_as_bfloat16(0);
+		}
+	}
+}
+
+/* the NVFP4 product (K columns of codes and a tail tile of the LoRA's 16
+ * bf16) against the decode followed by the bf16 GEMM (the same W as A,
+ * and as xgemm.cu's operand order): timed, and the outputs compared bit
+ * for bit */
+static void nvfp4_check(const std::vector<int> &off, int N, int K0, double flop)
+{
+	int E = (int)off.size() - 1, K = K0 + 64;
+	size_t rows = (size_t)off[E], nf = (size_t)E * N * (K / 64);
+	Bufs q = {}, d = {};
+	__nv_bfloat16 *Wd;
+	uint8_t *Y2, *Y3;
+	CK(cudaMalloc(&q.X, rows * K * 2));
+	CK(cudaMalloc(&q.W, (size_t)E * N * K / 2));
+	CK(cudaMalloc(&q.S, nf * sizeof(nvfp4_f2)));
+	CK(cudaMalloc(&q.Z, nf * sizeof(nvfp4_f2)));
+	CK(cudaMalloc(&q.Y, rows * N * 2));
+	CK(cudaMalloc(&Y2, rows * N * 2));
+	CK(cudaMalloc(&Y3, rows * N * 2));
+	CK(cudaMalloc(&Wd, (size_t)E * N * K * 2));
+	fill<<<1024, 256>>>(q.X, rows * K * 2, 1, 1);
+	fill<<<1024, 256>>>(q.W, (size_t)E * N * K / 2, 2, 0);
+	fill_factors<<<1024, 256>>>((nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, nf);
+	make_tail<<<1024, 256>>>(q.W, (nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, (__nv_bfloat16 *)q.X, E, N, K, rows);
+	decode_ref<<<1024, 256>>>(q.W, (nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, Wd, E, N, K);
+	CK(cudaGetLastError());
+	run<GNV, 2, true>("NVFP4 W as A + tail tile", off, N, K, flop, &q);
+	d = q;
+	d.W = (uint8_t *)Wd;
+	d.Y = Y2;
+	run<GBfS, 0, true>("decoded bf16, W as A", off, N, K, flop, &d);
+	d.Y = Y3;
+	run<GBf, 0, false>("decoded bf16, X as A", off, N, K, flop, &d);
+	CK(cudaDeviceSynchronize());
+	std::vector<uint16_t> a(rows * N), b(rows * N), c(rows * N);
+	CK(cudaMemcpy(a.data(), q.Y, rows * N * 2, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(b.data(), Y2, rows * N * 2, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(c.data(), Y3, rows * N * 2, cudaMemcpyDeviceToHost));
+	auto f32 = [](uint16_t h) {
+		uint32_t u = (uint32_t)h << 16;
+		float f;
+		memcpy(&f, &u, 4);
+		return f;
+	};
+	size_t dab = 0, dbc = 0, nz = 0;
+	double mab = 0, mbc = 0, mag = 0;
+	for (size_t i = 0; i < a.size(); i++) {
+		dab += a[i] != b[i];
+		dbc += b[i] != c[i];
+		nz += b[i] != 0;
+		mab = std::max(mab, (double)fabsf(f32(a[i]) - f32(b[i])));
+		mbc = std::max(mbc, (double)fabsf(f32(b[i]) - f32(c[i])));
+		mag = std::max(mag, (double)fabsf(f32(b[i])));
+	}
+	printf("  check: NVFP4 vs decoded (W as A): %zu of %zu outputs differ (max %.3g); decoded W as A vs X as "
+	       "A: %zu differ (max %.3g); max |Y| %.3g, %zu nonzero\n",
+	       dab, a.size(), mab, dbc, mbc, mag, nz);
+	cudaFree(q.X), cudaFree(q.W), cudaFree(q.S), cudaFree(q.Z), cudaFree(q.Y);
+	cudaFree(Y2), cudaFree(Y3), cudaFree(Wd);
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, nullptr, _IOLBF, 0); /* lines out before any fault */
 	/* the bench's uniform routing: 8192 tokens, top-8 of 64, counts near
 	 * 1024 (cutlass_grouped_probe.cu's generator) */
 	std::vector<int> cnt(64, 0), off(65, 0);
@@ -192,6 +485,7 @@ int main(void)
 	/* N, K: gate/up and down forward, down and gate/up dX (the folded
 	 * tails' 16 columns, K rounded up to 32 for the 4-bit operand) */
 	static const int nk[4][2] = {{1536, 2080}, {2048, 800}, {768, 2080}, {2048, 1568}};
+	static const int nk0[4] = {2048, 768, 2048, 1536};
 	static const char *nm[4] = {"gate/up forward", "down forward", "down backward (dX)",
 				    "gate/up backward (dX)"};
 	for (int p = 0; p < 4; p++) {
@@ -200,9 +494,24 @@ int main(void)
 		int Kc = (K + 63) / 64 * 64;
 		double flop = 2.0 * off[64] * N * K;
 		printf("== %s\n", nm[p]);
-		run<GBf, false>("bf16 x bf16", off, N, K, flop);
-		run<GI4, true>("bf16 x int4, scale a K tile", off, N, Kc, flop * Kc / K);
-		run<GE2, true>("bf16 x e2m1, scale a K tile", off, N, Kc, flop * Kc / K);
+		if (want(argc, argv, "bf16"))
+			run<GBf, 0, false>("bf16 x bf16", off, N, K, flop);
+		if (want(argc, argv, "bf16-swap"))
+			run<GBfS, 0, true>("bf16, W as A", off, N, K, flop);
+		if (want(argc, argv, "int4-swap"))
+			run<GI4S, 1, true>("int4 W as A, scale a K tile", off, N, Kc, flop * Kc / K);
+		if (want(argc, argv, "e2m1-swap"))
+			run<GE2S, 1, true>("e2m1 W as A, scale a K tile", off, N, Kc, flop * Kc / K);
+		if (want(argc, argv, "e2m1f-swap"))
+			run<GE2FS, 1, true>("e2m1 W as A, float scale", off, N, Kc, flop * Kc / K);
+		/* the base's K (the products' K less the LoRA's 16 and the
+		 * rounding) and a tail tile: the same useful work */
+		if (want(argc, argv, "nvfp4"))
+			nvfp4_check(off, N, nk0[p], flop);
+		if (want(argc, argv, "int4"))
+			run<GI4, 1, false>("bf16 x int4, scale a K tile", off, N, Kc, flop * Kc / K);
+		if (want(argc, argv, "e2m1"))
+			run<GE2, 1, false>("bf16 x e2m1, scale a K tile", off, N, Kc, flop * Kc / K);
 	}
 	return 0;
 }
