@@ -19,9 +19,13 @@
  * x int4 with a scale a K tile (CUTLASS's fastest 4-bit path, its
  * conversion by lookup); bf16 x e2m1 with a scale a K tile. The values
  * are random and not checked against a reference: only the time counts.
- * Each form also with the weights as operand A (see Grouped); forms are
- * named on the command line (bf16 bf16-swap int4-swap e2m1-swap int4
- * e2m1), all of them without.
+ * Each form also with the weights as operand A (see Grouped); e2m1 also
+ * with our own conversions (declared below) and a float scale; and
+ * NVFP4 itself (nvfp4_mixed.cuh: a factor every 16 values, the LoRA's
+ * bf16 tail as one more K tile), timed against the decode followed by
+ * the bf16 GEMM on the same operands, the outputs compared bit for bit.
+ * Forms are named on the command line (nvfp4 bf16 bf16-swap int4-swap
+ * e2m1-swap e2m1f-swap int4 e2m1), all of them without.
  * Not built by make (it needs CUTLASS's headers and sm_90a; without
  * -DNDEBUG ptxas serialises the wgmma pipeline):
  *
