@@ -211,21 +211,19 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		CUTLASS_PRAGMA_UNROLL
 		for (int w = 0; w < size(codes); w++) {
 			uint32_t c = codes(w);
-			if (__float_as_uint(f(8 * w)) == NVFP4_RAW) {
-				/* the tail: rows g and g + 8's bf16 from bytes 0, 2
-				 * and 1, 3, at elements 0 and 2 (k = 2t) */
-				out(4 * w) = (c & 0xffu) | ((c >> 8) & 0xff00u);
-				out(4 * w + 1) = ((c >> 8) & 0xffu) | ((c >> 16) & 0xff00u);
-				out(4 * w + 2) = 0;
-				out(4 * w + 3) = 0;
-				continue;
-			}
+			/* the tail's bf16 (rows g and g + 8 from bytes 0, 2 and
+			 * 1, 3, at elements 0 and 2: k = 2t), chosen by select,
+			 * not a branch: wgmma wants its warpgroup converged */
+			bool raw = __float_as_uint(f(8 * w)) == NVFP4_RAW;
+			uint32_t t0 = (c & 0xffu) | ((c >> 8) & 0xff00u);
+			uint32_t t1 = ((c >> 8) & 0xffu) | ((c >> 16) & 0xff00u);
 			CUTLASS_PRAGMA_UNROLL
 			for (int j = 0; j < 4; j++) {
 				int i = 8 * w + 2 * j;
 				__nv_bfloat162 h = __floats2bfloat162_rn(nvfp4_e2m1f(c >> (8 * j)) * f(i),
 									 nvfp4_e2m1f(c >> (8 * j + 4)) * f(i + 1));
-				out(4 * w + j) = reinterpret_cast<uint32_t &>(h);
+				uint32_t v = reinterpret_cast<uint32_t &>(h);
+				out(4 * w + j) = raw ? (j == 0 ? t0 : j == 1 ? t1 : 0u) : v;
 			}
 		}
 	}
