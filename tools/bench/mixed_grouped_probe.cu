@@ -49,6 +49,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/numeric_conversion.h"
+#include "nvfp4_mixed.cuh" /* (declares nothing that instantiates a converter) */
 
 /* e2m1 to float and to bf16 by their bits, declared before any collective
  * is instantiated: CUTLASS 4.2 converts e2m1 on sm_90 one element at a
@@ -69,11 +70,8 @@ struct NumericArrayConverter<float, float_e2m1_t, 8, FloatRoundStyle::round_to_n
 		uint32_t x = reinterpret_cast<uint32_t const &>(s);
 		result_type r;
 		CUTLASS_PRAGMA_UNROLL
-		for (int i = 0; i < 8; i++) {
-			uint32_t c = x >> (4 * i);
-			uint32_t b = ((c & 7u) << 22) | ((c & 8u) << 28);
-			r[i] = __uint_as_float(b) * 0x1p126f;
-		}
+		for (int i = 0; i < 8; i++)
+			r[i] = nvfp4_e2m1f(x >> (4 * i));
 		return r;
 	}
 	CUTLASS_DEVICE result_type operator()(source_type const &s) const { return convert(s); }
@@ -110,7 +108,6 @@ struct NumericArrayConverter<bfloat16_t, float_e2m1_t, N, Round> {
 } // namespace cutlass
 
 #include "cutlass/gemm/collective/collective_builder.hpp"
-#include "nvfp4_mixed.cuh"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"

@@ -19,8 +19,11 @@
  * for each of the thread's fragment elements (from a shared-memory view
  * of the factors broadcast along K), and the conversion forms
  * bf16(e2m1(code) x factor), the float product rounded once, which is
- * the NVFP4 decode's arithmetic (kernels/train.cu's k_decode): the
- * converted operand is the decoded bf16 weight, bit for bit.
+ * the NVFP4 decode's arithmetic (kernels/train.cu's k_decode), so the
+ * converted operand should be the decoded bf16 weight bit for bit.
+ * Not yet shown: on the H200 the GEMM built with this stops with
+ * "illegal instruction" (tools/bench/NOTES.md), so neither its rate nor
+ * mixed_grouped_probe.cu's bit-for-bit check has run.
  *
  * The factor is the block's e4m3 scale times (or divided by) the tensor
  * scale, formed in float as ms_nvfp4_block_decode forms it.
