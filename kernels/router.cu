@@ -11,6 +11,7 @@
  * registers one step ahead.
  */
 #include "gpu_internal.h"
+#include "mma.h"
 #include "router.h"
 
 #define RT_BM 32     /* tokens a block */
@@ -99,6 +100,99 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
 		}
 }
 
+/*
+ * The logits where H is a multiple of RR_BK: each step of RR_BK along H
+ * (512 bytes of a row) streamed into shared memory by cp.async, two
+ * stages, the tiles in their global layout ([token][k], [expert][k]; rows
+ * RR_LD floats apart, so that the sixteen expert rows a warp reads at one
+ * k fall on distinct banks). Thread (ty, tx) owns tokens ty + 8 i and
+ * experts tx + 16 j. Each logit is the same chain of FMAs over H in order
+ * as k_router_tiled's: the same bits.
+ *
+ * Why: on the H200 (Nsight Compute) k_router_tiled is bound by its
+ * shared-memory loads (L1 at 90% of its rate, the FMA pipe at 36%), and
+ * its global loads, 128 bytes of each of a block's rows a step, 8 KB
+ * apart, left it at 0.0927 ms alone at the bench shape; the same loop with
+ * steps of 128 floats took 0.0808 (steps of 32 through the same ring,
+ * 0.0996; of 64, 0.0881; of 256 with one block an SM, 0.0950:
+ * tools/bench/router_probe.cu).
+ */
+#define RR_BK 128
+#define RR_LD (RR_BK + 4)
+#define RR_SMEM (2 * (RT_BM + RT_BN) * RR_LD * 4)
+
+__device__ __forceinline__ void rr_stage(float (*as)[RR_LD], float (*bs)[RR_LD], const float *h,
+					 const float *W, uint32_t T, uint32_t E, uint32_t H,
+					 uint32_t t0, uint32_t e0, uint32_t k)
+{
+	for (int i = threadIdx.x; i < RT_BM * (RR_BK / 4); i += RT_NTH) {
+		int r = i / (RR_BK / 4), c = i % (RR_BK / 4) * 4;
+		uint32_t t = t0 + r;
+		cp16(&as[r][c], t < T ? h + (uint64_t)t * H + k + c : h, t < T ? 16 : 0);
+	}
+	for (int i = threadIdx.x; i < RT_BN * (RR_BK / 4); i += RT_NTH) {
+		int r = i / (RR_BK / 4), c = i % (RR_BK / 4) * 4;
+		uint32_t e = e0 + r;
+		cp16(&bs[r][c], e < E ? W + (uint64_t)e * H + k + c : W, e < E ? 16 : 0);
+	}
+	cp_commit();
+}
+
+__global__ void __launch_bounds__(RT_NTH) k_router_ring(const float *h, const float *W,
+							  float *z, uint32_t T, uint32_t E,
+							  uint32_t H)
+{
+	/* dynamic, as uint4: 16-byte aligned for cp.async (RR_SMEM bytes) */
+	extern __shared__ uint4 rr_smem[];
+	float (*as)[RT_BM][RR_LD] = (float (*)[RT_BM][RR_LD])rr_smem;
+	float (*bs)[RT_BN][RR_LD] = (float (*)[RT_BN][RR_LD])(rr_smem + 2 * RT_BM * RR_LD / 4);
+	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / RR_BK;
+	int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+	float acc[4][4] = {};
+	rr_stage(as[0], bs[0], h, W, T, E, H, t0, e0, 0);
+	for (uint32_t s = 0; s < nst; s++) {
+		int b = s & 1;
+		/* the next step into the buffer the last one read (its closing
+		 * barrier passed); an empty group past the end keeps the wait's
+		 * count */
+		if (s + 1 < nst)
+			rr_stage(as[b ^ 1], bs[b ^ 1], h, W, T, E, H, t0, e0, (s + 1) * RR_BK);
+		else
+			cp_commit();
+		cp_wait<1>();
+		__syncthreads();
+#pragma unroll 4
+		for (int kk = 0; kk < RR_BK; kk += 4) {
+			float4 a[4], w[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				a[i] = *(const float4 *)&as[b][ty + 8 * i][kk];
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				w[j] = *(const float4 *)&bs[b][tx + 16 * j][kk];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					acc[i][j] = fmaf(a[i].x, w[j].x, acc[i][j]);
+					acc[i][j] = fmaf(a[i].y, w[j].y, acc[i][j]);
+					acc[i][j] = fmaf(a[i].z, w[j].z, acc[i][j]);
+					acc[i][j] = fmaf(a[i].w, w[j].w, acc[i][j]);
+				}
+		}
+		__syncthreads();
+	}
+	cp_wait<0>();
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t t = t0 + ty + 8 * i, e = e0 + tx + 16 * j;
+			if (t < T && e < E)
+				z[(uint64_t)t * E + e] = acc[i][j];
+		}
+}
+
 /* dh [T, H] = dz [T, E] W [E, H], E in order (the router's input
  * gradient, K = E: cuBLAS's float32 GEMM of it, pedantic, cost the H200
  * bench 1.7 ms a step and, once the host had nothing else to wait for,
@@ -156,8 +250,17 @@ extern "C" int ms_router_logits(const float *h, const float *W, float *z, uint32
 		return MS_OK;
 	if ((E + RT_BN - 1) / RT_BN > 65535)
 		return ms_err_set(err, MS_EINVAL, "router logits: %u experts: too many", E);
-	k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
-			  (cudaStream_t)stream>>>(h, W, z, T, E, H);
+	if (H % RR_BK == 0) {
+		/* past 48 KB of shared memory: asked for (a cheap call, made at
+		 * each launch so that no state outlives a device reset) */
+		CK(cudaFuncSetAttribute(k_router_ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					RR_SMEM));
+		k_router_ring<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH,
+				RR_SMEM, (cudaStream_t)stream>>>(h, W, z, T, E, H);
+	} else {
+		k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
+				 (cudaStream_t)stream>>>(h, W, z, T, E, H);
+	}
 	CK(cudaGetLastError());
 out:
 	return rc;

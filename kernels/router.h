@@ -12,7 +12,10 @@
  * through shared memory with the next step's loads in flight, laid out so
  * a warp's reads of a step are broadcasts or one 256-byte row (the first
  * kernel, 2 x 4 a thread, read twice for eight FMAs and took 0.14 ms a
- * layer; this one 0.095 on the H200).
+ * layer; this one 0.093 on the H200). Where H is a multiple of 128, the
+ * same chains through a two-stage cp.async ring of 128 along H (a block
+ * reads 512 bytes of each row a step instead of 128: 0.081 ms alone in
+ * tools/bench/router_probe.cu); both give the same bits.
  *
  * Covered: H a multiple of 32, h and W 16-byte aligned (MS_EINVAL
  * otherwise: the caller keeps cuBLAS). Internal to libms (not in ms.h).

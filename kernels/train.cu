@@ -991,6 +991,15 @@ static int dec_launch(struct ms_gmodel *g, const struct ddesc *dv, int nd, struc
 	int rc = MS_OK;
 	if (!nd)
 		return MS_OK;
+#ifdef MS_DIAG_NO_DECODE
+	/* a measuring build only (never the product's): from the third step
+	 * on the scratch keeps what earlier steps decoded, so the step's time
+	 * without the decode's traffic shows what the decode costs it; the
+	 * weights are then wrong and so are the losses (tools/bench/NOTES.md,
+	 * "what the decode costs the step") */
+	if (g->step >= 2)
+		return MS_OK;
+#endif
 	if (g->f32)
 		k_decode<float><<<dim3(DEC_BLOCKS, nd), NTH, 0, g->st>>>(dv, nd);
 	else

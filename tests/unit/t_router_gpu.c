@@ -4,7 +4,8 @@
  *
  * Cases: tokens 1, 31, 33 and 300 (a block's 32 rows and tails), experts
  * 1, 6, 64 and 65 (a block's 64 and a tail), H 32, 96 and 2048 (one step,
- * several). The output is poisoned with NaN and a sentinel row follows it
+ * several); H 128 and 384 (the kernel for H a multiple of 128, one step
+ * and three) with tokens 1, 33 and 300 and experts 1 and 65. The output is poisoned with NaN and a sentinel row follows it
  * (which must survive); each case runs twice and must be bit-identical.
  * Refused: H not a multiple of 32, a misaligned row, a NULL pointer.
  * The input gradient (ms_router_dgrad) likewise: tokens 1 .. 70, experts
@@ -105,6 +106,12 @@ static int test_router_logits(void)
 		for (size_t j = 0; j < 4; j++)
 			T_ASSERT(logits_case(ts[i], es[j], i % 2 ? 96 : 32) == 0);
 	T_ASSERT(logits_case(130, 64, 2048) == 0);
+	/* H a multiple of 128: the ring kernel, one step and three, with the
+	 * token and expert tails */
+	static const uint32_t tr[] = {1, 33, 300}, er[] = {1, 65};
+	for (size_t i = 0; i < 3; i++)
+		for (size_t j = 0; j < 2; j++)
+			T_ASSERT(logits_case(tr[i], er[j], i == 1 ? 128 : 384) == 0);
 	return 0;
 }
 

@@ -1,15 +1,24 @@
 /*
  * router_probe.cu: the router's two float32 products (kernels/router.cu)
  * at the trainer benchmark's shape, T 8192 tokens, E 64 experts, H 2048:
- * the logits z = h W^T and the input gradient dh = dz W. router.cu's
- * kernels (included) against a layout tried and not kept: warps of 4 x 8
- * threads (two shared memory wavefronts for a k's 16 FMAs where
- * router.cu's 16 x 2 and 32 x 1 read three and five) and the logits'
- * global loads mapped so that their transposed stores land in 32 distinct
- * banks (router.cu's are 4-way conflicted). Each thread's sums run in the
- * same order in both, so the outputs are compared bit for bit. GPU time a
- * call from CUDA events over 50 calls after 5, next to the FMA floor (132
- * SMs x 128 lanes x the clock). Not built by make:
+ * the logits z = h W^T and the input gradient dh = dz W, router.cu's
+ * kernels (included) against forms tried:
+ * - warps of 4 x 8 threads (two shared memory wavefronts for a k's 16
+ *   FMAs where router.cu's 16 x 2 read three) with the logits' transposed
+ *   stores in 32 distinct banks: slower;
+ * - three diagnostics of the tiled logits kernel (diag_logits): W read from
+ *   one of 64 copies (are the blocks' reads of the same L2 lines the
+ *   limit?), no global loads in the loop, the loads without the FMAs;
+ * - the logits through a ring of cp.async stages of BK along H (BK 32, 64,
+ *   128, 256: pipe_logits; 128 became router.cu's k_router_ring);
+ * - both products on the bf16 tensor cores, each float split into three
+ *   bf16 parts and six products summed (tc_logits, tc_dgrad): not the FMA
+ *   chain's bits, so their largest difference from router.cu's over the
+ *   sum of |products| is printed instead.
+ * The FMA forms run each sum in the same order, so their outputs are
+ * compared bit for bit. GPU time a call from CUDA events over 50 calls
+ * after 5, next to the FMA floor (132 SMs x 128 lanes x the clock). Not
+ * built by make:
  *
  *   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc -Ikernels -o router_probe \
  *     tools/bench/router_probe.cu
@@ -17,8 +26,11 @@
  */
 #include "../../kernels/router.cu"
 
+#include "../../kernels/mma.h"
 #include "probe_fill.cuh"
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <vector>
 
@@ -115,10 +127,354 @@ __global__ void __launch_bounds__(256) tried_dgrad(const float *dz, const float 
 	}
 }
 
+/* Three diagnostics of router.cu's logits kernel, to tell where its time
+ * goes (the kernel has stayed about 3x its FMA floor in every layout
+ * tried): MODE 1 reads W from one of NREP copies picked by the block, so
+ * that the blocks' reads of a step do not all fall on the same L2 lines;
+ * MODE 2 loads its global tiles once and then runs every step's FMAs on
+ * them (no global traffic in the loop); MODE 3 runs the loads and stores
+ * without the FMAs (one FMA a step kept, so the loads are not removed).
+ * Only MODE 1 gives router.cu's bits. */
+#define NREP 64
+template <int MODE>
+__global__ void __launch_bounds__(RT_NTH) diag_logits(const float *h, const float *W, float *z,
+						    uint32_t T, uint32_t E, uint32_t H)
+{
+	__align__(16) __shared__ float as[RT_BK][RT_BM + 4];
+	__align__(16) __shared__ float bs[RT_BK][RT_BN + 4];
+	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN;
+	int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+	int lr = tid / (RT_BK / 4), lc = tid % (RT_BK / 4) * 4;
+	if (MODE == 1)
+		W += (uint64_t)(blockIdx.x % NREP) * E * H;
+	float4 pa[2], pb[4];
+	float acc[4][4] = {};
+	rt_load(h, W, T, E, H, t0, e0, 0, lr, lc, pa, pb);
+	for (uint32_t k0 = 0; k0 < H; k0 += RT_BK) {
+#pragma unroll
+		for (int q = 0; q < 2; q++)
+			put_col(&as[lc][lr + 16 * q], RT_BM + 4, pa[q]);
+#pragma unroll
+		for (int q = 0; q < 4; q++)
+			put_col(&bs[lc][lr + 16 * q], RT_BN + 4, pb[q]);
+		__syncthreads();
+		uint32_t k1 = k0 + RT_BK;
+		if (k1 < H && MODE != 2)
+			rt_load(h, W, T, E, H, t0, e0, k1, lr, lc, pa, pb);
+		if (MODE == 3) {
+			fma4x4(acc, *(const float4 *)&as[tid % RT_BK][ty * 4],
+			       *(const float4 *)&bs[tid % RT_BK][tx * 4]);
+		} else {
+#pragma unroll
+			for (int k = 0; k < RT_BK; k++)
+				fma4x4(acc, *(const float4 *)&as[k][ty * 4],
+				       *(const float4 *)&bs[k][tx * 4]);
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t t = t0 + ty * 4 + i, e = e0 + tx * 4 + j;
+			if (t < T && e < E)
+				z[(uint64_t)t * E + e] = acc[i][j];
+		}
+}
+
+/* router.cu's logits with each step streamed through a ring of ST
+ * cp.async stages of BK along H (the form of 94da9c9's k_router_pipe,
+ * which at BK 32 was slower than router.cu's): a block reads each of its
+ * rows of h in runs of 4 BK bytes, 128 at BK 32, so BK 128 asks whether
+ * short runs a row (8 KB apart) are what hold the loads back. Thread
+ * (ty, tx) owns tokens ty + 8 i and experts tx + 16 j; each logit is the
+ * same chain of FMAs over H in order (router.cu's bits). */
+template <int BK, int ST>
+__global__ void __launch_bounds__(RT_NTH) pipe_logits(const float *h, const float *W, float *z,
+						    uint32_t T, uint32_t E, uint32_t H)
+{
+	constexpr int LD = BK + 4;
+	extern __shared__ uint4 pp_smem[];
+	float (*as)[RT_BM][LD] = (float (*)[RT_BM][LD])pp_smem;
+	float (*bs)[RT_BN][LD] = (float (*)[RT_BN][LD])(pp_smem + ST * RT_BM * LD / 4);
+	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / BK;
+	int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+	float acc[4][4] = {};
+	auto stage = [&](int b, uint32_t k) {
+		for (int i = threadIdx.x; i < RT_BM * (BK / 4); i += RT_NTH) {
+			int r = i / (BK / 4), c = i % (BK / 4) * 4;
+			uint32_t t = t0 + r;
+			cp16(&as[b][r][c], t < T ? h + (uint64_t)t * H + k + c : h, t < T ? 16 : 0);
+		}
+		for (int i = threadIdx.x; i < RT_BN * (BK / 4); i += RT_NTH) {
+			int r = i / (BK / 4), c = i % (BK / 4) * 4;
+			uint32_t e = e0 + r;
+			cp16(&bs[b][r][c], e < E ? W + (uint64_t)e * H + k + c : W, e < E ? 16 : 0);
+		}
+		cp_commit();
+	};
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++) {
+		if ((uint32_t)s < nst)
+			stage(s, s * BK);
+		else
+			cp_commit();
+	}
+	for (uint32_t s = 0; s < nst; s++) {
+		uint32_t f = s + ST - 1;
+		int b = s % ST;
+		if (f < nst)
+			stage(f % ST, f * BK);
+		else
+			cp_commit();
+		cp_wait<ST - 1>();
+		__syncthreads();
+#pragma unroll 4
+		for (int kk = 0; kk < BK; kk += 4) {
+			float4 a[4], w[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				a[i] = *(const float4 *)&as[b][ty + 8 * i][kk];
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				w[j] = *(const float4 *)&bs[b][tx + 16 * j][kk];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					acc[i][j] = fmaf(a[i].x, w[j].x, acc[i][j]);
+					acc[i][j] = fmaf(a[i].y, w[j].y, acc[i][j]);
+					acc[i][j] = fmaf(a[i].z, w[j].z, acc[i][j]);
+					acc[i][j] = fmaf(a[i].w, w[j].w, acc[i][j]);
+				}
+		}
+		__syncthreads();
+	}
+	cp_wait<0>();
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t t = t0 + ty + 8 * i, e = e0 + tx + 16 * j;
+			if (t < T && e < E)
+				z[(uint64_t)t * E + e] = acc[i][j];
+		}
+}
+
+template <int BK, int ST> void pipe_launch(dim3 g, const float *h, const float *W, float *z,
+					   uint32_t T, uint32_t E, uint32_t H)
+{
+	int sm = ST * (RT_BM + RT_BN) * (BK + 4) * 4;
+	static int once = 0;
+	if (!once++)
+		PK(cudaFuncSetAttribute(pipe_logits<BK, ST>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+	pipe_logits<BK, ST><<<g, RT_NTH, sm>>>(h, W, z, T, E, H);
+}
+
+/*
+ * The router's products on the bf16 tensor cores, for speed against the
+ * FMA kernels: each float32 operand split into three bf16 parts that sum
+ * to it exactly (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi -
+ * mid): 24 bits of significand in three 8-bit pieces), and the six
+ * products whose size reaches float32's rounding (hh, hm, mh, hl, lh, mm)
+ * accumulated by mma.sync in float32. Not the FMA chain's bits: the
+ * probe reports the largest difference from router.cu's logits over the
+ * row's sum of |h w|. W (frozen) is split once, beforehand, into three
+ * bf16 arrays; h and dz are split as they are read.
+ */
+__global__ void tc_split(const float *x, bf16 *p, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float v = x[i];
+		bf16 a = __float2bfloat16_rn(v);
+		float r = v - __bfloat162float(a);
+		bf16 b = __float2bfloat16_rn(r);
+		bf16 c = __float2bfloat16_rn(r - __bfloat162float(b));
+		p[i] = a;
+		p[n + i] = b;
+		p[2 * n + i] = c;
+	}
+}
+
+/* two floats into three bf16 pairs (hi, mid, lo), lo element in the low half */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &h, uint32_t &m, uint32_t &l)
+{
+	__nv_bfloat162 a = __floats2bfloat162_rn(x0, x1);
+	float r0 = x0 - __low2float(a), r1 = x1 - __high2float(a);
+	__nv_bfloat162 b = __floats2bfloat162_rn(r0, r1);
+	__nv_bfloat162 c = __floats2bfloat162_rn(r0 - __low2float(b), r1 - __high2float(b));
+	h = *(uint32_t *)&a;
+	m = *(uint32_t *)&b;
+	l = *(uint32_t *)&c;
+}
+
+/* the A fragment (m16 x k16) of a float row-major tile, split: lane (g, t)
+ * holds rows g, g + 8 and columns 2t, 2t + 1, 2t + 8, 2t + 9 */
+__device__ __forceinline__ void a_split(uint32_t ah[4], uint32_t am[4], uint32_t al[4],
+					const float *s, int ld, int m0, int k0)
+{
+	int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		int r = m0 + g + 8 * (q & 1), c = k0 + 2 * t + 8 * (q >> 1);
+		float2 v = *(const float2 *)(s + r * ld + c);
+		split2(v.x, v.y, ah[q], am[q], al[q]);
+	}
+}
+
+/* c += the six products of (ah, am, al) and (bh, bm, bl) */
+__device__ __forceinline__ void mma6(float c[4], const uint32_t ah[4], const uint32_t am[4],
+				     const uint32_t al[4], const uint32_t *bh, const uint32_t *bm,
+				     const uint32_t *bl)
+{
+	mma16816(c, am, bm);
+	mma16816(c, al, bh);
+	mma16816(c, ah, bl);
+	mma16816(c, am, bh);
+	mma16816(c, ah, bm);
+	mma16816(c, ah, bh);
+}
+
+/* logits: a block 64 tokens x 64 experts (E = 64 here), warp w tokens
+ * 16 w.., K in steps of 32 through a ring of 3 cp.async stages */
+#define TC_ST 3
+#define TC_BK 32
+#define TC_LDA (TC_BK + 4)   /* floats */
+#define TC_LDB (TC_BK + 8)   /* bf16 */
+#define TC_SMEM (TC_ST * (64 * TC_LDA * 4 + 3 * 64 * TC_LDB * 2))
+__global__ void __launch_bounds__(128) tc_logits(const float *h, const bf16 *Ws, float *z,
+						  uint32_t T, uint32_t E, uint32_t H)
+{
+	extern __shared__ uint4 tc_smem[];
+	char *base = (char *)tc_smem;
+	auto As = [&](int b) { return (float *)(base + b * (64 * TC_LDA * 4 + 3 * 64 * TC_LDB * 2)); };
+	auto Bs = [&](int b, int p) {
+		return (bf16 *)(base + b * (64 * TC_LDA * 4 + 3 * 64 * TC_LDB * 2) + 64 * TC_LDA * 4) +
+		       p * 64 * TC_LDB;
+	};
+	uint32_t t0 = blockIdx.x * 64, nst = H / TC_BK;
+	int w = threadIdx.x >> 5;
+	size_t EH = (size_t)E * H;
+	float c[8][4] = {};
+	auto stage = [&](int b, uint32_t k) {
+		float *a = As(b);
+		for (int i = threadIdx.x; i < 64 * (TC_BK / 4); i += 128) {
+			int r = i / (TC_BK / 4), cc = i % (TC_BK / 4) * 4;
+			uint32_t t = t0 + r;
+			cp16(a + r * TC_LDA + cc, t < T ? h + (uint64_t)t * H + k + cc : h, t < T ? 16 : 0);
+		}
+		for (int p = 0; p < 3; p++) {
+			bf16 *bb = Bs(b, p);
+			for (int i = threadIdx.x; i < 64 * (TC_BK / 8); i += 128) {
+				int r = i / (TC_BK / 8), cc = i % (TC_BK / 8) * 8;
+				cp16(bb + r * TC_LDB + cc, r < (int)E ? Ws + p * EH + (uint64_t)r * H + k + cc : Ws,
+				     r < (int)E ? 16 : 0);
+			}
+		}
+		cp_commit();
+	};
+	for (int s = 0; s < TC_ST - 1; s++) {
+		if ((uint32_t)s < nst)
+			stage(s, s * TC_BK);
+		else
+			cp_commit();
+	}
+	for (uint32_t s = 0; s < nst; s++) {
+		uint32_t f = s + TC_ST - 1;
+		int b = s % TC_ST;
+		if (f < nst)
+			stage(f % TC_ST, f * TC_BK);
+		else
+			cp_commit();
+		cp_wait<TC_ST - 1>();
+		__syncthreads();
+#pragma unroll
+		for (int k0 = 0; k0 < TC_BK; k0 += 16) {
+			uint32_t ah[4], am[4], al[4];
+			a_split(ah, am, al, As(b), TC_LDA, 16 * w, k0);
+#pragma unroll
+			for (int n = 0; n < 64; n += 16) {
+				uint32_t bh[4], bm[4], bl[4];
+				ldsm_bn(bh, Bs(b, 0), TC_LDB, k0, n);
+				ldsm_bn(bm, Bs(b, 1), TC_LDB, k0, n);
+				ldsm_bn(bl, Bs(b, 2), TC_LDB, k0, n);
+				mma6(c[n / 8], ah, am, al, bh, bm, bl);
+				mma6(c[n / 8 + 1], ah, am, al, bh + 2, bm + 2, bl + 2);
+			}
+		}
+		__syncthreads();
+	}
+	cp_wait<0>();
+	int l = threadIdx.x & 31, g = l >> 2, tq = l & 3;
+#pragma unroll
+	for (int n = 0; n < 8; n++)
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			uint32_t t = t0 + 16 * w + g + 8 * (q >> 1), e = 8 * n + 2 * tq + (q & 1);
+			if (t < T && e < E)
+				z[(uint64_t)t * E + e] = c[n][q];
+		}
+}
+
+/* the input gradient dh [T, H] = dz [T, E] W [E, H], E = 64 whole: a block
+ * 64 tokens x 128 columns, warp w tokens 16 w.. */
+#define TD_LDA (64 + 4)
+#define TD_LDB (128 + 8)
+#define TD_SMEM (64 * TD_LDA * 4 + 3 * 64 * TD_LDB * 2)
+__global__ void __launch_bounds__(128) tc_dgrad(const float *dz, const bf16 *Ws, float *dh,
+						 uint32_t T, uint32_t E, uint32_t H)
+{
+	extern __shared__ uint4 tc_smem[];
+	float *a = (float *)tc_smem;
+	bf16 *bs = (bf16 *)((char *)tc_smem + 64 * TD_LDA * 4);
+	uint32_t t0 = blockIdx.x * 64, j0 = blockIdx.y * 128;
+	int w = threadIdx.x >> 5;
+	size_t EH = (size_t)E * H;
+	for (int i = threadIdx.x; i < 64 * 16; i += 128) {
+		int r = i / 16, cc = i % 16 * 4;
+		uint32_t t = t0 + r;
+		cp16(a + r * TD_LDA + cc, t < T ? dz + (uint64_t)t * E + cc : dz, t < T ? 16 : 0);
+	}
+	for (int p = 0; p < 3; p++)
+		for (int i = threadIdx.x; i < 64 * 16; i += 128) {
+			int r = i / 16, cc = i % 16 * 8;
+			cp16(bs + (p * 64 + r) * TD_LDB + cc, Ws + p * EH + (uint64_t)r * H + j0 + cc, 16);
+		}
+	cp_commit();
+	cp_wait<0>();
+	__syncthreads();
+	float c[16][4] = {};
+#pragma unroll
+	for (int k0 = 0; k0 < 64; k0 += 16) {
+		uint32_t ah[4], am[4], al[4];
+		a_split(ah, am, al, a, TD_LDA, 16 * w, k0);
+#pragma unroll
+		for (int n = 0; n < 128; n += 16) {
+			uint32_t bh[4], bm[4], bl[4];
+			ldsm_bk(bh, bs, TD_LDB, k0, n);
+			ldsm_bk(bm, bs + 64 * TD_LDB, TD_LDB, k0, n);
+			ldsm_bk(bl, bs + 128 * TD_LDB, TD_LDB, k0, n);
+			mma6(c[n / 8], ah, am, al, bh, bm, bl);
+			mma6(c[n / 8 + 1], ah, am, al, bh + 2, bm + 2, bl + 2);
+		}
+	}
+	int l = threadIdx.x & 31, g = l >> 2, tq = l & 3;
+#pragma unroll
+	for (int n = 0; n < 16; n++)
+#pragma unroll
+		for (int q = 0; q < 4; q += 2) {
+			uint32_t t = t0 + 16 * w + g + 8 * (q >> 1), j = j0 + 8 * n + 2 * tq;
+			if (t < T)
+				*(float2 *)(dh + (uint64_t)t * H + j) = make_float2(c[n][q], c[n][q + 1]);
+		}
+}
+
 int main()
 {
 	const uint32_t T = 8192, E = 64, H = 2048;
-	float *h, *W, *z, *z2, *dh, *dh2;
+	float *h, *W, *Wr, *z, *z2, *dh, *dh2;
 	PK(cudaMalloc(&h, (size_t)T * H * 4));
 	PK(cudaMalloc(&W, (size_t)E * H * 4));
 	PK(cudaMalloc(&z, (size_t)T * E * 4));
@@ -127,6 +483,9 @@ int main()
 	PK(cudaMalloc(&dh2, (size_t)T * H * 4));
 	probe_fill<<<1024, 256>>>(h, (size_t)T * H, 1);
 	probe_fill<<<1024, 256>>>(W, (size_t)E * H, 2);
+	PK(cudaMalloc(&Wr, (size_t)NREP * E * H * 4));
+	for (int i = 0; i < NREP; i++)
+		PK(cudaMemcpy(Wr + (size_t)i * E * H, W, (size_t)E * H * 4, cudaMemcpyDeviceToDevice));
 	PK(cudaGetLastError());
 	int clk = 0, sms = 0;
 	PK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0));
@@ -159,10 +518,74 @@ int main()
 			bad += memcmp(&p[i], &q[i], 4) != 0;
 		printf("  %s (%zu of %zu differ)\n", bad ? "DIFFER" : "same bits", bad, n);
 	};
+	/* the largest |a - b| of two logit tables over the row's sum of |h w| */
+	auto near = [&](const float *x, const float *y, const float *hh, const float *ww, uint32_t T_,
+			uint32_t E_, uint32_t H_) {
+		std::vector<float> p((size_t)T_ * E_), q((size_t)T_ * E_), hv((size_t)T_ * H_), wv((size_t)E_ * H_);
+		PK(cudaMemcpy(p.data(), x, p.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(q.data(), y, q.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(hv.data(), hh, hv.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(wv.data(), ww, wv.size() * 4, cudaMemcpyDeviceToHost));
+		double worst = 0;
+		for (uint32_t t = 0; t < T_; t += 7)
+			for (uint32_t e = 0; e < E_; e++) {
+				double m = 0;
+				for (uint32_t k = 0; k < H_; k++)
+					m += fabs((double)hv[(size_t)t * H_ + k] * wv[(size_t)e * H_ + k]);
+				double d = fabs((double)p[(size_t)t * E_ + e] - q[(size_t)t * E_ + e]) / (m > 0 ? m : 1);
+				worst = d > worst ? d : worst;
+			}
+		printf("  largest difference / sum |h w|: %.3g (2^-24 = %.3g)\n", worst, ldexp(1.0, -24));
+	};
+	auto near_dgrad = [&](const float *x, const float *y, const float *dz, const float *ww,
+			      uint32_t T_, uint32_t E_, uint32_t H_) {
+		std::vector<float> p((size_t)T_ * H_), q((size_t)T_ * H_), dv((size_t)T_ * E_), wv((size_t)E_ * H_);
+		PK(cudaMemcpy(p.data(), x, p.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(q.data(), y, q.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(dv.data(), dz, dv.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(wv.data(), ww, wv.size() * 4, cudaMemcpyDeviceToHost));
+		double worst = 0;
+		for (uint32_t t = 0; t < T_; t += 13)
+			for (uint32_t j = 0; j < H_; j++) {
+				double m = 0;
+				for (uint32_t e = 0; e < E_; e++)
+					m += fabs((double)dv[(size_t)t * E_ + e] * wv[(size_t)e * H_ + j]);
+				double d = fabs((double)p[(size_t)t * H_ + j] - q[(size_t)t * H_ + j]) / (m > 0 ? m : 1);
+				worst = d > worst ? d : worst;
+			}
+		printf("  largest difference / sum |dz w|: %.3g\n", worst);
+	};
 	dim3 gl((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN);
 	time("logits, 4 x 8 warps (tried)", [&] { tried_logits<<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
-	time("logits, router.cu", [&] { ms_router_logits(h, W, z, T, E, H, 0, NULL); });
+	time("logits, router.cu (the ring)", [&] { ms_router_logits(h, W, z, T, E, H, 0, NULL); });
 	same(z, z2, (size_t)T * E);
+	time("logits, router.cu's tiled kernel", [&] { k_router_tiled<<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	time("logits, W in 64 copies (diag)", [&] { diag_logits<1><<<gl, RT_NTH>>>(h, Wr, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	time("logits, ring BK 32 x 3 stages", [&] { pipe_launch<32, 3>(gl, h, W, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	time("logits, ring BK 64 x 3 stages", [&] { pipe_launch<64, 3>(gl, h, W, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	time("logits, ring BK 128 x 2 stages", [&] { pipe_launch<128, 2>(gl, h, W, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	time("logits, ring BK 256 x 2 stages", [&] { pipe_launch<256, 2>(gl, h, W, z2, T, E, H); });
+	same(z, z2, (size_t)T * E);
+	{
+		bf16 *Ws;
+		PK(cudaMalloc(&Ws, (size_t)3 * E * H * 2));
+		tc_split<<<256, 256>>>(W, Ws, (size_t)E * H);
+		PK(cudaFuncSetAttribute(tc_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+		PK(cudaFuncSetAttribute(tc_dgrad, cudaFuncAttributeMaxDynamicSharedMemorySize, TD_SMEM));
+		time("logits, bf16 x 6 tensor cores", [&] { tc_logits<<<T / 64, 128, TC_SMEM>>>(h, Ws, z2, T, E, H); });
+		near(z, z2, h, W, T, E, H);
+		time("input gradient, bf16 x 6 tensor cores", [&] { tc_dgrad<<<dim3(T / 64, H / 128), 128, TD_SMEM>>>(z, Ws, dh2, T, E, H); });
+		ms_router_dgrad(z, W, dh, T, E, H, 0, NULL);
+		near_dgrad(dh, dh2, z, W, T, E, H);
+		PK(cudaFree(Ws));
+	}
+	time("logits, no loads in the loop (diag)", [&] { diag_logits<2><<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
+	time("logits, loads without FMAs (diag)", [&] { diag_logits<3><<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
 	dim3 gd((T + 31) / 32, (H + 127) / 128);
 	time("input gradient, 4 x 8 (tried)", [&] { tried_dgrad<<<gd, 256>>>(z, W, dh2, T, E, H); });
 	time("input gradient, router.cu", [&] { ms_router_dgrad(z, W, dh, T, E, H, 0, NULL); });
