@@ -118,51 +118,56 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
  * tools/bench/router_probe.cu).
  */
 #define RR_BK 128
-#define RR_LD (RR_BK + 4)
-#define RR_SMEM (2 * (RT_BM + RT_BN) * RR_LD * 4)
+/* shared memory of a ring of BK: two stages of both tiles, rows BK + 4 */
+#define RR_SMEM(BK) (2 * (RT_BM + RT_BN) * ((BK) + 4) * 4)
 
-__device__ __forceinline__ void rr_stage(float (*as)[RR_LD], float (*bs)[RR_LD], const float *h,
-					 const float *W, uint32_t T, uint32_t E, uint32_t H,
-					 uint32_t t0, uint32_t e0, uint32_t k)
+template <int BK>
+__device__ __forceinline__ void rr_stage(float (*as)[BK + 4], float (*bs)[BK + 4],
+					 const float *h, const float *W, uint32_t T, uint32_t E,
+					 uint32_t H, uint32_t t0, uint32_t e0, uint32_t k)
 {
-	for (int i = threadIdx.x; i < RT_BM * (RR_BK / 4); i += RT_NTH) {
-		int r = i / (RR_BK / 4), c = i % (RR_BK / 4) * 4;
+	for (int i = threadIdx.x; i < RT_BM * (BK / 4); i += RT_NTH) {
+		int r = i / (BK / 4), c = i % (BK / 4) * 4;
 		uint32_t t = t0 + r;
 		cp16(&as[r][c], t < T ? h + (uint64_t)t * H + k + c : h, t < T ? 16 : 0);
 	}
-	for (int i = threadIdx.x; i < RT_BN * (RR_BK / 4); i += RT_NTH) {
-		int r = i / (RR_BK / 4), c = i % (RR_BK / 4) * 4;
+	for (int i = threadIdx.x; i < RT_BN * (BK / 4); i += RT_NTH) {
+		int r = i / (BK / 4), c = i % (BK / 4) * 4;
 		uint32_t e = e0 + r;
 		cp16(&bs[r][c], e < E ? W + (uint64_t)e * H + k + c : W, e < E ? 16 : 0);
 	}
 	cp_commit();
 }
 
+/* BK: the step along H (the template lets router_probe.cu time others) */
+template <int BK>
 __global__ void __launch_bounds__(RT_NTH) k_router_ring(const float *h, const float *W,
 							  float *z, uint32_t T, uint32_t E,
 							  uint32_t H)
 {
-	/* dynamic, as uint4: 16-byte aligned for cp.async (RR_SMEM bytes) */
+	constexpr int LD = BK + 4;
+	/* dynamic, as uint4: 16-byte aligned for cp.async (RR_SMEM(BK) bytes) */
 	extern __shared__ uint4 rr_smem[];
-	float (*as)[RT_BM][RR_LD] = (float (*)[RT_BM][RR_LD])rr_smem;
-	float (*bs)[RT_BN][RR_LD] = (float (*)[RT_BN][RR_LD])(rr_smem + 2 * RT_BM * RR_LD / 4);
-	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / RR_BK;
+	float (*as)[RT_BM][LD] = (float (*)[RT_BM][LD])rr_smem;
+	float (*bs)[RT_BN][LD] = (float (*)[RT_BN][LD])(rr_smem + 2 * RT_BM * LD / 4);
+	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / BK;
 	int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 	float acc[4][4] = {};
-	rr_stage(as[0], bs[0], h, W, T, E, H, t0, e0, 0);
+	rr_stage<BK>(as[0], bs[0], h, W, T, E, H, t0, e0, 0);
 	for (uint32_t s = 0; s < nst; s++) {
 		int b = s & 1;
 		/* the next step into the buffer the last one read (its closing
 		 * barrier passed); an empty group past the end keeps the wait's
 		 * count */
 		if (s + 1 < nst)
-			rr_stage(as[b ^ 1], bs[b ^ 1], h, W, T, E, H, t0, e0, (s + 1) * RR_BK);
+			rr_stage<BK>(as[b ^ 1], bs[b ^ 1], h, W, T, E, H, t0, e0,
+					(s + 1) * BK);
 		else
 			cp_commit();
 		cp_wait<1>();
 		__syncthreads();
 #pragma unroll 4
-		for (int kk = 0; kk < RR_BK; kk += 4) {
+		for (int kk = 0; kk < BK; kk += 4) {
 			float4 a[4], w[4];
 #pragma unroll
 			for (int i = 0; i < 4; i++)
@@ -253,10 +258,11 @@ extern "C" int ms_router_logits(const float *h, const float *W, float *z, uint32
 	if (H % RR_BK == 0) {
 		/* past 48 KB of shared memory: asked for (a cheap call, made at
 		 * each launch so that no state outlives a device reset) */
-		CK(cudaFuncSetAttribute(k_router_ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					RR_SMEM));
-		k_router_ring<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH,
-				RR_SMEM, (cudaStream_t)stream>>>(h, W, z, T, E, H);
+		CK(cudaFuncSetAttribute(k_router_ring<RR_BK>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, RR_SMEM(RR_BK)));
+		k_router_ring<RR_BK><<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN),
+				       RT_NTH, RR_SMEM(RR_BK), (cudaStream_t)stream>>>(h, W, z, T,
+											 E, H);
 	} else {
 		k_router_tiled<<<dim3((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN), RT_NTH, 0,
 				 (cudaStream_t)stream>>>(h, W, z, T, E, H);

@@ -9,8 +9,9 @@
  * - three diagnostics of the tiled logits kernel (diag_logits): W read from
  *   one of 64 copies (are the blocks' reads of the same L2 lines the
  *   limit?), no global loads in the loop, the loads without the FMAs;
- * - the logits through a ring of cp.async stages of BK along H (BK 32, 64,
- *   128, 256: pipe_logits; 128 became router.cu's k_router_ring);
+ * - the logits through router.cu's two-stage cp.async ring at other steps
+ *   along H than its 128 (32, 64, 256; measured first with three stages
+ *   at 32 and 64);
  * - both products on the bf16 tensor cores, each float split into three
  *   bf16 parts and six products summed (tc_logits, tc_dgrad): not the FMA
  *   chain's bits, so their largest difference from router.cu's over the
@@ -182,94 +183,13 @@ __global__ void __launch_bounds__(RT_NTH) diag_logits(const float *h, const floa
 		}
 }
 
-/* router.cu's logits with each step streamed through a ring of ST
- * cp.async stages of BK along H (the form of 94da9c9's k_router_pipe,
- * which at BK 32 was slower than router.cu's): a block reads each of its
- * rows of h in runs of 4 BK bytes, 128 at BK 32, so BK 128 asks whether
- * short runs a row (8 KB apart) are what hold the loads back. Thread
- * (ty, tx) owns tokens ty + 8 i and experts tx + 16 j; each logit is the
- * same chain of FMAs over H in order (router.cu's bits). */
-template <int BK, int ST>
-__global__ void __launch_bounds__(RT_NTH) pipe_logits(const float *h, const float *W, float *z,
-						    uint32_t T, uint32_t E, uint32_t H)
+/* router.cu's ring kernel at a step of BK along H */
+template <int BK> void pipe_launch(dim3 g, const float *h, const float *W, float *z, uint32_t T,
+				   uint32_t E, uint32_t H)
 {
-	constexpr int LD = BK + 4;
-	extern __shared__ uint4 pp_smem[];
-	float (*as)[RT_BM][LD] = (float (*)[RT_BM][LD])pp_smem;
-	float (*bs)[RT_BN][LD] = (float (*)[RT_BN][LD])(pp_smem + ST * RT_BM * LD / 4);
-	uint32_t t0 = blockIdx.x * RT_BM, e0 = blockIdx.y * RT_BN, nst = H / BK;
-	int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-	float acc[4][4] = {};
-	auto stage = [&](int b, uint32_t k) {
-		for (int i = threadIdx.x; i < RT_BM * (BK / 4); i += RT_NTH) {
-			int r = i / (BK / 4), c = i % (BK / 4) * 4;
-			uint32_t t = t0 + r;
-			cp16(&as[b][r][c], t < T ? h + (uint64_t)t * H + k + c : h, t < T ? 16 : 0);
-		}
-		for (int i = threadIdx.x; i < RT_BN * (BK / 4); i += RT_NTH) {
-			int r = i / (BK / 4), c = i % (BK / 4) * 4;
-			uint32_t e = e0 + r;
-			cp16(&bs[b][r][c], e < E ? W + (uint64_t)e * H + k + c : W, e < E ? 16 : 0);
-		}
-		cp_commit();
-	};
-#pragma unroll
-	for (int s = 0; s < ST - 1; s++) {
-		if ((uint32_t)s < nst)
-			stage(s, s * BK);
-		else
-			cp_commit();
-	}
-	for (uint32_t s = 0; s < nst; s++) {
-		uint32_t f = s + ST - 1;
-		int b = s % ST;
-		if (f < nst)
-			stage(f % ST, f * BK);
-		else
-			cp_commit();
-		cp_wait<ST - 1>();
-		__syncthreads();
-#pragma unroll 4
-		for (int kk = 0; kk < BK; kk += 4) {
-			float4 a[4], w[4];
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-				a[i] = *(const float4 *)&as[b][ty + 8 * i][kk];
-#pragma unroll
-			for (int j = 0; j < 4; j++)
-				w[j] = *(const float4 *)&bs[b][tx + 16 * j][kk];
-#pragma unroll
-			for (int i = 0; i < 4; i++)
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					acc[i][j] = fmaf(a[i].x, w[j].x, acc[i][j]);
-					acc[i][j] = fmaf(a[i].y, w[j].y, acc[i][j]);
-					acc[i][j] = fmaf(a[i].z, w[j].z, acc[i][j]);
-					acc[i][j] = fmaf(a[i].w, w[j].w, acc[i][j]);
-				}
-		}
-		__syncthreads();
-	}
-	cp_wait<0>();
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t t = t0 + ty + 8 * i, e = e0 + tx + 16 * j;
-			if (t < T && e < E)
-				z[(uint64_t)t * E + e] = acc[i][j];
-		}
-}
-
-template <int BK, int ST> void pipe_launch(dim3 g, const float *h, const float *W, float *z,
-					   uint32_t T, uint32_t E, uint32_t H)
-{
-	int sm = ST * (RT_BM + RT_BN) * (BK + 4) * 4;
-	static int once = 0;
-	if (!once++)
-		PK(cudaFuncSetAttribute(pipe_logits<BK, ST>,
-					cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-	pipe_logits<BK, ST><<<g, RT_NTH, sm>>>(h, W, z, T, E, H);
+	PK(cudaFuncSetAttribute(k_router_ring<BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				RR_SMEM(BK)));
+	k_router_ring<BK><<<g, RT_NTH, RR_SMEM(BK)>>>(h, W, z, T, E, H);
 }
 
 /*
@@ -518,42 +438,27 @@ int main()
 			bad += memcmp(&p[i], &q[i], 4) != 0;
 		printf("  %s (%zu of %zu differ)\n", bad ? "DIFFER" : "same bits", bad, n);
 	};
-	/* the largest |a - b| of two logit tables over the row's sum of |h w| */
-	auto near = [&](const float *x, const float *y, const float *hh, const float *ww, uint32_t T_,
-			uint32_t E_, uint32_t H_) {
-		std::vector<float> p((size_t)T_ * E_), q((size_t)T_ * E_), hv((size_t)T_ * H_), wv((size_t)E_ * H_);
+	/* the largest |x - y| of two products out [M, N] = A [M, K] B over the
+	 * element's sum of |products|, every step-th row; B's element (k, n)
+	 * at k bk + n bn (W [E, H]: the logits' B^T, the input gradient's B) */
+	auto near = [&](const float *x, const float *y, const float *A, const float *B, uint32_t M,
+			uint32_t N, uint32_t K, uint32_t bk, uint32_t bn, uint32_t step) {
+		std::vector<float> p((size_t)M * N), q((size_t)M * N), av((size_t)M * K), bv((size_t)K * N);
 		PK(cudaMemcpy(p.data(), x, p.size() * 4, cudaMemcpyDeviceToHost));
 		PK(cudaMemcpy(q.data(), y, q.size() * 4, cudaMemcpyDeviceToHost));
-		PK(cudaMemcpy(hv.data(), hh, hv.size() * 4, cudaMemcpyDeviceToHost));
-		PK(cudaMemcpy(wv.data(), ww, wv.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(av.data(), A, av.size() * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(bv.data(), B, bv.size() * 4, cudaMemcpyDeviceToHost));
 		double worst = 0;
-		for (uint32_t t = 0; t < T_; t += 7)
-			for (uint32_t e = 0; e < E_; e++) {
+		for (uint32_t t = 0; t < M; t += step)
+			for (uint32_t n = 0; n < N; n++) {
 				double m = 0;
-				for (uint32_t k = 0; k < H_; k++)
-					m += fabs((double)hv[(size_t)t * H_ + k] * wv[(size_t)e * H_ + k]);
-				double d = fabs((double)p[(size_t)t * E_ + e] - q[(size_t)t * E_ + e]) / (m > 0 ? m : 1);
+				for (uint32_t k = 0; k < K; k++)
+					m += fabs((double)av[(size_t)t * K + k] * bv[(size_t)k * bk + (size_t)n * bn]);
+				double d = fabs((double)p[(size_t)t * N + n] - q[(size_t)t * N + n]) / (m > 0 ? m : 1);
 				worst = d > worst ? d : worst;
 			}
-		printf("  largest difference / sum |h w|: %.3g (2^-24 = %.3g)\n", worst, ldexp(1.0, -24));
-	};
-	auto near_dgrad = [&](const float *x, const float *y, const float *dz, const float *ww,
-			      uint32_t T_, uint32_t E_, uint32_t H_) {
-		std::vector<float> p((size_t)T_ * H_), q((size_t)T_ * H_), dv((size_t)T_ * E_), wv((size_t)E_ * H_);
-		PK(cudaMemcpy(p.data(), x, p.size() * 4, cudaMemcpyDeviceToHost));
-		PK(cudaMemcpy(q.data(), y, q.size() * 4, cudaMemcpyDeviceToHost));
-		PK(cudaMemcpy(dv.data(), dz, dv.size() * 4, cudaMemcpyDeviceToHost));
-		PK(cudaMemcpy(wv.data(), ww, wv.size() * 4, cudaMemcpyDeviceToHost));
-		double worst = 0;
-		for (uint32_t t = 0; t < T_; t += 13)
-			for (uint32_t j = 0; j < H_; j++) {
-				double m = 0;
-				for (uint32_t e = 0; e < E_; e++)
-					m += fabs((double)dv[(size_t)t * E_ + e] * wv[(size_t)e * H_ + j]);
-				double d = fabs((double)p[(size_t)t * H_ + j] - q[(size_t)t * H_ + j]) / (m > 0 ? m : 1);
-				worst = d > worst ? d : worst;
-			}
-		printf("  largest difference / sum |dz w|: %.3g\n", worst);
+		printf("  largest difference / sum of |products|: %.3g (2^-24 = %.3g)\n", worst,
+		       ldexp(1.0, -24));
 	};
 	dim3 gl((T + RT_BM - 1) / RT_BM, (E + RT_BN - 1) / RT_BN);
 	time("logits, 4 x 8 warps (tried)", [&] { tried_logits<<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
@@ -563,13 +468,11 @@ int main()
 	same(z, z2, (size_t)T * E);
 	time("logits, W in 64 copies (diag)", [&] { diag_logits<1><<<gl, RT_NTH>>>(h, Wr, z2, T, E, H); });
 	same(z, z2, (size_t)T * E);
-	time("logits, ring BK 32 x 3 stages", [&] { pipe_launch<32, 3>(gl, h, W, z2, T, E, H); });
+	time("logits, ring of BK 32", [&] { pipe_launch<32>(gl, h, W, z2, T, E, H); });
 	same(z, z2, (size_t)T * E);
-	time("logits, ring BK 64 x 3 stages", [&] { pipe_launch<64, 3>(gl, h, W, z2, T, E, H); });
+	time("logits, ring of BK 64", [&] { pipe_launch<64>(gl, h, W, z2, T, E, H); });
 	same(z, z2, (size_t)T * E);
-	time("logits, ring BK 128 x 2 stages", [&] { pipe_launch<128, 2>(gl, h, W, z2, T, E, H); });
-	same(z, z2, (size_t)T * E);
-	time("logits, ring BK 256 x 2 stages", [&] { pipe_launch<256, 2>(gl, h, W, z2, T, E, H); });
+	time("logits, ring of BK 256", [&] { pipe_launch<256>(gl, h, W, z2, T, E, H); });
 	same(z, z2, (size_t)T * E);
 	{
 		bf16 *Ws;
@@ -578,10 +481,10 @@ int main()
 		PK(cudaFuncSetAttribute(tc_logits, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
 		PK(cudaFuncSetAttribute(tc_dgrad, cudaFuncAttributeMaxDynamicSharedMemorySize, TD_SMEM));
 		time("logits, bf16 x 6 tensor cores", [&] { tc_logits<<<T / 64, 128, TC_SMEM>>>(h, Ws, z2, T, E, H); });
-		near(z, z2, h, W, T, E, H);
+		near(z, z2, h, W, T, E, H, 1, H, 7);
 		time("input gradient, bf16 x 6 tensor cores", [&] { tc_dgrad<<<dim3(T / 64, H / 128), 128, TD_SMEM>>>(z, Ws, dh2, T, E, H); });
 		ms_router_dgrad(z, W, dh, T, E, H, 0, NULL);
-		near_dgrad(dh, dh2, z, W, T, E, H);
+		near(dh, dh2, z, W, T, H, E, H, 1, 13);
 		PK(cudaFree(Ws));
 	}
 	time("logits, no loads in the loop (diag)", [&] { diag_logits<2><<<gl, RT_NTH>>>(h, W, z2, T, E, H); });
