@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
  * The logits where H is a multiple of RR_BK: each step of RR_BK along H
  * (512 bytes of a row) streamed into shared memory by cp.async, two
  * stages, the tiles in their global layout ([token][k], [expert][k]; rows
- * RR_LD floats apart, so that the sixteen expert rows a warp reads at one
- * k fall on distinct banks). Thread (ty, tx) owns tokens ty + 8 i and
+ * RR_BK + 4 floats apart, so that the sixteen expert rows a warp reads at
+ * one k fall on distinct banks). Thread (ty, tx) owns tokens ty + 8 i and
  * experts tx + 16 j. Each logit is the same chain of FMAs over H in order
  * as k_router_tiled's: the same bits.
  *

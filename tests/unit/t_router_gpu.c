@@ -5,8 +5,9 @@
  * Cases: tokens 1, 31, 33 and 300 (a block's 32 rows and tails), experts
  * 1, 6, 64 and 65 (a block's 64 and a tail), H 32, 96 and 2048 (one step,
  * several); H 128 and 384 (the kernel for H a multiple of 128, one step
- * and three) with tokens 1, 33 and 300 and experts 1 and 65. The output is poisoned with NaN and a sentinel row follows it
- * (which must survive); each case runs twice and must be bit-identical.
+ * and three) with tokens 1, 33 and 300 and experts 1 and 65. The output
+ * is poisoned with NaN and a sentinel row follows it (which must
+ * survive); each case runs twice and must be bit-identical.
  * Refused: H not a multiple of 32, a misaligned row, a NULL pointer.
  * The input gradient (ms_router_dgrad) likewise: tokens 1 .. 70, experts
  * 1, 6, 33 and 64 (steps of 32 and tails), H 4, 132 and 2048 (a block's
