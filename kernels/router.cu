@@ -112,10 +112,9 @@ __global__ void __launch_bounds__(RT_NTH) k_router_tiled(const float *h, const f
  * Why: on the H200 (Nsight Compute) k_router_tiled is bound by its
  * shared-memory loads (L1 at 90% of its rate, the FMA pipe at 36%), and
  * its global loads, 128 bytes of each of a block's rows a step, 8 KB
- * apart, left it at 0.0927 ms alone at the bench shape; the same loop with
- * steps of 128 floats took 0.0808 (steps of 32 through the same ring,
- * 0.0996; of 64, 0.0881; of 256 with one block an SM, 0.0950:
- * tools/bench/router_probe.cu).
+ * apart, left it at 0.0927 ms alone at the bench shape; this ring with
+ * steps of 128 floats took 0.0808 (with steps of 32, 0.0994; of 64,
+ * 0.0860; of 256, one block an SM, 0.0950: tools/bench/router_probe.cu).
  */
 #define RR_BK 128
 /* shared memory of a ring of BK: two stages of both tiles, rows BK + 4 */
