@@ -173,7 +173,7 @@ $(BUILD)/src/schema_sql.h: $(SCHEMA) tools/scripts/embed_schema.sh | $(BUILD)/sr
 $(BUILD)/src/inventory.o: $(BUILD)/src/schema_sql.h
 $(BUILD)/src/inventory.o: ALL_CFLAGS += -I$(BUILD)/src
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h) $(wildcard src/*.h src/train/*.h) | $(BUILD)/kernels pkgcheck
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(wildcard src/*.h src/train/*.h) | $(BUILD)/kernels pkgcheck
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
 # kernels/xgemm.cu: CUTLASS's Hopper grouped GEMM (the trainer's expert

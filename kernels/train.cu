@@ -32,7 +32,10 @@
  * kept). Routing (softmax or sigmoid with groups, top-k, renormalisation,
  * scaling) runs one thread per token with model.c's code path, its logits
  * summed in double in model.c's order. Reductions that decide a value
- * (RMSNorm, softmax, the loss) accumulate in double.
+ * (RMSNorm, softmax, the loss) accumulate in double, but for the q/k norm +
+ * RoPE whose output is a bf16 operand (norm_rope_f.cuh: float sums, under
+ * the bf16 rounding that follows; half the kernels' time was the double
+ * arithmetic).
  *
  * Dropout reproduces model.c's masks (the same counter-based generator of
  * seed, step, adapter and row key), so a run with dropout is the same
@@ -49,12 +52,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #include "gpu_internal.h"
 #include "flash.h"
 #include "sdpa.h"
 #include "fp4.h"
 #include "ggemm.h"
+#include "norm_rope_f.cuh"
 #include "router.h"
 #include "xgemm.h"
 extern "C" {
@@ -1835,6 +1840,10 @@ __global__ void k_rope_norm_bwd_v(const X *dy, const float *x, const float *w, c
 	}
 }
 
+/* rows a warp step of the float kernels (tools/bench/norm_rope_probe.cu) */
+#define NRF_RF 2
+#define NRF_RB 2
+
 /* the register kernels' NV for a head of n and RoPE's half, 0 where they
  * do not apply (k_norm_rope and k_rope_norm_bwd then) */
 static int nr_fast(uint64_t rows, uint32_t n, uint32_t half)
@@ -1844,15 +1853,37 @@ static int nr_fast(uint64_t rows, uint32_t n, uint32_t half)
 	return n == 32 || n == 64 || n == 128 || n == 256 ? (int)(n / 32) : 0;
 }
 
-/* the q/k norm + RoPE forward over rows of a head of n <= NR_MAXN */
+/* the q/k norm + RoPE forward over rows of a head of n <= NR_MAXN; 1
+ * where the float kernels ran */
 template <typename Y>
-static void norm_rope(cudaStream_t st, const float *x, const float *w, Y *y, float *rstd,
+static int norm_rope(cudaStream_t st, const float *x, const float *w, Y *y, float *rstd,
 		      uint64_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
 		      const float *cs, const float *sn, float eps)
 {
 	int nv = nr_fast(rows, n, half);
 	unsigned gb = nblk((rows + 1) / 2, NTH / 32);
 	uint32_t r32 = (uint32_t)rows;
+	if constexpr (std::is_same<Y, __nv_bfloat16>::value) {
+		/* the bf16 operand: the float kernels (norm_rope_f.cuh) */
+		const float *fp[] = {x, w, cs, sn};
+		const void *bp[] = {y};
+		if (nv && nrf_aligned(nv, fp, 4, bp, 1, 0, 0)) {
+			unsigned gf = nblk((rows + NRF_RF - 1) / NRF_RF, NTH / 32);
+			if (nv == 1)
+				k_norm_rope_f<1, NRF_RF><<<gf, NTH, 0, st>>>(x, w, y, rstd, r32, nhead,
+									    half, S, cs, sn, eps);
+			else if (nv == 2)
+				k_norm_rope_f<2, NRF_RF><<<gf, NTH, 0, st>>>(x, w, y, rstd, r32, nhead,
+									    half, S, cs, sn, eps);
+			else if (nv == 4)
+				k_norm_rope_f<4, NRF_RF><<<gf, NTH, 0, st>>>(x, w, y, rstd, r32, nhead,
+									    half, S, cs, sn, eps);
+			else
+				k_norm_rope_f<8, NRF_RF><<<gf, NTH, 0, st>>>(x, w, y, rstd, r32, nhead,
+									    half, S, cs, sn, eps);
+			return 1;
+		}
+	}
 	if (nv == 1)
 		k_norm_rope_v<Y, 1><<<gb, NTH, 0, st>>>(x, w, y, rstd, r32, nhead, half, S, cs,
 							       sn, eps);
@@ -1868,11 +1899,12 @@ static void norm_rope(cudaStream_t st, const float *x, const float *w, Y *y, flo
 	else
 		k_norm_rope<Y><<<nblk(rows, NTH / 32), NTH, 0, st>>>(x, w, y, rstd, rows, n, nhead,
 								     half, S, cs, sn, eps);
+	return 0;
 }
 
 /* its backward likewise */
 template <typename X, typename Y>
-static void rope_norm_bwd(cudaStream_t st, const X *dy, const float *x, const float *w,
+static int rope_norm_bwd(cudaStream_t st, const X *dy, const float *x, const float *w,
 			  const float *rstd, Y *dx, uint64_t rows, uint32_t n, uint32_t nhead,
 			  uint32_t half, uint32_t S, const float *cs, const float *sn,
 			  uint32_t ldo, uint32_t c0)
@@ -1880,6 +1912,28 @@ static void rope_norm_bwd(cudaStream_t st, const X *dy, const float *x, const fl
 	int nv = nr_fast(rows, n, half);
 	unsigned gb = nblk(rows, NTH / 32);
 	uint32_t r32 = (uint32_t)rows;
+	if constexpr (std::is_same<X, __nv_bfloat16>::value &&
+		      std::is_same<Y, __nv_bfloat16>::value) {
+		/* bf16 in and out: the float kernels (norm_rope_f.cuh) */
+		const float *fp[] = {x, w, cs, sn};
+		const void *bp[] = {dy, dx};
+		if (nv && nrf_aligned(nv, fp, 4, bp, 2, ldo, c0)) {
+			unsigned gf = nblk((rows + NRF_RB - 1) / NRF_RB, NTH / 32);
+			if (nv == 1)
+				k_rope_norm_bwd_f<1, NRF_RB><<<gf, NTH, 0, st>>>(
+					dy, x, w, rstd, dx, r32, nhead, half, S, cs, sn, ldo, c0);
+			else if (nv == 2)
+				k_rope_norm_bwd_f<2, NRF_RB><<<gf, NTH, 0, st>>>(
+					dy, x, w, rstd, dx, r32, nhead, half, S, cs, sn, ldo, c0);
+			else if (nv == 4)
+				k_rope_norm_bwd_f<4, NRF_RB><<<gf, NTH, 0, st>>>(
+					dy, x, w, rstd, dx, r32, nhead, half, S, cs, sn, ldo, c0);
+			else
+				k_rope_norm_bwd_f<8, NRF_RB><<<gf, NTH, 0, st>>>(
+					dy, x, w, rstd, dx, r32, nhead, half, S, cs, sn, ldo, c0);
+			return 1;
+		}
+	}
 	if (nv == 1)
 		k_rope_norm_bwd_v<X, Y, 1><<<gb, NTH, 0, st>>>(dy, x, w, rstd, dx, r32, nhead, half,
 							       S, cs, sn, ldo, c0);
@@ -1895,6 +1949,7 @@ static void rope_norm_bwd(cudaStream_t st, const X *dy, const float *x, const fl
 	else
 		k_rope_norm_bwd<X, Y><<<nblk(rows, NTH / 32), NTH, 0, st>>>(
 			dy, x, w, rstd, dx, rows, n, nhead, half, S, cs, sn, ldo, c0);
+	return 0;
 }
 
 /* exp(s - mx): in double in the test mode (att_fwd_pairs' arithmetic), in
@@ -4124,6 +4179,65 @@ out:
 	cudaFree(dy);
 	cudaFree(doff);
 	cudaFree(sc);
+	return rc;
+}
+
+/* The q/k norm + RoPE of the bf16 path alone (t_train_gpu): x [rows, n]
+ * float normed and rotated into y [rows, n] bf16 bits and rstd [rows] as
+ * the cuDNN forward calls it, then dy [rows, n] bf16 through the backward
+ * into dx [tokens, ldo] bf16 bits at column c0 (head h of token t at t ldo
+ * + c0 + h n, the input-gradient GEMM's operand; the rest of dx comes back
+ * as it was given), with the forward's rstd; cs / sn [S, half]. The same
+ * dispatch as the step: the float kernels where their shapes and alignment
+ * allow (*fast: 1 the forward's ran, 2 the backward's), the double ones
+ * otherwise. */
+int ms_gmodel_norm_rope_check(const float *x, const float *w, const float *cs, const float *sn,
+			      uint32_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
+			      float eps, const uint16_t *dy, uint32_t ldo, uint32_t c0, uint16_t *y,
+			      float *rstd, uint16_t *dx, int *fast, struct ms_err *err)
+{
+	int rc = MS_OK;
+	float *dxf = NULL, *dw = NULL, *dcs = NULL, *dsn = NULL, *drs = NULL;
+	__nv_bfloat16 *dyv = NULL, *ddy = NULL, *ddx = NULL;
+	uint64_t tok = nhead ? rows / nhead : 0, nd = tok * ldo;
+	if (!rows || !n || n > NR_MAXN || !nhead || rows % nhead || 2 * half > n || !S ||
+	    c0 + (uint64_t)nhead * n > ldo)
+		return ms_err_set(err, MS_EINVAL, "norm + RoPE check: %u rows of %u, %u heads, "
+				  "half %u, dx %u wide from %u", rows, n, nhead, half, ldo, c0);
+	CK(cudaMalloc(&dxf, (size_t)rows * n * 4));
+	CK(cudaMalloc(&dw, (size_t)n * 4));
+	CK(cudaMalloc(&dcs, (size_t)S * half * 4 + 4));
+	CK(cudaMalloc(&dsn, (size_t)S * half * 4 + 4));
+	CK(cudaMalloc(&drs, (size_t)rows * 4));
+	CK(cudaMalloc(&dyv, (size_t)rows * n * 2));
+	CK(cudaMalloc(&ddy, (size_t)rows * n * 2));
+	CK(cudaMalloc(&ddx, (size_t)nd * 2));
+	CK(cudaMemcpy(dxf, x, (size_t)rows * n * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dw, w, (size_t)n * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dcs, cs, (size_t)S * half * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(dsn, sn, (size_t)S * half * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(ddy, dy, (size_t)rows * n * 2, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(ddx, dx, (size_t)nd * 2, cudaMemcpyHostToDevice));
+	*fast = norm_rope<__nv_bfloat16>(0, dxf, dw, dyv, drs, rows, n, nhead, half, S, dcs, dsn,
+					 eps);
+	CK(cudaGetLastError());
+	*fast |= 2 * rope_norm_bwd<__nv_bfloat16, __nv_bfloat16>(0, ddy, dxf, dw, drs, ddx, rows,
+								 n, nhead, half, S, dcs, dsn,
+								 ldo, c0);
+	CK(cudaGetLastError());
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(y, dyv, (size_t)rows * n * 2, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(rstd, drs, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(dx, ddx, (size_t)nd * 2, cudaMemcpyDeviceToHost));
+out:
+	cudaFree(dxf);
+	cudaFree(dw);
+	cudaFree(dcs);
+	cudaFree(dsn);
+	cudaFree(drs);
+	cudaFree(dyv);
+	cudaFree(ddy);
+	cudaFree(ddx);
 	return rc;
 }
 

@@ -162,6 +162,14 @@ int ms_gmodel_blas_load(struct ms_err *err);
  * this build does not have it; yb non-NULL: the bf16 output's form too */
 int ms_gmodel_xgemm_check(const uint16_t *x, const uint16_t *w, const uint32_t *cnt, uint32_t E,
 			  uint32_t N, uint32_t K, float *y, uint16_t *yb, struct ms_err *err);
+/* the bf16 path's q/k norm + RoPE alone, forward then backward (train.cu;
+ * t_train_gpu): y, rstd, and dx [rows / nhead, ldo] at column c0 (dx in:
+ * what the columns outside the heads keep); *fast: 1 where the forward ran
+ * the float kernels, 2 the backward */
+int ms_gmodel_norm_rope_check(const float *x, const float *w, const float *cs, const float *sn,
+			      uint32_t rows, uint32_t n, uint32_t nhead, uint32_t half, uint32_t S,
+			      float eps, const uint16_t *dy, uint32_t ldo, uint32_t c0, uint16_t *y,
+			      float *rstd, uint16_t *dx, int *fast, struct ms_err *err);
 /* the GPU routing's expert sort alone (train.cu; t_train_gpu): perm, pos,
  * cnt as a layer's routing computes them from sel [n] */
 int ms_gmodel_sort_check(const int32_t *sel, uint32_t n, uint32_t E, int32_t *perm, int32_t *pos,

@@ -625,6 +625,130 @@ static int test_xgemm(void)
 	return 0;
 }
 
+/* |got - want| of two bf16 values within one unit in the last place of
+ * want, plus tol (the rounding of the terms the value is a difference of) */
+static int nr_close(uint16_t got, double want, double tol)
+{
+	double g = f32_of(got), u = fabs(want) > 1e-30 ? ldexp(1.0, ilogb(want) - 7) : 1e-38;
+	return fabs(g - want) <= u + tol;
+}
+
+/* the bf16 path's q/k norm + RoPE (norm_rope_f.cuh where the head is 32,
+ * 64, 128 or 256 wide with RoPE's half a multiple of 32 and the accesses
+ * aligned; train.cu's double kernels otherwise) against a double-precision
+ * norm and RoPE of the same values, forward and backward: every value
+ * within one bf16 unit of the reference plus 1e-6 of its terms' sizes (the
+ * float kernels sum in float, and the outputs are differences), rstd within
+ * 2e-6; partial rotary, no rotary, rows a warp step does not divide,
+ * positions past S, dx's other columns untouched; which kernels ran is the
+ * case's to say */
+static int test_norm_rope(void)
+{
+	/* n, half, heads, tokens, S, dx's width past the heads, c0, the float kernels */
+	static const uint32_t cs_[][8] = {
+		{128, 64, 4, 70, 37, 80, 0, 3},   {64, 32, 3, 33, 40, 0, 64, 3},
+		{256, 64, 2, 17, 9, 16, 8, 3},    {32, 0, 5, 9, 4, 2, 2, 3},
+		{128, 64, 2, 12, 12, 2, 2, 1},    {16, 8, 4, 10, 5, 0, 0, 0},
+		{128, 40, 2, 10, 5, 0, 0, 0}};
+	for (size_t c = 0; c < sizeof cs_ / sizeof *cs_; c++) {
+		uint32_t n = cs_[c][0], half = cs_[c][1], nh = cs_[c][2], tok = cs_[c][3];
+		uint32_t S = cs_[c][4], c0 = cs_[c][6], rows = nh * tok;
+		uint32_t ldo = c0 + nh * n + cs_[c][5];
+		int want_fast = (int)cs_[c][7], fast = -1;
+		size_t nx = (size_t)rows * n, nd = (size_t)tok * ldo, nc = (size_t)S * half + 1;
+		float *x = malloc(nx * 4), *w = malloc(n * 4), *cs = malloc(nc * 4);
+		float *sn = malloc(nc * 4), *rs = malloc(rows * 4);
+		uint16_t *dy = malloc(nx * 2), *y = malloc(nx * 2), *dx = malloc(nd * 2);
+		struct ms_err err = {0};
+		uint64_t s = 99 + c;
+		T_ASSERT(x && w && cs && sn && rs && dy && y && dx);
+#define NR_RND() (s = s * 6364136223846793005ull + 1442695040888963407ull, \
+		  (double)((s >> 40) % 20001) / 10000.0 - 1.0)
+		for (size_t i = 0; i < nx; i++)
+			x[i] = (float)(NR_RND() * (1 + i % 7));
+		for (uint32_t i = 0; i < n; i++)
+			w[i] = (float)(1.0 + 0.5 * NR_RND());
+		for (size_t i = 0; i < nc; i++) {
+			double a = 3.14159 * NR_RND();
+			cs[i] = (float)cos(a);
+			sn[i] = (float)sin(a);
+		}
+		for (size_t i = 0; i < nx; i++)
+			dy[i] = bf16_of((float)NR_RND());
+		for (size_t i = 0; i < nd; i++)
+			dx[i] = (uint16_t)(0x3f00 + i % 97);
+#undef NR_RND
+		T_ASSERT_MSG(ms_gmodel_norm_rope_check(x, w, cs, sn, rows, n, nh, half, S, 1e-6f, dy,
+						       ldo, c0, y, rs, dx, &fast, &err) == MS_OK,
+			     "%s", err.msg);
+		T_ASSERT_MSG(fast == want_fast, "n %u half %u c0 %u: kernels %d, not %d", n, half,
+			     c0, fast, want_fast);
+		double *v = malloc(n * sizeof *v), *g = malloc(n * sizeof *g);
+		T_ASSERT(v && g);
+		for (uint32_t row = 0; row < rows; row++) {
+			const float *xr = x + (size_t)row * n;
+			uint32_t pos = (row / nh) % S;
+			double ss = 0;
+			for (uint32_t i = 0; i < n; i++)
+				ss += (double)xr[i] * xr[i];
+			double r = 1.0 / sqrt(ss / n + 1e-6);
+			T_ASSERT_MSG(fabs(rs[row] - r) <= 2e-6 * r, "n %u row %u: rstd %.9g, not %.9g",
+				     n, row, rs[row], r);
+			/* the rest from the device's rstd, as its backward reads it */
+			double rd = rs[row];
+			for (uint32_t i = 0; i < n; i++)
+				v[i] = w[i] * (xr[i] * rd);
+			for (uint32_t i = 0; i < n; i++) {
+				double want = v[i], tol = 0;
+				if (i < 2 * half) {
+					uint32_t f = i < half ? i : i - half;
+					double cc = cs[pos * half + f], ss2 = sn[pos * half + f];
+					double p = i < half ? -v[i + half] : v[i - half];
+					want = v[i] * cc + p * ss2;
+					tol = 1e-6 * (fabs(v[i] * cc) + fabs(p * ss2));
+				}
+				T_ASSERT_MSG(nr_close(y[(size_t)row * n + i], want, tol + 1e-6 * fabs(want)),
+					     "n %u half %u row %u col %u: y %.7g, not %.7g", n, half, row,
+					     i, f32_of(y[(size_t)row * n + i]), want);
+			}
+			/* the backward: RoPE's, then the norm's input gradient */
+			const uint16_t *dr = dy + (size_t)row * n;
+			for (uint32_t i = 0; i < n; i++) {
+				double d = f32_of(dr[i]);
+				if (i < 2 * half) {
+					uint32_t f = i < half ? i : i - half;
+					double cc = cs[pos * half + f], ss2 = sn[pos * half + f];
+					double p = i < half ? f32_of(dr[i + half]) : -f32_of(dr[i - half]);
+					d = d * cc + p * ss2;
+				}
+				g[i] = d;
+			}
+			double dot = 0;
+			for (uint32_t i = 0; i < n; i++)
+				dot += w[i] * g[i] * xr[i];
+			double k = rd * rd * rd * dot / n;
+			size_t o = (size_t)(row / nh) * ldo + c0 + (size_t)(row % nh) * n;
+			for (uint32_t i = 0; i < n; i++) {
+				double a = rd * w[i] * g[i], b = k * xr[i];
+				T_ASSERT_MSG(nr_close(dx[o + i], a - b, 1e-6 * (fabs(a) + fabs(b))),
+					     "n %u half %u row %u col %u: dx %.7g, not %.7g", n, half,
+					     row, i, f32_of(dx[o + i]), a - b);
+			}
+		}
+		/* the columns outside the heads as they were */
+		for (uint32_t t = 0; t < tok; t++)
+			for (uint32_t j = 0; j < ldo; j++)
+				if (j < c0 || j >= c0 + nh * n)
+					T_ASSERT_EQ_INT(dx[(size_t)t * ldo + j],
+							0x3f00 + ((size_t)t * ldo + j) % 97);
+		fprintf(stderr, "  q/k norm + RoPE n %u half %u: %s forward, %s backward\n", n, half,
+			fast & 1 ? "float" : "double", fast & 2 ? "float" : "double");
+		free(x), free(w), free(cs), free(sn), free(rs), free(dy), free(y), free(dx);
+		free(v), free(g);
+	}
+	return 0;
+}
+
 /* the routing's expert sort (k_hist, k_hscan, k_scatter) against a serial
  * stable counting sort: every expert's rows in increasing selection index,
  * pos its inverse, the counts; sizes under, at and across the 256-entry
@@ -1390,6 +1514,7 @@ static const struct t_case cases[] = {
 	T_CASE(test_fused_refuses),
 	T_CASE(test_expert_sort),
 	T_CASE(test_xgemm),
+	T_CASE(test_norm_rope),
 	T_CASE(test_predict_qwen3moe),
 	T_CASE(test_predict_mixtral),
 	T_CASE(test_predict_glm4moe),

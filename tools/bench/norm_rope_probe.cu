@@ -13,6 +13,12 @@
  *                  shared-memory kernel's, the compiler contracting the
  *                  rotation's products differently)
  *
+ *   float          kernels/norm_rope_f.cuh (the trainer's bf16 path):
+ *                  lane l holds the NV consecutive values from NV l
+ *                  (vector loads), the partner one shuffle away, the
+ *                  sums in float; counted against the double kernels'
+ *                  bf16 outputs (how many differ, by how many units)
+ *
  * and a device copy of the bytes as the floor. GPU time a call from CUDA
  * events over 20 calls after 3; TB/s counts x read and y written
  * (forward), dy, x read and dx written (backward). Not built by make:
@@ -28,6 +34,7 @@
 #include <vector>
 #include <cstring>
 #include "probe_fill.cuh"
+#include "../../kernels/norm_rope_f.cuh"
 #define PK(x) do { cudaError_t e_ = (x); if (e_) { printf("cuda %s line %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
 #define NTH 256
 #define NR_MAXN 256
@@ -472,6 +479,37 @@ int main()
 		PK(cudaMemcpy(hq.data(), q, nb, cudaMemcpyDeviceToHost));
 		printf("%-40s %s\n", name, memcmp(hp.data(), hq.data(), nb) ? "DIFFERS" : "same bits");
 	};
+	/* the float kernels' outputs against the double ones': how many bf16
+	 * values differ and by how many units in the last place at most */
+	auto ulps = [&](const char *name, const void *p, const void *q, size_t n) {
+		std::vector<uint16_t> hp(n), hq(n);
+		PK(cudaMemcpy(hp.data(), p, n * 2, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(hq.data(), q, n * 2, cudaMemcpyDeviceToHost));
+		size_t nd = 0;
+		int mx = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (hp[i] == hq[i])
+				continue;
+			nd++;
+			/* ordered: sign-magnitude to a line */
+			int a = hp[i] & 0x8000 ? -(hp[i] & 0x7fff) : hp[i];
+			int b = hq[i] & 0x8000 ? -(hq[i] & 0x7fff) : hq[i];
+			int d = a > b ? a - b : b - a;
+			mx = d > mx ? d : mx;
+		}
+		printf("%-40s %zu of %zu differ (%.2e), at most %d ulp\n", name, nd, n, (double)nd / n, mx);
+	};
+	auto rel = [&](const char *name, const float *p, const float *q, size_t n) {
+		std::vector<float> hp(n), hq(n);
+		PK(cudaMemcpy(hp.data(), p, n * 4, cudaMemcpyDeviceToHost));
+		PK(cudaMemcpy(hq.data(), q, n * 4, cudaMemcpyDeviceToHost));
+		double mx = 0;
+		for (size_t i = 0; i < n; i++) {
+			double d = fabs((double)hp[i] - hq[i]) / fabs((double)hp[i]);
+			mx = d > mx ? d : mx;
+		}
+		printf("%-40s max relative difference %.2e\n", name, mx);
+	};
 	double fb = (double)rq * hd * 6, bb = (double)rq * hd * 8;
 	int sms = 0;
 	PK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -489,6 +527,14 @@ int main()
 	PK(cudaMemset(y2, 0, (size_t)rq * hd * 2));
 	timeit("fwd regs, 2 rows, 16 warps an SM x8", fb, [&] { v_fwd<bf, 4, 2><<<sms * 8, NTH>>>(x, w, y2, rs2, rq, nh, half, S, cs, sn, 1e-6f); });
 	same("  fwd regs 2 grid: y", y, y2, (size_t)rq * hd * 2);
+	timeit("fwd float (norm_rope_f.cuh), 1 row", fb, [&] { k_norm_rope_f<4, 1><<<g8, NTH>>>(x, w, y2, rs2, rq, nh, half, S, cs, sn, 1e-6f); });
+	ulps("  fwd float 1: y", y, y2, (size_t)rq * hd);
+	rel("  fwd float 1: rstd", rs, rs2, rq);
+	timeit("fwd float (norm_rope_f.cuh), 2 rows", fb, [&] { k_norm_rope_f<4, 2><<<(rq + 15) / 16, NTH>>>(x, w, y2, rs2, rq, nh, half, S, cs, sn, 1e-6f); });
+	ulps("  fwd float 2: y", y, y2, (size_t)rq * hd);
+	timeit("fwd float (norm_rope_f.cuh), 4 rows", fb, [&] { k_norm_rope_f<4, 4><<<(rq + 31) / 32, NTH>>>(x, w, y2, rs2, rq, nh, half, S, cs, sn, 1e-6f); });
+	ulps("  fwd float 4: y", y, y2, (size_t)rq * hd);
+	PK(cudaMemset(y2, 0, (size_t)rq * hd * 2));
 	timeit("fwd general (shuffles), 2 rows", fb, [&] { g_fwd<bf, 4, 2><<<(rq + 15) / 16, NTH>>>(x, w, y2, rs2, rq, hd, nh, half, S, cs, sn, 1e-6f); });
 	same("  fwd general 2: y", y, y2, (size_t)rq * hd * 2);
 	PK(cudaMemset(y2, 0, (size_t)rq * hd * 2));
@@ -516,6 +562,13 @@ int main()
 	PK(cudaMemset(dx2, 0, (size_t)rq * hd * 2));
 	timeit("bwd regs, 4 rows", bb, [&] { v_bwd<bf, bf, 4, 4><<<(rq + 31) / 32, NTH>>>(dy, x, w, rs, dx2, rq, nh, half, S, cs, sn, ldo, 0); });
 	same("  bwd regs 4: dx", dx, dx2, (size_t)rq * hd * 2);
+	PK(cudaMemset(dx2, 0, (size_t)rq * hd * 2));
+	timeit("bwd float (norm_rope_f.cuh), 1 row", bb, [&] { k_rope_norm_bwd_f<4, 1><<<g8, NTH>>>(dy, x, w, rs, dx2, rq, nh, half, S, cs, sn, ldo, 0); });
+	ulps("  bwd float 1: dx", dx, dx2, (size_t)rq * hd);
+	timeit("bwd float (norm_rope_f.cuh), 2 rows", bb, [&] { k_rope_norm_bwd_f<4, 2><<<(rq + 15) / 16, NTH>>>(dy, x, w, rs, dx2, rq, nh, half, S, cs, sn, ldo, 0); });
+	ulps("  bwd float 2: dx", dx, dx2, (size_t)rq * hd);
+	timeit("bwd float (norm_rope_f.cuh), 4 rows", bb, [&] { k_rope_norm_bwd_f<4, 4><<<(rq + 31) / 32, NTH>>>(dy, x, w, rs, dx2, rq, nh, half, S, cs, sn, ldo, 0); });
+	ulps("  bwd float 4: dx", dx, dx2, (size_t)rq * hd);
 	PK(cudaMemset(dx2, 0, (size_t)rq * hd * 2));
 	timeit("bwd general (shuffles), 2 rows", bb, [&] { g_bwd<bf, bf, 4, 2><<<(rq + 15) / 16, NTH>>>(dy, x, w, rs, dx2, rq, hd, nh, half, S, cs, sn, ldo, 0); });
 	same("  bwd general 2: dx", dx, dx2, (size_t)rq * hd * 2);
