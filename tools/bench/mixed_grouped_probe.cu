@@ -162,7 +162,7 @@ using GE2S = Grouped<cute::tuple<cutlass::float_e2m1_t, ES>, 32, true>;
  * block's float factor, rounded to bf16 once) */
 using GE2FS = Grouped<cute::tuple<cutlass::float_e2m1_t, float>, 32, true>;
 /* NVFP4: a factor every 16 values (nvfp4_mixed.cuh) */
-using GNV = Grouped<cute::tuple<cutlass::float_e2m1_t, nvfp4_f2, uint64_t>, 32, true>;
+using GNV = Grouped<cute::tuple<cutlass::float_e2m1_t, nvfp4_pack>, 32, true>;
 
 /* bytes of random bits (the 4-bit operands' codes, bf16 values kept
  * finite by clearing the exponent's top bit) */
@@ -206,7 +206,7 @@ struct Bufs {
 };
 
 /* times product G over b (random operands where b is null), Y left in
- * b->Y. MIXED: 0 none, 1 a scale a K tile, 2 NVFP4's factor pairs */
+ * b->Y. MIXED: 0 none, 1 a scale a K tile (NVFP4's packs among them) */
 template <class G, int MIXED, bool SWAP>
 static void run(const char *name, const std::vector<int> &off, int N, int K, double flop,
 		const Bufs *b = nullptr)
@@ -306,8 +306,6 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 		ma.dS = dss;
 		ma.chunk_size = chunk;
 	}
-	if constexpr (MIXED == 2)
-		ma.ptr_Z = (decltype(ma.ptr_Z))dpz;
 	/* the mixed-input collective's can_implement reads the strides
 	 * through their (device) pointers whenever host shapes are given, so
 	 * it gets none and checks nothing: the shapes here are known good */
@@ -327,10 +325,11 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 	cudaFree(dsa), cudaFree(dsb), cudaFree(dsd), cudaFree(dss);
 }
 
-/* NVFP4 factors in [0.25, 4) (an e4m3 scale times a tensor scale's
- * magnitude), as the two pair tensors S (blocks 0, 1 of each K tile) and
- * Z (2, 3), N-major: S[e][t][n] */
-__global__ void fill_factors(nvfp4_f2 *S, nvfp4_f2 *Z, size_t n)
+/* NVFP4 packs: each row's four e4m3 block scales of a K tile (exponents
+ * 5..9: factors in [0.25, 8) before the tensor scale) and its expert's
+ * tensor scale 1 + e / 64 (not a power of two, so the product rounds),
+ * N-major: S[e][t][n] */
+__global__ void fill_packs(nvfp4_pack *S, size_t n, int N, int KT)
 {
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
@@ -338,19 +337,21 @@ __global__ void fill_factors(nvfp4_f2 *S, nvfp4_f2 *Z, size_t n)
 		x ^= x >> 13;
 		x *= 3266489917u;
 		x ^= x >> 16;
-		float f[4];
-		for (int j = 0; j < 4; j++)
-			f[j] = __uint_as_float(0x3e800000u + ((x >> (8 * j)) & 0xff) * 0x20000u);
-		S[i] = {{f[0], f[1]}};
-		Z[i] = {{f[2], f[3]}};
+		uint32_t lo = 0;
+		for (int j = 0; j < 4; j++) {
+			uint32_t b = (x >> (8 * j)) & 0xff;
+			lo |= ((5u + b % 5u) << 3 | (b >> 5)) << (8 * j);
+		}
+		float t = 1.0f + (float)(i / ((size_t)N * KT)) / 64.0f;
+		S[i] = (uint64_t)__float_as_uint(t) << 32 | lo;
 	}
 }
 
 /* W's bf16: each code times its block's factor, rounded once (k_decode's
  * arithmetic), a thread a byte of codes; in the tail tile (the last 64
  * columns) v_j at column 16 kb + 2t (j = 4 kb + t), zeros elsewhere */
-__global__ void decode_ref(const uint8_t *codes, const nvfp4_f2 *S, const nvfp4_f2 *Z,
-			   __nv_bfloat16 *W, int E, int N, int K)
+__global__ void decode_ref(const uint8_t *codes, const nvfp4_pack *S, __nv_bfloat16 *W, int E, int N,
+			   int K)
 {
 	size_t n = (size_t)E * N * K / 2;
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -371,8 +372,7 @@ __global__ void decode_ref(const uint8_t *codes, const nvfp4_f2 *S, const nvfp4_
 		}
 		int e = (int)(row / N), r = (int)(row % N);
 		size_t fi = ((size_t)e * (K / 64) + k / 64) * N + r;
-		int blk = (k % 64) / 16;
-		float f = blk < 2 ? S[fi].f[blk] : Z[fi].f[blk - 2];
+		float f = nvfp4_factor(S[fi], (k % 64) / 16);
 		W[el] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i]) * f);
 		W[el + 1] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i] >> 4) * f);
 	}
@@ -381,8 +381,8 @@ __global__ void decode_ref(const uint8_t *codes, const nvfp4_f2 *S, const nvfp4_
 /* the tail tile: each row's 16 bf16 (random, finite) packed into its last
  * 32 bytes of codes, its factors the raw mark; X's tail columns zero but
  * at 16 kb + 2t */
-__global__ void make_tail(uint8_t *codes, nvfp4_f2 *S, nvfp4_f2 *Z, __nv_bfloat16 *X, int E, int N,
-			  int K, size_t rows, int base_only)
+__global__ void make_tail(uint8_t *codes, nvfp4_pack *S, __nv_bfloat16 *X, int E, int N, int K,
+			  size_t rows, int base_only)
 {
 	size_t nr = (size_t)E * N;
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nr + rows;
@@ -398,9 +398,7 @@ __global__ void make_tail(uint8_t *codes, nvfp4_f2 *S, nvfp4_f2 *Z, __nv_bfloat1
 			}
 			nvfp4_tail_pack(v, codes + i * (K / 2) + (K - 64) / 2);
 			size_t e = i / N, r = i % N, fi = (e * (K / 64) + K / 64 - 1) * N + r;
-			float m = __uint_as_float(NVFP4_RAW);
-			S[fi] = {{m, m}};
-			Z[fi] = {{m, m}};
+			S[fi] = (uint64_t)NVFP4_RAW << 32;
 		} else {
 			__nv_bfloat16 *x = X + (i - nr) * K + (K - 64);
 			for (int c = 0; c < 64; c++)
@@ -423,20 +421,19 @@ static void nvfp4_check(const std::vector<int> &off, int N, int K0, double flop,
 	uint8_t *Y2, *Y3;
 	CK(cudaMalloc(&q.X, rows * K * 2));
 	CK(cudaMalloc(&q.W, (size_t)E * N * K / 2));
-	CK(cudaMalloc(&q.S, nf * sizeof(nvfp4_f2)));
-	CK(cudaMalloc(&q.Z, nf * sizeof(nvfp4_f2)));
+	CK(cudaMalloc(&q.S, nf * sizeof(nvfp4_pack)));
+	q.Z = q.S;
 	CK(cudaMalloc(&q.Y, rows * N * 2));
 	CK(cudaMalloc(&Y2, rows * N * 2));
 	CK(cudaMalloc(&Y3, rows * N * 2));
 	CK(cudaMalloc(&Wd, (size_t)E * N * K * 2));
 	fill<<<1024, 256>>>(q.X, rows * K * 2, 1, 1);
 	fill<<<1024, 256>>>(q.W, (size_t)E * N * K / 2, 2, 0);
-	fill_factors<<<1024, 256>>>((nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, nf);
-	make_tail<<<1024, 256>>>(q.W, (nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, (__nv_bfloat16 *)q.X, E, N, K, rows,
-			       base_only);
-	decode_ref<<<1024, 256>>>(q.W, (nvfp4_f2 *)q.S, (nvfp4_f2 *)q.Z, Wd, E, N, K);
+	fill_packs<<<1024, 256>>>((nvfp4_pack *)q.S, nf, N, K / 64);
+	make_tail<<<1024, 256>>>(q.W, (nvfp4_pack *)q.S, (__nv_bfloat16 *)q.X, E, N, K, rows, base_only);
+	decode_ref<<<1024, 256>>>(q.W, (nvfp4_pack *)q.S, Wd, E, N, K);
 	CK(cudaGetLastError());
-	run<GNV, 2, true>("NVFP4 W as A + tail tile", off, N, K, flop, &q);
+	run<GNV, 1, true>("NVFP4 W as A + tail tile", off, N, K, flop, &q);
 	d = q;
 	d.W = (uint8_t *)Wd;
 	d.Y = Y2;
@@ -472,7 +469,7 @@ static void nvfp4_check(const std::vector<int> &off, int N, int K0, double flop,
 			printf("    row %zu col %zu: %04x against %04x\n", i / N, i % N, a[i], b[i]);
 			shown++;
 		}
-	cudaFree(q.X), cudaFree(q.W), cudaFree(q.S), cudaFree(q.Z), cudaFree(q.Y);
+	cudaFree(q.X), cudaFree(q.W), cudaFree(q.S), cudaFree(q.Y);
 	cudaFree(Y2), cudaFree(Y3), cudaFree(Wd);
 }
 

@@ -5,31 +5,33 @@
  * the collective's conversion helper (detail::MixedInputUtils) for one
  * element type and changing nothing of CUTLASS itself.
  *
- * The stock collective takes one scale (and zero) a row and K tile, by a
- * TMA box of (BLK_M, 1) a stage; NVFP4 has four factors a row in a K
- * tile of 64. So the tuple's scale type is nvfp4_f2, two floats, and its
- * zero type uint64_t, the same two floats' bits (the collective builds
- * the zero's TMA on the element type itself, which must be one TMA
- * knows): the row's factors for K blocks 0 and 1 of the tile ride in the
- * "scale", those for blocks 2 and 3 in the "zero", each an MN-major
- * [rows, K / 64] tensor loaded by the collective's own TMA with its
- * chunk_size 64. What this header supplies is how they are used: each of
- * the tile's four k_blocks (wgmma's K of 16) is one NVFP4 block, so the
- * copy of a k_block's codes to registers also reads that block's factor
- * for each of the thread's fragment elements (from a shared-memory view
- * of the factors broadcast along K), and the conversion forms
- * bf16(e2m1(code) x factor), the float product rounded once, which is
- * the NVFP4 decode's arithmetic (kernels/train.cu's k_decode), so the
- * converted operand should be the decoded bf16 weight bit for bit.
- * Not yet shown: on the H200 the GEMM built with this stops with
- * "illegal instruction" (tools/bench/NOTES.md), so neither its rate nor
- * mixed_grouped_probe.cu's bit-for-bit check has run.
+ * The stock collective takes one scale a row and K tile, by a TMA box of
+ * (BLK_M, 1) a stage; NVFP4 has four block scales a row in a K tile of
+ * 64. So the tuple's scale type is nvfp4_pack, 64 bits: the row's four
+ * e4m3 block scales of the tile (block kb in byte kb) and, in the high
+ * word, the tensor scale's float bits, an MN-major [rows, K / 64] tensor
+ * loaded by the collective's own TMA with its chunk_size 64 (the
+ * collective's ConvertAndScale mode). What this header supplies is how
+ * they are used: each of the tile's four k_blocks (wgmma's K of 16) is
+ * one NVFP4 block, so the copy of a k_block's codes to registers also
+ * forms that block's factor, e4m3 x tensor scale in float, for each of the
+ * thread's fragment elements (from a shared-memory view of the packs
+ * broadcast along K), and the conversion forms bf16(e2m1(code) x factor),
+ * the float product rounded once: the NVFP4 decode's arithmetic
+ * (kernels/train.cu's k_decode), so the converted operand is the decoded
+ * bf16 weight bit for bit.
  *
- * The factor is the block's e4m3 scale times (or divided by) the tensor
- * scale, formed in float as ms_nvfp4_block_decode forms it.
+ * A first form carried the factors as floats in the scale and the zero
+ * (ConvertAndScaleWithZero) and stopped with "illegal instruction" on the
+ * H200: compute-sanitizer put it at the scale's TMA load. In that mode
+ * the grouped collective (sm90_mma_array_tma_gmma_rs_warpspecialized_
+ * mixed_input.hpp, CUTLASS 4.2 and its main branch as read) copies,
+ * updates and fences only the zero's tensormap, so the scale's
+ * descriptor is never written, and its TMA load runs on garbage. Scale
+ * only (ConvertAndScale) is handled.
  *
  * Include after CUTLASS's collective headers and before any GEMM type
- * that uses cute::tuple<cutlass::float_e2m1_t, nvfp4_f2, uint64_t> is
+ * that uses cute::tuple<cutlass::float_e2m1_t, nvfp4_pack> is
  * instantiated. Only the K-major A, a K tile of 64 and bf16 as the MMA
  * type are handled (static_asserts say so).
  */
@@ -42,14 +44,13 @@
 #include "cutlass/detail/collective/mixed_input_utils.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
-/* two NVFP4 block factors of one weight row (8 bytes: TMA moves it as
- * one 64-bit element) */
-struct alignas(8) nvfp4_f2 {
-	float f[2];
-};
+/* a weight row's four e4m3 block scales of one K tile (block kb in
+ * byte kb) and its tensor's scale (float bits) in the high word: TMA
+ * moves it as one 64-bit element */
+typedef uint64_t nvfp4_pack;
 
-/* the factor that marks a block as raw bf16 (a signalling NaN's payload
- * that no NVFP4 factor table produces): the LoRA's tail. A K tile of
+/* the tensor scale that marks a K tile as raw bf16 (a signalling NaN's
+ * payload, no tensor's scale): the LoRA's tail. A K tile of
  * such blocks carries 16 bf16 values a row in its 32 bytes of codes:
  * wgmma's A fragment gives each thread of a quad (t = lane % 4) a row's
  * codes at k = 2t, 2t + 1 (its register's byte 0, or 1 for the row 8
@@ -79,12 +80,39 @@ __device__ __forceinline__ float nvfp4_e2m1f(uint32_t c)
 	return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 0x1p126f;
 }
 
+/* e4m3 (the block scale; no NaN code in a valid scale) exactly: normal
+ * codes by their bits, subnormals as m 2^-9 */
+__host__ __device__ inline float nvfp4_e4m3f(uint32_t c)
+{
+	uint32_t e = (c >> 3) & 15u, m = c & 7u;
+	float v;
+	if (e) {
+		uint32_t b = ((e + 120u) << 23) | (m << 20);
+		memcpy(&v, &b, 4);
+	} else {
+		v = (float)m * 0x1p-9f;
+	}
+	return c & 0x80u ? -v : v;
+}
+
+/* the factor of block kb of a pack: e4m3 x tensor scale in float, as
+ * k_decode forms it (s * tscale); the raw mark passed on */
+__host__ __device__ inline float nvfp4_factor(nvfp4_pack p, int kb)
+{
+	uint32_t hi = (uint32_t)(p >> 32);
+	float t;
+	memcpy(&t, &hi, 4);
+	if (hi == NVFP4_RAW)
+		return t;
+	return nvfp4_e4m3f((uint32_t)(p >> (8 * kb)) & 0xffu) * t;
+}
+
 namespace cutlass::gemm::collective::detail {
 
 template <class Policy, class Tile, class StrideA, class... Rest>
-struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2m1_t, nvfp4_f2, uint64_t>,
+struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2m1_t, nvfp4_pack>,
 				     StrideA, Rest...>> {
-	using Collective = CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2m1_t, nvfp4_f2, uint64_t>,
+	using Collective = CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2m1_t, nvfp4_pack>,
 					 StrideA, Rest...>;
 	using SmemLayoutA = typename Collective::SmemLayoutA;
 	using SmemLayoutB = typename Collective::SmemLayoutB;
@@ -94,11 +122,11 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 	static constexpr int BLK_K = cute::size<2>(Tile{});
 	static_assert(BLK_K == 64, "a K tile of four NVFP4 blocks");
 	static_assert(!Collective::SwapAB, "the NVFP4 weights must be operand A");
-	static_assert(Collective::KernelConversionMode == cutlass::detail::ConversionMode::ConvertAndScaleWithZero,
-		      "the factors ride as scale and zero");
+	static_assert(Collective::KernelConversionMode == cutlass::detail::ConversionMode::ConvertAndScale,
+		      "the packs ride as the scale");
 
 	static constexpr auto elements_per_smem_scale() { return cute::cosize_v<SmemLayoutScale>; }
-	static constexpr auto elements_per_smem_zero() { return cute::cosize_v<SmemLayoutScale>; }
+	static constexpr auto elements_per_smem_zero() { return 0; }
 
 	static constexpr uint32_t compute_tma_transaction_bytes_mk()
 	{
@@ -110,16 +138,16 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		return cutlass::bits_to_bytes(cute::size<0>(SmemLayoutB{}) * cute::size<1>(SmemLayoutB{}) *
 					      static_cast<uint32_t>(cute::sizeof_bits_v<SwappedElementB>));
 	}
-	/* the scale's and the zero's (BLK_M, 1) boxes */
+	/* the scale's (BLK_M, 1) box */
 	static constexpr uint32_t compute_tma_transaction_bytes_extra()
 	{
 		constexpr uint32_t b = cute::size<0>(SmemLayoutScale{}) * cute::size<1>(SmemLayoutScale{}) *
-				       (uint32_t)sizeof(nvfp4_f2);
+				       (uint32_t)sizeof(nvfp4_pack);
 		static_assert(b % 128 == 0, "TMA moves whole 128-byte lines a stage");
-		return 2 * b;
+		return b;
 	}
 
-	/* the producer's views: the factor tiles in global memory and their
+	/* the producer's views: the pack tiles in global memory and their
 	 * stages in shared memory, as the collective's load() indexes them */
 	template <class Params, class TensorStorage, class... Ts>
 	CUTLASS_DEVICE static auto partition_extra_tma_inputs(Params const &p, cute::tuple<Ts...> const &load_inputs,
@@ -128,17 +156,14 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 	{
 		using namespace cute;
 		Tensor sS = make_tensor(make_smem_ptr(st.smem_scale.begin()), SmemLayoutScale{});
-		Tensor sZ = make_tensor(make_smem_ptr(st.smem_zero.begin()), SmemLayoutScale{});
 		auto ts = p.tma_load_scale.get_slice(cluster_local_block_id.y);
-		auto tz = p.tma_load_zero.get_slice(cluster_local_block_id.y);
 		Tensor gS = get<2>(load_inputs)(_, _, m_coord, _, l_coord);
-		Tensor gZ = get<3>(load_inputs)(_, _, m_coord, _, l_coord);
-		return make_tuple(ts.partition_S(gS), ts.partition_D(sS), tz.partition_S(gZ), tz.partition_D(sZ));
+		return make_tuple(ts.partition_S(gS), ts.partition_D(sS));
 	}
 
-	/* a stage's factors seen as a (BLK_M, BLK_K) tile, broadcast along K,
+	/* a stage's packs seen as a (BLK_M, BLK_K) tile, broadcast along K,
 	 * so partitioning it like A gives each fragment element its row's
-	 * pair */
+	 * pack */
 	template <class Ptr> CUTLASS_DEVICE static auto broadcast_view(Ptr ptr)
 	{
 		using namespace cute;
@@ -147,19 +172,16 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		return make_tensor(make_smem_ptr(ptr), l);
 	}
 
-	/* the consumer's: (smem factors of the scale, of the zero, the
-	 * registers holding each fragment element's own factor a k_block) */
+	/* the consumer's: (smem packs, the registers holding each fragment
+	 * element's own factor a k_block) */
 	template <class ThreadMma, class TensorStorage>
 	CUTLASS_DEVICE static auto partition_extra_mma_info(ThreadMma const &mma, TensorStorage &st)
 	{
 		using namespace cute;
 		Tensor sS = broadcast_view(st.smem_scale.begin());
-		Tensor sZ = broadcast_view(st.smem_zero.begin());
-		static_assert(sizeof(*st.smem_zero.begin()) == sizeof(nvfp4_f2), "the zero holds a pair too");
 		Tensor tCsS = mma.partition_A(sS); /* (MMA, MMA_M, MMA_K, PIPE) */
-		Tensor tCsZ = mma.partition_A(sZ);
 		Tensor tCrF = make_tensor<float>(mma.partition_fragment_A(sS(_, _, Int<0>{})).layout());
-		return make_tuple(tCsS, tCsZ, tCrF);
+		return make_tuple(tCsS, tCrF);
 	}
 
 	/* a view of the factor registers the copies write through (the
@@ -167,7 +189,7 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 	template <class TiledMma, class... Ts>
 	CUTLASS_DEVICE static auto retile_extra_mma_info(TiledMma const &, cute::tuple<Ts...> &pi, int const)
 	{
-		auto &r = cute::get<2>(pi);
+		auto &r = cute::get<1>(pi);
 		return cute::make_tuple(cute::make_tensor(r.data(), r.layout()));
 	}
 
@@ -188,19 +210,25 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 			r(i) = 1.0f;
 		return;
 #endif
-		if (k_block < 2) {
-			auto s = get<0>(pi)(_, _, k_block, read_stage);
+		auto s = get<0>(pi)(_, _, k_block, read_stage);
+		static_assert(decltype(size(r))::value % 8 == 0, "whole fragments of eight");
+#ifdef NVFP4_PROBE_EVERY_FACTOR
+		/* (a probe's build: each element's factor formed on its own) */
+		CUTLASS_PRAGMA_UNROLL
+		for (int i = 0; i < size(r); i++)
+			r(i) = nvfp4_factor(s(i), k_block);
+#else
+		/* wgmma's A fragment, eight values a thread and 64-row atom:
+		 * value v at k + (v & 1) + 8 (v >> 2) of row g + 8 ((v >> 1) & 1),
+		 * so two rows, two factors */
+		CUTLASS_PRAGMA_UNROLL
+		for (int a = 0; a < size(r); a += 8) {
+			float f0 = nvfp4_factor(s(a), k_block), f1 = nvfp4_factor(s(a + 2), k_block);
 			CUTLASS_PRAGMA_UNROLL
-			for (int i = 0; i < size(r); i++)
-				r(i) = s(i).f[k_block & 1];
-		} else {
-			auto z = get<1>(pi)(_, _, k_block, read_stage);
-			CUTLASS_PRAGMA_UNROLL
-			for (int i = 0; i < size(r); i++) {
-				uint64_t v = z(i);
-				r(i) = __uint_as_float((uint32_t)(v >> (32 * (k_block & 1))));
-			}
+			for (int v = 0; v < 8; v++)
+				r(a + v) = v & 2 ? f1 : f0;
 		}
+#endif
 	}
 
 	/* bf16(e2m1(code) x factor) for the k_block's fragment, two
@@ -214,7 +242,7 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		static_assert(is_same_v<typename EngineOut::value_type, cutlass::bfloat16_t>, "bf16 MMA");
 		Tensor src = tCrA_load(_, _, k_block);
 		Tensor dst = tCrA_mma(_, _, k_block);
-		Tensor f = get<2>(pi)(_, _, k_block);
+		Tensor f = get<1>(pi)(_, _, k_block);
 		static_assert(decltype(size(src))::value % 8 == 0, "whole registers of codes");
 		auto &&codes = recast<uint32_t>(src);
 		auto &&out = recast<uint32_t>(dst);
