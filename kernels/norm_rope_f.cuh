@@ -103,6 +103,29 @@ __device__ __forceinline__ float nrf_sum(float s)
 	return s;
 }
 
+/* a lane's place in its row: its first value i0, whether its values are
+ * RoPE's first half (lo) or rotated at all (rot), its partner's lane and
+ * the offset f0 of its cos / sin; the warp's index and count over the
+ * grid */
+struct nrf_lane {
+	uint32_t i0, src, f0, gw, nw;
+	int lo, rot;
+};
+
+template <int NV> __device__ __forceinline__ nrf_lane nrf_place(uint32_t half)
+{
+	nrf_lane L;
+	uint32_t lane = threadIdx.x & 31, hl = half / NV;
+	L.i0 = lane * NV;
+	L.gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	L.nw = (gridDim.x * blockDim.x) >> 5;
+	L.lo = L.i0 < half;
+	L.rot = L.i0 < 2 * half;
+	L.src = L.lo ? lane + hl : L.rot ? lane - hl : lane;
+	L.f0 = L.lo ? L.i0 : L.i0 - half;
+	return L;
+}
+
 /* x [rows, n] float -> y [rows, n] bf16 (normed, weighted, rotated), rstd */
 template <int NV, int R>
 __global__ void k_norm_rope_f(const float *x, const float *w, __nv_bfloat16 *y, float *rstd,
@@ -110,19 +133,15 @@ __global__ void k_norm_rope_f(const float *x, const float *w, __nv_bfloat16 *y, 
 			      const float *cs, const float *sn, float eps)
 {
 	const uint32_t n = 32 * NV;
-	uint32_t lane = threadIdx.x & 31, i0 = lane * NV, hl = half / NV;
-	uint32_t gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-	uint32_t nw = (gridDim.x * blockDim.x) >> 5;
-	int lo = i0 < half, rot = i0 < 2 * half;
-	uint32_t src = lo ? lane + hl : rot ? lane - hl : lane, f0 = lo ? i0 : i0 - half;
+	const nrf_lane L = nrf_place<NV>(half);
 	float wv[NV];
-	nrf_ldf<NV>(wv, w + i0);
-	for (uint32_t row0 = gw * R; row0 < rows; row0 += nw * R) {
+	nrf_ldf<NV>(wv, w + L.i0);
+	for (uint32_t row0 = L.gw * R; row0 < rows; row0 += L.nw * R) {
 		float v[R][NV];
 #pragma unroll
 		for (int q = 0; q < R; q++) {
 			uint32_t row = row0 + q < rows ? row0 + q : rows - 1;
-			nrf_ldf<NV>(v[q], x + (uint64_t)row * n + i0);
+			nrf_ldf<NV>(v[q], x + (uint64_t)row * n + L.i0);
 		}
 #pragma unroll
 		for (int q = 0; q < R; q++) {
@@ -136,23 +155,25 @@ __global__ void k_norm_rope_f(const float *x, const float *w, __nv_bfloat16 *y, 
 			ss = nrf_sum(ss);
 			/* n is a power of two: the product is the quotient */
 			float r = 1.0f / sqrtf(ss * (1.0f / n) + eps);
-			if (!lane)
+			if (!(threadIdx.x & 31))
 				rstd[row] = r;
 			float sr[NV], c[NV], s[NV], o[NV];
 #pragma unroll
 			for (int j = 0; j < NV; j++)
 				sr[j] = wv[j] * (v[q][j] * r);
 			uint32_t pos = (row / nhead) % S;
-			if (rot) {
-				nrf_ldf<NV>(c, cs + (uint64_t)pos * half + f0);
-				nrf_ldf<NV>(s, sn + (uint64_t)pos * half + f0);
+			if (L.rot) {
+				nrf_ldf<NV>(c, cs + (uint64_t)pos * half + L.f0);
+				nrf_ldf<NV>(s, sn + (uint64_t)pos * half + L.f0);
 			}
 #pragma unroll
 			for (int j = 0; j < NV; j++) {
-				float p = __shfl_sync(0xffffffffu, sr[j], src);
-				o[j] = !rot ? sr[j] : lo ? sr[j] * c[j] - p * s[j] : sr[j] * c[j] + p * s[j];
+				float p = __shfl_sync(0xffffffffu, sr[j], L.src);
+				o[j] = !L.rot ? sr[j]
+				     : L.lo   ? sr[j] * c[j] - p * s[j]
+					      : sr[j] * c[j] + p * s[j];
 			}
-			nrf_stb<NV>(y + (uint64_t)row * n + i0, o);
+			nrf_stb<NV>(y + (uint64_t)row * n + L.i0, o);
 		}
 	}
 }
@@ -166,20 +187,16 @@ __global__ void k_rope_norm_bwd_f(const __nv_bfloat16 *dy, const float *x, const
 				  const float *sn, uint32_t ldo, uint32_t c0)
 {
 	const uint32_t n = 32 * NV;
-	uint32_t lane = threadIdx.x & 31, i0 = lane * NV, hl = half / NV;
-	uint32_t gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-	uint32_t nw = (gridDim.x * blockDim.x) >> 5;
-	int lo = i0 < half, rot = i0 < 2 * half;
-	uint32_t src = lo ? lane + hl : rot ? lane - hl : lane, f0 = lo ? i0 : i0 - half;
+	const nrf_lane L = nrf_place<NV>(half);
 	float wv[NV];
-	nrf_ldf<NV>(wv, w + i0);
-	for (uint32_t row0 = gw * R; row0 < rows; row0 += nw * R) {
+	nrf_ldf<NV>(wv, w + L.i0);
+	for (uint32_t row0 = L.gw * R; row0 < rows; row0 += L.nw * R) {
 		float dv[R][NV], xv[R][NV], rr[R];
 #pragma unroll
 		for (int q = 0; q < R; q++) {
 			uint32_t row = row0 + q < rows ? row0 + q : rows - 1;
-			nrf_ldb<NV>(dv[q], dy + (uint64_t)row * n + i0);
-			nrf_ldf<NV>(xv[q], x + (uint64_t)row * n + i0);
+			nrf_ldb<NV>(dv[q], dy + (uint64_t)row * n + L.i0);
+			nrf_ldf<NV>(xv[q], x + (uint64_t)row * n + L.i0);
 			rr[q] = rstd[row];
 		}
 #pragma unroll
@@ -189,16 +206,16 @@ __global__ void k_rope_norm_bwd_f(const __nv_bfloat16 *dy, const float *x, const
 				break;
 			uint32_t pos = (row / nhead) % S;
 			float c[NV], s[NV], gv[NV], o[NV];
-			if (rot) {
-				nrf_ldf<NV>(c, cs + (uint64_t)pos * half + f0);
-				nrf_ldf<NV>(s, sn + (uint64_t)pos * half + f0);
+			if (L.rot) {
+				nrf_ldf<NV>(c, cs + (uint64_t)pos * half + L.f0);
+				nrf_ldf<NV>(s, sn + (uint64_t)pos * half + L.f0);
 			}
 			float dot = 0.0f;
 #pragma unroll
 			for (int j = 0; j < NV; j++) {
-				float p = __shfl_sync(0xffffffffu, dv[q][j], src);
-				gv[j] = !rot ? dv[q][j]
-				      : lo   ? dv[q][j] * c[j] + p * s[j]
+				float p = __shfl_sync(0xffffffffu, dv[q][j], L.src);
+				gv[j] = !L.rot ? dv[q][j]
+				      : L.lo ? dv[q][j] * c[j] + p * s[j]
 					     : dv[q][j] * c[j] - p * s[j];
 				dot = fmaf(wv[j] * gv[j], xv[q][j], dot);
 			}
@@ -207,7 +224,8 @@ __global__ void k_rope_norm_bwd_f(const __nv_bfloat16 *dy, const float *x, const
 #pragma unroll
 			for (int j = 0; j < NV; j++)
 				o[j] = r * wv[j] * gv[j] - k * xv[q][j];
-			nrf_stb<NV>(dx + (uint64_t)(row / nhead) * ldo + c0 + (row % nhead) * n + i0, o);
+			nrf_stb<NV>(dx + (uint64_t)(row / nhead) * ldo + c0 + (row % nhead) * n + L.i0,
+				    o);
 		}
 	}
 }
