@@ -33,6 +33,12 @@
  *   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a --expt-relaxed-constexpr \
  *        -I.deps/cutlass-4.2.0.0/include -o mixed_grouped_probe \
  *        tools/bench/mixed_grouped_probe.cu
+ *
+ * The NVFP4 form's variants (nvfp4_mixed.cuh): -DNVFP4_PROBE_EVERY_FACTOR
+ * (each fragment value's factor formed on its own), -DNVFP4_PROBE_TAIL_BRANCH
+ * (the LoRA's tail tile by one uniform branch a k_block, not a select a
+ * register), -DNVFP4_PROBE_E4M3_BITS (the e4m3 factor by its bits, no
+ * branch); the reference decode keeps the plain e4m3 either way.
  */
 
 #include <cstdio>
@@ -326,7 +332,8 @@ static void run(const char *name, const std::vector<int> &off, int N, int K, dou
 }
 
 /* NVFP4 packs: each row's four e4m3 block scales of a K tile (exponents
- * 5..9: factors in [0.25, 8) before the tensor scale) and its expert's
+ * 5..9: factors in [0.25, 8) before the tensor scale; one in 32 a
+ * subnormal) and its expert's
  * tensor scale 1 + e / 64 (not a power of two, so the product rounds),
  * N-major: S[e][t][n] */
 __global__ void fill_packs(nvfp4_pack *S, size_t n, int N, int KT)
@@ -340,7 +347,9 @@ __global__ void fill_packs(nvfp4_pack *S, size_t n, int N, int KT)
 		uint32_t lo = 0;
 		for (int j = 0; j < 4; j++) {
 			uint32_t b = (x >> (8 * j)) & 0xff;
-			lo |= ((5u + b % 5u) << 3 | (b >> 5)) << (8 * j);
+			/* one in 32 subnormal (e4m3's exponent 0) */
+			uint32_t ex = (b & 31u) ? 5u + b % 5u : 0u;
+			lo |= (ex << 3 | (b >> 5)) << (8 * j);
 		}
 		float t = 1.0f + (float)(i / ((size_t)N * KT)) / 64.0f;
 		S[i] = (uint64_t)__float_as_uint(t) << 32 | lo;
@@ -372,7 +381,7 @@ __global__ void decode_ref(const uint8_t *codes, const nvfp4_pack *S, __nv_bfloa
 		}
 		int e = (int)(row / N), r = (int)(row % N);
 		size_t fi = ((size_t)e * (K / 64) + k / 64) * N + r;
-		float f = nvfp4_factor(S[fi], (k % 64) / 16);
+		float f = nvfp4_factor<true>(S[fi], (k % 64) / 16);
 		W[el] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i]) * f);
 		W[el + 1] = __float2bfloat16_rn(nvfp4_e2m1f(codes[i] >> 4) * f);
 	}

@@ -81,30 +81,36 @@ __device__ __forceinline__ float nvfp4_e2m1f(uint32_t c)
 }
 
 /* e4m3 (the block scale; no NaN code in a valid scale) exactly: normal
- * codes by their bits, subnormals as m 2^-9 */
-__host__ __device__ inline float nvfp4_e4m3f(uint32_t c)
+ * codes by their bits, subnormals as m 2^-9; with NVFP4_PROBE_E4M3_BITS
+ * (a probe's build, not yet run) the code's bits read as a float 2^-120
+ * too small (subnormal where e4m3's is), times 2^120, without a branch */
+__device__ __forceinline__ float nvfp4_e4m3f_ref(uint32_t c)
 {
 	uint32_t e = (c >> 3) & 15u, m = c & 7u;
-	float v;
-	if (e) {
-		uint32_t b = ((e + 120u) << 23) | (m << 20);
-		memcpy(&v, &b, 4);
-	} else {
-		v = (float)m * 0x1p-9f;
-	}
+	float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0x1p-9f;
 	return c & 0x80u ? -v : v;
 }
 
-/* the factor of block kb of a pack: e4m3 x tensor scale in float, as
- * k_decode forms it (s * tscale); the raw mark passed on */
-__host__ __device__ inline float nvfp4_factor(nvfp4_pack p, int kb)
+__device__ __forceinline__ float nvfp4_e4m3f(uint32_t c)
 {
-	uint32_t hi = (uint32_t)(p >> 32);
-	float t;
-	memcpy(&t, &hi, 4);
+#ifdef NVFP4_PROBE_E4M3_BITS
+	return __uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)) * 0x1p120f;
+#else
+	return nvfp4_e4m3f_ref(c);
+#endif
+}
+
+/* the factor of block kb of a pack: e4m3 x tensor scale in float, as
+ * k_decode forms it (s * tscale); the raw mark passed on. REF: by the
+ * branching e4m3 (what the probe's reference decode uses, whatever the
+ * GEMM's build) */
+template <bool REF = false> __device__ __forceinline__ float nvfp4_factor(nvfp4_pack p, int kb)
+{
+	uint32_t hi = (uint32_t)(p >> 32), c = (uint32_t)(p >> (8 * kb)) & 0xffu;
+	float t = __uint_as_float(hi);
 	if (hi == NVFP4_RAW)
 		return t;
-	return nvfp4_e4m3f((uint32_t)(p >> (8 * kb)) & 0xffu) * t;
+	return (REF ? nvfp4_e4m3f_ref(c) : nvfp4_e4m3f(c)) * t;
 }
 
 namespace cutlass::gemm::collective::detail {
@@ -246,12 +252,39 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		static_assert(decltype(size(src))::value % 8 == 0, "whole registers of codes");
 		auto &&codes = recast<uint32_t>(src);
 		auto &&out = recast<uint32_t>(dst);
+#ifdef NVFP4_PROBE_TAIL_BRANCH
+		/* (a probe's build, not yet run: the tail chosen once a k_block by
+		 * a branch, which every thread of the warpgroup takes alike, as
+		 * the whole K tile carries the mark) */
+		if (__float_as_uint(f(0)) == NVFP4_RAW) {
+			CUTLASS_PRAGMA_UNROLL
+			for (int w = 0; w < size(codes); w++) {
+				uint32_t c = codes(w);
+				out(4 * w) = (c & 0xffu) | ((c >> 8) & 0xff00u);
+				out(4 * w + 1) = ((c >> 8) & 0xffu) | ((c >> 16) & 0xff00u);
+				out(4 * w + 2) = 0u;
+				out(4 * w + 3) = 0u;
+			}
+			return;
+		}
+		CUTLASS_PRAGMA_UNROLL
+		for (int w = 0; w < size(codes); w++) {
+			uint32_t c = codes(w);
+			CUTLASS_PRAGMA_UNROLL
+			for (int j = 0; j < 4; j++) {
+				int i = 8 * w + 2 * j;
+				__nv_bfloat162 h = __floats2bfloat162_rn(nvfp4_e2m1f(c >> (8 * j)) * f(i),
+									 nvfp4_e2m1f(c >> (8 * j + 4)) * f(i + 1));
+				out(4 * w + j) = reinterpret_cast<uint32_t &>(h);
+			}
+		}
+#else
 		CUTLASS_PRAGMA_UNROLL
 		for (int w = 0; w < size(codes); w++) {
 			uint32_t c = codes(w);
 			/* the tail's bf16 (rows g and g + 8 from bytes 0, 2 and
-			 * 1, 3, at elements 0 and 2: k = 2t), chosen by select,
-			 * not a branch: wgmma wants its warpgroup converged */
+			 * 1, 3, at elements 0 and 2: k = 2t), chosen by select
+			 * on every register (the first form, run) */
 			bool raw = __float_as_uint(f(8 * w)) == NVFP4_RAW;
 			uint32_t t0 = (c & 0xffu) | ((c >> 8) & 0xff00u);
 			uint32_t t1 = ((c >> 8) & 0xffu) | ((c >> 16) & 0xff00u);
@@ -264,6 +297,7 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 				out(4 * w + j) = raw ? (j == 0 ? t0 : j == 1 ? t1 : 0u) : v;
 			}
 		}
+#endif
 	}
 };
 
