@@ -34,11 +34,12 @@
  *        -I.deps/cutlass-4.2.0.0/include -o mixed_grouped_probe \
  *        tools/bench/mixed_grouped_probe.cu
  *
- * The NVFP4 form's variants (nvfp4_mixed.cuh): -DNVFP4_PROBE_EVERY_FACTOR
- * (each fragment value's factor formed on its own), -DNVFP4_PROBE_TAIL_BRANCH
- * (the LoRA's tail tile by one uniform branch a k_block, not a select a
- * register), -DNVFP4_PROBE_E4M3_BITS (the e4m3 factor by its bits, no
- * branch); the reference decode keeps the plain e4m3 either way.
+ * The NVFP4 form's earlier variants (nvfp4_mixed.cuh), each measured
+ * slower: -DNVFP4_PROBE_EVERY_FACTOR (each fragment value's factor formed
+ * on its own), -DNVFP4_PROBE_TAIL_SELECT (the LoRA's tail by a select on
+ * every register, not one uniform branch a k_block),
+ * -DNVFP4_PROBE_E4M3_BRANCH (the e4m3 factor by a branch, not its bits);
+ * the reference decode keeps the branching e4m3 either way.
  */
 
 #include <cstdio>

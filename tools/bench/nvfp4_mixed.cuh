@@ -80,10 +80,11 @@ __device__ __forceinline__ float nvfp4_e2m1f(uint32_t c)
 	return __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * 0x1p126f;
 }
 
-/* e4m3 (the block scale; no NaN code in a valid scale) exactly: normal
- * codes by their bits, subnormals as m 2^-9; with NVFP4_PROBE_E4M3_BITS
- * (a probe's build, not yet run) the code's bits read as a float 2^-120
- * too small (subnormal where e4m3's is), times 2^120, without a branch */
+/* e4m3 (the block scale; no NaN code in a valid scale) exactly. The
+ * reference: normal codes by their bits, subnormals as m 2^-9. The GEMM's:
+ * the code's bits read as a float 2^-120 too small (subnormal where e4m3's
+ * is), times 2^120, without a branch (NVFP4_PROBE_E4M3_BRANCH: the
+ * reference's form there too) */
 __device__ __forceinline__ float nvfp4_e4m3f_ref(uint32_t c)
 {
 	uint32_t e = (c >> 3) & 15u, m = c & 7u;
@@ -93,7 +94,7 @@ __device__ __forceinline__ float nvfp4_e4m3f_ref(uint32_t c)
 
 __device__ __forceinline__ float nvfp4_e4m3f(uint32_t c)
 {
-#ifdef NVFP4_PROBE_E4M3_BITS
+#ifndef NVFP4_PROBE_E4M3_BRANCH
 	return __uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)) * 0x1p120f;
 #else
 	return nvfp4_e4m3f_ref(c);
@@ -252,10 +253,10 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		static_assert(decltype(size(src))::value % 8 == 0, "whole registers of codes");
 		auto &&codes = recast<uint32_t>(src);
 		auto &&out = recast<uint32_t>(dst);
-#ifdef NVFP4_PROBE_TAIL_BRANCH
-		/* (a probe's build, not yet run: the tail chosen once a k_block by
-		 * a branch, which every thread of the warpgroup takes alike, as
-		 * the whole K tile carries the mark) */
+#ifndef NVFP4_PROBE_TAIL_SELECT
+		/* the tail chosen once a k_block by a branch, which every thread
+		 * of the warpgroup takes alike, as the whole K tile carries the
+		 * mark (wgmma stays converged) */
 		if (__float_as_uint(f(0)) == NVFP4_RAW) {
 			CUTLASS_PRAGMA_UNROLL
 			for (int w = 0; w < size(codes); w++) {
@@ -282,9 +283,9 @@ struct MixedInputUtils<CollectiveMma<Policy, Tile, cute::tuple<cutlass::float_e2
 		CUTLASS_PRAGMA_UNROLL
 		for (int w = 0; w < size(codes); w++) {
 			uint32_t c = codes(w);
-			/* the tail's bf16 (rows g and g + 8 from bytes 0, 2 and
-			 * 1, 3, at elements 0 and 2: k = 2t), chosen by select
-			 * on every register (the first form, run) */
+			/* (the first form, NVFP4_PROBE_TAIL_SELECT: the tail's bf16
+			 * (rows g and g + 8 from bytes 0, 2 and 1, 3, at elements 0
+			 * and 2: k = 2t) chosen by select on every register) */
 			bool raw = __float_as_uint(f(8 * w)) == NVFP4_RAW;
 			uint32_t t0 = (c & 0xffu) | ((c >> 8) & 0xff00u);
 			uint32_t t1 = ((c >> 8) & 0xffu) | ((c >> 16) & 0xff00u);
