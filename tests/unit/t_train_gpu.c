@@ -561,13 +561,20 @@ static float f32_of(uint16_t b)
 /* the grouped CUTLASS expert GEMM (kernels/xgemm.h, the bf16 per-expert
  * path's expert products) against a double-precision product of the same
  * bf16 values: empty groups, one row, rows across its 128-row tiles, N
- * across its 256-column tiles; every row of every group written (the
+ * across its 256-column tiles, K's last 64-column tile holding 8 to 64
+ * columns, row tiles whose second half (the second warpgroup's) is empty
+ * or not; every row of every group written (the
  * output starts as NaN bits); its bf16 output (a folded layer's expert
  * activations) is the float32 one rounded to nearest even, bit for bit */
 static int test_xgemm(void)
 {
-	static const uint32_t cnt[] = {0, 1, 130, 77, 0, 256, 3};
-	static const uint32_t nk[][2] = {{64, 80}, {264, 48}, {1536, 2064}};
+	/* row tiles of 1, 2, 3, 13, 64 and 65 rows (the second warpgroup's
+	 * half of a tile empty or not), and whole */
+	static const uint32_t cnt[] = {0, 1, 130, 77, 0, 256, 3, 64, 65, 192};
+	/* K's last K tile (64 columns) with 1, 2, 3 or 4 of wgmma's 16-column
+	 * steps of data, the last one part zeros or whole; one K tile alone */
+	static const uint32_t nk[][2] = {{64, 80},  {264, 48},  {1536, 2064}, {72, 96},
+					 {64, 104}, {264, 128}, {8, 8},	      {16, 200}};
 	uint32_t E = sizeof cnt / sizeof *cnt, rows = 0;
 	for (uint32_t e = 0; e < E; e++)
 		rows += cnt[e];

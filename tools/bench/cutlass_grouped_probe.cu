@@ -5,12 +5,17 @@
  * products (64 experts, 65536 routed rows, bf16 operands, bf16 out as the
  * trainer's folded layers write them, K with the folded LoRA's 16
  * columns): GPU time per layer call (CUDA events over 20 calls), host time
- * to queue it, TFLOP/s, and the largest difference from the float32
- * cuBLAS product (the bf16 output's rounding). Seven configurations:
+ * to queue it, TFLOP/s, the largest difference from the float32 cuBLAS
+ * product (the bf16 output's rounding), and how many outputs differ from
+ * the first configuration's, bit for bit. Seven configurations:
  * cooperative 128x256 (the one kernels/xgemm.cu builds) with clusters 1x1
  * and 2x1, cooperative 256x128 with 1x1 and 1x2, ping-pong 128x128 with
  * 1x1 and 2x1, ping-pong 64x256. Measured on the H200 (tools/bench/
- * NOTES.md): the cooperative 128x256 1x1 fastest at all four shapes. Not
+ * NOTES.md): the cooperative 128x256 1x1 fastest at all four shapes.
+ * Then that one with xgemm_tail.cuh's consumer (the wgmma steps that
+ * multiply only TMA's zero fill left out), alone and with the epilogue's
+ * subtile 128x64 or 128x128 or no shared memory: the same bits, none
+ * faster (NOTES.md). Not
  * built by make: it needs CUTLASS's headers (the build's
  * tools/fetch_headers.sh puts them in .deps) and sm_90a; without -DNDEBUG
  * ptxas serialises the wgmma pipeline (CUTLASS's device asserts are
@@ -27,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -44,22 +50,30 @@
 #include "cutlass/util/packed_stride.hpp"
 
 #include "cutlass_probe.cuh"
+#include "xgemm_tail.cuh"
 
 using namespace cute;
 
 
-template <class Tile, class Cluster, class KSched, class ESched> struct Grouped {
+/* Tail: xgemm_tail.cuh's consumer (the wgmma steps on zeros left out: K's
+ * last tile past K, a row tile's empty half) instead of the stock one;
+ * ETile: the epilogue's subtile */
+template <class Tile, class Cluster, class KSched, class ESched, bool Tail = false,
+	  class ETile = cutlass::epilogue::collective::EpilogueTileAuto>
+struct Grouped {
+	static constexpr bool tail = Tail;
 	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-		cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, LD *, 8, ED, LD *, 8,
-		ESched, cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
+		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, ETile, float,
+		float, ED, LD *, 8, ED, LD *, 8, ESched,
+		cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
 	using Main = typename cutlass::gemm::collective::CollectiveBuilder<
 		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, 8, EA, LB *, 8, float,
 		Tile, Cluster,
 		cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
 			sizeof(typename Epi::SharedStorage))>,
 		KSched>::CollectiveOp;
-	using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Main, Epi>;
+	using Kernel = cutlass::gemm::kernel::GemmUniversal<
+		ProblemShape, std::conditional_t<Tail, ms_xgt::TailMma<Main>, Main>, Epi>;
 	using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -77,6 +91,29 @@ using C4 = Coop<Shape<_256, _128, _64>, Shape<_1, _2, _1>>;
 using P1 = Ping<Shape<_128, _128, _64>, Shape<_1, _1, _1>>;
 using P2 = Ping<Shape<_64, _256, _64>, Shape<_1, _1, _1>>;
 using P3 = Ping<Shape<_128, _128, _64>, Shape<_2, _1, _1>>;
+/* C1 with the steps on zeros left out, and that with its epilogue's
+ * subtile or schedule changed (CGP_NEW_ONLY runs these and C1 alone) */
+using T128 = Shape<_128, _256, _64>;
+using C1T = Grouped<T128, Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, true>;
+using C1TE64 = Grouped<T128, Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, true, Shape<_128, _64>>;
+using C1TE128 = Grouped<T128, Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+			cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, true, Shape<_128, _128>>;
+using C1TNS = Grouped<T128, Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+		      cutlass::epilogue::PtrArrayNoSmemWarpSpecialized, true>;
+
+/* the first configuration's bf16 output of the current product */
+static std::vector<uint16_t> first_out;
+
+template <class MA> static constexpr auto requires_tail(int) -> decltype(MA{}.last_kb, true)
+{
+	return true;
+}
+template <class MA> static constexpr bool requires_tail(long)
+{
+	return false;
+}
 
 /* what the trainer would run before each product: the groups' sizes and
  * pointers from the row offsets on the device (no host round trip) */
@@ -96,6 +133,20 @@ __global__ void groups(const int *off, int E, int N, int K, const EA *X, const E
 	sa[e] = cutlass::make_cute_packed_stride(SA{}, {m, K, 1});
 	sb[e] = cutlass::make_cute_packed_stride(SB{}, {N, K, 1});
 	sd[e] = cutlass::make_cute_packed_stride(SD{}, {m, N, 1});
+}
+
+/* the mainloop's arguments: the stock four, and with xgemm_tail.cuh's
+ * consumer the k_blocks of K's last tile that hold data */
+template <class Gemm, class PA, class SA, class PB, class SB>
+static auto mainloop_args(bool tail, PA pa, SA sa, PB pb, SB sb, int K)
+{
+	using MA = typename Gemm::GemmKernel::MainloopArguments;
+	MA m{};
+	m.ptr_A = pa, m.dA = sa, m.ptr_B = pb, m.dB = sb;
+	if constexpr (requires_tail<MA>(0))
+		m.last_kb = ms_xgt::last_kb_of(K, 64);
+	(void)tail;
+	return m;
 }
 
 static double now()
@@ -159,7 +210,7 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 	auto fa = probe_epilogue_args<Gemm>();
 	args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
 					{E, ps, nullptr},
-					{pa, sa, pb, sb},
+					mainloop_args<Gemm>(G::tail, pa, sa, pb, sb, K),
 					{fa, (const ED **)pd, sd, pd, sd},
 					hw};
 	Gemm gemm;
@@ -191,9 +242,16 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 		md = fmax(md, fabs((double)y[i] - r[i]));
 		mm = fmax(mm, fabs((double)r[i]));
 	}
+	/* bit for bit against the product's first configuration */
+	size_t nd = 0;
+	if (first_out.empty())
+		first_out = yb;
+	else
+		for (size_t i = 0; i < yb.size(); i++)
+			nd += yb[i] != first_out[i];
 	printf("%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call, max |diff| / max "
-	       "%.2e\n",
-	       name, N, K, ms, flop / (ms * 1e-3) / 1e12, host, md / mm);
+	       "%.2e, %zu outputs differ from the first\n",
+	       name, N, K, ms, flop / (ms * 1e-3) / 1e12, host, md / mm, nd);
 	cudaFree(ps), cudaFree(pa), cudaFree(pb), cudaFree(pd), cudaFree(sa), cudaFree(sb);
 	cudaFree(sd), cudaFree(wsp);
 	(void)cnt;
@@ -219,6 +277,7 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 	probe_fill<<<1024, 256>>>((__nv_bfloat16 *)X, rows * K, 1);
 	probe_fill<<<1024, 256>>>((__nv_bfloat16 *)W, (size_t)E * N * K, 2);
 	double flop = 2.0 * off[E] * N * K;
+	first_out.clear();
 	/* the trainer's loop: one cublasGemmEx per expert, rows rounded up to
 	 * 128 (the last expert's into the slack), in expert order */
 	cublasHandle_t h;
@@ -242,12 +301,20 @@ static void one_product(const std::vector<int> &cnt, int N, int K, const char *w
 	printf("%s\n%-34s N %4d K %4d: %.3f ms, %.0f TFLOP/s, host %.1f us a call\n", what,
 	       "cublasGemmEx per expert", N, K, ms, flop / (ms * 1e-3) / 1e12, host);
 	grouped<C1>("coop 128x256 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1T>("coop 128x256 1x1, tail steps cut", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1TE64>("  the same, epilogue 128x64", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1TE128>("  the same, epilogue 128x128", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1TNS>("  the same, epilogue without smem", E, cnt, N, K, doff, X, W, Y, R, flop);
+	grouped<C1>("coop 128x256 1x1 (again)", E, cnt, N, K, doff, X, W, Y, R, flop);
+	if (getenv("CGP_NEW_ONLY"))
+		goto done;
 	grouped<C2>("coop 128x256 2x1", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<C3>("coop 256x128 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<C4>("coop 256x128 1x2", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<P1>("ping 128x128 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<P2>("ping 64x256 1x1", E, cnt, N, K, doff, X, W, Y, R, flop);
 	grouped<P3>("ping 128x128 2x1", E, cnt, N, K, doff, X, W, Y, R, flop);
+done:
 	cublasDestroy(h);
 	cudaFree(X), cudaFree(W), cudaFree(Y), cudaFree(R), cudaFree(doff);
 }

@@ -40,6 +40,16 @@ static auto probe_no_arrays(F &f, int) -> decltype(f.alpha_ptr_array = nullptr, 
 }
 template <class F> static void probe_no_arrays(F &, long) {}
 
+/* the epilogue's strides of alpha and beta, where its thread operation has
+ * them (the no-smem epilogue's older one has not) */
+template <class F>
+static auto probe_no_strides(F &f, int) -> decltype(f.dAlpha = {cute::_0{}, cute::_0{}, 0}, void())
+{
+	f.dAlpha = {cute::_0{}, cute::_0{}, 0};
+	f.dBeta = {cute::_0{}, cute::_0{}, 0};
+}
+template <class F> static void probe_no_strides(F &, long) {}
+
 /* Gemm's epilogue arguments for D = the product */
 template <class Gemm> static auto probe_epilogue_args()
 {
@@ -50,8 +60,7 @@ template <class Gemm> static auto probe_epilogue_args()
 	fa.alpha_ptr = nullptr;
 	fa.beta_ptr = nullptr;
 	probe_no_arrays(fa, 0);
-	fa.dAlpha = {cute::_0{}, cute::_0{}, 0};
-	fa.dBeta = {cute::_0{}, cute::_0{}, 0};
+	probe_no_strides(fa, 0);
 	return fa;
 }
 
