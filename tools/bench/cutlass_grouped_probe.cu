@@ -15,7 +15,8 @@
  * Then that one with xgemm_tail.cuh's consumer (the wgmma steps that
  * multiply only TMA's zero fill left out), alone and with the epilogue's
  * subtile 128x64 or 128x128 or no shared memory: the same bits, none
- * faster (NOTES.md). Not
+ * faster (NOTES.md); CGP_NEW_ONLY=1 runs only these, between two runs of
+ * the first. Not
  * built by make: it needs CUTLASS's headers (the build's
  * tools/fetch_headers.sh puts them in .deps) and sm_90a; without -DNDEBUG
  * ptxas serialises the wgmma pipeline (CUTLASS's device asserts are
@@ -61,7 +62,6 @@ using namespace cute;
 template <class Tile, class Cluster, class KSched, class ESched, bool Tail = false,
 	  class ETile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Grouped {
-	static constexpr bool tail = Tail;
 	using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
 		cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, ETile, float,
 		float, ED, LD *, 8, ED, LD *, 8, ESched,
@@ -92,7 +92,8 @@ using P1 = Ping<Shape<_128, _128, _64>, Shape<_1, _1, _1>>;
 using P2 = Ping<Shape<_64, _256, _64>, Shape<_1, _1, _1>>;
 using P3 = Ping<Shape<_128, _128, _64>, Shape<_2, _1, _1>>;
 /* C1 with the steps on zeros left out, and that with its epilogue's
- * subtile or schedule changed (CGP_NEW_ONLY runs these and C1 alone) */
+ * subtile or schedule changed (with CGP_NEW_ONLY set, these between two
+ * runs of C1 and nothing else) */
 using T128 = Shape<_128, _256, _64>;
 using C1T = Grouped<T128, Shape<_1, _1, _1>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
 		    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, true>;
@@ -138,14 +139,13 @@ __global__ void groups(const int *off, int E, int N, int K, const EA *X, const E
 /* the mainloop's arguments: the stock four, and with xgemm_tail.cuh's
  * consumer the k_blocks of K's last tile that hold data */
 template <class Gemm, class PA, class SA, class PB, class SB>
-static auto mainloop_args(bool tail, PA pa, SA sa, PB pb, SB sb, int K)
+static auto mainloop_args(PA pa, SA sa, PB pb, SB sb, int K)
 {
 	using MA = typename Gemm::GemmKernel::MainloopArguments;
 	MA m{};
 	m.ptr_A = pa, m.dA = sa, m.ptr_B = pb, m.dB = sb;
 	if constexpr (requires_tail<MA>(0))
 		m.last_kb = ms_xgt::last_kb_of(K, 64);
-	(void)tail;
 	return m;
 }
 
@@ -210,7 +210,7 @@ static void grouped(const char *name, int E, const std::vector<int> &cnt, int N,
 	auto fa = probe_epilogue_args<Gemm>();
 	args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
 					{E, ps, nullptr},
-					mainloop_args<Gemm>(G::tail, pa, sa, pb, sb, K),
+					mainloop_args<Gemm>(pa, sa, pb, sb, K),
 					{fa, (const ED **)pd, sd, pd, sd},
 					hw};
 	Gemm gemm;
