@@ -56,8 +56,26 @@ TORCH_EAGER ms=600.0 steps=10 loss=2.6 peak_alloc=4294967296 peak_reserved=53687
 TORCH_COMPILE failed: no compiler here
 VERSIONS torch=2.11 transformers=5.17 peft=0.21 cuda=13.0
 T
+# nvidia-smi's samples: an idle one (under 40% of the limit) and a line
+# without numbers are left out; the power cap and a thermal slowdown are
+# counted from the bit mask; on-demand's has no row to go with (no metrics)
+cat >"$D/smi-resident.csv" <<'C'
+1980, 1980, 90.5, 700.00, 0x0000000000000000
+1845, 1980, 620.1, 700.00, 0x0000000000000004
+[N/A], 1980, 612.0, 700.00, 0x0000000000000004
+1530, 1980, 699.0, 700.00, 0x0000000000000004
+1980, 1980, 450.0, 700.00, 0x0000000000000000
+1700, 1980, 500.0, 700.00, 0x0000000000000024
+C
+echo "1980, 1980, 650.0, 700.00, 0x0000000000000004" >"$D/smi-on-demand.csv"
+echo "1980, 1980, 400.0, 700.00, 0x0000000000000000" >"$D/smi-torch.csv"
 expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
 	--modes "resident on-demand" --out "$W/r.md"
+has '| ours, resident | 4 | 1845 (1530-1980) | 1980 | 620 (699) | 700 | 3 of 4 | 1 of 4 |' \
+	"$W/r.md" "the clock and power under load"
+has '| PyTorch (its eager and compiled runs together) | 1 | 1980 (1980-1980) | 1980 | 400 (400) | 700 | 0 of 1 | 0 of 1 |' \
+	"$W/r.md" "PyTorch's clock"
+hasnt '| ours, on-demand |' "$W/r.md" "a clock row for a run without a row"
 has '| ours, colwise resident (mstrain --device cuda) | 300.0 |' "$W/r.md" "our median step"
 has '| 2.00x |' "$W/r.md" "the ratio to eager"
 has 'ours, on-demand: no timed step' "$W/r.md" "a mode asked for without metrics"
@@ -77,6 +95,11 @@ rm "$D/prof-sites.json"
 expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
 	--modes resident --out "$W/r2.md"
 hasnt 'launch by launch' "$W/r2.md" "a launch table without its profile"
+# samples none of which is under load: no clock table
+for f in resident torch; do echo "210, 1980, 80.0, 700.00, 0x0000000000000000" >"$D/smi-$f.csv"; done
+expect 0 python3 "$R" "$D" --batch 2 --seq 16 --steps 5 --device test --date today \
+	--modes resident --out "$W/r5.md"
+hasnt 'clock and power' "$W/r5.md" "a clock table without a sample under load"
 # the decode ahead: the on-demand transpose ran on the decode stream (its
 # time and the main stream's wait for it said apart), and that stream's
 # phases are summed apart from the main stream's

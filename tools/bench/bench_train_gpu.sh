@@ -36,6 +36,10 @@
 # (resident on-demand flash grouped fused; default all this mstrain has).
 # With the resident run, a short one more under MS_PROFILE_SITES gives the
 # time of each launch (prof-sites.json; MS_BENCH_SITES=0: not run).
+# Where nvidia-smi is, the SM clock, power and throttle reasons are sampled
+# every 100 ms through each timed run (smi-<run>.csv): the H200 runs a
+# training step at its power limit, so the clock a run was given is part
+# of its result.
 # Exit 0; 1 when a run failed (its row left out); 2 on bad usage; 3 when
 # something needed is missing.
 set -u
@@ -187,6 +191,21 @@ if [ -n "${MS_BENCH_MODES:-}" ] && [ -n "$MODES" ]; then
 	done
 	MODES=$sel
 fi
+# smi_start RUN / smi_stop: nvidia-smi's sampling around one run, where
+# there is a GPU and nvidia-smi (none: no file, and the report says so)
+SMI_PID=
+smi_start() {
+	[ "$DEV" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
+	nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+		--format=csv,noheader,nounits -lms 100 >"smi-$1.csv" 2>/dev/null &
+	SMI_PID=$!
+}
+smi_stop() {
+	[ -n "$SMI_PID" ] || return 0
+	kill "$SMI_PID" 2>/dev/null
+	wait "$SMI_PID" 2>/dev/null
+	SMI_PID=
+}
 for c in $MODES; do
 	if [ -f "done-$c" ]; then
 		echo "bench-train-gpu: mstrain, $c: done before in $W" >&2
@@ -202,10 +221,14 @@ for c in $MODES; do
 	case $c in flash) set -- "$@" --attention flash;; esac
 	[ $PROF = 1 ] && set -- "$@" --profile "prof-$c.json"
 	echo "bench-train-gpu: mstrain, $c, $STEPS steps of $BATCH x $SEQ" >&2
-	if ! "$BUILD/msinv" launch --plan "plan-$c.json" -- "$@" >"train-$c.log" 2>&1; then
+	smi_start "$c"
+	"$BUILD/msinv" launch --plan "plan-$c.json" -- "$@" >"train-$c.log" 2>&1
+	rc=$?
+	smi_stop
+	if [ $rc != 0 ]; then
 		echo "bench-train-gpu: mstrain, $c, failed: its row is left out" >&2
 		tail -n 10 "train-$c.log" | sed 's/^/  /' >&2
-		rm -f "m-$c.jsonl" "prof-$c.json"
+		rm -f "m-$c.jsonl" "prof-$c.json" "smi-$c.csv"
 		status=1
 	else
 		: >"done-$c"
@@ -283,7 +306,11 @@ TARGS="--device $DEV --batch $BATCH --seq $SEQ --steps $TSTEPS --warmup $TWARM -
 if [ $RUN_TORCH = 1 ]; then
 	echo "bench-train-gpu: PyTorch reference (train_torch.py $TARGS)" >&2
 	# shellcheck disable=SC2086 # TARGS is a list of options
-	if "$PY" "$ROOT/$B/train_torch.py" base $TARGS --data data.jsonl >torch.txt 2>torch.err; then
+	smi_start torch
+	"$PY" "$ROOT/$B/train_torch.py" base $TARGS --data data.jsonl >torch.txt 2>torch.err
+	rc=$?
+	smi_stop
+	if [ $rc = 0 ]; then
 		: >done-torch
 	else
 		echo "bench-train-gpu: train_torch.py failed: $(tail -n 1 torch.err)" >&2

@@ -13,6 +13,10 @@
     prof-fused.json
                              "colwise_ms", "base_bytes", "peak_bytes"}
     torch.txt                train_torch.py's output (optional)
+    smi-<run>.csv            nvidia-smi sampled through a run (optional):
+                             SM clock, its maximum, power, power limit
+                             (MHz, W, no units) and the active throttle
+                             reasons' bit mask; <run> a mode or torch
     footprint-<mode>.json    msinv footprint --json (optional)
 
 A row is written only for a run that finished and left its numbers: a
@@ -90,6 +94,50 @@ def torch_lines(path):
 # rope_norm_bwd: the family, its register form or its shared-memory one)
 LAUNCHERS = {"rms_fwd": "k_rms", "rms_in": "k_rms", "rms_bwd": "k_rms_bwd",
              "norm_rope": "k_norm_rope", "rope_norm_bwd": "k_rope_norm_bwd"}
+
+
+# nvidia-smi's clocks_throttle_reasons bits that slow the clock under
+# load (nvml's clocksThrottleReason*): the software power cap, and the
+# slowdowns that come from the hardware or from heat
+SMI_POWER_CAP = 0x4
+SMI_SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80
+
+
+def smi_samples(path):
+    """(clock MHz, max clock MHz, power W, limit W, reasons) of each sample
+    of an nvidia-smi CSV with numbers in every field; None: no file"""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = []
+    for ln in lines:
+        v = [x.strip() for x in ln.split(",")]
+        if len(v) != 5:
+            continue
+        try:
+            out.append((float(v[0]), float(v[1]), float(v[2]), float(v[3]), int(v[4], 16)))
+        except ValueError:
+            continue
+    return out
+
+
+def smi_row(name, samples):
+    """one row of the clock table: the samples under load only (power at
+    least 40% of the limit: the run's loading and verifying are not the
+    step's conditions); None where there are none"""
+    busy = [x for x in samples if x[3] > 0 and x[2] >= 0.4 * x[3]]
+    if not busy:
+        return None
+    clk = sorted(x[0] for x in busy)
+    pw = sorted(x[2] for x in busy)
+    n = len(busy)
+    cap = sum(1 for x in busy if x[4] & SMI_POWER_CAP)
+    slow = sum(1 for x in busy if x[4] & SMI_SLOWDOWN)
+    return ("| %s | %d | %d (%d-%d) | %d | %.0f (%.0f) | %.0f | %d of %d | %d of %d |"
+            % (name, n, clk[n // 2], clk[0], clk[-1], max(x[1] for x in busy), pw[n // 2],
+               pw[-1], busy[0][3], cap, n, slow, n))
 
 
 def site_label(site, src):
@@ -247,6 +295,30 @@ def main():
             L.append("- %s" % n)
         L.append("")
 
+    # the clock each run was given (nvidia-smi sampled through it)
+    smi = []
+    for m in MODES:
+        sm = smi_samples(os.path.join(d, "smi-%s.csv" % m))
+        if m in ours and sm:
+            smi.append(smi_row("ours, %s" % m, sm))
+    sm = smi_samples(os.path.join(d, "smi-torch.csv"))
+    if sm and any(k in t and not isinstance(t[k], str) for k in ("TORCH_EAGER", "TORCH_COMPILE")):
+        smi.append(smi_row("PyTorch (its eager and compiled runs together)", sm))
+    smi = [r for r in smi if r]
+    if smi:
+        L.append("## The GPU's clock and power in each run")
+        L.append("")
+        L.append("nvidia-smi every 100 ms through each run, the samples under load only "
+                 "(power at least 40% of the limit). nvidia-smi's power is averaged over "
+                 "its own window; the clock and the throttle reasons are the sample's. "
+                 "Power cap: the software power cap among the active throttle reasons; "
+                 "slowdown: a hardware, thermal or power-brake slowdown.")
+        L.append("")
+        L.append("| run | samples | SM clock MHz: median (min-max) | max clock MHz | "
+                 "power W: median (max) | limit W | power cap | slowdown |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        L.extend(smi)
+        L.append("")
     # the on-demand transpose, the base bytes of each mode
     prof = {m: ours[m][1] for m in ours if ours[m][1]}
     if "on-demand" in prof:
