@@ -196,7 +196,12 @@ fi
 SMI_PID=
 smi_start() {
 	[ "$DEV" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
-	nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+	# newer drivers name the throttle reasons clock event reasons; the
+	# older name is what this driver answers to if it does not know the new
+	why=clocks_event_reasons.active
+	nvidia-smi --query-gpu=$why --format=csv,noheader >/dev/null 2>&1 ||
+		why=clocks_throttle_reasons.active
+	nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,$why \
 		--format=csv,noheader,nounits -lms 100 >"smi-$1.csv" 2>/dev/null &
 	SMI_PID=$!
 }
