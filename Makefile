@@ -217,7 +217,7 @@ CUDNN_KFLAGS = -DMS_HAVE_CUDNN_FE -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
 $(BUILD)/cudnn-frontend.stamp: tools/fetch_headers.sh | $(BUILD)/kernels
 	@sh tools/fetch_headers.sh cudnn-frontend $(CUDNN_FE_DIR)
 	@touch $@
-$(BUILD)/kernels/sdpa.o: kernels/sdpa.cpp kernels/sdpa.h kernels/flash.h $(wildcard src/*.h) \
+$(BUILD)/kernels/sdpa.o: kernels/sdpa.cpp kernels/sdpa.h kernels/sdpa_graph.hpp kernels/flash.h $(wildcard src/*.h) \
 		$(BUILD)/cudnn-frontend.stamp | $(BUILD)/kernels pkgcheck
 	@if [ -f $(CUDNN_FE_DIR)/include/cudnn_frontend.h ] && [ -n "$(CUDNN_INC)" ]; then \
 	  echo "$(CXX) $(CXX_KFLAGS) $(CUDNN_KFLAGS) -c -o $@ $<"; \

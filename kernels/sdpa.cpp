@@ -31,6 +31,8 @@ extern "C" {
 
 #include <cudnn_frontend.h>
 
+#include "sdpa_graph.hpp"
+
 namespace fe = cudnn_frontend;
 
 /* the frontend's dlsym handle (declared by cudnn_frontend_shim.h) */
@@ -79,57 +81,13 @@ extern "C" uint64_t ms_sdpa_version(struct ms_err *err)
 	return 0;
 }
 
-/* tensor uids of the two graphs' variant packs */
-enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV };
+using namespace ms_sdpa_graph;
 
 struct ms_sdpa {
 	cudnnHandle_t h;
 	fe::graph::Graph fwd, bwd;
 	int64_t ws;
 };
-
-typedef std::shared_ptr<fe::graph::Tensor_attributes> tensor_t;
-
-/* a [B, heads, S, hd] view of a token-major bf16 matrix [B*S, heads*hd]:
- * element (b, h, s, d) at ((b * S + s) * heads + h) * hd + d */
-static tensor_t view(const struct ms_flash_shape *sh, uint32_t heads)
-{
-	int64_t B = sh->B, S = sh->S, hd = sh->hd, n = heads;
-	return std::make_shared<fe::graph::Tensor_attributes>(
-		fe::graph::Tensor_attributes()
-			.set_dim({B, n, S, hd})
-			.set_stride({S * n * hd, hd, n * hd, 1})
-			.set_data_type(fe::DataType_t::BFLOAT16));
-}
-
-static tensor_t input(fe::graph::Graph &g, tensor_t t, const char *name, int64_t uid)
-{
-	t->set_name(name).set_uid(uid);
-	return g.tensor(*t);
-}
-
-static void output(tensor_t t, tensor_t like, int64_t uid)
-{
-	t->set_output(true).set_uid(uid).set_dim(like->get_dim()).set_stride(like->get_stride());
-}
-
-static tensor_t lse_view(fe::graph::Graph &g, const struct ms_flash_shape *sh)
-{
-	int64_t B = sh->B, S = sh->S, nh = sh->nh;
-	return g.tensor(fe::graph::Tensor_attributes()
-				.set_name("lse")
-				.set_uid(U_LSE)
-				.set_dim({B, nh, S, 1})
-				.set_stride({nh * S, S, 1, 1})
-				.set_data_type(fe::DataType_t::FLOAT));
-}
-
-static void io_types(fe::graph::Graph &g)
-{
-	g.set_io_data_type(fe::DataType_t::BFLOAT16)
-		.set_intermediate_data_type(fe::DataType_t::FLOAT)
-		.set_compute_data_type(fe::DataType_t::FLOAT);
-}
 
 /* validate, lower and plan g; the first failing step's message in err */
 static int plan(fe::graph::Graph &g, cudnnHandle_t h, const char *which, int64_t *ws,
@@ -154,38 +112,13 @@ static int plan(fe::graph::Graph &g, cudnnHandle_t h, const char *which, int64_t
 
 static int build(struct ms_sdpa *s, const struct ms_flash_shape *sh, struct ms_err *err)
 {
-	float scale = (float)(1.0 / __builtin_sqrt((double)sh->hd));
-	tensor_t vq = view(sh, sh->nh), vk = view(sh, sh->nkv);
 	int64_t wf = 0, wb = 0;
 	int rc;
 
-	io_types(s->fwd);
-	auto fo = fe::graph::SDPA_attributes()
-			  .set_name("sdpa")
-			  .set_generate_stats(true)
-			  .set_causal_mask(true)
-			  .set_attn_scale(scale);
-	auto [O, L] = s->fwd.sdpa(input(s->fwd, view(sh, sh->nh), "q", U_Q),
-				  input(s->fwd, view(sh, sh->nkv), "k", U_K),
-				  input(s->fwd, view(sh, sh->nkv), "v", U_V), fo);
-	output(O, vq, U_O);
-	L->set_output(true).set_uid(U_LSE).set_data_type(fe::DataType_t::FLOAT);
+	forward(s->fwd, sh);
 	if ((rc = plan(s->fwd, s->h, "forward", &wf, err)))
 		return rc;
-
-	io_types(s->bwd);
-	auto bo = fe::graph::SDPA_backward_attributes()
-			  .set_name("sdpa_backward")
-			  .set_causal_mask(true)
-			  .set_attn_scale(scale)
-			  .set_deterministic_algorithm(true);
-	auto [dQ, dK, dV] = s->bwd.sdpa_backward(
-		input(s->bwd, view(sh, sh->nh), "q", U_Q), input(s->bwd, view(sh, sh->nkv), "k", U_K),
-		input(s->bwd, view(sh, sh->nkv), "v", U_V), input(s->bwd, view(sh, sh->nh), "o", U_O),
-		input(s->bwd, view(sh, sh->nh), "do", U_DO), lse_view(s->bwd, sh), bo);
-	output(dQ, vq, U_DQ);
-	output(dK, vk, U_DK);
-	output(dV, vk, U_DV);
+	backward(s->bwd, sh, true);
 	if ((rc = plan(s->bwd, s->h, "backward", &wb, err)))
 		return rc;
 	s->ws = wf > wb ? wf : wb;

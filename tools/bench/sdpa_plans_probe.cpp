@@ -11,9 +11,10 @@
  * bits on every run (the trainer's resident and on-demand runs must agree
  * bit for bit), is what this measures.
  *
+ * The graphs are sdpa.cpp's own (kernels/sdpa_graph.hpp).
  * Build (host C++, the frontend's dynamic loading, as the Makefile builds
  * sdpa.cpp):
- *   g++ -std=c++17 -O1 -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+ *   g++ -std=c++17 -O1 -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING -Isrc -Ikernels \
  *     -isystem $CUDA_HOME/include -isystem .deps/cudnn-frontend-1.32.0/include \
  *     -o sdpa_plans tools/bench/sdpa_plans_probe.cpp -L$CUDA_HOME/lib64 -lcudart -ldl
  * Run: ./sdpa_plans [B S heads kv_heads hd] (default 4 2048 16 4 128).
@@ -37,6 +38,12 @@
 
 #include <cudnn_frontend.h>
 
+extern "C" {
+#include "common.h"
+}
+#include "flash.h"
+#include "sdpa_graph.hpp"
+
 namespace fe = cudnn_frontend;
 namespace cudnn_frontend {
 void *cudnn_dlhandle;
@@ -52,76 +59,23 @@ void *cudnn_dlhandle;
 		}                                                                      \
 	} while (0)
 
-enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV };
-typedef std::shared_ptr<fe::graph::Tensor_attributes> tensor_t;
+using namespace ms_sdpa_graph;
 
 static int64_t B = 4, S = 2048, NH = 16, NKV = 4, HD = 128;
+static struct ms_flash_shape SH;
 
-static tensor_t view(int64_t n)
-{
-	return std::make_shared<fe::graph::Tensor_attributes>(
-		fe::graph::Tensor_attributes()
-			.set_dim({B, n, S, HD})
-			.set_stride({S * n * HD, HD, n * HD, 1})
-			.set_data_type(fe::DataType_t::BFLOAT16));
-}
-
-static tensor_t input(fe::graph::Graph &g, tensor_t t, const char *name, int64_t uid)
-{
-	t->set_name(name).set_uid(uid);
-	return g.tensor(*t);
-}
-
-static void output(tensor_t t, tensor_t like, int64_t uid)
-{
-	t->set_output(true).set_uid(uid).set_dim(like->get_dim()).set_stride(like->get_stride());
-}
-
-static void io(fe::graph::Graph &g)
-{
-	g.set_io_data_type(fe::DataType_t::BFLOAT16)
-		.set_intermediate_data_type(fe::DataType_t::FLOAT)
-		.set_compute_data_type(fe::DataType_t::FLOAT);
-}
-
+/* sdpa.cpp's graphs (sdpa_graph.hpp), each in a graph of its own */
 static std::unique_ptr<fe::graph::Graph> fwd_graph()
 {
 	auto g = std::make_unique<fe::graph::Graph>();
-	io(*g);
-	auto o = fe::graph::SDPA_attributes()
-			 .set_name("sdpa")
-			 .set_generate_stats(true)
-			 .set_causal_mask(true)
-			 .set_attn_scale((float)(1.0 / sqrt((double)HD)));
-	auto [O, L] = g->sdpa(input(*g, view(NH), "q", U_Q), input(*g, view(NKV), "k", U_K),
-			      input(*g, view(NKV), "v", U_V), o);
-	output(O, view(NH), U_O);
-	L->set_output(true).set_uid(U_LSE).set_data_type(fe::DataType_t::FLOAT);
+	forward(*g, &SH);
 	return g;
 }
 
 static std::unique_ptr<fe::graph::Graph> bwd_graph(bool det)
 {
 	auto g = std::make_unique<fe::graph::Graph>();
-	io(*g);
-	auto o = fe::graph::SDPA_backward_attributes()
-			 .set_name("sdpa_backward")
-			 .set_causal_mask(true)
-			 .set_attn_scale((float)(1.0 / sqrt((double)HD)))
-			 .set_deterministic_algorithm(det);
-	auto lse = g->tensor(fe::graph::Tensor_attributes()
-				     .set_name("lse")
-				     .set_uid(U_LSE)
-				     .set_dim({B, NH, S, 1})
-				     .set_stride({NH * S, S, 1, 1})
-				     .set_data_type(fe::DataType_t::FLOAT));
-	auto [dQ, dK, dV] = g->sdpa_backward(
-		input(*g, view(NH), "q", U_Q), input(*g, view(NKV), "k", U_K),
-		input(*g, view(NKV), "v", U_V), input(*g, view(NH), "o", U_O),
-		input(*g, view(NH), "do", U_DO), lse, o);
-	output(dQ, view(NH), U_DQ);
-	output(dK, view(NKV), U_DK);
-	output(dV, view(NKV), U_DV);
+	backward(*g, &SH, det);
 	return g;
 }
 
@@ -259,6 +213,8 @@ int main(int argc, char **argv)
 		B = atoll(argv[1]), S = atoll(argv[2]), NH = atoll(argv[3]);
 		NKV = atoll(argv[4]), HD = atoll(argv[5]);
 	}
+	SH.B = (uint32_t)B, SH.S = (uint32_t)S, SH.nh = (uint32_t)NH, SH.nkv = (uint32_t)NKV;
+	SH.hd = (uint32_t)HD;
 	void *lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
 		fprintf(stderr, "libcudnn.so.9: %s\n", dlerror());
