@@ -192,7 +192,8 @@ if [ -n "${MS_BENCH_MODES:-}" ] && [ -n "$MODES" ]; then
 	MODES=$sel
 fi
 # smi_start RUN / smi_stop: nvidia-smi's sampling around one run, where
-# there is a GPU and nvidia-smi (none: no file, and the report says so)
+# there is a GPU and nvidia-smi (none: no file, and the report has no
+# clock table)
 SMI_PID=
 smi_start() {
 	[ "$DEV" = cuda ] && command -v nvidia-smi >/dev/null 2>&1 || return 0
