@@ -1,8 +1,9 @@
 /*
  * sdpa_plans_probe.cpp: every execution plan cuDNN offers for the trainer's
  * causal SDPA at the bench shape, each timed, and each backward checked for
- * run-to-run identity and against the plan kernels/sdpa.cpp takes (the
- * first of heuristics mode A).
+ * run-to-run identity and against the deterministic list's first plan
+ * (heuristics A's first, which the list leads: the plan kernels/sdpa.cpp
+ * builds; the probe prints its engine and knob to compare).
  *
  * Why: the cuDNN backward is the step's largest kernel after the expert
  * GEMMs (about 10 ms of 98), at about 340 TFLOP/s alone. sdpa.cpp builds
